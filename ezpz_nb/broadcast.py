@@ -1,0 +1,267 @@
+"""Send one batch from the TP leader to its peers: one collective per batch.
+
+The wire format (``mode="tensor"``), chosen because on gloo each collective
+costs about 0.3-0.5 ms however small it is (see FACTS.md):
+
+* Every step the leader broadcasts one ``uint8`` buffer: a 32-byte header
+  (four int64 words) followed by the batch's tensors, each packed at an
+  8-byte-aligned offset. Peers size their receive buffer from the last spec
+  they were sent, so they know the length without asking.
+* Header word 0 says what this step is: ``DATA`` (payload follows in the same
+  buffer), ``SPEC`` (the structure, shapes or dtypes changed: a second
+  broadcast carries the pickled spec and the payload), ``END`` (the leader's
+  loader is exhausted) or ``ERROR`` (the leader raised: a second broadcast
+  carries what and where).
+* With ``drop_last=True`` shapes never change, so after the first batch every
+  step is exactly one ``dist.broadcast``.
+
+``mode="pickle"`` is the seed's path (``broadcast_object_list`` of the whole
+batch, two collectives plus pickling), with the same announcements, kept so the
+notebooks can compare the two.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["BatchBroadcaster", "flatten_batch", "unflatten_batch"]
+
+DATA, SPEC, END, ERROR = 1, 2, 3, 4
+_KIND_NAMES = {DATA: "data", SPEC: "data", END: "end", ERROR: "error"}
+HEADER_BYTES = 32  # four int64 words; a multiple of 8 keeps the payload aligned
+
+
+def _align(n: int, to: int = 8) -> int:
+    return (n + to - 1) // to * to
+
+
+def flatten_batch(batch: Any) -> tuple[Any, list[torch.Tensor]]:
+    """Split a batch into a picklable tree (without tensor data) and its tensors.
+
+    Args:
+        batch: A tensor, or dicts/lists/tuples/namedtuples nesting tensors and
+            other picklable values.
+
+    Returns:
+        ``(tree, tensors)``: ``tree`` holds ``("t", i)`` where tensor ``i`` of
+        ``tensors`` was; every other leaf is kept as ``("o", value)``.
+    """
+    tensors: list[torch.Tensor] = []
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            tensors.append(obj)
+            return ("t", len(tensors) - 1)
+        if isinstance(obj, dict):
+            return ("d", tuple((k, walk(v)) for k, v in obj.items()))
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            return ("n", type(obj), tuple(walk(v) for v in obj))
+        if isinstance(obj, (list, tuple)):
+            return ("l" if isinstance(obj, list) else "u", tuple(walk(v) for v in obj))
+        return ("o", obj)
+
+    return walk(batch), tensors
+
+
+def unflatten_batch(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    """Inverse of :func:`flatten_batch`."""
+    tag = tree[0]
+    if tag == "t":
+        return tensors[tree[1]]
+    if tag == "d":
+        return {k: unflatten_batch(v, tensors) for k, v in tree[1]}
+    if tag == "n":
+        return tree[1](*(unflatten_batch(v, tensors) for v in tree[2]))
+    if tag in ("l", "u"):
+        items = [unflatten_batch(v, tensors) for v in tree[1]]
+        return items if tag == "l" else tuple(items)
+    return tree[1]
+
+
+def _slots(layout: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[list[tuple[int, int]], int]:
+    """Byte ``(offset, nbytes)`` of each tensor in the payload, and its total size."""
+    slots, end = [], 0
+    for dtype_name, shape in layout:
+        itemsize = getattr(torch, dtype_name).itemsize
+        # view(dtype) needs the offset to be a multiple of the element size.
+        start = _align(end, max(8, itemsize))
+        nbytes = itemsize * int(torch.Size(shape).numel())
+        slots.append((start, nbytes))
+        end = start + nbytes
+    return slots, _align(end)
+
+
+def _to_bytes(t: torch.Tensor) -> bytes:
+    return bytes(t.cpu().tolist())
+
+
+class BatchBroadcaster:
+    """One end of the leader-to-peers channel of a TP group.
+
+    The same object is used on every rank of the group: the leader (group rank
+    0) calls :meth:`send`, :meth:`end` or :meth:`error` once per step, every
+    other rank calls :meth:`recv` once per step.
+
+    Args:
+        group: The TP process group (``None`` means the default group).
+        mode: ``"tensor"`` (packed buffer) or ``"pickle"`` (``broadcast_object_list``).
+    """
+
+    def __init__(self, group: Any = None, *, mode: str = "tensor") -> None:
+        if mode not in ("tensor", "pickle"):
+            raise ValueError(f"mode must be 'tensor' or 'pickle', got {mode!r}")
+        self.group = group
+        self.mode = mode
+        self.src = dist.get_global_rank(group, 0) if group is not None else 0
+        # Tensors travel on the device the backend moves: nccl needs CUDA
+        # buffers, gloo is used here with CPU ones.
+        if "nccl" in str(dist.get_backend(group)).lower():
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        self._spec: bytes | None = None  # leader: last spec sent
+        self._tree: Any = None  # peers: last spec received
+        self._layout: tuple = ()
+        self._slots: list[tuple[int, int]] = []
+        self._payload_nbytes = 0  # both sides: payload size implied by the spec
+        self._send_buf: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ leader
+    def send(self, batch: Any) -> None:
+        """Broadcast ``batch`` to the group (leader only).
+
+        If the batch cannot be sent (an unpicklable leaf, a tensor type that has
+        no bytes), the peers are told with :meth:`error` before this raises, so
+        they raise too instead of waiting.
+        """
+        if self.mode == "pickle":
+            try:
+                self._bcast_object((DATA, batch))
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                # broadcast_object_list pickles before its first collective, and
+                # these are what pickling raises: the peers are still waiting.
+                self.error(exc)
+                raise
+            return
+        try:
+            # Everything that can fail on bad input happens before the first collective.
+            tree, tensors = flatten_batch(batch)
+            layout = tuple((str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in tensors)
+            spec = pickle.dumps((tree, layout))
+            slots, total = _slots(layout)
+            if spec == self._spec:
+                buf = self._send_buf
+                # Reusing the leader's buffer is safe: broadcast returns once it is sent.
+                if buf is None or buf.numel() != HEADER_BYTES + total:
+                    buf = torch.empty(HEADER_BYTES + total, dtype=torch.uint8, device=self.device)
+                    self._send_buf = buf
+                self._header(buf, DATA, total)
+                self._pack(buf[HEADER_BYTES:], tensors, slots)
+            else:
+                head = _align(len(spec))
+                buf = torch.empty(head + total, dtype=torch.uint8, device=self.device)
+                buf[: len(spec)] = torch.frombuffer(bytearray(spec), dtype=torch.uint8)
+                self._pack(buf[head:], tensors, slots)
+        except Exception as exc:
+            self.error(exc)
+            raise
+        if spec == self._spec:
+            self._bcast(buf)  # the steady state: one collective
+            return
+        # Spec changed: announce it in the buffer size peers expect, then send
+        # spec + payload in a second buffer whose size the header announced.
+        self._announce(SPEC, len(spec), total)
+        self._bcast(buf)
+        self._spec, self._payload_nbytes, self._send_buf = spec, total, None
+
+    def end(self) -> None:
+        """Tell the peers the leader's loader is exhausted (leader only)."""
+        if self.mode == "pickle":
+            self._bcast_object((END, None))
+        else:
+            self._announce(END)
+
+    def error(self, exc: BaseException) -> None:
+        """Tell the peers the leader raised ``exc`` while loading (leader only)."""
+        info = {
+            "rank": dist.get_rank(),
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        }
+        if self.mode == "pickle":
+            self._bcast_object((ERROR, info))
+            return
+        blob = pickle.dumps(info)
+        self._announce(ERROR, len(blob))
+        self._bcast(torch.frombuffer(bytearray(blob), dtype=torch.uint8).to(self.device))
+
+    # ------------------------------------------------------------------- peers
+    def recv(self) -> tuple[str, Any]:
+        """Receive one step from the leader (non-leaders only).
+
+        Returns:
+            ``("data", batch)`` with freshly allocated tensors, ``("end", None)``
+            or ``("error", info)`` where ``info`` is a dict with the leader's
+            global ``rank``, exception ``type``, ``message`` and ``traceback``.
+        """
+        if self.mode == "pickle":
+            kind, payload = self._bcast_object(None)
+            return _KIND_NAMES[kind], payload
+        # A new buffer every step: the previous batch's tensors are views into
+        # the previous buffer and may still be in use by the caller.
+        buf = torch.empty(HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device)
+        self._bcast(buf)
+        kind, a, b, _ = buf[:HEADER_BYTES].view(torch.int64).tolist()
+        if kind == DATA:
+            return "data", self._unpack(buf[HEADER_BYTES:])
+        if kind == END:
+            return "end", None
+        if kind == ERROR:
+            blob = torch.empty(a, dtype=torch.uint8, device=self.device)
+            self._bcast(blob)
+            return "error", pickle.loads(_to_bytes(blob))
+        if kind != SPEC:
+            raise RuntimeError(f"TP broadcast: unknown header word {kind}; ranks out of step?")
+        head = _align(a)
+        buf = torch.empty(head + b, dtype=torch.uint8, device=self.device)
+        self._bcast(buf)
+        self._tree, self._layout = pickle.loads(_to_bytes(buf[:a]))
+        self._slots, self._payload_nbytes = _slots(self._layout)
+        return "data", self._unpack(buf[head:])
+
+    # ----------------------------------------------------------------- helpers
+    def _header(self, buf: torch.Tensor, kind: int, a: int = 0, b: int = 0) -> None:
+        buf[:HEADER_BYTES].view(torch.int64).copy_(torch.tensor([kind, a, b, 0], dtype=torch.int64))
+
+    def _announce(self, kind: int, a: int = 0, b: int = 0) -> None:
+        # Sized like a data step so peers, who cannot know what comes, match it.
+        buf = torch.zeros(HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device)
+        self._header(buf, kind, a, b)
+        self._bcast(buf)
+
+    def _pack(self, payload: torch.Tensor, tensors: list[torch.Tensor], slots: list[tuple[int, int]]) -> None:
+        for t, (off, nbytes) in zip(tensors, slots, strict=True):
+            # copy_ converts device and layout (non-contiguous, 0-d) in one pass.
+            payload[off : off + nbytes].view(t.dtype).view(t.shape).copy_(t.detach())
+
+    def _unpack(self, payload: torch.Tensor) -> Any:
+        tensors = [
+            payload[off : off + nbytes].view(getattr(torch, name)).view(shape)
+            for (name, shape), (off, nbytes) in zip(self._layout, self._slots, strict=True)
+        ]
+        return unflatten_batch(self._tree, tensors)
+
+    def _bcast(self, buf: torch.Tensor) -> None:
+        dist.broadcast(buf, src=self.src, group=self.group)
+
+    def _bcast_object(self, obj: Any) -> Any:
+        box = [obj]
+        device = self.device if self.device.type == "cuda" else None
+        dist.broadcast_object_list(box, src=self.src, group=self.group, device=device)
+        return box[0]

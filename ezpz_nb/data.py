@@ -1,0 +1,340 @@
+"""DP x TP data loading with ezpz's API, without its pitfalls.
+
+Same public names, signatures and return values as ``ezpz.data.distributed``
+(saforem2/ezpz), written here from scratch. What differs, and why:
+
+* :class:`RandomTokenDataset` is generated lazily and deterministically per
+  sample index, never seeded by rank: TP peers that load for themselves get
+  the same tokens (ezpz's rank-seeded tokens silently break TP).
+* :func:`get_random_dataset_fsdp_tp` warns when ``tp_group`` comes without
+  ``dp_group`` (the sampler would shard over the whole world), pins memory only
+  when CUDA is used, honours ``seed`` without torch.distributed too, and
+  rejects inputs that would give zero batches.
+* :class:`TPBroadcastDataLoader` has the leader *announce* every step (a
+  batch, the end of the epoch, or its exception) instead of peers trusting
+  their own ``len()``, so an IterableDataset, a lying ``__len__`` or a failing
+  leader ends the epoch, or raises, on every TP rank: no hang.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from ezpz_nb.broadcast import BatchBroadcaster
+
+__all__ = [
+    "DataLayoutWarning",
+    "RandomTokenDataset",
+    "TPBroadcastDataLoader",
+    "TPLeaderError",
+    "get_random_dataset_fsdp_tp",
+]
+
+_MASK64 = (1 << 64) - 1
+
+
+class DataLayoutWarning(UserWarning):
+    """A data-loading setup that runs but is probably not what was meant."""
+
+
+class TPLeaderError(RuntimeError):
+    """The TP leader failed while loading; raised on every other TP rank.
+
+    Attributes:
+        leader_rank: Global rank of the TP leader that raised.
+        error_type: Name of the leader's exception class.
+        error_message: ``str()`` of the leader's exception.
+        leader_traceback: The leader's formatted traceback.
+    """
+
+    def __init__(self, info: dict[str, Any], rank: int) -> None:
+        self.leader_rank = info["rank"]
+        self.error_type = info["type"]
+        self.error_message = info["message"]
+        self.leader_traceback = info["traceback"]
+        super().__init__(
+            f"TP leader (global rank {self.leader_rank}) raised {self.error_type}: "
+            f"{self.error_message}. Rank {rank} stops here instead of waiting for a "
+            f"batch that will never come; fix the leader's loader. Leader's traceback:\n"
+            f"{self.leader_traceback}"
+        )
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _splitmix64(x: int) -> int:
+    # Neighbouring indices must give unrelated streams; one splitmix64 round
+    # decorrelates them before they seed the generator.
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class RandomTokenDataset(Dataset):
+    """Random token sequences, the same on every rank, made on demand.
+
+    Sample ``i`` depends only on ``(seed, i)``: any rank, DataLoader worker or
+    later run that asks for it gets the same tokens, and nothing is stored, so
+    ``num_samples=10**6`` with ``seq_length=2048`` costs no memory up front.
+
+    Args:
+        vocab_size: Tokens are drawn from ``range(vocab_size)``.
+        seq_length: Length of ``input_ids`` and ``labels``.
+        num_samples: Number of samples; defaults to ``vocab_size`` (ezpz's length).
+        seed: Seed of the whole dataset (never a rank).
+
+    Each item is ``{"input_ids": int64[seq_length], "labels": int64[seq_length],
+    "index": int}`` where ``labels`` are the next tokens and ``index`` is the
+    sample id, so a rank can always tell which sample it holds.
+    """
+
+    def __init__(
+        self, vocab_size: int, seq_length: int, *, num_samples: int | None = None, seed: int = 0
+    ) -> None:
+        self.vocab_size = _positive_int("vocab_size", vocab_size)
+        self.seq_length = _positive_int("seq_length", seq_length)
+        self.num_samples = vocab_size if num_samples is None else _positive_int("num_samples", num_samples)
+        self.seed = operator.index(seed)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        i = operator.index(index)
+        if i < 0:
+            i += self.num_samples
+        if not 0 <= i < self.num_samples:
+            raise IndexError(f"sample {index} out of range for {self.num_samples} samples")
+        g = torch.Generator().manual_seed(_splitmix64((self.seed << 40) ^ i) >> 1)
+        tokens = torch.randint(0, self.vocab_size, (self.seq_length + 1,), generator=g)
+        return {"input_ids": tokens[:-1], "labels": tokens[1:], "index": i}
+
+    def __repr__(self) -> str:
+        return (
+            f"RandomTokenDataset(vocab_size={self.vocab_size}, seq_length={self.seq_length}, "
+            f"num_samples={self.num_samples}, seed={self.seed})"
+        )
+
+
+def _is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _group_rank(group: Any, name: str) -> int:
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError(
+            f"global rank {dist.get_rank()} is not a member of the {name} it was given; "
+            f"pass this rank's own group (e.g. layout.{name} from ezpz_nb.groups.make_layout)"
+        )
+    return rank
+
+
+class TPBroadcastDataLoader:
+    """Only the TP leader loads; it announces each step to its TP peers.
+
+    The leader (rank 0 of ``tp_group``) iterates ``dl``. Every step it sends
+    the batch, or says that the epoch ended, or that it raised. Peers follow
+    those announcements, not their own ``len(dl)``, so every TP rank takes the
+    same number of steps and sees the same stop or error.
+
+    Args:
+        dl: The loader to wrap (iterated on the leader only).
+        tp_group: The TP process group; ``None`` means the default group.
+        mode: ``"tensor"`` (one packed collective per batch) or ``"pickle"``
+            (ezpz's ``broadcast_object_list`` path, for comparison).
+
+    Attributes:
+        is_leader: True on the rank that loads.
+        source: ``"loaded"`` on the leader, ``"received"`` on the peers (read
+            by :mod:`ezpz_nb.ledger`).
+    """
+
+    def __init__(self, dl: Any, tp_group: Any = None, *, mode: str = "tensor") -> None:
+        if mode not in ("tensor", "pickle"):
+            raise ValueError(f"mode must be 'tensor' or 'pickle', got {mode!r}")
+        self.dl = dl
+        self.tp_group = tp_group
+        self.mode = mode
+        self._broadcaster: BatchBroadcaster | None = None
+        if _is_dist():
+            self.is_leader = _group_rank(tp_group, "tp_group") == 0
+            self.leader_rank = dist.get_global_rank(tp_group, 0) if tp_group is not None else 0
+            if dist.get_world_size(tp_group) > 1:
+                self._broadcaster = BatchBroadcaster(tp_group, mode=mode)
+        else:
+            self.is_leader, self.leader_rank = True, 0
+        self.source = "loaded" if self.is_leader else "received"
+
+    @property
+    def sampler(self) -> Any:
+        """The wrapped loader's sampler (``None`` if it has none)."""
+        return getattr(self.dl, "sampler", None)
+
+    @property
+    def dataset(self) -> Any:
+        """The wrapped loader's dataset."""
+        return getattr(self.dl, "dataset", None)
+
+    @property
+    def batch_size(self) -> int | None:
+        """The wrapped loader's batch size."""
+        return getattr(self.dl, "batch_size", None)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward ``epoch`` to the sampler so the next epoch reshuffles."""
+        target = self.dl if hasattr(self.dl, "set_epoch") else self.sampler
+        if hasattr(target, "set_epoch"):
+            target.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        # A hint only: the leader's announcements decide when an epoch ends.
+        return len(self.dl)
+
+    def __iter__(self) -> Iterator[Any]:
+        bc = self._broadcaster
+        if bc is None:  # not distributed, or a TP group of one
+            yield from self.dl
+            return
+        if not self.is_leader:
+            while True:
+                kind, payload = bc.recv()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise TPLeaderError(payload, dist.get_rank())
+                yield payload
+        it = iter(self.dl)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                bc.end()
+                return
+            except Exception as exc:
+                bc.error(exc)
+                raise
+            bc.send(batch)
+            yield batch
+
+    def __repr__(self) -> str:
+        role = "leader" if self.is_leader else f"peer of rank {self.leader_rank}"
+        return f"TPBroadcastDataLoader(mode={self.mode!r}, {role}, dl={self.dl!r})"
+
+
+def _cuda_in_use() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    # Ranks on gloo use the CPU even where a GPU exists.
+    return not _is_dist() or "nccl" in str(dist.get_backend()).lower()
+
+
+def get_random_dataset_fsdp_tp(
+    batch_size: int,
+    vocab_size: int,
+    seq_length: int,
+    *,
+    num_workers: int = 0,
+    pin_memory: bool = True,
+    dp_group: Any = None,
+    tp_group: Any = None,
+    broadcast_within_tp: bool = False,
+    drop_last: bool = True,
+    seed: int = 1337,
+    num_samples: int | None = None,
+    shuffle: bool = True,
+    dataset: Dataset | None = None,
+    broadcast: str = "tensor",
+) -> dict[str, Any]:
+    """Build dataset, sampler and dataloader for FSDP (DP) + tensor parallel (TP).
+
+    The data is sharded over the DP group only: TP peers must see the same
+    batch. With ``broadcast_within_tp`` only the TP leader loads and sends
+    each batch to its peers.
+
+    Args:
+        batch_size: Samples per batch on each DP replica.
+        vocab_size: Vocabulary of the :class:`RandomTokenDataset`.
+        seq_length: Sequence length of the :class:`RandomTokenDataset`.
+        num_workers: DataLoader worker processes (persistent when > 0).
+        pin_memory: Pin host memory; applied only when CUDA is in use.
+        dp_group: Data-parallel group the sampler shards over. ``None`` means
+            the whole world, which is wrong as soon as TP > 1.
+        tp_group: Tensor-parallel group (used for the broadcast).
+        broadcast_within_tp: Only the TP leader loads; peers receive.
+        drop_last: Drop the incomplete last batch and the samples that do not
+            divide evenly over DP (otherwise the sampler pads with repeats).
+        seed: Shuffle seed (each epoch adds ``set_epoch``'s epoch); the same on
+            every rank.
+        num_samples: Dataset length (default ``vocab_size``, as ezpz).
+        shuffle: Shuffle the sample order.
+        dataset: Use this map-style dataset instead of a RandomTokenDataset.
+        broadcast: ``"tensor"`` or ``"pickle"`` (see :class:`TPBroadcastDataLoader`).
+
+    Returns:
+        ``{"dataset": ..., "sampler": DistributedSampler or None,
+        "dataloader": DataLoader or TPBroadcastDataLoader}``.
+
+    Raises:
+        ValueError: On sizes below 1, a batch larger than a DP shard with
+            ``drop_last`` (zero batches), or a group this rank is not in.
+    """
+    _positive_int("batch_size", batch_size)
+    if dataset is None:
+        dataset = RandomTokenDataset(vocab_size, seq_length, num_samples=num_samples)
+    use_dist = _is_dist()
+    sampler = None
+    generator = None
+    if use_dist:
+        if tp_group is not None and dp_group is None:
+            warnings.warn(
+                "tp_group was given without dp_group: the sampler shards over the whole world "
+                f"({dist.get_world_size()} ranks), so TP peers get different samples. "
+                "Pass dp_group=layout.dp_group (ezpz_nb.groups.make_layout).",
+                DataLayoutWarning,
+                stacklevel=2,
+            )
+        if tp_group is not None:
+            _group_rank(tp_group, "tp_group")
+        dp_rank, dp_size = _group_rank(dp_group, "dp_group"), dist.get_world_size(dp_group)
+        # Shard over DP replicas only (not the global world): TP peers share a shard.
+        sampler = DistributedSampler(
+            dataset, num_replicas=dp_size, rank=dp_rank, shuffle=shuffle, drop_last=drop_last, seed=seed
+        )
+        shard = len(sampler)
+    else:
+        dp_size, shard = 1, len(dataset)
+        if shuffle:
+            generator = torch.Generator().manual_seed(seed)
+    if drop_last and shard < batch_size:
+        raise ValueError(
+            f"batch_size={batch_size} is larger than a DP shard ({len(dataset)} samples over "
+            f"{dp_size} replicas = {shard} each) and drop_last=True: every rank would get zero "
+            "batches. Lower batch_size, add samples, or set drop_last=False."
+        )
+    dl: Any = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        shuffle=shuffle if sampler is None else False,  # a sampler excludes shuffle=
+        generator=generator,
+        num_workers=num_workers,
+        pin_memory=pin_memory and _cuda_in_use(),
+        drop_last=drop_last,
+        persistent_workers=num_workers > 0,
+    )
+    if use_dist and broadcast_within_tp and tp_group is not None:
+        dl = TPBroadcastDataLoader(dl, tp_group, mode=broadcast)
+    return {"dataset": dataset, "sampler": sampler, "dataloader": dl}

@@ -1,0 +1,167 @@
+"""The DP x TP rank layout: who shares data with whom.
+
+Ranks are arranged as a ``dp_size x tp_size`` grid with TP innermost, the
+layout of ezpz, Megatron-LM, picotron and DeviceMesh: at world 4 with tp 2 the
+TP groups are ``[0, 1], [2, 3]`` and the DP groups ``[0, 2], [1, 3]``.
+TP peers must hold the *same* batch; DP replicas must hold *different* ones.
+
+Example (inside a rank, e.g. ``ez.launch(fn, world_size=4)``)::
+
+    from ezpz_nb.groups import make_layout
+    layout = make_layout(tp_size=2)
+    layout.dp_rank, layout.tp_rank   # rank 3 -> (1, 1)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Layout", "layout_table", "make_layout", "valid_tp_sizes"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one rank sits in the DP x TP grid, with the groups to talk in.
+
+    Attributes:
+        rank: Global rank in the default process group.
+        world_size: Number of ranks in the default process group.
+        dp_rank: Index of this rank's data-parallel replica (its row).
+        dp_size: Number of data-parallel replicas (``world_size // tp_size``).
+        tp_rank: Index of this rank inside its tensor-parallel group (its column).
+        tp_size: Ranks per tensor-parallel group.
+        dp_group: Process group of the ranks with the same ``tp_rank`` (shard
+            the data over this one), or ``None`` outside torch.distributed.
+        tp_group: Process group of the ranks with the same ``dp_rank`` (they
+            must see identical batches), or ``None`` outside torch.distributed.
+    """
+
+    rank: int
+    world_size: int
+    dp_rank: int
+    dp_size: int
+    tp_rank: int
+    tp_size: int
+    # Groups are handles, not values: leave them out of ==/repr so two layouts
+    # compare by position and printing one stays readable.
+    dp_group: Any = field(default=None, compare=False, repr=False)
+    tp_group: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def is_tp_leader(self) -> bool:
+        """True on the rank that loads for its TP group (``tp_rank == 0``)."""
+        return self.tp_rank == 0
+
+
+def valid_tp_sizes(world_size: int) -> list[int]:
+    """Return the TP sizes that divide ``world_size`` evenly.
+
+    Args:
+        world_size: Number of ranks (>= 1).
+
+    Returns:
+        The divisors of ``world_size`` in increasing order.
+    """
+    return [d for d in range(1, world_size + 1) if world_size % d == 0]
+
+
+def _check(world_size: int, tp_size: int) -> None:
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if not isinstance(tp_size, int) or tp_size < 1 or world_size % tp_size:
+        raise ValueError(
+            f"tp_size={tp_size!r} does not divide world_size={world_size}; "
+            f"valid tp sizes are {valid_tp_sizes(world_size)}"
+        )
+
+
+def layout_table(world_size: int, tp_size: int) -> list[tuple[int, int, int]]:
+    """Compute the grid without any process group (for plots in the notebook).
+
+    Args:
+        world_size: Number of ranks.
+        tp_size: Ranks per TP group; must divide ``world_size``.
+
+    Returns:
+        One ``(rank, dp_rank, tp_rank)`` tuple per rank, in rank order.
+
+    Raises:
+        ValueError: If ``tp_size`` does not divide ``world_size``.
+    """
+    _check(world_size, tp_size)
+    # TP innermost: consecutive ranks form a TP group (they usually share a
+    # node, and TP talks the most).
+    return [(r, r // tp_size, r % tp_size) for r in range(world_size)]
+
+
+def _groups_from_mesh(dp_size: int, tp_size: int) -> tuple[Any, Any]:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device = "cuda" if "nccl" in str(dist.get_backend()).lower() else "cpu"
+    mesh = init_device_mesh(device, (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    return mesh["dp"].get_group(), mesh["tp"].get_group()
+
+
+def _groups_from_new_group(world_size: int, tp_size: int) -> tuple[Any, Any]:
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    dp_size = world_size // tp_size
+    dp_group = tp_group = None
+    # new_group is collective over the whole world: every rank must create
+    # every group, in the same order, even the groups it is not part of.
+    for d in range(dp_size):
+        ranks = list(range(d * tp_size, (d + 1) * tp_size))
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            tp_group = g
+    for t in range(tp_size):
+        ranks = list(range(t, world_size, tp_size))
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            dp_group = g
+    return dp_group, tp_group
+
+
+def make_layout(tp_size: int = 1, *, use_device_mesh: bool = True) -> Layout:
+    """Build this rank's DP and TP groups; call it on every rank, in the same order.
+
+    Must run inside an initialised process group (``ez.launch``, torchrun).
+    Outside one it returns the trivial single-process layout when
+    ``tp_size == 1``.
+
+    Args:
+        tp_size: Ranks per TP group; must divide the world size.
+        use_device_mesh: Build the groups with ``init_device_mesh`` (falls back
+            to ``dist.new_group`` if DeviceMesh is unavailable or fails).
+
+    Returns:
+        The :class:`Layout` of the calling rank.
+
+    Raises:
+        ValueError: If ``tp_size`` does not divide the world size (the message
+            lists the valid sizes).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        _check(1, tp_size)
+        return Layout(0, 1, 0, 1, 0, 1)
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    _check(world_size, tp_size)
+    dp_size = world_size // tp_size
+    groups = None
+    if use_device_mesh:
+        try:
+            groups = _groups_from_mesh(dp_size, tp_size)
+        except (ImportError, RuntimeError, NotImplementedError):
+            # Older torch or a backend DeviceMesh rejects: plain groups do.
+            # Every rank takes the same branch because the cause is global.
+            groups = None
+    if groups is None:
+        groups = _groups_from_new_group(world_size, tp_size)
+    dp_group, tp_group = groups
+    _, dp_rank, tp_rank = layout_table(world_size, tp_size)[rank]
+    return Layout(rank, world_size, dp_rank, dp_size, tp_rank, tp_size, dp_group, tp_group)
