@@ -1,0 +1,45 @@
+# Two entry points, both self-contained on a fresh clone with Python 3.10+ and make:
+#   make lab   -> create .venv, install, open JupyterLab on notebooks/
+#   make test  -> create .venv, install, run lint + unit + multi-process + notebook tests
+PYTHON ?= python3
+VENV   ?= .venv
+# The pinned CPU build that this project is tested with. Elsewhere choose your own
+# build, e.g. `make test TORCH=torch` or `make lab TORCH="torch==2.5.1"`.
+TORCH  ?= torch==2.13.0
+BIN    := $(VENV)/bin
+NBTIMEOUT ?= 120
+
+.PHONY: lab test lint unit notebooks bench tour clean browser-deps
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+lab: $(BIN)/.installed
+	$(BIN)/jupyter lab notebooks/
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check ezpz_nb tests benchmarks
+	$(BIN)/python -m ezpz_nb.nbcheck notebooks
+
+unit: $(BIN)/.installed
+	$(BIN)/python -m pytest -q tests
+
+notebooks: $(BIN)/.installed
+	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-kernel=python3 --nbmake-timeout=$(NBTIMEOUT) .
+
+test: lint unit notebooks
+
+bench: $(BIN)/.installed
+	$(BIN)/python benchmarks/launch.py
+	$(BIN)/python benchmarks/broadcast.py
+
+tour: $(BIN)/.installed
+	$(BIN)/python -m ezpz_nb tour
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,203 @@
+"""What runs inside each rank process started by :mod:`ezpz_nb.launch`.
+
+Imported by the forkserver before it forks (``set_forkserver_preload``), so torch
+is already in memory and each rank starts in milliseconds instead of paying an
+``import torch`` of its own.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+# Set while this process is a launcher rank; ``publish`` sends through it.
+_CONN: Any = None
+_SEND_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class RankConfig:
+    """Everything a rank needs to join the group (sent once, at start)."""
+
+    rank: int
+    world_size: int
+    store_path: str
+    dump_path: str
+    threads: int
+    backend: str
+    pg_timeout: float
+    env: dict[str, str]
+    cwd: str
+    sys_path: list[str]
+    parent_pid: int
+
+
+def publish(item: Any) -> bool:
+    """Send ``item`` to the notebook now, while the rank keeps running.
+
+    The notebook collects published items in arrival order (``Cluster.events``,
+    and ``.events`` on :class:`~ezpz_nb.errors.RankError` / ``HangError``), so what a
+    rank recorded before a failure or a hang is not lost.
+
+    Returns:
+        True when sent; False outside a launcher rank (plain script, torchrun),
+        where it does nothing.
+    """
+    conn = _CONN
+    if conn is None:
+        return False
+    data = cloudpickle.dumps(("event", item))
+    with _SEND_LOCK:
+        conn.send_bytes(data)
+    return True
+
+
+def _send(conn: Any, msg: tuple) -> None:
+    try:
+        data = cloudpickle.dumps(msg)
+    except Exception as exc:  # the return value (or exception) cannot travel
+        what = type(msg[1]).__name__ if msg[0] == "ok" else "exception"
+        data = pickle.dumps(("unpicklable", f"{what}", f"{type(exc).__name__}: {exc}"))
+    with _SEND_LOCK:
+        conn.send_bytes(data)
+
+
+def _exception_chain(exc: BaseException) -> list[tuple[list, str, str]]:
+    """The exception and its causes as plain data, oldest first: [(frames, header, link)].
+
+    ``link`` is the sentence Python prints before an exception that was raised
+    while handling (or because of) the one before it.
+    """
+    chain: list[tuple[list, str, str]] = []
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        frames = [(f.filename, f.lineno or 0, f.name, f.line or "")
+                  for f in traceback.extract_tb(cur.__traceback__)
+                  if not f.filename.endswith("_rank.py")]
+        header = "".join(traceback.format_exception_only(type(cur), cur)).rstrip()
+        if cur.__cause__ is not None:
+            link, nxt = _CAUSE, cur.__cause__
+        elif cur.__context__ is not None and not cur.__suppress_context__:
+            link, nxt = _CONTEXT, cur.__context__
+        else:
+            link, nxt = "", None
+        chain.append((frames, header, link))
+        cur = nxt
+    chain.reverse()
+    return chain
+
+
+_CAUSE = "The above exception was the direct cause of the following exception:"
+_CONTEXT = "During handling of the above exception, another exception occurred:"
+
+
+def _watch_parent(lifeline: Any, parent_pid: int) -> None:
+    """Exit when the notebook goes away, so a dead kernel leaves no ranks behind."""
+    def gone() -> bool:
+        return os.getppid() != parent_pid and not _parent_alive(parent_pid)
+
+    while True:
+        try:
+            if lifeline.poll(0.5):
+                lifeline.recv_bytes()  # EOF raises: the notebook end was closed
+        except (EOFError, OSError):
+            break
+        if gone():
+            break
+    try:
+        os.killpg(0, signal.SIGKILL)  # our own group: this rank and its loader workers
+    finally:
+        os._exit(1)
+
+
+def _parent_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _setup_io(out_w: Any, err_w: Any) -> None:
+    # Redirect the file descriptors, not just sys.stdout: torch's C++ warnings and
+    # anything a library writes to fd 2 must reach the notebook too.
+    os.dup2(out_w.fileno(), 1)
+    os.dup2(err_w.fileno(), 2)
+    out_w.close()
+    err_w.close()
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+
+
+def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> None:
+    """Entry point of a rank: join the group, then serve runs until told to stop."""
+    global _CONN
+    os.setpgrp()  # our own process group: the kernel's Ctrl-C does not hit us half-way
+    _setup_io(out_w, err_w)
+    os.environ.clear()
+    os.environ.update(cfg.env)
+    try:
+        os.chdir(cfg.cwd)
+    except OSError:
+        pass
+    sys.path[:] = cfg.sys_path
+    threading.Thread(target=_watch_parent, args=(lifeline, cfg.parent_pid), daemon=True,
+                     name="ezpz_nb-lifeline").start()
+    dump = open(cfg.dump_path, "w")  # noqa: SIM115 - must stay open for faulthandler
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+    torch.set_num_threads(cfg.threads)
+    _CONN = conn
+    try:
+        dist.init_process_group(cfg.backend, store=dist.FileStore(cfg.store_path, cfg.world_size),
+                                rank=cfg.rank, world_size=cfg.world_size,
+                                timeout=timedelta(seconds=cfg.pg_timeout))
+        if cfg.backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", cfg.rank)))
+    except BaseException as exc:  # noqa: BLE001 - report any start-up failure
+        _send(conn, ("error", _exception_chain(exc)))
+        return
+    _send(conn, ("ready", os.getpid()))
+    _serve_forever(conn)
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - shutting down anyway
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _serve_forever(conn: Any) -> None:
+    """Run each job the notebook sends; the stack marker for hang reports."""
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        kind, payload = pickle.loads(data)
+        if kind == "stop":
+            return
+        try:
+            fn, args, kwargs = cloudpickle.loads(payload)
+            value = fn(*args, **kwargs)
+            reply: tuple = ("ok", value)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt too
+            reply = ("error", _exception_chain(exc))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _send(conn, reply)

@@ -1,0 +1,537 @@
+"""Start real torch.distributed gloo ranks from a notebook cell: ``launch`` and ``Cluster``.
+
+How it works, and why:
+
+* Ranks are forked from a *forkserver* that imported torch once. Forking the
+  kernel itself is faster but breaks after autograd/CUDA use in the kernel and on
+  macOS; ``spawn`` pays an ``import torch`` per rank (seconds). ``start_method``
+  selects ``fork`` or ``spawn`` instead.
+* Functions travel by value with cloudpickle, so lambdas, closures and functions
+  defined in a notebook cell work.
+* Ranks meet through a FileStore in a fresh temporary folder: no fixed port, so two
+  notebooks never collide, and nothing is left behind once the folder is removed.
+* Each rank's fd 1 and 2 go to pipes that the waiting notebook thread reads, so
+  output (torch's C++ messages too) shows up live, whole lines, ``[rank r]``-prefixed,
+  in the cell that asked.
+* Each rank is its own process group leader; stopping a rank kills the group, so
+  its DataLoader workers go with it. A lifeline pipe makes ranks exit if the
+  kernel dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import multiprocessing as mp
+import multiprocessing.util  # noqa: F401 - import before our atexit hook, see _close_all
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import wait
+from typing import Any
+
+import cloudpickle
+
+from ezpz_nb import _rank
+from ezpz_nb.errors import (
+    HangError,
+    RankError,
+    RankEvent,
+    RankFailure,
+    RankStack,
+    format_chain,
+    parse_faulthandler,
+    signal_name,
+    stack_from_frames,
+)
+
+__all__ = ["Cluster", "launch", "publish", "MAX_WORLD_SIZE", "START_METHODS"]
+
+#: Largest world size accepted: beyond this, ranks on one machine are all overhead.
+MAX_WORLD_SIZE = 64
+#: Start methods the launcher supports.
+START_METHODS = ("forkserver", "fork", "spawn")
+#: How long the other ranks get to finish after one rank raised.
+_GRACE_S = 1.0
+
+publish = _rank.publish
+_LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
+
+
+def _default_start_method() -> str:
+    # forkserver needs fork underneath (Linux); macOS forks badly and Windows cannot.
+    return "forkserver" if sys.platform.startswith("linux") else "spawn"
+
+
+def _loopback() -> str:
+    return "lo0" if sys.platform == "darwin" else "lo"
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _check(world_size: Any, timeout: Any, threads: Any, start_method: Any, backend: Any) -> None:
+    """Reject bad input before any process starts."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {type(world_size).__name__}: "
+                        f"pass e.g. world_size=4")
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {world_size}: "
+                         "on one machine, 2-8 ranks show everything this tutorial teaches")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+    if not timeout > 0 or timeout != timeout or timeout == float("inf"):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    if start_method is not None and start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+    if start_method in ("fork", "forkserver") and not hasattr(os, "fork"):
+        raise ValueError(f"start_method={start_method!r} needs os.fork; use 'spawn' here")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
+            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            raise ValueError(f"backend='nccl' needs one CUDA GPU per rank: asked for "
+                             f"{world_size} ranks, this machine has {have} GPU(s). "
+                             "Use backend='gloo' (the default) on CPU.")
+
+
+@contextlib.contextmanager
+def _main_hidden(start_method: str) -> Iterator[None]:
+    """Keep forkserver/spawn ranks from re-running the caller's ``__main__``.
+
+    multiprocessing re-imports the parent's main script in each child so that
+    functions pickled by reference can be found; ours travel by value, and
+    re-running a script's top level in every rank would launch ranks again.
+    """
+    main = sys.modules.get("__main__")
+    if start_method == "fork" or main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+def _dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}: pass the function "
+                        "itself, not its result (launch(f), not launch(f()))")
+    try:
+        return cloudpickle.dumps((fn, args, kwargs))
+    except Exception as exc:
+        named = [("fn", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
+        named += [(f"keyword {k!r}", v) for k, v in kwargs.items()]
+        for label, obj in named:
+            try:
+                cloudpickle.dumps(obj)
+            except Exception:
+                raise TypeError(
+                    f"{label} (a {type(obj).__name__}) cannot be sent to the ranks: {exc}. "
+                    "Create it inside the function instead, or pass something picklable."
+                ) from exc
+        raise TypeError(f"the job cannot be sent to the ranks: {exc}") from exc
+
+
+class Cluster:
+    """A persistent group of ranks in a torch.distributed process group.
+
+    State on the ranks (globals, iterators) survives between :meth:`run` calls, so a
+    learner can step through a DataLoader one cell at a time.
+
+    Args:
+        world_size: Number of ranks (1..``MAX_WORLD_SIZE``).
+        timeout: Seconds a start or a run may take before the ranks are reported
+            as hung (``HangError``) and stopped.
+        threads: Intra-op threads per rank; default ``max(1, cores // world_size)``
+            so ranks do not fight over cores.
+        start_method: ``"forkserver"`` (default on Linux), ``"fork"`` or ``"spawn"``
+            (default elsewhere).
+        backend: ``"gloo"`` (CPU, default) or ``"nccl"`` (one GPU per rank).
+
+    Example:
+        >>> with Cluster(world_size=2) as c:
+        ...     c.run(lambda: dist.get_rank())
+        [0, 1]
+    """
+
+    def __init__(self, world_size: int = 2, timeout: float = 60.0, *, threads: int | None = None,
+                 start_method: str | None = None, backend: str = "gloo"):
+        _check(world_size, timeout, threads, start_method, backend)
+        self.world_size = world_size
+        self.timeout = float(timeout)
+        self.threads = threads or max(1, _cores() // world_size)
+        self.start_method = start_method or _default_start_method()
+        self.backend = backend
+        #: Items published by the ranks during the latest run, in arrival order.
+        self.events: list[RankEvent] = []
+        #: Called with each :class:`RankEvent` as it arrives (e.g. a progress display).
+        self.on_event: Callable[[RankEvent], None] | None = None
+        self._procs: list[Any] = []
+        self._tmp: str | None = None
+        self._closed = True
+        self._start()
+
+    # ------------------------------------------------------------------ lifecycle
+    def _start(self) -> None:
+        ctx = mp.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            # One import of torch in the server; every rank after that is a fast fork.
+            ctx.set_forkserver_preload(["ezpz_nb._rank"])
+        self._tmp = tempfile.mkdtemp(prefix="ezpz_nb-")
+        self._conns: list[Any] = []
+        self._lifelines: list[Any] = []
+        self._outs: dict[int, tuple[int, int]] = {}  # fd -> (rank, stream 1|2)
+        self._partial: dict[int, bytes] = {}
+        self._procs = []
+        self._closed = False
+        _LIVE.add(self)
+        env = {k: v for k, v in os.environ.items()}
+        env.update(GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", _loopback()),
+                   WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size),
+                   OMP_NUM_THREADS=str(self.threads))
+        if self.backend == "gloo":
+            env["CUDA_VISIBLE_DEVICES"] = ""  # CPU-only unless asked: no CUDA init cost
+        env.pop("MASTER_ADDR", None)  # ranks use our FileStore, not an outer launcher's
+        try:
+            for r in range(self.world_size):
+                self._start_rank(ctx, r, dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+            self._await("ready", time.monotonic() + self.timeout, what="start")
+        except BaseException:
+            self._kill()
+            raise
+
+    def _start_rank(self, ctx: Any, r: int, env: dict[str, str]) -> None:
+        assert self._tmp is not None
+        cfg = _rank.RankConfig(
+            rank=r, world_size=self.world_size, store_path=os.path.join(self._tmp, "store"),
+            dump_path=os.path.join(self._tmp, f"stack{r}.txt"), threads=self.threads,
+            backend=self.backend, pg_timeout=self.timeout + 60.0, env=env, cwd=os.getcwd(),
+            sys_path=list(sys.path), parent_pid=os.getpid())
+        # Pipes are made just before each rank starts so a forked rank never
+        # inherits another rank's write ends (that would hide EOF on death).
+        conn, child_conn = ctx.Pipe()
+        out_r, out_w = ctx.Pipe(duplex=False)
+        err_r, err_w = ctx.Pipe(duplex=False)
+        life_r, life_w = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_rank.main, args=(cfg, child_conn, out_w, err_w, life_r),
+                           name=f"ezpz_nb-rank{r}", daemon=False)
+        with _main_hidden(self.start_method):
+            proc.start()
+        for c in (child_conn, out_w, err_w, life_r):
+            c.close()
+        for stream, reader in ((1, out_r), (2, err_r)):
+            fd = reader.fileno()
+            os.set_blocking(fd, False)
+            self._outs[fd] = (r, stream)
+            self._keep = getattr(self, "_keep", []) + [reader]
+        self._procs.append(proc)
+        self._conns.append(conn)
+        self._lifelines.append(life_w)
+
+    def close(self) -> None:
+        """Stop the ranks and remove everything they used. Calling it twice is harmless."""
+        if self._closed:
+            return
+        for conn in self._conns:
+            try:
+                conn.send_bytes(pickle.dumps(("stop", None)))
+            except OSError:
+                pass
+        deadline = time.monotonic() + 2.0
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        self._drain_output()
+        self._kill()
+
+    def _kill(self) -> None:
+        """Kill every rank's process group (loader workers included) and clean up."""
+        for p in self._procs:
+            if p.pid is None:
+                continue
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                p.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        for p in self._procs:
+            p.join(2.0)
+        self._drain_output(final=True)
+        for c in list(self._conns) + list(self._lifelines) + list(getattr(self, "_keep", [])):
+            c.close()
+        for p in self._procs:
+            try:
+                p.close()
+            except ValueError:
+                pass
+        self._conns, self._lifelines, self._keep, self._procs = [], [], [], []
+        self._outs = {}
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+        self._closed = True
+        _LIVE.discard(self)
+
+    @property
+    def closed(self) -> bool:
+        """True once the ranks are gone (after close(), a hang or a crash)."""
+        return self._closed
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self._kill() if not self._closed else None
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "running"
+        return f"Cluster(world_size={self.world_size}, {self.start_method}, {state})"
+
+    # ------------------------------------------------------------------ running
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` on every rank and return the results in rank order.
+
+        Raises:
+            RankError: a rank raised or died; the message names it and carries its
+                traceback. If other ranks were blocked they were stopped, and the next
+                ``run`` starts fresh ranks.
+            HangError: not finished within ``timeout``; says where each rank was.
+            TypeError: ``fn`` or an argument cannot be pickled (nothing was started).
+        """
+        job = _dumps_job(fn, args, kwargs)
+        if self._closed:
+            print(f"[ezpz_nb] starting {self.world_size} fresh ranks (the previous ones "
+                  "were stopped; state on them is gone)", file=sys.stderr)
+            self._start()
+        self.events = []
+        msg = pickle.dumps(("run", job))
+        try:
+            for conn in self._conns:
+                conn.send_bytes(msg)
+            replies = self._await("ok", time.monotonic() + self.timeout, what="run")
+        except BaseException:
+            if not self._closed:
+                self._kill()
+            raise
+        return [replies[r] for r in range(self.world_size)]
+
+    def _await(self, want: str, deadline: float, what: str) -> dict[int, Any]:
+        """Wait for one reply per rank while showing their output live."""
+        pending = set(range(self.world_size))
+        replies: dict[int, Any] = {}
+        failures: dict[int, RankFailure] = {}
+        grace_end: float | None = None
+        sentinels = {p.sentinel: r for r, p in enumerate(self._procs)}
+        by_conn = {id(c): r for r, c in enumerate(self._conns)}
+        while pending:
+            now = time.monotonic()
+            limit = grace_end if grace_end is not None else deadline
+            if now >= limit:
+                break
+            watch = [self._conns[r] for r in pending] + [
+                s for s, r in sentinels.items() if r in pending] + list(self._outs)
+            ready = wait(watch, timeout=min(0.1, limit - now))
+            for obj in ready:
+                if isinstance(obj, int) and obj in self._outs:
+                    self._read_fd(obj)
+            for obj in ready:
+                if not isinstance(obj, int) and id(obj) in by_conn:
+                    r = by_conn[id(obj)]
+                    self._handle(r, want, replies, failures, pending)
+            for obj in ready:
+                r = sentinels.get(obj) if isinstance(obj, int) else None
+                if r is not None and r in pending:
+                    conn = self._conns[r]
+                    while r in pending and conn.poll():  # it may have replied, then died
+                        self._handle(r, want, replies, failures, pending)
+                    if r in pending:
+                        failures[r] = self._death(r)
+                        pending.discard(r)
+            if failures and grace_end is None:
+                grace_end = time.monotonic() + _GRACE_S
+        self._drain_output()
+        if failures:
+            died = any(f.kind in ("signal", "exit") for f in failures.values())
+            for r in pending:
+                failures[r] = RankFailure(r, "stopped", "", "stopped while still running")
+            if pending or died or what == "start":
+                self._kill()
+            raise RankError(failures, self.events,
+                            note="" if self._closed else "The ranks are still up; their state "
+                            "is kept.")
+        if pending:
+            stacks = self._stacks(pending, replies)
+            self._kill()
+            raise HangError(stacks, self.timeout, self.events)
+        return replies
+
+    def _handle(self, r: int, want: str, replies: dict, failures: dict, pending: set) -> None:
+        try:
+            msg = pickle.loads(self._conns[r].recv_bytes())
+        except (EOFError, OSError):
+            return  # the sentinel will report how it died
+        kind = msg[0]
+        if kind == "event":
+            ev = RankEvent(r, msg[1], time.monotonic())
+            self.events.append(ev)
+            if self.on_event is not None:
+                self.on_event(ev)
+            return
+        pending.discard(r)
+        if kind in (want, "ready"):
+            replies[r] = msg[1]
+        elif kind == "error":
+            chain = msg[1]
+            failures[r] = RankFailure(r, "exception", chain[-1][1].split(":")[0],
+                                      chain[-1][1], format_chain(chain))
+        elif kind == "unpicklable":
+            failures[r] = RankFailure(
+                r, "unpicklable", "PicklingError",
+                f"its {msg[1]} could not be sent back to the notebook ({msg[2]}); return "
+                "plain data (numbers, lists, dicts, tensors) instead")
+
+    def _death(self, r: int) -> RankFailure:
+        proc = self._procs[r]
+        proc.join(1.0)
+        code = proc.exitcode
+        if code is not None and code < 0:
+            return RankFailure(r, "signal", "", f"killed by {signal_name(-code)}", signal=-code)
+        return RankFailure(r, "exit", "", f"exited with code {code} without replying "
+                           "(os._exit or sys.exit in a worker thread?)")
+
+    def _stacks(self, pending: set[int], replies: dict) -> dict[int, RankStack]:
+        """Ask each blocked rank for its Python stack (faulthandler on SIGUSR1)."""
+        assert self._tmp is not None
+        for r in pending:
+            try:
+                os.kill(self._procs[r].pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        stacks: dict[int, RankStack] = {}
+        deadline = time.monotonic() + 2.0
+        for r in range(self.world_size):
+            if r not in pending:
+                stacks[r] = RankStack(r, "finished")
+                continue
+            path = os.path.join(self._tmp, f"stack{r}.txt")
+            frames: list = []
+            while not frames and time.monotonic() < deadline:
+                time.sleep(0.02)
+                try:
+                    with open(path) as fh:
+                        frames = parse_faulthandler(fh.read(), "_serve_forever")
+                except OSError:
+                    pass
+            stacks[r] = stack_from_frames(r, frames) if frames else RankStack(r, "unknown")
+        return stacks
+
+    # ------------------------------------------------------------------ output
+    def _read_fd(self, fd: int) -> None:
+        r, stream = self._outs[fd]
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.EBADF:
+                    return
+                raise
+            if not chunk:  # EOF: the rank closed its end (exited)
+                self._emit(r, stream, self._partial.pop(fd, b""), final=True)
+                del self._outs[fd]
+                return
+            self._emit_lines(fd, r, stream, chunk)
+
+    def _emit_lines(self, fd: int, r: int, stream: int, chunk: bytes) -> None:
+        buf = self._partial.get(fd, b"") + chunk
+        *lines, rest = buf.split(b"\n")
+        self._partial[fd] = rest
+        for line in lines:
+            self._emit(r, stream, line)
+
+    def _emit(self, r: int, stream: int, line: bytes, final: bool = False) -> None:
+        if final and not line:
+            return
+        out = sys.stdout if stream == 1 else sys.stderr
+        out.write(f"[rank {r}] {line.decode('utf-8', 'replace')}\n")
+
+    def _drain_output(self, final: bool = False) -> None:
+        for fd in list(self._outs):
+            self._read_fd(fd)
+        if final:
+            for fd, (r, stream) in list(self._outs.items()):
+                self._emit(r, stream, self._partial.pop(fd, b""), final=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 60.0,
+           threads: int | None = None, start_method: str | None = None,
+           backend: str = "gloo", **kwargs: Any) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh ranks and return their results.
+
+    torch.distributed is initialised in every rank (``dist.get_rank()``,
+    ``dist.all_reduce`` just work); the group is torn down afterwards, whatever happens.
+
+    Returns:
+        The return values, in rank order.
+
+    Raises:
+        RankError, HangError: see :meth:`Cluster.run`.
+        ValueError, TypeError: bad arguments, raised before any process starts.
+    """
+    _check(world_size, timeout, threads, start_method, backend)
+    _dumps_job(fn, args, kwargs)  # fail on unpicklable input before starting anything
+    cluster = Cluster(world_size, timeout, threads=threads, start_method=start_method,
+                      backend=backend)
+    try:
+        return cluster.run(fn, *args, **kwargs)
+    finally:
+        cluster.close()
+
+
+def live_clusters() -> list[Cluster]:
+    """Clusters started in this process and not yet closed."""
+    return [c for c in list(_LIVE) if not c.closed]
+
+
+@atexit.register
+def _close_all() -> None:
+    # Runs before multiprocessing's own exit hook (atexit is last-in, first-out),
+    # which would otherwise wait forever for ranks that are not daemons.
+    for c in live_clusters():
+        try:
+            c._kill()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
