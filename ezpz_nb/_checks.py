@@ -1,0 +1,127 @@
+"""The machinery behind :mod:`ezpz_nb.exercises`: verdicts, and running on ranks.
+
+Kept apart from the exercises themselves so each checker there reads as the
+behaviour it expects, not as plumbing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ezpz_nb.errors import HangError, RankError, _is_library, describe_location
+from ezpz_nb.launch import launch
+
+__all__ = ["CHECK_TIMEOUT", "CheckResult"]
+
+_FILE_RE = re.compile(r'^\s*File "(.*)", line (\d+), in ')
+
+#: Seconds a learner's code may run before the checker calls it a hang. Short on
+#: purpose: every exercise finishes in well under a second when it is right.
+CHECK_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The verdict of one checker.
+
+    Attributes:
+        exercise: Name of the exercise (the function the learner writes).
+        status: ``"correct"``, ``"wrong"`` or ``"not done"``.
+        message: What the ranks showed, in plain words.
+    """
+
+    exercise: str
+    status: str
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        """True when the learner's code behaved right on every rank."""
+        return self.status == "correct"
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        # Short on purpose: the checker already printed the full message.
+        return f"CheckResult({self.exercise!r}, {self.status!r})"
+
+
+class _Verdict(Exception):
+    """Raised inside a checker to stop at the first thing found wrong."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _wrong(message: str) -> _Verdict:
+    return _Verdict("wrong", message)
+
+
+def _verdict(exercise: str, body: Callable[[], str]) -> CheckResult:
+    """Run a checker body, print its verdict, and wrap it in a CheckResult."""
+    try:
+        result = CheckResult(exercise, "correct", f"{exercise}: correct. {body()}")
+    except _Verdict as v:
+        prefix = "not done yet" if v.status == "not done" else "not right yet"
+        result = CheckResult(exercise, v.status, f"{exercise}: {prefix}. {v.message}")
+    print(result.message)
+    return result
+
+
+def _user_frames(traceback: str) -> str:
+    """The learner's own frames of a rank's traceback, innermost last.
+
+    Library frames (torch, ezpz_nb, the stdlib) say little to a learner; the
+    line of their own code that failed says most.
+    """
+    lines = traceback.rstrip().splitlines()
+    own = []
+    for i, line in enumerate(lines):
+        m = _FILE_RE.match(line)
+        if m and not _is_library(m.group(1)):
+            src = lines[i + 1].strip() if i + 1 < len(lines) and not _FILE_RE.match(
+                lines[i + 1]) else ""
+            own.append(f"    {describe_location(m.group(1), int(m.group(2)))}: {src}")
+    return "\n".join(own[-3:]) or "    (inside library code)"
+
+
+def _ranks(job: Callable[..., Any], *args: Any, world_size: int = 4) -> list[Any]:
+    """Launch ``job`` on real ranks; turn failures and hangs into verdicts."""
+    if not callable(args[0]):
+        raise _wrong(f"expected a function, got {type(args[0]).__name__}: pass the function "
+                     "itself, e.g. check(my_function), not check(my_function()).")
+    try:
+        results = launch(job, *args, world_size=world_size, timeout=CHECK_TIMEOUT)
+    except RankError as err:
+        failed = [f for f in err.failures.values() if f.kind != "stopped"]
+        if any(f.exc_type.endswith("NotImplementedError") for f in failed):
+            raise _Verdict("not done", "The function still raises NotImplementedError: replace "
+                           "that line with your code, run its cell, then this one.") from None
+        first = failed[0] if failed else next(iter(err.failures.values()))
+        raise _wrong(f"rank {first.rank} raised {first.message}\n"
+                     f"  in your code:\n{_user_frames(first.traceback)}") from None
+    except HangError as err:
+        where = "\n".join("  " + s.describe() for s in err.stacks.values())
+        raise _wrong(f"the ranks hung (nothing finished within {err.timeout:g} s), because they "
+                     "did not all make the same collective calls. Where each rank was:\n"
+                     f"{where}") from None
+    except TypeError as err:  # the function (or something it uses) cannot be sent
+        raise _wrong(str(err)) from None
+    if all(r is None for r in results):
+        raise _Verdict("not done", "The function returned None on every rank: fill in its body "
+                       "(and return the result), run its cell, then this one.")
+    return results
+
+
+def _fmt(t: Any) -> str:
+    return str(t.tolist()) if isinstance(t, torch.Tensor) else repr(t)
+
+
