@@ -1,0 +1,21 @@
+"""The notebooks' walkthroughs as importable workers that also run under torchrun.
+
+Each module has a ``run(...)`` worker that returns the rank's
+:class:`~ezpz_nb.ledger.Ledger` and works unchanged in both places:
+
+* in a notebook: ``ez.launch(tp_broadcast.run, world_size=4, tp_size=2)``;
+* on a cluster: ``python -m torch.distributed.run --standalone --nproc_per_node=4
+  -m ezpz_nb.examples.tp_broadcast --out DIR`` (each rank writes ``DIR/rank{r}.jsonl``;
+  ``Ledger.load(DIR)`` merges them for plotting).
+
+Modules: :mod:`~ezpz_nb.examples.dp_sharding` (shard over DP, not the world),
+:mod:`~ezpz_nb.examples.tp_broadcast` (the TP leader loads and broadcasts),
+:mod:`~ezpz_nb.examples.step_alignment` (uneven step counts, and two fixes).
+Submodules are imported on use so ``import ezpz_nb.examples`` stays cheap.
+"""
+
+from __future__ import annotations
+
+EXAMPLES = ("dp_sharding", "tp_broadcast", "step_alignment")
+
+__all__ = ["EXAMPLES"]

@@ -1,0 +1,109 @@
+"""Walkthrough 1: shard the data over the DP replicas, never over the whole world.
+
+Every rank loads for itself. ``DistributedSampler`` gives DP replica ``d`` the
+indices ``perm[d::dp_size]`` of a permutation seeded with ``seed + epoch``; TP
+peers share a replica, so they get the same shard and, because the dataset is
+the same on every rank, the same batches.
+
+Try the ways it goes wrong and read the ledger's verdict:
+
+* ``--shard-over world``: the sampler shards over all ranks (``dp_group=None``),
+  so TP peers hold different samples.
+* ``--no-set-epoch``: every epoch repeats the first epoch's order.
+* ``--no-drop-last --num-samples 10``: the last shard is padded with repeats.
+
+Run it::
+
+    python -m torch.distributed.run --standalone --nproc_per_node=4 \\
+        -m ezpz_nb.examples.dp_sharding --out /tmp/dp_ledger
+
+or from a notebook: ``ez.launch(dp_sharding.run, world_size=4, tp_size=2)``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from ezpz_nb.data import get_random_dataset_fsdp_tp
+from ezpz_nb.examples.common import (
+    SEQ_LENGTH,
+    VOCAB_SIZE,
+    add_switch,
+    base_parser,
+    cli_main,
+    ensure_distributed,
+    prepare_out,
+    run_epochs,
+    save_ledger,
+)
+from ezpz_nb.groups import make_layout
+from ezpz_nb.ledger import Ledger, record
+
+__all__ = ["main", "run"]
+
+SHARD_OVER = ("dp", "world")
+
+
+def run(
+    tp_size: int = 2,
+    num_samples: int = 64,
+    batch_size: int = 4,
+    epochs: int = 2,
+    drop_last: bool = True,
+    set_epoch: bool = True,
+    shard_over: str = "dp",
+    seed: int = 1337,
+    out: str | None = None,
+) -> Ledger:
+    """Load sharded by DP rank on every rank and record which samples each step held.
+
+    Call it on every rank (``ez.launch(run, world_size=4)`` or torchrun).
+
+    Args:
+        tp_size: Ranks per TP group; must divide the world size.
+        num_samples: Dataset length.
+        batch_size: Samples per batch per DP replica.
+        epochs: Passes over the data.
+        drop_last: Drop what does not divide evenly (else pad with repeats).
+        set_epoch: Reshuffle each epoch with ``set_epoch``.
+        shard_over: ``"dp"`` (right) or ``"world"`` (pitfall: ``dp_group=None``).
+        seed: Shuffle seed, the same on every rank.
+        out: Folder to write this rank's ledger file to (``rank{r}.jsonl``).
+
+    Returns:
+        This rank's :class:`~ezpz_nb.ledger.Ledger`; merge the ranks' with
+        ``Ledger.from_results``.
+    """
+    if shard_over not in SHARD_OVER:
+        raise ValueError(f"shard_over must be one of {SHARD_OVER}, got {shard_over!r}")
+    ensure_distributed()
+    prepare_out(out)
+    layout = make_layout(tp_size)
+    built = get_random_dataset_fsdp_tp(
+        batch_size, VOCAB_SIZE, SEQ_LENGTH,
+        dp_group=layout.dp_group if shard_over == "dp" else None,
+        tp_group=layout.tp_group,
+        drop_last=drop_last, seed=seed, num_samples=num_samples,
+    )
+    rec = record(built["dataloader"], layout)
+    try:
+        run_epochs(rec, epochs, set_epoch=set_epoch)
+    finally:
+        # Written even after an error: a partial ledger still shows how far each rank got.
+        save_ledger(rec.ledger(), out)
+    return rec.ledger()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point (see the module docstring)."""
+    p = base_parser(__doc__)
+    add_switch(p, "drop-last", True, "drop what does not divide evenly (else pad with repeats)")
+    add_switch(p, "set-epoch", True, "reshuffle each epoch with set_epoch")
+    p.add_argument("--shard-over", choices=SHARD_OVER, default="dp",
+                   help="group the sampler shards over (world: the pitfall)")
+    return cli_main(run, p, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
