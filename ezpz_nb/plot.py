@@ -2,7 +2,8 @@
 
 Every function takes a :class:`~ezpz_nb.ledger.Ledger` from a real run (except
 :func:`layout`) and returns a :class:`matplotlib.figure.Figure`, drawn without
-pyplot so nothing is shown twice in a notebook and nothing piles up in memory.
+pyplot so nothing is shown twice in a notebook and nothing piles up in memory
+(the figures show themselves as PNG through ``_repr_png_``).
 What each figure draws is also kept as plain arrays in ``fig.ezpz_data``, so
 tests (and curious learners) can check the numbers rather than the pixels.
 
@@ -18,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import io
 import math
 from collections import defaultdict
 from typing import Any
@@ -33,7 +35,16 @@ from matplotlib.ticker import MaxNLocator
 from ezpz_nb.groups import layout_table
 from ezpz_nb.ledger import Ledger
 
-__all__ = ["coverage", "heatmap", "layout", "loaded_vs_received", "repeat_mask", "timeline"]
+__all__ = [
+    "EzFigure",
+    "coverage",
+    "heatmap",
+    "layout",
+    "loaded_vs_received",
+    "png_bytes",
+    "repeat_mask",
+    "timeline",
+]
 
 # Okabe-Ito: distinguishable with every common colour-vision deficiency.
 BLUE, ORANGE, SKY, GREEN, YELLOW = "#0072B2", "#E69F00", "#56B4E9", "#009E73", "#F0E442"
@@ -43,11 +54,32 @@ _MISSING = "#e8e8e8"
 _ANNOTATE_MAX = 400
 
 
+class EzFigure(Figure):
+    """A matplotlib Figure that shows itself as a PNG in notebooks, pyplot or not.
+
+    Attributes:
+        ezpz_data: The arrays the figure draws (see each plot function).
+    """
+
+    ezpz_data: dict[str, Any]
+
+    def _repr_png_(self) -> bytes:
+        return png_bytes(self)
+
+
+def png_bytes(fig: Figure, dpi: int = 90) -> bytes:
+    """Render ``fig`` to PNG bytes (for widgets, files and notebook display)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
 def _figure(width: float, height: float, rows: int = 0) -> Figure:
     # Constrained layout measures every tick label before drawing: worth it for
     # small figures, but it doubles the render time of a 64-rank one.
     big = rows > 24
-    fig = Figure(figsize=(min(width, 20.0), min(height, 14.0)), layout=None if big else "constrained")
+    fig = EzFigure(figsize=(min(width, 20.0), min(height, 14.0)),
+                   layout=None if big else "constrained")
     if big:
         fig.subplots_adjust(left=0.13, right=0.9, top=0.9, bottom=0.08, wspace=0.05)
     FigureCanvasAgg(fig)  # a canvas makes savefig/print_png work without pyplot

@@ -1,0 +1,433 @@
+"""Live widgets: an explorer that reruns real ranks as you move its controls, and a progress display.
+
+* :func:`explore_rank` is what every rank runs: build the DP/TP layout and the
+  loader from the settings, run the epochs through a recorder, return the
+  rank's ledger. Notebooks call it directly with ``ez.launch``.
+* :class:`Explorer` keeps a live :class:`~ezpz_nb.Cluster`; each change of a
+  control (debounced, so dragging a slider starts one run, not dozens) runs
+  :func:`explore_rank` on it and redraws the plots.
+* :class:`Progress` shows steps per rank while a run is in flight, fed by
+  ``Cluster.on_event``; without a widget frontend (terminal, nbmake) it prints
+  plain text lines instead.
+
+ipywidgets is imported only when a widget is built, so ranks importing this
+module for :func:`explore_rank` do not pay for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ezpz_nb.ledger import Ledger, StepRecord
+
+__all__ = ["Explorer", "Progress", "explore_rank"]
+
+
+def explore_rank(
+    tp_size: int = 1,
+    num_samples: int = 10,
+    batch_size: int = 2,
+    *,
+    drop_last: bool = False,
+    shuffle: bool = True,
+    epochs: int = 2,
+    set_epoch: bool = True,
+    broadcast: bool = True,
+    dp_group: bool = True,
+    seed: int = 1337,
+) -> Ledger:
+    """Load like ezpz does on this rank and return what each step held.
+
+    Call it on every rank: ``ez.launch(explore_rank, 2, world_size=4)``.
+
+    Args:
+        tp_size: Ranks per TP group; must divide the world size.
+        num_samples: Dataset length.
+        batch_size: Samples per batch on each DP replica.
+        drop_last: Drop what does not divide evenly (else the sampler pads with repeats).
+        shuffle: Shuffle with the sampler's seed (plus the epoch, if set).
+        epochs: Passes over the data.
+        set_epoch: Call ``set_epoch`` before each pass (else every pass repeats the order).
+        broadcast: Only the TP leader loads; its peers receive each batch.
+        dp_group: Pass ``dp_group`` to the sampler; ``False`` shards over the
+            whole world (ezpz's pitfall: TP peers get different samples).
+        seed: Shuffle seed, the same on every rank.
+
+    Returns:
+        This rank's :class:`~ezpz_nb.ledger.Ledger` (merge with ``Ledger.from_results``).
+    """
+    import warnings
+
+    from ezpz_nb.data import DataLayoutWarning, get_random_dataset_fsdp_tp
+    from ezpz_nb.groups import make_layout
+    from ezpz_nb.ledger import record
+
+    layout = make_layout(tp_size)
+    with warnings.catch_warnings():
+        if not dp_group:  # chosen on purpose here; the heatmap shows the result
+            warnings.simplefilter("ignore", DataLayoutWarning)
+        built = get_random_dataset_fsdp_tp(
+            batch_size, 64, 8, num_samples=num_samples,
+            dp_group=layout.dp_group if dp_group else None, tp_group=layout.tp_group,
+            broadcast_within_tp=broadcast, drop_last=drop_last, shuffle=shuffle, seed=seed)
+    rec = record(built["dataloader"], layout)
+    for epoch in range(epochs):
+        if set_epoch:
+            rec.set_epoch(epoch)
+        for _ in rec:
+            pass
+    return rec.ledger()
+
+
+class _Debouncer:
+    """Call ``fn`` once, ``delay`` seconds after the last of a burst of pokes.
+
+    In a kernel the call is scheduled on its event loop, so it runs in the main
+    thread once the kernel is idle; elsewhere a timer thread runs it.
+    """
+
+    def __init__(self, delay: float, fn: Callable[[], Any]) -> None:
+        self.delay = delay
+        self.fn = fn
+        self._handle: Any = None
+        self._lock = threading.Lock()
+
+    def poke(self) -> None:
+        if self.delay <= 0:
+            self.fn()
+            return
+        with self._lock:
+            self.cancel()
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is not None:
+                self._handle = loop.call_later(self.delay, self.fn)
+            else:
+                self._handle = threading.Timer(self.delay, self.fn)
+                self._handle.daemon = True
+                self._handle.start()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+def _png_output(png: bytes, title: str) -> dict[str, Any]:
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": title}}
+
+
+def _text_output(text: str, name: str = "stdout") -> dict[str, Any]:
+    return {"output_type": "stream", "name": name, "text": text if text.endswith("\n") else text + "\n"}
+
+
+class Explorer:
+    """Controls for every loading setting; each change reruns real ranks and redraws.
+
+    Display it as the last expression of a cell. Runs happen on a persistent
+    :class:`~ezpz_nb.Cluster` (restarted only when the world size changes).
+
+    Args:
+        world_size: Initial number of ranks (slider 1-8).
+        tp_size: Initial TP size (choices: the divisors of the world size).
+        num_samples: Initial dataset length.
+        batch_size: Initial batch size.
+        drop_last: Initial ``drop_last``.
+        shuffle: Initial ``shuffle``.
+        epochs: Initial number of epochs (drawn side by side).
+        set_epoch: Initial ``set_epoch`` on/off.
+        broadcast: Initial TP broadcast on/off.
+        dp_group: Initially pass ``dp_group`` to the sampler.
+        debounce: Seconds to wait after the last change before running; 0 runs
+            synchronously inside the change (tests, scripts).
+        plots: Names of :mod:`ezpz_nb.plot` functions to draw after each run.
+        timeout: Seconds a run may take before it is reported as hung.
+        run: Run once right away.
+
+    Attributes:
+        controls: ``{name: widget}``; set ``.value`` to drive it from code.
+        output: The ``ipywidgets.Output`` the plots are drawn into.
+        widget: The whole explorer (a ``VBox``).
+        ledger: Ledger of the latest successful run.
+        error: Exception of the latest run, or ``None``.
+        runs: Number of runs so far.
+    """
+
+    def __init__(self, world_size: int = 4, tp_size: int = 2, num_samples: int = 10,
+                 batch_size: int = 2, *, drop_last: bool = False, shuffle: bool = True,
+                 epochs: int = 2, set_epoch: bool = True, broadcast: bool = True,
+                 dp_group: bool = True, debounce: float = 0.3,
+                 plots: tuple[str, ...] = ("heatmap", "coverage"), timeout: float = 30.0,
+                 run: bool = True) -> None:
+        import ipywidgets as W
+
+        from ezpz_nb.groups import valid_tp_sizes
+
+        style = {"description_width": "initial"}
+        self.controls: dict[str, Any] = {
+            "world_size": W.IntSlider(world_size, min=1, max=8, description="world size", style=style),
+            "tp_size": W.Dropdown(options=valid_tp_sizes(world_size), value=tp_size,
+                                  description="tp size", style=style),
+            "num_samples": W.IntSlider(num_samples, min=1, max=64, description="dataset length",
+                                       style=style),
+            "batch_size": W.IntSlider(batch_size, min=1, max=16, description="batch size", style=style),
+            "epochs": W.IntSlider(epochs, min=1, max=3, description="epochs", style=style),
+            "drop_last": W.Checkbox(drop_last, description="drop_last"),
+            "shuffle": W.Checkbox(shuffle, description="shuffle"),
+            "set_epoch": W.Checkbox(set_epoch, description="set_epoch"),
+            "broadcast": W.Checkbox(broadcast, description="broadcast within TP"),
+            "dp_group": W.Checkbox(dp_group, description="pass dp_group"),
+        }
+        self.output = W.Output(layout={"border": "1px solid #ccc"})
+        self.status = W.HTML()
+        c = self.controls
+        sliders = W.VBox([c[k] for k in ("world_size", "tp_size", "num_samples", "batch_size", "epochs")])
+        boxes = W.VBox([c[k] for k in ("drop_last", "shuffle", "set_epoch", "broadcast", "dp_group")])
+        self.widget = W.VBox([W.HBox([sliders, boxes]), self.status, self.output])
+        self.widget.add_class("ezpz-explorer")
+        self.plots = tuple(plots)
+        self.timeout = timeout
+        self.ledger: Ledger | None = None
+        self.error: BaseException | None = None
+        self.runs = 0
+        self._cluster: Any = None
+        self._run_lock = threading.Lock()
+        self._syncing = False
+        self._debouncer = _Debouncer(debounce, self.refresh)
+        for w in self.controls.values():
+            w.observe(self._changed, names="value")
+        if run:
+            self.refresh()
+
+    # ---------------------------------------------------------------- display
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def config(self) -> dict[str, Any]:
+        """The current control values, as keyword arguments of :func:`explore_rank`."""
+        cfg = {k: w.value for k, w in self.controls.items()}
+        cfg.pop("world_size")
+        return cfg
+
+    def _changed(self, change: dict[str, Any]) -> None:
+        if self._syncing:
+            return
+        if change["owner"] is self.controls["world_size"]:
+            self._sync_tp_choices()
+        self.status.value = "<i>waiting for the controls to settle...</i>"
+        self._debouncer.poke()
+
+    def _sync_tp_choices(self) -> None:
+        from ezpz_nb.groups import valid_tp_sizes
+
+        tp = self.controls["tp_size"]
+        choices = valid_tp_sizes(self.controls["world_size"].value)
+        self._syncing = True  # changing the options must not start a run of its own
+        try:
+            keep = tp.value if tp.value in choices else max(d for d in choices if d <= 2)
+            tp.options = choices
+            tp.value = keep
+        finally:
+            self._syncing = False
+
+    # ---------------------------------------------------------------- running
+    def _cluster_for(self, world_size: int) -> Any:
+        from ezpz_nb.launch import Cluster
+
+        if self._cluster is not None and (self._cluster.closed or self._cluster.world_size != world_size):
+            self._cluster.close()
+            self._cluster = None
+        if self._cluster is None:
+            self._cluster = Cluster(world_size, timeout=self.timeout)
+        return self._cluster
+
+    def refresh(self) -> Ledger | None:
+        """Run the current settings on the ranks now and redraw (synchronous).
+
+        Returns:
+            The merged ledger, or ``None`` if the run failed (see :attr:`error`).
+        """
+        from ezpz_nb import plot
+
+        with self._run_lock:  # a timer thread and a direct call never overlap
+            world = self.controls["world_size"].value
+            cfg = self.config()
+            self.status.value = f"<i>running on {world} rank(s)...</i>"
+            logs = io.StringIO()
+            started = time.monotonic()
+            outputs: list[dict[str, Any]] = []
+            try:
+                with contextlib.redirect_stdout(logs), contextlib.redirect_stderr(logs):
+                    results = self._cluster_for(world).run(explore_rank, **cfg)
+                self.ledger, self.error = Ledger.from_results(results), None
+            except Exception as exc:  # noqa: BLE001 - shown to the learner, kept on .error
+                self.ledger, self.error = None, exc
+            self.runs += 1
+            took = time.monotonic() - started
+            if self.ledger is not None:
+                outputs.append(_text_output(self.ledger.summary()))
+                for name in self.plots:
+                    fig = getattr(plot, name)(self.ledger)
+                    outputs.append(_png_output(plot.png_bytes(fig), f"{name} of run {self.runs}"))
+                verdict = "all checks passed" if self.ledger.ok else "problems found (see summary)"
+            else:
+                outputs.append(_text_output(f"{type(self.error).__name__}: {self.error}", "stderr"))
+                verdict = "the run failed"
+            if logs.getvalue().strip():
+                outputs.append(_text_output("rank output:\n" + logs.getvalue(), "stderr"))
+            self.output.outputs = tuple(outputs)
+            self.status.value = (f"run {self.runs}: world {world}, tp {cfg['tp_size']} - {verdict} "
+                                 f"({took:.1f} s)")
+            return self.ledger
+
+    def close(self) -> None:
+        """Stop the ranks and any pending run."""
+        self._debouncer.cancel()
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
+
+    def __enter__(self) -> Explorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _widget_frontend() -> bool:
+    """True in a kernel that a notebook frontend renders (not under pytest/nbmake)."""
+    if os.environ.get("EZPZ_NB_PLAIN") or os.environ.get("PYTEST_CURRENT_TEST"):
+        return False
+    ipy = sys.modules.get("IPython")
+    shell = ipy.get_ipython() if ipy is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class Progress:
+    """Steps done per rank, updated live while the ranks run.
+
+    Fed by ``Cluster.on_event`` (the :class:`~ezpz_nb.ledger.StepRecord` s that
+    ``record`` publishes). In a notebook it shows one bar per rank; in a
+    terminal or under nbmake it prints a text line every ``interval`` seconds
+    and a final line per rank that fell behind.
+
+    Args:
+        source: A :class:`~ezpz_nb.Cluster` to attach to, or a world size.
+        total: Steps each rank is expected to take (sets the bars' length).
+        mode: ``"auto"``, ``"widget"`` or ``"text"``.
+        interval: Seconds between redraws (and text lines).
+        stream: Where text lines go (default ``sys.stdout``).
+
+    Example:
+        >>> with ez.Cluster(4) as c, Progress(c, total=40):
+        ...     c.run(train)
+    """
+
+    def __init__(self, source: Any, total: int | None = None, *, mode: str = "auto",
+                 interval: float = 0.5, stream: Any = None) -> None:
+        if mode not in ("auto", "widget", "text"):
+            raise ValueError(f"mode must be 'auto', 'widget' or 'text', got {mode!r}")
+        self.cluster = None if isinstance(source, int) else source
+        self.world_size = source if isinstance(source, int) else source.world_size
+        self.total = total
+        self.interval = interval
+        self.stream = stream
+        self.mode = mode if mode != "auto" else ("widget" if _widget_frontend() else "text")
+        self.steps = dict.fromkeys(range(self.world_size), 0)
+        self.where: dict[int, tuple[int, int, int]] = {}  # rank -> (dp, tp, epoch)
+        self._last_draw = 0.0
+        self._previous: Callable[[Any], None] | None = None
+        self.widget: Any = None
+        if self.mode == "widget":
+            self._build_widget()
+        if self.cluster is not None:
+            self._previous = self.cluster.on_event
+            self.cluster.on_event = self.update
+
+    def _build_widget(self) -> None:
+        import ipywidgets as W
+        from IPython.display import display
+
+        most = self.total or 1
+        self._bars = [W.IntProgress(0, min=0, max=most, bar_style="info") for _ in self.steps]
+        self._labels = [W.Label(f"r{r}") for r in self.steps]
+        self._counts = [W.Label("0") for _ in self.steps]
+        rows = [W.HBox([lab, bar, n]) for lab, bar, n in zip(self._labels, self._bars, self._counts,
+                                                              strict=True)]
+        self.widget = W.VBox(rows)
+        display(self.widget)
+
+    def update(self, event: Any) -> None:
+        """Count one event (a ``RankEvent`` carrying a StepRecord; others are ignored)."""
+        if self._previous is not None:
+            self._previous(event)
+        item = getattr(event, "item", event)
+        if not isinstance(item, StepRecord):
+            return
+        self.steps[item.rank] = self.steps.get(item.rank, 0) + 1
+        self.where[item.rank] = (item.dp_rank, item.tp_rank, item.epoch)
+        now = time.monotonic()
+        if now - self._last_draw >= self.interval:
+            self._last_draw = now
+            self._draw()
+
+    def _label(self, r: int) -> str:
+        if r in self.where:
+            dp, tp, _ = self.where[r]
+            return f"r{r} (dp{dp},tp{tp})"
+        return f"r{r}"
+
+    def text(self) -> str:
+        """One line: steps done per rank (``/total`` when known)."""
+        of = f"/{self.total}" if self.total else ""
+        return "steps: " + "  ".join(f"{self._label(r)} {n}{of}" for r, n in sorted(self.steps.items()))
+
+    def _draw(self) -> None:
+        if self.mode == "text":
+            print(self.text(), file=self.stream or sys.stdout, flush=True)
+            return
+        most = max([self.total or 0, *self.steps.values(), 1])
+        for r, n in self.steps.items():
+            self._bars[r].max = most
+            self._bars[r].value = n
+            self._labels[r].value = self._label(r)
+            self._counts[r].value = f"{n}/{self.total}" if self.total else str(n)
+
+    def behind(self) -> list[int]:
+        """Ranks with fewer steps than the rank that took the most."""
+        most = max(self.steps.values(), default=0)
+        return [r for r, n in sorted(self.steps.items()) if n < most]
+
+    def close(self) -> None:
+        """Detach from the cluster and draw the final state (and who fell behind)."""
+        if self.cluster is not None:
+            self.cluster.on_event = self._previous
+            self.cluster = None
+        self._draw()
+        most = max(self.steps.values(), default=0)
+        late = self.behind()
+        if self.mode == "widget":
+            for r in late:
+                self._bars[r].bar_style = "danger"
+        elif late:
+            for r in late:
+                print(f"{self._label(r)} stopped after {self.steps[r]} of {most} steps",
+                      file=self.stream or sys.stdout)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

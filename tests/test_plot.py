@@ -1,0 +1,180 @@
+"""ezpz_nb.plot draws what real runs recorded: checked on the figures' data, not pixels.
+
+Ledgers come from real gloo ranks (one 4-rank Cluster for the module); the
+expected sample ids and padding come from torch's own DistributedSampler.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _plot_workers import stop_early
+from torch.utils.data import DistributedSampler
+
+import ezpz_nb as ez
+from ezpz_nb import plot
+from ezpz_nb.groups import layout_table
+from ezpz_nb.ledger import Ledger
+from ezpz_nb.widgets import explore_rank
+
+WORLD, SEED = 4, 1337
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ez.Cluster(WORLD, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def padded(cluster) -> tuple[Ledger, dict]:
+    """dp 2 x tp 2, 11 samples, drop_last=False: the sampler pads one sample per epoch."""
+    cfg = dict(tp_size=2, num_samples=11, batch_size=2, drop_last=False, epochs=2, broadcast=True)
+    return Ledger.from_results(cluster.run(explore_rank, **cfg)), cfg
+
+
+def sampler_indices(n: int, dp_size: int, dp: int, epoch: int, drop_last: bool,
+                    shuffle: bool = True) -> list[int]:
+    s = DistributedSampler(range(n), num_replicas=dp_size, rank=dp, shuffle=shuffle, seed=SEED,
+                           drop_last=drop_last)
+    s.set_epoch(epoch)
+    return list(s)
+
+
+def test_heatmap_array_is_the_ledgers_sample_ids(padded):
+    ledger, _ = padded
+    fig = plot.heatmap(ledger)
+    data = fig.ezpz_data
+    assert data["epochs"] == ledger.epochs() == [0, 1]
+    assert data["ranks"] == ledger.ranks()  # TP innermost: rank order keeps TP groups together
+    assert data["labels"][3] == "r3 (dp1,tp1)"
+    for e in data["epochs"]:
+        np.testing.assert_array_equal(data["ids"][e], ledger.sample_matrix(e))
+    assert len(fig.axes) == 3  # two epoch panels side by side + the colour bar
+
+
+def test_heatmap_rows_match_the_sampler_tp_rows_equal_dp_rows_differ(padded):
+    ledger, cfg = padded
+    data = plot.heatmap(ledger).ezpz_data
+    bs, n, dp_size = cfg["batch_size"], cfg["num_samples"], WORLD // cfg["tp_size"]
+    for e in data["epochs"]:
+        ids = data["ids"][e]
+        for row, (rank, dp, _tp) in enumerate(layout_table(WORLD, cfg["tp_size"])):
+            expected = sampler_indices(n, dp_size, dp, e, drop_last=False)
+            got = [int(i) for i in ids[row].reshape(-1) if i >= 0]
+            assert got == expected, f"rank {rank} epoch {e}"
+        np.testing.assert_array_equal(ids[0], ids[1])  # TP peers hold the same batches
+        np.testing.assert_array_equal(ids[2], ids[3])
+        assert ids.shape[1] == -(-len(expected) // bs)
+    assert not np.array_equal(data["ids"][0], data["ids"][1]), "set_epoch should reshuffle"
+
+
+def test_heatmap_marks_exactly_where_distributed_sampler_pads(padded):
+    ledger, cfg = padded
+    data = plot.heatmap(ledger).ezpz_data
+    bs, n, dp_size = cfg["batch_size"], cfg["num_samples"], WORLD // cfg["tp_size"]
+    total = 0
+    for e in data["epochs"]:
+        expected = np.zeros_like(data["repeats"][e])
+        for row, (_rank, dp, _tp) in enumerate(layout_table(WORLD, cfg["tp_size"])):
+            for j in range(len(sampler_indices(n, dp_size, dp, e, drop_last=False))):
+                # Position j of replica dp is global position j * dp_size + dp of the
+                # sampler's padded index list; positions >= n are the padding.
+                expected[row, j // bs, j % bs] = j * dp_size + dp >= n
+        np.testing.assert_array_equal(data["repeats"][e], expected)
+        total += int(expected.sum())
+    assert total == 2 * 2  # one padded sample per epoch, held by both TP peers
+
+
+def test_heatmap_without_set_epoch_shows_the_same_order_twice(cluster):
+    ledger = Ledger.from_results(cluster.run(explore_rank, tp_size=1, num_samples=8, epochs=2,
+                                             set_epoch=False, broadcast=False))
+    fig = plot.heatmap(ledger)
+    ids = fig.ezpz_data["ids"]
+    np.testing.assert_array_equal(ids[0], ids[1])
+    assert not fig.ezpz_data["repeats"][0].any()  # 8 samples over 4 replicas: no padding
+    one = plot.heatmap(ledger, epoch=1).ezpz_data
+    assert one["epochs"] == [1] and list(one["ids"]) == [1]
+
+
+def test_coverage_marks_duplicates_and_never_seen(cluster, padded):
+    ledger, cfg = padded
+    rep = plot.coverage(ledger).ezpz_data
+    assert rep["num_samples"] == 11 and rep["replica"].shape == (2, 11)
+    for row, e in enumerate(rep["epochs"]):
+        padded_ids = {sampler_indices(11, 2, 1, e, drop_last=False)[-1]}  # replica 1 is short
+        assert set(np.nonzero(rep["replica"][row] == -2)[0]) == padded_ids
+        assert not (rep["replica"][row] == -1).any()
+        for dp in range(2):
+            for i in set(sampler_indices(11, 2, dp, e, drop_last=False)) - padded_ids:
+                assert rep["replica"][row, i] == dp
+
+    dropped = Ledger.from_results(cluster.run(explore_rank, tp_size=1, num_samples=10, batch_size=2,
+                                              drop_last=True, epochs=1, broadcast=False))
+    rep = plot.coverage(dropped).ezpz_data
+    seen = set()
+    for dp in range(WORLD):
+        idx = sampler_indices(10, WORLD, dp, 0, drop_last=True)
+        seen |= set(idx[: len(idx) // 2 * 2])  # the loader drops the partial batch too
+    assert set(np.nonzero(rep["replica"][0] == -1)[0]) == set(range(10)) - seen
+    assert not (rep["replica"] == -2).any()
+
+
+def test_loaded_vs_received_counts_leader_io(cluster, padded):
+    ledger, _ = padded
+    data = plot.loaded_vs_received(ledger).ezpz_data
+    steps = {r: len([x for x in ledger.records if x.rank == r]) for r in ledger.ranks()}
+    for rank, (_, _dp, tp) in zip(data["ranks"], layout_table(WORLD, 2), strict=True):
+        i = data["ranks"].index(rank)
+        assert (data["loaded"][i], data["received"][i]) == ((steps[rank], 0) if tp == 0 else (0, steps[rank]))
+
+    alone = Ledger.from_results(cluster.run(explore_rank, tp_size=2, broadcast=False, epochs=1))
+    data = plot.loaded_vs_received(alone).ezpz_data
+    assert (data["received"] == 0).all() and (data["loaded"] > 0).all()
+
+
+def test_timeline_shows_where_a_rank_raised(cluster):
+    with pytest.raises(ez.RankError) as info:
+        cluster.run(stop_early, 3, 2)
+    err = info.value
+    ledger = Ledger.from_events(err.events)
+    data = plot.timeline(ledger, err).ezpz_data
+    assert data["status"][3] == "raised" and "gave up at step 1" in data["notes"][3]
+    assert data["total"][3] == 2
+    for r in range(3):
+        assert data["total"][r] == 6  # 24 samples over 4 ranks, batch 1
+        assert data["status"][r] == "stopped"  # they waited in the barrier and were stopped
+
+
+def test_timeline_shows_who_hung_where():
+    with ez.Cluster(2, timeout=3) as c, pytest.raises(ez.HangError) as info:
+        c.run(stop_early, 1, 4, hang=True)
+    err = info.value
+    data = plot.timeline(Ledger.from_events(err.events), err).ezpz_data
+    assert data["status"] == {0: "hung", 1: "finished"}
+    assert "barrier" in data["notes"][0]
+    assert data["total"] == {0: 12, 1: 4}
+
+
+def test_timeline_without_error_flags_short_ranks(padded):
+    ledger, _ = padded
+    data = plot.timeline(ledger).ezpz_data
+    assert set(data["status"].values()) == {"ok"}
+    cut = Ledger([r for r in ledger.records if not (r.rank == 2 and r.epoch == 1)], ledger.num_samples)
+    data = plot.timeline(cut).ezpz_data
+    assert data["status"][2] == "short" and data["total"][2] < data["total"][0]
+
+
+def test_layout_grid_and_groups():
+    data = plot.layout(8, 2).ezpz_data
+    for rank, dp, tp in layout_table(8, 2):
+        assert data["grid"][dp, tp] == rank
+    assert data["tp_groups"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert data["dp_groups"] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    with pytest.raises(ValueError, match="valid tp sizes"):
+        plot.layout(6, 4)
+
+
+def test_figures_render_as_png_in_notebooks(padded):
+    fig = plot.heatmap(padded[0])
+    assert fig._repr_png_().startswith(b"\x89PNG")
