@@ -35,6 +35,8 @@ class Layout:
             the data over this one), or ``None`` outside torch.distributed.
         tp_group: Process group of the ranks with the same ``dp_rank`` (they
             must see identical batches), or ``None`` outside torch.distributed.
+
+    Pickling a layout (returning it from a rank) drops the two groups.
     """
 
     rank: int
@@ -47,6 +49,11 @@ class Layout:
     # compare by position and printing one stays readable.
     dp_group: Any = field(default=None, compare=False, repr=False)
     tp_group: Any = field(default=None, compare=False, repr=False)
+
+    def __reduce__(self) -> tuple[Any, tuple[int, ...]]:
+        # A process group handle means nothing in another process: pickling
+        # (e.g. returning a layout from a rank to the notebook) keeps the numbers only.
+        return (Layout, (self.rank, self.world_size, self.dp_rank, self.dp_size, self.tp_rank, self.tp_size))
 
     @property
     def is_tp_leader(self) -> bool:

@@ -1,0 +1,71 @@
+"""ezpz_nb.groups: the DP x TP layout, checked against the groups gloo really built."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+import ezpz_nb as ez
+from ezpz_nb.groups import Layout, layout_table, make_layout, valid_tp_sizes
+
+
+def test_layout_table_puts_tp_innermost():
+    """Guards the layout everyone shares (ezpz, Megatron, DeviceMesh): world 4, tp 2 gives
+    TP groups [0,1],[2,3] and DP groups [0,2],[1,3]."""
+    assert layout_table(4, 2) == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    assert layout_table(4, 1) == [(r, r, 0) for r in range(4)]
+    assert layout_table(8, 4)[6] == (6, 1, 2)
+    assert valid_tp_sizes(12) == [1, 2, 3, 4, 6, 12]
+
+
+@pytest.mark.parametrize("world, tp", [(4, 3), (6, 4), (4, 0), (2, 2.0)])
+def test_layout_table_rejects_tp_that_does_not_divide(world, tp):
+    """Guards uneven TP groups: the ValueError names the valid sizes."""
+    with pytest.raises(ValueError, match=r"valid tp sizes are \[1, 2"):
+        layout_table(world, tp)
+
+
+def test_make_layout_outside_a_process_group():
+    """Guards plain-script use: one process is dp 1 x tp 1; asking for tp 2 says why not."""
+    assert make_layout() == Layout(0, 1, 0, 1, 0, 1)
+    with pytest.raises(ValueError, match=r"valid tp sizes are \[1\]"):
+        make_layout(2)
+
+
+def _groups_run():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for tp in valid_tp_sizes(world):
+        for mesh in (True, False):
+            lay = make_layout(tp, use_device_mesh=mesh)
+            tp_members = [None] * lay.tp_size
+            dp_members = [None] * lay.dp_size
+            dist.all_gather_object(tp_members, rank, group=lay.tp_group)
+            dist.all_gather_object(dp_members, rank, group=lay.dp_group)
+            out[(tp, mesh)] = (lay, tp_members, dp_members,
+                               dist.get_rank(lay.tp_group), dist.get_rank(lay.dp_group))
+    try:
+        make_layout(3)
+    except ValueError as e:
+        out["bad"] = str(e)
+    return out
+
+
+def test_groups_built_in_ranks_match_the_table():
+    """Guards make_layout with DeviceMesh and with plain new_group: at world 4 every tp size
+    gives groups whose members (seen through all_gather) and group ranks match
+    layout_table; tp 3 raises ValueError naming 1, 2, 4."""
+    results = ez.launch(_groups_run, world_size=4, timeout=60)
+    for rank, res in enumerate(results):
+        assert "[1, 2, 4]" in res["bad"]
+        for tp in (1, 2, 4):
+            table = layout_table(4, tp)
+            for mesh in (True, False):
+                lay, tp_members, dp_members, tp_rank, dp_rank = res[(tp, mesh)]
+                _, want_dp, want_tp = table[rank]
+                assert (lay.rank, lay.world_size, lay.tp_size, lay.dp_size) == (rank, 4, tp, 4 // tp)
+                assert (lay.dp_rank, lay.tp_rank) == (want_dp, want_tp) == (dp_rank, tp_rank)
+                assert tp_members == [r for r, d, _ in table if d == want_dp]
+                assert dp_members == [r for r, _, t in table if t == want_tp]
+                assert lay.is_tp_leader == (want_tp == 0)
+                assert lay.tp_group is None and lay.dp_group is None  # dropped by pickling

@@ -1,0 +1,170 @@
+"""ezpz_nb.ledger: records, checks, files, and records that survive a hang."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Subset
+
+import ezpz_nb as ez
+from ezpz_nb.data import RandomTokenDataset, get_random_dataset_fsdp_tp
+from ezpz_nb.groups import Layout, make_layout
+from ezpz_nb.ledger import Ledger, StepRecord, batch_digest, record
+
+
+def rec(rank, step, ids, *, epoch=0, tp=1, world=2, digest=None, source="loaded"):
+    """A hand-made record for rank ``rank`` in a world of ``world`` with TP size ``tp``."""
+    return StepRecord(epoch, step, rank, rank // tp, world // tp, rank % tp, tp, tuple(ids), source,
+                      digest or f"d{tuple(ids)}")
+
+
+# --------------------------------------------------------------- single process
+
+def test_clean_ledger_passes_every_check():
+    """Guards false alarms: disjoint DP shards, identical TP peers, equal step counts."""
+    recs = [rec(r, s, [2 * s + r // 2 * 4, 2 * s + 1 + r // 2 * 4], tp=2, world=4)
+            for r in range(4) for s in range(2)]
+    ledger = Ledger(recs, num_samples=8)
+    assert ledger.check() == [] and ledger.ok
+    assert "All checks passed" in ledger.summary() and "dp 2 x tp 2" in ledger.summary()
+    assert ledger.ranks() == [0, 1, 2, 3] and ledger.epochs() == [0]
+    assert ledger.layout() == {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1)}
+    assert ledger.sample_ids(2, 0) == [4, 5, 6, 7]
+
+
+def test_each_problem_kind_in_plain_words():
+    """Guards the four checks: a duplicated sample, never-seen samples, TP peers with other
+    samples or other bytes, and ranks with different step counts, each named with the
+    ranks, samples or steps involved."""
+    dup = Ledger([rec(0, 0, [0, 4]), rec(1, 0, [4, 1])], num_samples=5)
+    kinds = {p.kind: p for p in dup.check()}
+    assert set(kinds) == {"dp_duplicate", "never_seen"}
+    assert kinds["dp_duplicate"].samples == (4,) and kinds["dp_duplicate"].ranks == (0, 1)
+    assert "sample 4 by DP ranks [0, 1]" in kinds["dp_duplicate"].message
+    assert kinds["never_seen"].samples == (2, 3) and "2 of 5" in kinds["never_seen"].message
+
+    tp_ids = Ledger([rec(0, 0, [0], tp=2), rec(1, 0, [1], tp=2)])
+    (p,) = tp_ids.check()
+    assert p.kind == "tp_mismatch" and p.steps == (0,) and "different samples" in p.message
+    tp_bytes = Ledger([rec(0, 0, [0], tp=2, digest="a"), rec(1, 0, [0], tp=2, digest="b")])
+    (p,) = tp_bytes.check()
+    assert p.kind == "tp_mismatch" and "different bytes" in p.message and "seeded by rank" in p.message
+
+    steps = Ledger([rec(0, 0, [0]), rec(0, 1, [2]), rec(1, 0, [1])])
+    (p,) = steps.check()
+    assert p.kind == "step_mismatch" and "ranks [0] took 2" in p.message and "hang" in p.message
+    assert not steps.ok and "step_mismatch" in steps.summary()
+
+
+def test_checks_are_per_epoch():
+    """Guards mixing epochs: the same sample in two epochs is not a duplicate."""
+    ledger = Ledger([rec(0, 0, [0], epoch=0), rec(1, 0, [1], epoch=0),
+                     rec(0, 0, [1], epoch=1), rec(1, 0, [0], epoch=1)], num_samples=2)
+    assert ledger.ok and ledger.epochs() == [0, 1]
+
+
+def test_sample_matrix_pads_with_minus_one():
+    """Guards the plots' input: (ranks x steps x batch), -1 where a rank had less."""
+    ledger = Ledger([rec(0, 0, [3, 4]), rec(0, 1, [5]), rec(1, 0, [6, 7])])
+    m = ledger.sample_matrix(0)
+    assert m.shape == (2, 2, 2)
+    assert m.tolist() == [[[3, 4], [5, -1]], [[6, 7], [-1, -1]]]
+    assert Ledger().sample_matrix(0).shape == (0, 0, 0)
+
+
+def test_save_and_load_one_file_and_a_folder_of_ranks(tmp_path):
+    """Guards torchrun's one-file-per-rank ledgers: save/load round-trips, a folder merges."""
+    recs = [rec(r, s, [s * 2 + r]) for r in range(2) for s in range(3)]
+    whole = Ledger(recs, num_samples=6)
+    assert Ledger.load(whole.save(tmp_path / "all.jsonl")) == whole
+    for r in range(2):
+        Ledger([x for x in recs if x.rank == r], num_samples=6).save(tmp_path / "run" / f"rank{r}.jsonl")
+    merged = Ledger.load(tmp_path / "run")
+    assert sorted(merged.records, key=lambda x: (x.rank, x.step)) == recs and merged.num_samples == 6
+    first = json.loads((tmp_path / "run" / "rank0.jsonl").read_text().splitlines()[1])
+    assert first["sample_ids"] == [0] and first["source"] == "loaded"
+    with pytest.raises(FileNotFoundError):
+        Ledger.load(tmp_path / "empty_dir_missing")
+
+
+def test_from_results_and_from_events_shapes():
+    """Guards the documented result shapes: per-rank Ledgers or lists of StepRecords
+    (nested), and launcher events whose items are StepRecords (others skipped)."""
+    a, b = rec(0, 0, [0]), rec(1, 0, [1])
+    assert Ledger.from_results([Ledger([a], 4), [b]]) == Ledger([a, b], 4)
+    assert Ledger.from_results([[a], [[b]]], num_samples=2).num_samples == 2
+    with pytest.raises(TypeError, match="expected Ledger"):
+        Ledger.from_results([{"x": 1}])
+    events = [SimpleNamespace(rank=0, item=a), SimpleNamespace(rank=0, item="hello"),
+              SimpleNamespace(rank=1, item=b)]
+    assert Ledger.from_events(events).records == [a, b]
+
+
+def test_recorder_in_one_process_counts_passes_and_digests_bytes():
+    """Guards the recorder without torch.distributed: batches pass unchanged, ids come from
+    the index leaf, epochs label passes (set_epoch or +1), and the digest sees dtype bytes."""
+    ds = RandomTokenDataset(32, 4, num_samples=6)
+    batches = list(DataLoader(ds, batch_size=2))
+    recorder = record(DataLoader(ds, batch_size=2), epoch=3, publish=False)
+    got = list(recorder)
+    assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got, batches, strict=True))
+    list(recorder)
+    recorder.set_epoch(7)
+    list(recorder)
+    ledger = recorder.ledger()
+    assert ledger.epochs() == [3, 4, 7] and ledger.num_samples == 6
+    assert [r.sample_ids for r in ledger.steps(0, 3)] == [(0, 1), (2, 3), (4, 5)]
+    assert ledger.steps(0, 4)[0].digest == batch_digest(batches[0])
+    x = torch.arange(4)
+    assert batch_digest({"a": x}) != batch_digest({"a": x.to(torch.int32)})
+    assert batch_digest([x[::2]]) == batch_digest([torch.tensor([0, 2])])  # strides do not matter
+
+
+# ------------------------------------------------------------------- multi-rank
+
+def _recorded_run():
+    lay = make_layout(2)
+    dl = get_random_dataset_fsdp_tp(2, 64, 8, dp_group=lay.dp_group, tp_group=lay.tp_group,
+                                    broadcast_within_tp=True, num_samples=12)["dataloader"]
+    recorder = record(dl, lay)
+    for epoch in (0, 1):
+        recorder.set_epoch(epoch)
+        for batch in recorder:
+            dist.all_reduce(batch["input_ids"].sum())  # a training step's collective
+    return recorder.ledger()
+
+
+def test_records_come_back_as_results_and_as_live_events():
+    """Guards issue 4's input: every rank's records come back through Cluster.run as one
+    ledger, the same records arrive live as published events, and loaded/received is
+    recorded per rank (TP leader loads, peer receives)."""
+    with ez.Cluster(world_size=4, timeout=60) as cluster:
+        ledger = Ledger.from_results(cluster.run(_recorded_run))
+        live = Ledger.from_events(cluster.events, num_samples=12)
+    assert ledger.ok, ledger.summary()
+    assert sorted(live.records, key=repr) == sorted(ledger.records, key=repr)
+    assert {(r.rank, r.source) for r in ledger.records} == {
+        (0, "loaded"), (1, "received"), (2, "loaded"), (3, "received")}
+    assert len(ledger.records) == 4 * 2 * 3  # 4 ranks, 2 epochs, 12 / 2 replicas / batch 2
+
+
+def _uneven_run():
+    rank = dist.get_rank()
+    ds = RandomTokenDataset(64, 8, num_samples=5)
+    loader = DataLoader(Subset(ds, list(range(rank, 5, 2))), batch_size=1)  # 3 vs 2 batches
+    for batch in record(loader, Layout(rank, 2, rank, 2, 0, 1)):
+        dist.all_reduce(batch["input_ids"])  # rank 0's third call never finds a partner
+
+
+def test_partial_ledger_survives_a_hang():
+    """Guards the records of a hung run: HangError.events rebuild the partial ledger, and
+    its check names the step mismatch that caused the hang."""
+    with pytest.raises(ez.HangError) as info:
+        ez.launch(_uneven_run, world_size=2, timeout=3)
+    ledger = Ledger.from_events(info.value.events)
+    assert [len(ledger.steps(r, 0)) for r in (0, 1)] == [3, 2]
+    assert [p.kind for p in ledger.check()] == ["step_mismatch"]
