@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -233,24 +235,36 @@ def cli_main(run: Callable[..., Ledger], parser: argparse.ArgumentParser,
 
     Returns:
         The process exit status: 0, or 1 with ``--check`` and a problem found.
+        A rank that raises prints its traceback and exits with status 1 at once.
     """
     args = parser.parse_args(argv)
     created = ensure_distributed(args.backend, args.timeout)
     try:
-        kwargs = {k: v for k, v in vars(args).items() if k not in _LAUNCH_ONLY}
-        ledger = run(**kwargs)
-        parts: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-        dist.gather_object(ledger, parts, dst=0)
-        status = 0
-        if parts is not None:
-            merged = Ledger.from_results(parts)
-            print(merged.summary(), flush=True)
-            if args.out is not None:
-                print(f"Ledger files in {args.out}/ (one per rank); in a notebook: "
-                      f"Ledger.load({str(args.out)!r})", flush=True)
-            # One failing process is enough for torchrun to report the job failed.
-            status = 1 if args.check and merged.check() else 0
-        return status
-    finally:
-        if created:
-            dist.destroy_process_group()
+        status = _run_and_report(run, args)
+    except BaseException:
+        # A rank whose collective failed cannot leave cleanly: tearing the group
+        # down (even a normal exit) waits for its pending collective until the
+        # group's timeout. Exit now with the traceback; torchrun stops the others.
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    if created:
+        dist.destroy_process_group()
+    return status
+
+
+def _run_and_report(run: Callable[..., Ledger], args: argparse.Namespace) -> int:
+    kwargs = {k: v for k, v in vars(args).items() if k not in _LAUNCH_ONLY}
+    ledger = run(**kwargs)
+    parts: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(ledger, parts, dst=0)
+    if parts is None:
+        return 0
+    merged = Ledger.from_results(parts)
+    print(merged.summary(), flush=True)
+    if args.out is not None:
+        print(f"Ledger files in {args.out}/ (one per rank); in a notebook: "
+              f"Ledger.load({str(args.out)!r})", flush=True)
+    # One failing process is enough for torchrun to report the job failed.
+    return 1 if args.check and merged.check() else 0

@@ -10,7 +10,7 @@ Try the ways it goes wrong and read the ledger's verdict:
 * ``--shard-over world``: the sampler shards over all ranks (``dp_group=None``),
   so TP peers hold different samples.
 * ``--no-set-epoch``: every epoch repeats the first epoch's order.
-* ``--no-drop-last --num-samples 10``: the last shard is padded with repeats.
+* ``--no-drop-last --num-samples 11``: the last shard is padded with repeats.
 
 Run it::
 

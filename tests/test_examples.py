@@ -1,0 +1,252 @@
+"""ezpz_nb.examples: each walkthrough's worker on real ranks (world 4, tp 2).
+
+The workers are the ones ``torchrun -m ezpz_nb.examples.<name>`` runs; here
+they run through ``ez.launch``/``Cluster`` unchanged, and their ledgers are
+checked against torch's own ``DistributedSampler``. GPU tests skip without one.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+
+import ezpz_nb as ez
+from ezpz_nb.examples import common, dp_sharding, step_alignment, tp_broadcast
+from ezpz_nb.groups import layout_table
+from ezpz_nb.ledger import Ledger
+
+WORLD, TP = 4, 2
+DP = WORLD // TP
+N, BATCH, SEED = 64, 4, 1337
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ez.Cluster(WORLD, timeout=60) as c:
+        yield c
+
+
+def sampler_ids(dp_rank: int, epoch: int, *, n: int = N, dp: int = DP, drop_last: bool = True,
+                batch: int = BATCH, seed: int = SEED) -> list[int]:
+    """The ids torch's DistributedSampler + DataLoader batching give a replica in an epoch."""
+    s = DistributedSampler(list(range(n)), num_replicas=dp, rank=dp_rank, shuffle=True,
+                           seed=seed, drop_last=drop_last)
+    s.set_epoch(epoch)
+    ids = list(s)
+    full = len(ids) // batch * batch if drop_last else len(ids)
+    return ids[:full]
+
+
+def kinds(ledger: Ledger) -> set[str]:
+    return {p.kind for p in ledger.check()}
+
+
+def assert_matches_sampler(ledger: Ledger, epochs: int, *, set_epoch: bool = True) -> None:
+    for rank, dp_rank, _ in layout_table(WORLD, TP):
+        for e in range(epochs):
+            want = sampler_ids(dp_rank, e if set_epoch else 0)
+            assert ledger.sample_ids(rank, e) == want, f"rank {rank} epoch {e}"
+
+
+def assert_tp_peers_identical(ledger: Ledger) -> None:
+    by_step: dict[tuple[int, int, int], set[str]] = {}
+    for r in ledger.records:
+        by_step.setdefault((r.epoch, r.dp_rank, r.step), set()).add(r.digest)
+    assert by_step and all(len(d) == 1 for d in by_step.values())
+
+
+# ------------------------------------------------------------------ dp_sharding
+
+def test_dp_sharding_matches_distributed_sampler_and_writes_one_file_per_rank(cluster, tmp_path):
+    """Guards pitfall 2 (sharding over the world) and the per-rank ledger files that
+    a torchrun run leaves for plotting."""
+    stale = tmp_path / "rank7.jsonl"  # from an imagined earlier 8-rank run
+    stale.write_text("{}\n")
+    ledger = Ledger.from_results(cluster.run(dp_sharding.run, tp_size=TP, epochs=2,
+                                             out=str(tmp_path)))
+    assert ledger.ok, ledger.summary()
+    assert ledger.ranks() == list(range(WORLD))
+    assert_matches_sampler(ledger, 2)
+    assert_tp_peers_identical(ledger)
+    assert ledger.sample_ids(0, 0) != ledger.sample_ids(0, 1)  # set_epoch reshuffled
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"rank{r}.jsonl" for r in range(WORLD)]
+    loaded = Ledger.load(tmp_path)
+    assert set(loaded.records) == set(ledger.records)
+    assert loaded.num_samples == N
+
+
+def test_dp_sharding_without_set_epoch_repeats_the_first_order(cluster):
+    ledger = Ledger.from_results(cluster.run(dp_sharding.run, tp_size=TP, epochs=2,
+                                             set_epoch=False))
+    assert ledger.epochs() == [0, 1]
+    assert_matches_sampler(ledger, 2, set_epoch=False)
+
+
+def test_dp_sharding_over_the_world_is_flagged_as_tp_mismatch(cluster):
+    ledger = Ledger.from_results(cluster.run(dp_sharding.run, tp_size=TP, epochs=1,
+                                             shard_over="world"))
+    assert kinds(ledger) == {"tp_mismatch"}
+
+
+def test_dp_sharding_padding_shows_duplicates(cluster):
+    ledger = Ledger.from_results(cluster.run(dp_sharding.run, tp_size=TP, epochs=1,
+                                             num_samples=11, batch_size=2, drop_last=False))
+    assert kinds(ledger) == {"dp_duplicate"}
+    for rank, dp_rank, _ in layout_table(WORLD, TP):
+        assert ledger.sample_ids(rank, 0) == sampler_ids(dp_rank, 0, n=11, batch=2,
+                                                         drop_last=False)
+
+
+# ----------------------------------------------------------------- tp_broadcast
+
+@pytest.mark.parametrize("mode", ["tensor", "pickle"])
+def test_tp_broadcast_peers_receive_the_leaders_batches(cluster, mode):
+    ledger = Ledger.from_results(cluster.run(tp_broadcast.run, tp_size=TP, epochs=2, mode=mode))
+    assert ledger.ok, ledger.summary()
+    assert_matches_sampler(ledger, 2)
+    assert_tp_peers_identical(ledger)
+    assert {(r.tp_rank, r.source) for r in ledger.records} == {(0, "loaded"), (1, "received")}
+
+
+def test_tp_broadcast_fixes_rank_seeded_data(cluster):
+    """Guards pitfall 1: tokens seeded by rank differ between TP peers unless the
+    leader's batch is broadcast."""
+    alone = Ledger.from_results(cluster.run(tp_broadcast.run, tp_size=TP, epochs=1,
+                                            rank_seeded=True, broadcast=False))
+    assert kinds(alone) == {"tp_mismatch"}
+    sent = Ledger.from_results(cluster.run(tp_broadcast.run, tp_size=TP, epochs=1,
+                                           rank_seeded=True, broadcast=True))
+    assert sent.ok, sent.summary()
+
+
+# --------------------------------------------------------------- step_alignment
+
+def hand_made_steps(dp_rank: int, n: int = 65, dp: int = DP, batch: int = BATCH) -> int:
+    return math.ceil(len(range(dp_rank, n, dp)) / batch)
+
+
+def test_step_alignment_sampler_and_guard_keep_every_rank_in_step(cluster):
+    sampler = Ledger.from_results(cluster.run(step_alignment.run, tp_size=TP))
+    guarded = Ledger.from_results(cluster.run(step_alignment.run, tp_size=TP, uneven=True,
+                                              guard=True))
+    assert "step_mismatch" not in kinds(sampler) | kinds(guarded)
+    fewest = min(hand_made_steps(d) for d in range(DP))
+    assert {len(guarded.steps(r, 0)) for r in range(WORLD)} == {fewest}
+    # The guard keeps ranks in step by skipping the longer shards' extra batches.
+    assert fewest < max(hand_made_steps(d) for d in range(DP))
+    assert kinds(guarded) == {"never_seen"}
+
+
+def test_step_alignment_uneven_raises_on_the_waiting_ranks_instead_of_hanging():
+    with pytest.raises(ez.RankError) as info:
+        ez.launch(step_alignment.run, world_size=WORLD, timeout=60, tp_size=TP, uneven=True,
+                  step_timeout=2.0)
+    err = info.value
+    longest = max(hand_made_steps(d) for d in range(DP))
+    waiting = {r for r, d, _ in layout_table(WORLD, TP) if hand_made_steps(d) == longest}
+    assert set(err.failures) == waiting
+    assert all("StepTimeoutError" in f.traceback for f in err.failures.values())
+    assert "fewer steps" in str(err)
+    partial = Ledger.from_events(err.events)
+    assert "step_mismatch" in kinds(partial)
+
+
+# ---------------------------------------------------- ensure_distributed, backend
+
+def test_ensure_distributed_does_nothing_inside_a_launched_rank(cluster):
+    def probe():
+        return common.ensure_distributed(), dist.get_world_size(), str(common.device())
+
+    assert cluster.run(probe) == [(False, WORLD, "cpu")] * WORLD
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def one_process_torchrun_env(monkeypatch):
+    """The environment torchrun gives a world of one process, and cleanup after."""
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
+        monkeypatch.setenv(k, v)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_main_joins_torchrun_env_runs_and_leaves(one_process_torchrun_env, tmp_path, capsys):
+    assert not dist.is_initialized()
+    status = tp_broadcast.main(["--tp-size", "1", "--out", str(tmp_path), "--check"])
+    assert status == 0
+    assert not dist.is_initialized()  # it created the group, so it destroyed it
+    assert "All checks passed." in capsys.readouterr().out
+    ledger = Ledger.load(tmp_path)
+    assert ledger.ok and ledger.ranks() == [0]
+    assert [i for e in (0, 1) for i in sorted(ledger.sample_ids(0, e))] == list(range(N)) * 2
+
+
+def test_ensure_distributed_joins_once(one_process_torchrun_env):
+    assert common.ensure_distributed() is True
+    assert dist.get_world_size() == 1 and dist.get_backend() == "gloo"
+    assert common.ensure_distributed() is False
+
+
+def test_ensure_distributed_without_torchrun_env_says_what_to_do(monkeypatch):
+    for k in common.TORCHRUN_VARS:
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(RuntimeError, match="torchrun"):
+        common.ensure_distributed()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_nccl_without_gpu_is_a_clear_error_before_init(one_process_torchrun_env):
+    with pytest.raises(ValueError, match="--backend gloo"):
+        common.ensure_distributed("nccl")
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="backend must be one of"):
+        common.check_backend("mpi")
+
+
+# ------------------------------------------------------------------------ GPUs
+
+def _gpu_world() -> tuple[int, int]:
+    world = min(WORLD, torch.cuda.device_count())
+    return world, (TP if world % TP == 0 else 1)
+
+
+@needs_gpu
+@pytest.mark.parametrize("example", [dp_sharding, tp_broadcast, step_alignment])
+def test_examples_on_nccl_one_gpu_per_rank(example):
+    world, tp = _gpu_world()
+    ledger = Ledger.from_results(ez.launch(example.run, world_size=world, timeout=120,
+                                           backend="nccl", tp_size=tp))
+    assert ledger.ranks() == list(range(world))
+    assert "step_mismatch" not in kinds(ledger) and "tp_mismatch" not in kinds(ledger)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL: one per rank)")
+def test_nccl_tp_broadcast_delivers_cuda_tensors_on_each_peers_gpu():
+    def worker():
+        from ezpz_nb.data import get_random_dataset_fsdp_tp
+        from ezpz_nb.groups import make_layout
+        from ezpz_nb.ledger import batch_digest
+
+        layout = make_layout(2)
+        dl = get_random_dataset_fsdp_tp(BATCH, common.VOCAB_SIZE, common.SEQ_LENGTH,
+                                        dp_group=layout.dp_group, tp_group=layout.tp_group,
+                                        broadcast_within_tp=True, num_samples=32)["dataloader"]
+        return [(str(b["input_ids"].device), batch_digest(b)) for b in dl]
+
+    leader, peer = ez.launch(worker, world_size=2, timeout=120, backend="nccl")
+    assert [d for _, d in leader] == [d for _, d in peer]
+    assert {dev for dev, _ in peer} == {"cuda:1"}
+
