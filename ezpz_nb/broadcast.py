@@ -127,7 +127,8 @@ class BatchBroadcaster:
         self._spec: bytes | None = None  # leader: last spec sent
         self._tree: Any = None  # peers: last spec received
         self._layout: tuple = ()
-        self._slots: list[tuple[int, int]] = []
+        self._slots: list[tuple[int, int]] = []  # byte (offset, nbytes) per tensor
+        self._views: list[tuple[torch.dtype, tuple[int, ...], int, int]] = []  # peers
         self._payload_nbytes = 0  # both sides: payload size implied by the spec
         self._send_buf: torch.Tensor | None = None
 
@@ -153,16 +154,17 @@ class BatchBroadcaster:
             tree, tensors = flatten_batch(batch)
             layout = tuple((str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in tensors)
             spec = pickle.dumps((tree, layout))
-            slots, total = _slots(layout)
             if spec == self._spec:
+                # Steady state: offsets and the header are those of the last spec, and
+                # reusing the leader's buffer is safe (broadcast returns once it is sent).
                 buf = self._send_buf
-                # Reusing the leader's buffer is safe: broadcast returns once it is sent.
-                if buf is None or buf.numel() != HEADER_BYTES + total:
-                    buf = torch.empty(HEADER_BYTES + total, dtype=torch.uint8, device=self.device)
+                if buf is None:
+                    buf = torch.empty(HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device)
+                    self._header(buf, DATA, self._payload_nbytes)
                     self._send_buf = buf
-                self._header(buf, DATA, total)
-                self._pack(buf[HEADER_BYTES:], tensors, slots)
+                self._pack(buf[HEADER_BYTES:], tensors, self._slots)
             else:
+                slots, total = _slots(layout)
                 head = _align(len(spec))
                 buf = torch.empty(head + total, dtype=torch.uint8, device=self.device)
                 buf[: len(spec)] = torch.frombuffer(bytearray(spec), dtype=torch.uint8)
@@ -177,7 +179,7 @@ class BatchBroadcaster:
         # spec + payload in a second buffer whose size the header announced.
         self._announce(SPEC, len(spec), total)
         self._bcast(buf)
-        self._spec, self._payload_nbytes, self._send_buf = spec, total, None
+        self._spec, self._slots, self._payload_nbytes, self._send_buf = spec, slots, total, None
 
     def end(self) -> None:
         """Tell the peers the leader's loader is exhausted (leader only)."""
@@ -233,6 +235,10 @@ class BatchBroadcaster:
         self._bcast(buf)
         self._tree, self._layout = pickle.loads(_to_bytes(buf[:a]))
         self._slots, self._payload_nbytes = _slots(self._layout)
+        self._views = [
+            (getattr(torch, name), shape, off, off + nbytes)
+            for (name, shape), (off, nbytes) in zip(self._layout, self._slots, strict=True)
+        ]
         return "data", self._unpack(buf[head:])
 
     # ----------------------------------------------------------------- helpers
@@ -251,10 +257,8 @@ class BatchBroadcaster:
             payload[off : off + nbytes].view(t.dtype).view(t.shape).copy_(t.detach())
 
     def _unpack(self, payload: torch.Tensor) -> Any:
-        tensors = [
-            payload[off : off + nbytes].view(getattr(torch, name)).view(shape)
-            for (name, shape), (off, nbytes) in zip(self._layout, self._slots, strict=True)
-        ]
+        # Views, not copies: the buffer is fresh, so each batch owns its memory.
+        tensors = [payload[a:b].view(dtype).view(shape) for dtype, shape, a, b in self._views]
         return unflatten_batch(self._tree, tensors)
 
     def _bcast(self, buf: torch.Tensor) -> None:
