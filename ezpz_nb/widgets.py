@@ -242,6 +242,37 @@ class Explorer:
         finally:
             self._syncing = False
 
+    def set(self, **values: Any) -> Ledger | None:
+        """Set several controls at once and run once, now (for notebook cells and tests).
+
+        Args:
+            **values: Control names (see :attr:`controls`) and their new values.
+
+        Returns:
+            What :meth:`refresh` returns.
+
+        Raises:
+            KeyError: On an unknown control name.
+        """
+        unknown = set(values) - set(self.controls)
+        if unknown:
+            raise KeyError(f"unknown control(s) {sorted(unknown)}; known: {sorted(self.controls)}")
+        if "world_size" in values:
+            self._syncing = True
+            try:
+                self.controls["world_size"].value = values["world_size"]
+            finally:
+                self._syncing = False
+            self._sync_tp_choices()
+        self._syncing = True  # one run for all of them, below
+        try:
+            for name, value in values.items():
+                self.controls[name].value = value
+        finally:
+            self._syncing = False
+        self._debouncer.cancel()
+        return self.refresh()
+
     # ---------------------------------------------------------------- running
     def _cluster_for(self, world_size: int) -> Any:
         from ezpz_nb.launch import Cluster

@@ -122,3 +122,13 @@ def test_progress_widget_bars_follow_the_steps():
     assert [b.bar_style for b in prog._bars] == ["danger", "info"]
     assert prog._labels[1].value == "r1 (dp1,tp0)"
     assert np.all([b.max == 12 for b in prog._bars])
+
+
+def test_set_changes_several_controls_with_one_run(explorer):
+    runs = explorer.runs
+    ledger = explorer.set(world_size=4, tp_size=2, num_samples=12, drop_last=False)
+    assert explorer.runs == runs + 1
+    assert ledger.num_samples == 12 and {r.tp_size for r in ledger.records} == {2}
+    assert explorer.controls["tp_size"].options == (1, 2, 4)
+    with pytest.raises(KeyError, match="unknown control"):
+        explorer.set(colour="red")
