@@ -149,7 +149,8 @@ def run(
         guard: Agree on every step across all ranks (:class:`AgreedSteps`).
         drop_last: For the sampler: drop (True) or pad (False) the remainder.
         step_timeout: Seconds a step's all-reduce may wait before
-            :class:`StepTimeoutError`.
+            :class:`StepTimeoutError` (gloo; NCCL's wait does not block the CPU,
+            so there the group's timeout, torchrun's ``--timeout``, ends it).
         seed: Shuffle seed of the sampler, the same on every rank.
         out: Folder to write this rank's ledger file to (``rank{r}.jsonl``).
 
