@@ -207,6 +207,16 @@ def test_ensure_distributed_without_torchrun_env_says_what_to_do(monkeypatch):
         common.ensure_distributed()
 
 
+def test_main_outside_torchrun_is_a_usage_error_not_a_traceback(monkeypatch, capsys):
+    for k in common.TORCHRUN_VARS:
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(SystemExit) as info:
+        dp_sharding.main([])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "torchrun" in err and "Traceback" not in err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
 def test_nccl_without_gpu_is_a_clear_error_before_init(one_process_torchrun_env):
     with pytest.raises(ValueError, match="--backend gloo"):

@@ -238,7 +238,11 @@ def cli_main(run: Callable[..., Ledger], parser: argparse.ArgumentParser,
         A rank that raises prints its traceback and exits with status 1 at once.
     """
     args = parser.parse_args(argv)
-    created = ensure_distributed(args.backend, args.timeout)
+    try:
+        created = ensure_distributed(args.backend, args.timeout)
+    except (RuntimeError, ValueError) as exc:
+        # Nothing has started yet: a usage message, not a traceback.
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     try:
         status = _run_and_report(run, args)
     except BaseException:
