@@ -10,7 +10,7 @@ the int64 index), the time per batch of:
 * bound:  one ``dist.broadcast`` of a preallocated tensor of the same bytes.
 
 Each figure is the median over blocks of iterations (each block timed on every
-rank, the slowest rank counted). Then the peak memory of a 10^6 x 2048
+rank, the slowest rank counted; the three methods' blocks interleaved). Then the peak memory of a 10^6 x 2048
 RandomTokenDataset and 10 batches read from it.
 
 Run: ``.venv/bin/python benchmarks/broadcast.py`` (about a minute on 2 cores).
@@ -55,17 +55,23 @@ def _bench_rank(shapes: list[tuple[int, int]], blocks: int, per_block: int) -> d
         def step_bound(flat=flat):
             dist.broadcast(flat, src=0)
 
-        for name, step in (("ours", step_ours), ("pickle", step_pickle), ("bound", step_bound)):
+        steps = {"ours": step_ours, "pickle": step_pickle, "bound": step_bound}
+        for step in steps.values():
             for _ in range(5):  # warm up: the first tensor step also sends the spec
                 step()
-            times = []
-            for _ in range(blocks):
+        times: dict[str, list[float]] = {name: [] for name in steps}
+        # Interleave the three methods block by block (rotating their order) so
+        # that load from other processes falls on all of them alike.
+        for i in range(blocks):
+            names = list(steps)[i % 3:] + list(steps)[: i % 3]
+            for name in names:
                 dist.barrier()
                 t0 = time.perf_counter()
                 for _ in range(per_block):
-                    step()
-                times.append((time.perf_counter() - t0) / per_block)
-            out[(b, s, name)] = times
+                    steps[name]()
+                times[name].append((time.perf_counter() - t0) / per_block)
+        for name, ts in times.items():
+            out[(b, s, name)] = ts
         out[(b, s, "bytes")] = nbytes
     return out
 
@@ -101,8 +107,8 @@ def _memory_rank(num_samples: int, seq_length: int, batch: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--blocks", type=int, default=15, help="timed blocks per figure")
-    parser.add_argument("--per-block", type=int, default=20, help="iterations per block")
+    parser.add_argument("--blocks", type=int, default=30, help="timed blocks per figure")
+    parser.add_argument("--per-block", type=int, default=10, help="iterations per block")
     parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
     args = parser.parse_args()
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from ezpz_nb.broadcast import flatten_batch
+from ezpz_nb.checks import Problem, check_records
 from ezpz_nb.groups import Layout
 
 __all__ = ["Ledger", "Problem", "RecordingLoader", "StepRecord", "batch_digest", "record"]
@@ -65,28 +65,6 @@ class StepRecord:
     sample_ids: tuple[int, ...]
     source: str
     digest: str
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One finding of :meth:`Ledger.check`.
-
-    Attributes:
-        kind: ``"dp_duplicate"``, ``"never_seen"``, ``"tp_mismatch"`` or
-            ``"step_mismatch"``.
-        message: What happened and what it means, in plain words.
-        epoch: The epoch it concerns.
-        ranks: Global ranks involved.
-        samples: Sample ids involved (duplicated or never seen).
-        steps: Steps involved (TP mismatches).
-    """
-
-    kind: str
-    message: str
-    epoch: int
-    ranks: tuple[int, ...] = ()
-    samples: tuple[int, ...] = ()
-    steps: tuple[int, ...] = ()
 
 
 def batch_digest(batch: Any) -> str:
@@ -227,12 +205,6 @@ def record(
     return RecordingLoader(loader, layout, epoch=epoch, ledger_list=ledger_list, publish=publish)
 
 
-def _ids(values: Iterable[int], limit: int = 8) -> str:
-    vals = sorted(values)
-    shown = ", ".join(str(v) for v in vals[:limit])
-    return f"[{shown}{', ...' if len(vals) > limit else ''}]"
-
-
 @dataclass
 class Ledger:
     """All ranks' step records, and checks over them.
@@ -362,107 +334,18 @@ class Ledger:
 
     # ---------------------------------------------------------------- checks
     def check(self) -> list[Problem]:
-        """Look for the four ways DP/TP data loading goes wrong.
+        """Look for the four ways DP/TP data loading goes wrong (see :mod:`ezpz_nb.checks`).
 
         Returns:
-            One :class:`Problem` per kind and epoch found, empty when all is well.
+            One :class:`~ezpz_nb.checks.Problem` per kind and epoch found, empty
+            when all is well.
         """
-        problems: list[Problem] = []
-        for epoch in self.epochs():
-            recs = [r for r in self.records if r.epoch == epoch]
-            problems += self._check_steps(epoch, recs)
-            problems += self._check_tp(epoch, recs)
-            problems += self._check_dp(epoch, recs)
-        return problems
+        return check_records(self.records, self.num_samples)
 
     @property
     def ok(self) -> bool:
         """True when :meth:`check` finds nothing."""
         return not self.check()
-
-    def _check_steps(self, epoch: int, recs: list[StepRecord]) -> list[Problem]:
-        counts: dict[int, int] = defaultdict(int)
-        for r in recs:
-            counts[r.rank] += 1
-        if len(set(counts.values())) <= 1:
-            return []
-        by_count: dict[int, list[int]] = defaultdict(list)
-        for rank, n in sorted(counts.items()):
-            by_count[n].append(rank)
-        parts = "; ".join(f"ranks {v} took {n}" for n, v in sorted(by_count.items()))
-        return [Problem(
-            "step_mismatch",
-            f"Epoch {epoch}: ranks took different numbers of steps ({parts}). The ranks with "
-            "fewer steps finish first and the others wait in their next collective: a hang.",
-            epoch, ranks=tuple(sorted(counts)),
-        )]
-
-    def _check_tp(self, epoch: int, recs: list[StepRecord]) -> list[Problem]:
-        groups: dict[tuple[int, int], list[StepRecord]] = defaultdict(list)
-        for r in recs:
-            groups[(r.dp_rank, r.step)].append(r)
-        bad_ids, bad_bytes = [], []
-        for (_, step), peers in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            if len({p.sample_ids for p in peers}) > 1:
-                bad_ids.append((step, peers))
-            elif len({p.digest for p in peers}) > 1:
-                bad_bytes.append((step, peers))
-        out = []
-        if bad_ids:
-            step, peers = bad_ids[0]
-            eg = "; ".join(f"rank {p.rank} has {_ids(p.sample_ids, 4)}" for p in sorted(peers, key=lambda p: p.rank))
-            out.append(Problem(
-                "tp_mismatch",
-                f"Epoch {epoch}: TP peers held different samples at {len(bad_ids)} step(s) "
-                f"(e.g. step {step}: {eg}). TP ranks split one model over one batch, so they "
-                "must see the same samples: shard over dp_group, not the whole world.",
-                epoch, ranks=tuple(sorted({p.rank for _, ps in bad_ids for p in ps})),
-                steps=tuple(s for s, _ in bad_ids),
-            ))
-        if bad_bytes:
-            step, peers = bad_bytes[0]
-            out.append(Problem(
-                "tp_mismatch",
-                f"Epoch {epoch}: TP peers held the same sample ids but different bytes at "
-                f"{len(bad_bytes)} step(s) (first at step {step}, ranks "
-                f"{sorted(p.rank for p in peers)}). The dataset is not the same on every rank "
-                "(seeded by rank?): make it deterministic per sample, or broadcast within TP.",
-                epoch, ranks=tuple(sorted({p.rank for _, ps in bad_bytes for p in ps})),
-                steps=tuple(s for s, _ in bad_bytes),
-            ))
-        return out
-
-    def _check_dp(self, epoch: int, recs: list[StepRecord]) -> list[Problem]:
-        seen_by: dict[int, set[int]] = defaultdict(set)
-        ranks_by_dp: dict[int, set[int]] = defaultdict(set)
-        for r in recs:
-            ranks_by_dp[r.dp_rank].add(r.rank)
-            for i in r.sample_ids:
-                seen_by[i].add(r.dp_rank)
-        out = []
-        dups = sorted(i for i, dps in seen_by.items() if len(dps) > 1)
-        if dups:
-            eg = dups[0]
-            out.append(Problem(
-                "dp_duplicate",
-                f"Epoch {epoch}: {len(dups)} sample(s) {_ids(dups)} were seen by more than one DP "
-                f"replica (e.g. sample {eg} by DP ranks {sorted(seen_by[eg])}). Their gradients "
-                "count twice; with drop_last=False DistributedSampler pads the last shard by "
-                "repeating the first samples.",
-                epoch, ranks=tuple(sorted({x for d in seen_by[eg] for x in ranks_by_dp[d]})),
-                samples=tuple(dups),
-            ))
-        if self.num_samples is not None:
-            never = sorted(set(range(self.num_samples)) - set(seen_by))
-            if never:
-                out.append(Problem(
-                    "never_seen",
-                    f"Epoch {epoch}: {len(never)} of {self.num_samples} sample(s) {_ids(never)} were "
-                    "never seen by any rank. drop_last=True drops the samples that do not divide "
-                    "evenly over the DP replicas and the last partial batch (or the epoch was cut short).",
-                    epoch, samples=tuple(never),
-                ))
-        return out
 
     def summary(self) -> str:
         """A few lines: what was recorded and what :meth:`check` found."""
