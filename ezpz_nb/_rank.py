@@ -8,12 +8,15 @@ is already in memory and each rank starts in milliseconds instead of paying an
 from __future__ import annotations
 
 import faulthandler
+import io
 import os
 import pickle
 import signal
 import sys
 import threading
 import traceback
+import types
+from collections import ChainMap
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -44,6 +47,26 @@ class RankConfig:
     parent_pid: int
 
 
+def _code_keep_filename(code: types.CodeType) -> tuple:
+    # cloudpickle renames every code object's file to "<dynamic-code>"; we keep the
+    # real one so tracebacks and hang reports can point at the learner's cell line.
+    ctor, args = cloudpickle.cloudpickle._code_reduce(code)
+    return ctor, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+
+
+class _Pickler(cloudpickle.Pickler):
+    if hasattr(cloudpickle.cloudpickle, "_code_reduce"):
+        dispatch_table = ChainMap({types.CodeType: _code_keep_filename},
+                                  cloudpickle.Pickler.dispatch_table)
+
+
+def dumps(obj: Any) -> bytes:
+    """cloudpickle, keeping source file names (functions travel by value)."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
 def publish(item: Any) -> bool:
     """Send ``item`` to the notebook now, while the rank keeps running.
 
@@ -58,7 +81,7 @@ def publish(item: Any) -> bool:
     conn = _CONN
     if conn is None:
         return False
-    data = cloudpickle.dumps(("event", item))
+    data = dumps(("event", item))
     with _SEND_LOCK:
         conn.send_bytes(data)
     return True
@@ -66,10 +89,13 @@ def publish(item: Any) -> bool:
 
 def _send(conn: Any, msg: tuple) -> None:
     try:
-        data = cloudpickle.dumps(msg)
+        data = dumps(msg)
     except Exception as exc:  # the return value (or exception) cannot travel
-        what = type(msg[1]).__name__ if msg[0] == "ok" else "exception"
-        data = pickle.dumps(("unpicklable", f"{what}", f"{type(exc).__name__}: {exc}"))
+        kind = type(msg[1])
+        name = kind.__qualname__ if kind.__module__ == "builtins" else (
+            f"{kind.__module__}.{kind.__qualname__}")
+        what = f"return value (a {name})" if msg[0] == "ok" else msg[0]
+        data = pickle.dumps(("unpicklable", what, f"{type(exc).__name__}: {exc}"))
     with _SEND_LOCK:
         conn.send_bytes(data)
 
@@ -182,6 +208,39 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     sys.stderr.flush()
 
 
+#: One namespace per rank shared by every function sent by value (and by %%ranks
+#: cells), so globals a run sets are still there in the next run.
+NAMESPACE: dict[str, Any] = {"__name__": "__ranks__", "__builtins__": __builtins__}
+
+
+def _by_value(obj: Any) -> bool:
+    if not isinstance(obj, types.FunctionType):
+        return False
+    module = sys.modules.get(obj.__module__ or "")
+    return module is None or obj.__globals__ is not vars(module)
+
+
+def _rebind(fn: Any) -> Any:
+    """Give a function sent by value this rank's persistent globals.
+
+    cloudpickle rebuilds each function with a fresh globals dict, which would make
+    ``global it; it = iter(loader)`` vanish before the next run. Names the function
+    uses that exist in the notebook arrive with it and overwrite older values (the
+    notebook wins); names only set on the ranks persist.
+    """
+    if not _by_value(fn):
+        return fn
+    shipped = {k: v for k, v in fn.__globals__.items() if not k.startswith("__")}
+    for name, value in shipped.items():
+        NAMESPACE[name] = _rebind(value) if _by_value(value) and value is not fn else value
+    new = types.FunctionType(fn.__code__, NAMESPACE, fn.__name__, fn.__defaults__,
+                             fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__dict__.update(fn.__dict__)
+    new.__qualname__ = fn.__qualname__
+    return new
+
+
 def _serve_forever(conn: Any) -> None:
     """Run each job the notebook sends; the stack marker for hang reports."""
     while True:
@@ -194,6 +253,7 @@ def _serve_forever(conn: Any) -> None:
             return
         try:
             fn, args, kwargs = cloudpickle.loads(payload)
+            fn = _rebind(fn)
             value = fn(*args, **kwargs)
             reply: tuple = ("ok", value)
         except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt too

@@ -37,8 +37,6 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
 from typing import Any
 
-import cloudpickle
-
 from ezpz_nb import _rank
 from ezpz_nb.errors import (
     HangError,
@@ -139,13 +137,13 @@ def _dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
         raise TypeError(f"fn must be callable, got {type(fn).__name__}: pass the function "
                         "itself, not its result (launch(f), not launch(f()))")
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
+        return _rank.dumps((fn, args, kwargs))
     except Exception as exc:
         named = [("fn", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
         named += [(f"keyword {k!r}", v) for k, v in kwargs.items()]
         for label, obj in named:
             try:
-                cloudpickle.dumps(obj)
+                _rank.dumps(obj)
             except Exception:
                 raise TypeError(
                     f"{label} (a {type(obj).__name__}) cannot be sent to the ranks: {exc}. "
@@ -189,6 +187,7 @@ class Cluster:
         #: Called with each :class:`RankEvent` as it arrives (e.g. a progress display).
         self.on_event: Callable[[RankEvent], None] | None = None
         self._procs: list[Any] = []
+        self._one_shot = False  # set by launch(): the ranks go away after one run
         self._tmp: str | None = None
         self._closed = True
         self._start()
@@ -339,6 +338,8 @@ class Cluster:
             for conn in self._conns:
                 conn.send_bytes(msg)
             replies = self._await("ok", time.monotonic() + self.timeout, what="run")
+        except RankError:
+            raise  # _await already stopped the ranks if they could not be kept
         except BaseException:
             if not self._closed:
                 self._kill()
@@ -372,8 +373,10 @@ class Cluster:
                 r = sentinels.get(obj) if isinstance(obj, int) else None
                 if r is not None and r in pending:
                     conn = self._conns[r]
-                    while r in pending and conn.poll():  # it may have replied, then died
-                        self._handle(r, want, replies, failures, pending)
+                    # It may have replied, then died: read what it sent before EOF.
+                    while r in pending and conn.poll():
+                        if not self._handle(r, want, replies, failures, pending):
+                            break
                     if r in pending:
                         failures[r] = self._death(r)
                         pending.discard(r)
@@ -386,27 +389,28 @@ class Cluster:
                 failures[r] = RankFailure(r, "stopped", "", "stopped while still running")
             if pending or died or what == "start":
                 self._kill()
+            keep = not self._closed and not self._one_shot
             raise RankError(failures, self.events,
-                            note="" if self._closed else "The ranks are still up; their state "
-                            "is kept.")
+                            note="The ranks are still up; their state is kept." if keep else "")
         if pending:
             stacks = self._stacks(pending, replies)
             self._kill()
             raise HangError(stacks, self.timeout, self.events)
         return replies
 
-    def _handle(self, r: int, want: str, replies: dict, failures: dict, pending: set) -> None:
+    def _handle(self, r: int, want: str, replies: dict, failures: dict, pending: set) -> bool:
+        """Take one message from rank ``r``; False when its end is closed."""
         try:
             msg = pickle.loads(self._conns[r].recv_bytes())
         except (EOFError, OSError):
-            return  # the sentinel will report how it died
+            return False  # the sentinel reports how it died
         kind = msg[0]
         if kind == "event":
             ev = RankEvent(r, msg[1], time.monotonic())
             self.events.append(ev)
             if self.on_event is not None:
                 self.on_event(ev)
-            return
+            return True
         pending.discard(r)
         if kind in (want, "ready"):
             replies[r] = msg[1]
@@ -419,6 +423,7 @@ class Cluster:
                 r, "unpicklable", "PicklingError",
                 f"its {msg[1]} could not be sent back to the notebook ({msg[2]}); return "
                 "plain data (numbers, lists, dicts, tensors) instead")
+        return True
 
     def _death(self, r: int) -> RankFailure:
         proc = self._procs[r]
@@ -515,6 +520,7 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: flo
     _dumps_job(fn, args, kwargs)  # fail on unpicklable input before starting anything
     cluster = Cluster(world_size, timeout, threads=threads, start_method=start_method,
                       backend=backend)
+    cluster._one_shot = True
     try:
         return cluster.run(fn, *args, **kwargs)
     finally:

@@ -19,7 +19,6 @@ from ezpz_nb.launch import Cluster, live_clusters
 
 _COUNTER = itertools.count(1)
 _OWN: Cluster | None = None  # the cluster the magic started, if any
-_NAMESPACE: dict[str, Any] | None = None  # per rank: lives in the rank process
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,22 +42,23 @@ def run_cell(source: str, filename: str) -> Any:
     Returns:
         The value of the cell's last line when it is an expression, else None.
     """
-    global _NAMESPACE
     import torch
     import torch.distributed as dist
 
     import ezpz_nb
+    from ezpz_nb._rank import NAMESPACE as ns
 
-    if _NAMESPACE is None:
-        _NAMESPACE = {"__name__": "__ranks__", "torch": torch, "dist": dist, "ez": ezpz_nb}
-    _NAMESPACE.update(rank=dist.get_rank(), world_size=dist.get_world_size())
+    ns.setdefault("torch", torch)
+    ns.setdefault("dist", dist)
+    ns.setdefault("ez", ezpz_nb)
+    ns.update(rank=dist.get_rank(), world_size=dist.get_world_size())
     _register_source(filename, source)
     tree = ast.parse(source, filename)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    exec(compile(tree, filename, "exec"), _NAMESPACE)
-    return eval(compile(last, filename, "eval"), _NAMESPACE) if last is not None else None
+    exec(compile(tree, filename, "exec"), ns)
+    return eval(compile(last, filename, "eval"), ns) if last is not None else None
 
 
 def get_cluster(world_size: int | None, timeout: float, restart: bool = False) -> Cluster:

@@ -1,0 +1,374 @@
+"""The launcher with real processes and real gloo: results, output, failures, cleanup."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+import ezpz_nb as ez
+from ezpz_nb.launch import live_clusters
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _helpers() -> set[int]:
+    """Long-lived helpers of the parent (forkserver, resource tracker) are not leaks."""
+    keep = set()
+    for p in psutil.Process().children():
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "forkserver" in cmd or "resource_tracker" in cmd:
+            keep.add(p.pid)
+    return keep
+
+
+def _ranks_alive() -> list[psutil.Process]:
+    helpers = _helpers()
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        if p.pid in helpers:
+            continue
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _tmpdirs() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "ezpz_nb-*")))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _private_tmp(tmp_path_factory):
+    """Count only this module's temporary folders, whatever else runs on the machine."""
+    import multiprocessing.util
+
+    multiprocessing.util.get_temp_dir()  # multiprocessing's own folder stays where it was
+    saved = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path_factory.mktemp("launcher-tmp"))
+    yield
+    tempfile.tempdir = saved
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks(_private_tmp):
+    """Every test must leave no rank process, temp folder or live cluster behind."""
+    before = _tmpdirs()
+    yield
+    deadline = time.monotonic() + 5
+    while _ranks_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _ranks_alive() == []
+    assert _tmpdirs() - before == set()
+    assert live_clusters() == []
+
+
+def _rank_and_sum():
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), t.item()
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_results_in_rank_order(n):
+    """Guards: results come back in rank order and every rank is in one real gloo group."""
+    out = ez.launch(_rank_and_sum, world_size=n)
+    assert out == [(r, n, float(sum(range(n)))) for r in range(n)]
+
+
+def test_closures_lambdas_and_kwargs():
+    """Guards: functions are sent by value (closures, lambdas), with args and kwargs."""
+    base = 10
+
+    def add(x, *, y):
+        return base + x + y + dist.get_rank()
+
+    assert ez.launch(add, 1, y=2, world_size=2) == [13, 14]
+    assert ez.launch(lambda: dist.get_backend(), world_size=2) == ["gloo", "gloo"]
+
+
+def test_threads_default_and_override():
+    """Guards: ranks split the cores instead of oversubscribing them."""
+    cores = len(os.sched_getaffinity(0))
+    assert ez.launch(torch.get_num_threads, world_size=2) == [max(1, cores // 2)] * 2
+    assert ez.launch(torch.get_num_threads, world_size=2, threads=3) == [3, 3]
+
+
+def test_output_is_prefixed_whole_lines(capfd):
+    """Guards: rank output reaches the caller, per rank in order, never mid-line mixed."""
+    def chatty():
+        r = dist.get_rank()
+        for i in range(50):
+            print(f"line {i} from {r}", end="" if i % 2 else "\n", flush=True)
+            if i % 2:
+                print(" (joined)")
+        print("to stderr", file=sys.stderr)
+        os.write(2, b"raw fd write\n")  # what C++ code in torch would do
+
+    ez.launch(chatty, world_size=2)
+    out, err = capfd.readouterr()
+    for r in (0, 1):
+        mine = [ln for ln in out.splitlines() if ln.startswith(f"[rank {r}] ")]
+        assert len(mine) == 50
+        assert all(f"from {r}" in ln for ln in mine)
+        nums = [int(ln.split()[3]) for ln in mine]
+        assert nums == sorted(nums)
+        assert f"[rank {r}] to stderr" in err
+        assert f"[rank {r}] raw fd write" in err
+
+
+def test_rank_error_names_rank_and_traceback_and_next_launch_works():
+    """Guards: one rank raising ends the run quickly with its traceback, others stopped."""
+    def boom():
+        if dist.get_rank() == 1:
+            raise ValueError("bad shard on purpose")
+        dist.barrier()  # rank 0 would wait here forever
+
+    t0 = time.monotonic()
+    with pytest.raises(ez.RankError) as info:
+        ez.launch(boom, world_size=2, timeout=60)
+    assert time.monotonic() - t0 < 10
+    err = info.value
+    assert isinstance(err, RuntimeError)
+    assert err.ranks == [1]
+    assert "rank 1" in str(err) and "ValueError: bad shard on purpose" in str(err)
+    assert 'raise ValueError("bad shard on purpose")' in err.failures[1].traceback
+    assert err.failures[0].kind == "stopped"
+    assert ez.launch(_rank_and_sum, world_size=2)[1][2] == 1.0
+
+
+def test_hang_reports_where_each_rank_is():
+    """Guards: mismatched collectives raise HangError naming each rank's call and line."""
+    def mismatched():
+        if dist.get_rank() == 0:
+            dist.barrier()
+        else:
+            dist.broadcast(torch.zeros(1), src=0)
+
+    t0 = time.monotonic()
+    with pytest.raises(ez.HangError) as info:
+        ez.launch(mismatched, world_size=2, timeout=2)
+    assert time.monotonic() - t0 < 12
+    err = info.value
+    assert isinstance(err, TimeoutError)
+    assert err.stacks[0].call == "barrier"
+    assert err.stacks[1].call == "broadcast"
+    assert "dist.barrier()" in err.stacks[0].source
+    assert "rank 0: barrier()" in str(err) and "rank 1: broadcast()" in str(err)
+
+
+def test_fewer_steps_on_one_rank_is_reported_as_finished():
+    """Guards: the classic uneven-steps hang shows which rank left early."""
+    def uneven():
+        steps = 3 if dist.get_rank() == 0 else 2
+        for _ in range(steps):
+            dist.all_reduce(torch.ones(1))
+
+    with pytest.raises(ez.HangError) as info:
+        ez.launch(uneven, world_size=2, timeout=2)
+    assert info.value.stacks[1].state == "finished"
+    assert info.value.stacks[0].call == "all_reduce"
+
+
+def test_killed_rank_is_reported_with_signal():
+    """Guards: a rank killed from outside (OOM killer) is detected, not waited for."""
+    def die():
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()
+
+    t0 = time.monotonic()
+    with pytest.raises(ez.RankError) as info:
+        ez.launch(die, world_size=2)
+    assert time.monotonic() - t0 < 10
+    assert info.value.failures[1].signal == signal.SIGKILL
+    assert "SIGKILL" in str(info.value)
+
+
+def test_unpicklable_argument_fails_before_start():
+    """Guards: an argument that cannot travel is a clear TypeError, not a hang."""
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="argument 0 .*lock"):
+        ez.launch(lambda x: 1, lock, world_size=2)
+
+
+def test_unpicklable_return_names_rank_and_type():
+    """Guards: a return value that cannot travel back names the rank and the type."""
+    with pytest.raises(ez.RankError, match=r"rank 0: its return value \(a _thread.lock\)") as info:
+        ez.launch(threading.Lock, world_size=1)
+    assert info.value.failures[0].kind == "unpicklable"
+
+
+@pytest.mark.parametrize("kwargs,exc,msg", [
+    (dict(world_size=0), ValueError, "between 1 and"),
+    (dict(world_size=10_000), ValueError, "between 1 and"),
+    (dict(world_size=2.0), TypeError, "must be an int"),
+    (dict(world_size=True), TypeError, "must be an int"),
+    (dict(world_size=2, timeout=0), ValueError, "timeout"),
+    (dict(world_size=2, timeout=-1), ValueError, "timeout"),
+    (dict(world_size=2, start_method="thread"), ValueError, "start_method"),
+    (dict(world_size=2, backend="mpi"), ValueError, "backend"),
+])
+def test_bad_input_is_rejected_before_start(kwargs, exc, msg):
+    """Guards: bad input gets a clear error and no process starts."""
+    with pytest.raises(exc, match=msg):
+        ez.launch(_rank_and_sum, **kwargs)
+    assert _ranks_alive() == []
+
+
+def test_not_callable():
+    """Guards: passing a function's result instead of the function."""
+    with pytest.raises(TypeError, match="must be callable"):
+        ez.launch(42, world_size=2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_nccl_without_gpu_is_clear():
+    """Guards: asking for nccl on a CPU machine says what to do."""
+    with pytest.raises(ValueError, match="one CUDA GPU per rank"):
+        ez.launch(_rank_and_sum, world_size=2, backend="nccl")
+
+
+def test_fifty_launches_leak_nothing():
+    """Guards: no process, file or descriptor survives a run, even many in a row."""
+    ez.launch(_rank_and_sum, world_size=2)  # start the forkserver first
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        ez.launch(_rank_and_sum, world_size=2)
+    assert len(os.listdir("/proc/self/fd")) <= fds
+    assert _ranks_alive() == []
+
+
+def test_cluster_keeps_state_and_two_run_at_once():
+    """Guards: state survives between runs; two clusters never collide (no fixed ports)."""
+    def step():
+        g = globals()
+        g["n"] = g.get("n", 0) + 1
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        return g["n"], t.item()
+
+    with ez.Cluster(2) as a, ez.Cluster(3) as b:
+        assert a.run(step) == [(1, 2.0)] * 2
+        assert b.run(step) == [(1, 3.0)] * 3
+        assert a.run(step) == [(2, 2.0)] * 2
+    a.close()  # twice is harmless
+    assert a.closed and b.closed
+
+
+def test_cluster_survives_an_error_everyone_returned_from():
+    """Guards: a typo on every rank does not throw away the learner's state."""
+    with ez.Cluster(2) as c:
+        c.run(lambda: globals().__setitem__("kept", 7))
+        with pytest.raises(ez.RankError, match="NameError"):
+            c.run(lambda: undefined_name)  # noqa: F821
+        assert not c.closed
+        assert c.run(lambda: globals()["kept"]) == [7, 7]
+
+
+def test_cluster_restarts_after_a_hang(capfd):
+    """Guards: after a hang the next run starts fresh ranks and says so."""
+    with ez.Cluster(2, timeout=2) as c:
+        with pytest.raises(ez.HangError):
+            c.run(lambda: dist.barrier() if dist.get_rank() == 0 else None)
+        assert c.closed
+        assert c.run(dist.get_rank) == [0, 1]
+    assert "starting 2 fresh ranks" in capfd.readouterr().err
+
+
+def test_events_arrive_live_and_survive_a_hang():
+    """Guards: published items reach the notebook while ranks run, also on failure."""
+    seen = []
+
+    def work():
+        for i in range(3):
+            ez.publish(("step", dist.get_rank(), i))
+        if dist.get_rank() == 0:
+            dist.barrier()
+
+    with ez.Cluster(2, timeout=2) as c:
+        c.on_event = seen.append
+        with pytest.raises(ez.HangError) as info:
+            c.run(work)
+    items = [e.item for e in info.value.events]
+    for r in (0, 1):
+        assert [i for i in items if i[1] == r] == [("step", r, i) for i in range(3)]
+    assert [e.item for e in seen] == items
+
+
+def test_interrupt_stops_every_rank():
+    """Guards: Ctrl-C (SIGINT in the kernel) while waiting ends all ranks quickly."""
+    c = ez.Cluster(2)
+    pids = c.run(os.getpid)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        c.run(time.sleep, 30)
+    assert time.monotonic() - t0 < 5
+    assert c.closed
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, torch.distributed as dist
+    import ezpz_nb as ez
+    # No __main__ guard on purpose: ranks must not re-run this file.
+    c = ez.Cluster(2)
+    print(" ".join(str(p) for p in c.run(os.getpid)), flush=True)
+    if sys.argv[1] == "die":
+        os._exit(3)  # the kernel dies without cleaning up
+    c.close()
+    print("clean", ez.launch(lambda: dist.get_rank(), world_size=2))
+""")
+
+
+def _script(tmp_path, mode):
+    path = tmp_path / "script.py"
+    path.write_text(SCRIPT)
+    return subprocess.run([sys.executable, str(path), mode], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_plain_script_without_main_guard(tmp_path):
+    """Guards: the API works from a plain script; ranks never re-run the script."""
+    proc = _script(tmp_path, "ok")
+    assert proc.returncode == 0, proc.stderr
+    assert "clean [0, 1]" in proc.stdout
+
+
+def test_ranks_exit_when_the_kernel_dies(tmp_path):
+    """Guards: no orphans when the notebook process dies abruptly."""
+    proc = _script(tmp_path, "die")
+    assert proc.returncode == 3, proc.stderr
+    pids = [int(p) for p in proc.stdout.split()[:2]]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) for p in pids)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_start_methods(method):
+    """Guards: every start method runs local functions (spawn is macOS/Windows' default)."""
+    offset = 5
+    out = ez.launch(lambda: dist.get_rank() + offset, world_size=2, start_method=method,
+                    timeout=120)
+    assert out == [5, 6]
