@@ -1,0 +1,38 @@
+"""The project's own set-up files agree with each other."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+# conda-forge names that differ from PyPI's
+CONDA_TO_PYPI = {"pytorch": "torch"}
+
+
+def _name(req: str) -> str:
+    return re.split(r"[<>=!~ \[;]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_environment_yml_matches_pyproject():
+    """Guards: conda users get the same packages as pip users."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pip_names = {_name(r) for r in project["dependencies"]}
+    pip_names |= {_name(r) for r in project["optional-dependencies"]["dev"]}
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda_names = {CONDA_TO_PYPI.get(_name(d), _name(d))
+                   for d in env["dependencies"] if isinstance(d, str)}
+    conda_names -= {"python", "pip"}
+    assert conda_names == pip_names
+
+
+def test_ci_runs_the_readme_test_command():
+    """Guards: CI runs exactly what the README tells a new user to run."""
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    first = readme.split("```")[1]
+    assert "make test" in first and "make lab" in first
+    assert re.search(r"^make test$", ci, re.M)
