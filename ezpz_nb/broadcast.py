@@ -130,7 +130,8 @@ class BatchBroadcaster:
         self._slots: list[tuple[int, int]] = []  # byte (offset, nbytes) per tensor
         self._views: list[tuple[torch.dtype, tuple[int, ...], int, int]] = []  # peers
         self._payload_nbytes = 0  # both sides: payload size implied by the spec
-        self._send_buf: torch.Tensor | None = None
+        self._send_buf: torch.Tensor | None = None  # leader, steady state
+        self._send_views: list[torch.Tensor] = []
 
     # ------------------------------------------------------------------ leader
     def send(self, batch: Any) -> None:
@@ -157,12 +158,20 @@ class BatchBroadcaster:
             if spec == self._spec:
                 # Steady state: offsets and the header are those of the last spec, and
                 # reusing the leader's buffer is safe (broadcast returns once it is sent).
-                buf = self._send_buf
-                if buf is None:
+                if self._send_buf is None:
                     buf = torch.empty(HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device)
                     self._header(buf, DATA, self._payload_nbytes)
+                    payload = buf[HEADER_BYTES:]
+                    # Typed views into the buffer, made once: each step is then one
+                    # copy_ per tensor.
+                    self._send_views = [
+                        payload[off : off + nbytes].view(t.dtype).view(t.shape)
+                        for t, (off, nbytes) in zip(tensors, self._slots, strict=True)
+                    ]
                     self._send_buf = buf
-                self._pack(buf[HEADER_BYTES:], tensors, self._slots)
+                buf = self._send_buf
+                for dst, t in zip(self._send_views, tensors, strict=True):
+                    dst.copy_(t.detach())
             else:
                 slots, total = _slots(layout)
                 head = _align(len(spec))

@@ -74,7 +74,8 @@ def batch_digest(batch: Any) -> str:
         # Bytes as stored, so bit-different floats (or a different dtype of the
         # same values) give a different digest.
         flat = t.detach().cpu().contiguous().reshape(-1)
-        h.update(bytes(flat.view(torch.uint8).numpy()) if flat.numel() else b"")
+        if flat.numel():
+            h.update(flat.view(torch.uint8).numpy())  # buffer protocol: no copy
     return h.hexdigest()
 
 
