@@ -316,6 +316,13 @@ def get_random_dataset_fsdp_tp(
                 DataLayoutWarning,
                 stacklevel=2,
             )
+        if broadcast_within_tp and tp_group is None:
+            warnings.warn(
+                "broadcast_within_tp=True without tp_group: there is no TP group to broadcast "
+                "in, so every rank loads for itself. Pass tp_group=layout.tp_group.",
+                DataLayoutWarning,
+                stacklevel=2,
+            )
         if tp_group is not None:
             _group_rank(tp_group, "tp_group")
         dp_rank, dp_size = _group_rank(dp_group, "dp_group"), dist.get_world_size(dp_group)

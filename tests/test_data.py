@@ -177,7 +177,8 @@ def _pitfalls_run():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dl = get_random_dataset_fsdp_tp(2, 64, 8, tp_group=lay.tp_group, num_samples=16)["dataloader"]
-    out["warned"] = [w.category.__name__ for w in caught]
+        get_random_dataset_fsdp_tp(2, 64, 8, dp_group=lay.dp_group, broadcast_within_tp=True)
+    out["warned"] = [(w.category.__name__, str(w.message)) for w in caught]
     out["no_dp_group"] = record(dl, lay, publish=False)
     # No set_epoch: the order repeats; with set_epoch it changes.
     dl = get_random_dataset_fsdp_tp(2, 64, 8, dp_group=lay.dp_group, tp_group=lay.tp_group,
@@ -219,7 +220,7 @@ def _pitfalls_run():
 
 def test_pitfalls_are_caught_by_the_ledger():
     """Guards FACTS.md's pitfalls 1, 2 and 4 and step misalignment: dp_group=None warns and
-    shows as tp_mismatch, drop_last=False duplicates samples 0 and 1 across replicas,
+    shows as tp_mismatch (a broadcast asked for without tp_group warns too), drop_last=False duplicates samples 0 and 1 across replicas,
     drop_last=True never shows 8 and 9, a rank-seeded dataset differs in bytes between
     TP peers unless broadcast, uneven hand-made shards misalign steps, and the order
     repeats without set_epoch."""
@@ -228,7 +229,10 @@ def test_pitfalls_are_caught_by_the_ledger():
     def ledger(key):
         return Ledger.from_results([r[key] for r in results])
 
-    assert all(r["warned"] == [DataLayoutWarning.__name__] for r in results)
+    for r in results:
+        (no_dp, no_tp) = r["warned"]
+        assert no_dp[0] == no_tp[0] == DataLayoutWarning.__name__
+        assert "without dp_group" in no_dp[1] and "without tp_group" in no_tp[1]
     assert issubclass(DataLayoutWarning, UserWarning)
     assert {p.kind for p in ledger("no_dp_group").check()} == {"tp_mismatch"}
     assert "different samples" in ledger("no_dp_group").check()[0].message
