@@ -200,9 +200,15 @@ def test_ensure_distributed_joins_once(one_process_torchrun_env):
     assert common.ensure_distributed() is False
 
 
+def test_run_in_place_gives_launchs_result_list(one_process_torchrun_env):
+    assert common.in_torchrun_env()
+    assert common.run_in_place(lambda x: (dist.get_rank(), x), 7) == [(0, 7)]
+
+
 def test_ensure_distributed_without_torchrun_env_says_what_to_do(monkeypatch):
     for k in common.TORCHRUN_VARS:
         monkeypatch.delenv(k, raising=False)
+    assert not common.in_torchrun_env()
     with pytest.raises(RuntimeError, match="torchrun"):
         common.ensure_distributed()
 

@@ -7,6 +7,7 @@ check that a notebook's worker runs unchanged outside the notebook.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,11 +25,13 @@ LIMIT_S = 120
 
 
 def torchrun(nproc: int, module: str, *args: str) -> subprocess.CompletedProcess:
+    """``torchrun --standalone`` on ``module`` (a module name, or a script's path)."""
+    target = [module] if module.endswith(".py") else ["-m", f"ezpz_nb.examples.{module}"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)  # torchrun sets its own; stale ones from a caller must not leak in
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", f"ezpz_nb.examples.{module}", *args]
+           f"--nproc_per_node={nproc}", *target, *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=LIMIT_S)
 
@@ -66,6 +69,24 @@ def test_uneven_steps_under_torchrun_fail_with_a_named_error_not_a_hang(tmp_path
     ledger = Ledger.load(tmp_path)
     assert ledger.ranks() == [0, 1]
     assert "step_mismatch" in {p.kind for p in ledger.check()}
+
+
+def test_run_in_place_gives_every_rank_the_list_launch_would(tmp_path):
+    script = tmp_path / "probe.py"
+    # Each rank writes its own file: the ranks' stdout lines interleave.
+    script.write_text(
+        "import json, sys\n"
+        "import torch.distributed as dist\n"
+        "from ezpz_nb.examples.common import ensure_distributed, run_in_place\n"
+        "got = run_in_place(lambda k: dist.get_rank() * k, 10)\n"
+        "again = ensure_distributed()\n"
+        "with open(f'{sys.argv[1]}/rank{dist.get_rank()}.json', 'w') as f:\n"
+        "    json.dump([got, again], f)\n"
+    )
+    proc = torchrun(2, str(script), str(tmp_path))
+    assert proc.returncode == 0, output(proc)
+    for r in (0, 1):
+        assert json.loads((tmp_path / f"rank{r}.json").read_text()) == [[0, 10], False]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

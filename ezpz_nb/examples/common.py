@@ -39,9 +39,11 @@ __all__ = [
     "cli_main",
     "device",
     "ensure_distributed",
+    "in_torchrun_env",
     "ledger_path",
     "prepare_out",
     "run_epochs",
+    "run_in_place",
     "save_ledger",
     "to_device",
 ]
@@ -128,6 +130,30 @@ def ensure_distributed(backend: str = "gloo", timeout_s: float | None = None) ->
         kwargs["timeout"] = timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method="env://", **kwargs)
     return True
+
+
+def in_torchrun_env() -> bool:
+    """True when torchrun (or srun/mpiexec around it) set this process's rank variables."""
+    return all(v in os.environ for v in TORCHRUN_VARS)
+
+
+def run_in_place(fn: Callable[..., Any], *args: Any, backend: str = "gloo",
+                 timeout_s: float | None = None, **kwargs: Any) -> list[Any]:
+    """``ez.launch``'s contract for a process torchrun already started.
+
+    Joins the group (:func:`ensure_distributed`), runs ``fn`` in this process
+    and gathers every rank's result, so code written for ``ez.launch`` gets the
+    same answer, a list in rank order, on every rank. The launcher can call this
+    instead of starting ranks when :func:`in_torchrun_env` is true.
+
+    Returns:
+        ``[result of rank 0, result of rank 1, ...]`` on every rank.
+    """
+    ensure_distributed(backend, timeout_s)
+    value = fn(*args, **kwargs)
+    results: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(results, value)
+    return results
 
 
 def device() -> torch.device:
