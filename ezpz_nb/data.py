@@ -157,6 +157,9 @@ class TPBroadcastDataLoader:
         mode: ``"tensor"`` (one packed collective per batch) or ``"pickle"``
             (ezpz's ``broadcast_object_list`` path, for comparison).
 
+    With nccl the peers receive on their current CUDA device (the leader
+    yields its batch as loaded); with gloo everything stays on the CPU.
+
     Attributes:
         is_leader: True on the rank that loads.
         source: ``"loaded"`` on the leader, ``"received"`` on the peers (read
