@@ -109,6 +109,14 @@ def _group_separators(ax: Any, rows: list[tuple[int, int, int]], color: str = "w
             ax.axhline(i - 0.5, color=color, linewidth=2.5)
 
 
+def _nice_stride(n: int, ticks: int = 12) -> int:
+    """A tick step of 1, 2 or 5 times a power of ten giving at most ~``ticks`` ticks."""
+    step = 1
+    while n / step > ticks:
+        step = step * 5 // 2 if str(step)[0] == "2" else step * 2
+    return step
+
+
 def _epoch_matrix(ledger: Ledger, epoch: int, rows: list[tuple[int, int, int]]) -> np.ndarray:
     """Sample ids as ``(rows, steps, batch)``, -1 where a rank had nothing."""
     index = {r: i for i, (r, _, _) in enumerate(rows)}
@@ -209,11 +217,12 @@ def heatmap(ledger: Ledger, epoch: int | None = None) -> Figure:
             _annotate(ax, img, rep2, vmax)
         elif rep2.any():
             yy, xx = np.nonzero(rep2)
-            ax.scatter(xx, yy, marker="x", s=12, color=VERMILLION, linewidths=1)
+            ax.scatter(xx, yy, marker="X", s=45, facecolor=VERMILLION, edgecolor="black",
+                       linewidths=0.6)
         if width > 1 and steps <= 60:
             for s in range(1, steps):
                 ax.axvline(s * width - 0.5, color="white", linewidth=0.8)
-        stride = max(1, math.ceil(steps / 12))
+        stride = _nice_stride(steps)
         ax.set_xticks([s * width + (width - 1) / 2 for s in range(0, steps, stride)],
                       [str(s) for s in range(0, steps, stride)])
         _group_separators(ax, rows)
@@ -222,7 +231,7 @@ def heatmap(ledger: Ledger, epoch: int | None = None) -> Figure:
     _label_rows(axes[0], rows)
     axes[0].set_ylabel("global rank (dp, tp)")
     if image is not None:
-        fig.colorbar(image, ax=list(axes), label="sample id", shrink=0.9)
+        fig.colorbar(image, ax=list(axes), label="sample id", shrink=0.9, fraction=0.04, pad=0.02)
     fig.suptitle("Which sample each rank held: rows between white lines (one TP group) should match,\n"
                  "groups should differ; boxed/x = a sample another slot already had (padding)",
                  fontsize=11)
