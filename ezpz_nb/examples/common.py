@@ -2,6 +2,8 @@
 
 * :func:`ensure_distributed`: join the process group torchrun describes in the
   environment, or do nothing inside an ``ez.launch`` rank (already joined).
+* :func:`run_in_place`: ``ez.launch``'s result list for a process that
+  torchrun started (the launcher can use it instead of starting ranks).
 * :func:`check_backend` / :func:`device`: gloo on CPU by default, nccl with one
   GPU per rank when asked; asking for nccl without a GPU fails *before* any
   process group exists, with what to do instead.
@@ -30,10 +32,10 @@ from ezpz_nb.ledger import Ledger, RecordingLoader
 
 __all__ = [
     "BACKENDS",
-    "add_switch",
     "SEQ_LENGTH",
     "TORCHRUN_VARS",
     "VOCAB_SIZE",
+    "add_switch",
     "base_parser",
     "check_backend",
     "cli_main",
