@@ -11,6 +11,8 @@ verdict in plain words and returns a :class:`CheckResult`:
 * ``"correct"``.
 
 Checkers never read the learner's source: any code that behaves right passes.
+Every checker also takes ``timeout=`` (seconds, default :data:`CHECK_TIMEOUT`)
+after which the learner's code is reported as hung and its ranks are stopped.
 
 Example::
 
@@ -53,13 +55,14 @@ def _job_global_sum(fn: Callable) -> Any:
     return out.detach().clone() if isinstance(out, torch.Tensor) else out
 
 
-def check_global_sum(fn: Callable[[torch.Tensor], torch.Tensor]) -> CheckResult:
+def check_global_sum(fn: Callable[[torch.Tensor], torch.Tensor], *,
+                     timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 1: ``fn(x)`` returns the element-wise sum of ``x`` over all ranks.
 
     Rank ``r`` passes ``[r + 1, 10 r]`` on 4 ranks; every rank must return ``[10, 60]``.
     """
     def body() -> str:
-        got = _ranks(_job_global_sum, fn)
+        got = _ranks(_job_global_sum, fn, timeout=timeout)
         world = len(got)
         inputs = [torch.tensor([r + 1.0, 10.0 * r]) for r in range(world)]
         want = torch.stack(inputs).sum(0)
@@ -87,14 +90,15 @@ def _job_share(fn: Callable) -> Any:
     return out.detach().clone() if isinstance(out, torch.Tensor) else out
 
 
-def check_share_from_leader(fn: Callable[[torch.Tensor, Any], torch.Tensor]) -> CheckResult:
+def check_share_from_leader(fn: Callable[[torch.Tensor, Any], torch.Tensor], *,
+                            timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 2: ``fn(x, group)`` gives every rank of ``group`` the group leader's ``x``.
 
     4 ranks in TP groups ``[0, 1]`` and ``[2, 3]``; rank ``r`` holds ``[r, r, r]``.
     Ranks 0 and 1 must return ``[0, 0, 0]``, ranks 2 and 3 ``[2, 2, 2]``.
     """
     def body() -> str:
-        got = _ranks(_job_share, fn)
+        got = _ranks(_job_share, fn, timeout=timeout)
         for r, out in enumerate(got):
             leader = r - r % 2
             if not isinstance(out, torch.Tensor):
@@ -124,7 +128,8 @@ def _job_sampler(fn: Callable, num_samples: int) -> Any:
     return (lay.dp_rank, lay.tp_rank, [int(i) for i in sampler])
 
 
-def check_make_sampler(fn: Callable[[Any, Any], Any]) -> CheckResult:
+def check_make_sampler(fn: Callable[[Any, Any], Any], *,
+                       timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 3: ``fn(dataset, layout)`` returns a sampler that shards over DP replicas.
 
     4 ranks as dp 2 x tp 2, 24 samples: TP peers must get the same indices, the
@@ -133,7 +138,7 @@ def check_make_sampler(fn: Callable[[Any, Any], Any]) -> CheckResult:
     n = 24
 
     def body() -> str:
-        got = _ranks(_job_sampler, fn, n)
+        got = _ranks(_job_sampler, fn, n, timeout=timeout)
         by_dp: dict[int, tuple[int, list[int]]] = {}
         for r, (dp, _tp, ids) in enumerate(got):
             first, peer = by_dp.setdefault(dp, (r, ids))
@@ -172,14 +177,15 @@ def _job_epochs(fn: Callable, epochs: int) -> Any:
     return out, want
 
 
-def check_run_epochs(fn: Callable[[Any, int], list[list[int]]]) -> CheckResult:
+def check_run_epochs(fn: Callable[[Any, int], list[list[int]]], *,
+                     timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 4: ``fn(loader, num_epochs)`` returns each epoch's sample ids, reshuffled.
 
     2 ranks, 16 samples, batch 2, 3 epochs. Epoch ``e`` must hold exactly what
     DistributedSampler gives after ``set_epoch(e)``.
     """
     def body() -> str:
-        got = _ranks(_job_epochs, fn, 3, world_size=2)
+        got = _ranks(_job_epochs, fn, 3, world_size=2, timeout=timeout)
         for r, (out, want) in enumerate(got):
             if out is None:
                 raise _Verdict("not done", f"rank {r} returned None: return one list of sample "
@@ -218,7 +224,8 @@ def _job_tp_loader(fn: Callable) -> Any:
     return rec.ledger()
 
 
-def check_build_tp_loader(fn: Callable[[Any], Any]) -> CheckResult:
+def check_build_tp_loader(fn: Callable[[Any], Any], *,
+                          timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 5: ``fn(layout)`` returns a loader where only TP leaders load.
 
     4 ranks as dp 2 x tp 2; the exercise asks for 32 samples in batches of 2, so
@@ -229,7 +236,7 @@ def check_build_tp_loader(fn: Callable[[Any], Any]) -> CheckResult:
     def body() -> str:
         from ezpz_nb.ledger import Ledger
 
-        ledger = Ledger.from_results(_ranks(_job_tp_loader, fn))
+        ledger = Ledger.from_results(_ranks(_job_tp_loader, fn, timeout=timeout))
         if not ledger.records:
             raise _wrong("the loader yielded no batches: check batch_size against the "
                          "number of samples per DP replica.")
@@ -261,14 +268,15 @@ def _job_steps(fn: Callable) -> Any:
     return fn(_LOCAL_BATCHES[dist.get_rank()])
 
 
-def check_agreed_num_steps(fn: Callable[[int], int]) -> CheckResult:
+def check_agreed_num_steps(fn: Callable[[int], int], *,
+                           timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 6: ``fn(local_batches)`` returns the step count every rank can take.
 
     4 ranks hold 5, 3, 4 and 6 batches; all must return 3, so none runs out of
     data and none waits for a rank that has left.
     """
     def body() -> str:
-        got = _ranks(_job_steps, fn)
+        got = _ranks(_job_steps, fn, timeout=timeout)
         want = min(_LOCAL_BATCHES)
         try:
             vals = [int(v) for v in got]
@@ -313,7 +321,8 @@ def _job_send(fn: Callable) -> Any:
     return lay.tp_rank, sent, (batch_digest(out), shapes)
 
 
-def check_send_batch(fn: Callable[[Any, Any], dict]) -> CheckResult:
+def check_send_batch(fn: Callable[[Any, Any], dict], *,
+                     timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 7: ``fn(batch, group)``: the leader's dict of tensors reaches its peers.
 
     4 ranks as dp 2 x tp 2. Each TP leader holds a batch (``input_ids`` int64
@@ -321,7 +330,7 @@ def check_send_batch(fn: Callable[[Any, Any], dict]) -> CheckResult:
     Every rank must return a dict with the leader's exact bytes.
     """
     def body() -> str:
-        got = _ranks(_job_send, fn)
+        got = _ranks(_job_send, fn, timeout=timeout)
         for r, (tp_rank, _sent, out) in enumerate(got):
             leader_digest = got[r - tp_rank][1]
             if isinstance(out, str):
