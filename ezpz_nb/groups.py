@@ -132,12 +132,21 @@ def _groups_from_new_group(world_size: int, tp_size: int) -> tuple[Any, Any]:
     return dp_group, tp_group
 
 
+# (tp_size, use_device_mesh) -> (the default group it was built in, layout).
+# Each new group costs sockets and threads on every member (about 10 file
+# descriptors per call at world 4), and a persistent Cluster re-running a cell
+# would otherwise pile them up.
+_CACHE: dict[tuple[int, bool], tuple[Any, Layout]] = {}
+
+
 def make_layout(tp_size: int = 1, *, use_device_mesh: bool = True) -> Layout:
     """Build this rank's DP and TP groups; call it on every rank, in the same order.
 
     Must run inside an initialised process group (``ez.launch``, torchrun).
     Outside one it returns the trivial single-process layout when
-    ``tp_size == 1``.
+    ``tp_size == 1``. Within one process group the groups are built once per
+    ``tp_size`` and reused by later calls (every rank makes the same calls, so
+    every rank reuses alike).
 
     Args:
         tp_size: Ranks per TP group; must divide the world size.
@@ -158,6 +167,10 @@ def make_layout(tp_size: int = 1, *, use_device_mesh: bool = True) -> Layout:
         return Layout(0, 1, 0, 1, 0, 1)
     world_size, rank = dist.get_world_size(), dist.get_rank()
     _check(world_size, tp_size)
+    world = dist.group.WORLD
+    cached = _CACHE.get((tp_size, use_device_mesh))
+    if cached is not None and cached[0] is world:  # same process group: groups still valid
+        return cached[1]
     dp_size = world_size // tp_size
     groups = None
     if use_device_mesh:
@@ -171,4 +184,6 @@ def make_layout(tp_size: int = 1, *, use_device_mesh: bool = True) -> Layout:
         groups = _groups_from_new_group(world_size, tp_size)
     dp_group, tp_group = groups
     _, dp_rank, tp_rank = layout_table(world_size, tp_size)[rank]
-    return Layout(rank, world_size, dp_rank, dp_size, tp_rank, tp_size, dp_group, tp_group)
+    layout = Layout(rank, world_size, dp_rank, dp_size, tp_rank, tp_size, dp_group, tp_group)
+    _CACHE[(tp_size, use_device_mesh)] = (world, layout)
+    return layout

@@ -44,6 +44,7 @@ def _groups_run():
             dist.all_gather_object(dp_members, rank, group=lay.dp_group)
             out[(tp, mesh)] = (lay, tp_members, dp_members,
                                dist.get_rank(lay.tp_group), dist.get_rank(lay.dp_group))
+    out["cached"] = make_layout(2).tp_group is make_layout(2).tp_group
     try:
         make_layout(3)
     except ValueError as e:
@@ -54,10 +55,11 @@ def _groups_run():
 def test_groups_built_in_ranks_match_the_table():
     """Guards make_layout with DeviceMesh and with plain new_group: at world 4 every tp size
     gives groups whose members (seen through all_gather) and group ranks match
-    layout_table; tp 3 raises ValueError naming 1, 2, 4."""
+    layout_table; repeated calls reuse the groups; tp 3 raises ValueError naming 1, 2, 4."""
     results = ez.launch(_groups_run, world_size=4, timeout=60)
     for rank, res in enumerate(results):
         assert "[1, 2, 4]" in res["bad"]
+        assert res["cached"]  # no new groups (sockets, threads) per repeated call
         for tp in (1, 2, 4):
             table = layout_table(4, tp)
             for mesh in (True, False):
