@@ -109,6 +109,14 @@ def _group_separators(ax: Any, rows: list[tuple[int, int, int]], color: str = "w
             ax.axhline(i - 0.5, color=color, linewidth=2.5)
 
 
+def _nothing(what: str, data: dict[str, Any]) -> Figure:
+    """A small figure that says the ledger is empty (a run that failed before step 0)."""
+    fig = _figure(6.0, 1.5)
+    fig.text(0.5, 0.5, f"{what}: the ledger has no steps to draw", ha="center", va="center")
+    fig.ezpz_data = data
+    return fig
+
+
 def _nice_stride(n: int, ticks: int = 12) -> int:
     """A tick step of 1, 2 or 5 times a power of ten giving at most ~``ticks`` ticks."""
     step = 1
@@ -259,6 +267,10 @@ def coverage(ledger: Ledger) -> Figure:
     n = ledger.num_samples
     if n is None:
         n = 1 + max((i for r in ledger.records for i in r.sample_ids), default=-1)
+    if not epochs or n <= 0:
+        return _nothing("Coverage", {"epochs": epochs, "num_samples": max(n, 0),
+                                     "replica": np.zeros((0, 0), dtype=np.int64),
+                                     "replicas_seen": np.zeros((0, 0), dtype=np.int64)})
     dp_size = max((r.dp_size for r in ledger.records), default=1)
     seen = np.zeros((len(epochs), n, dp_size), dtype=bool)
     row = {e: i for i, e in enumerate(epochs)}
@@ -315,7 +327,7 @@ def loaded_vs_received(ledger: Ledger) -> Figure:
     y = np.arange(len(rows))
     ax.barh(y, loaded, color=BLUE, label="loaded itself")
     ax.barh(y, received, left=loaded, color=ORANGE, hatch="//", label="received by broadcast")
-    ax.set_ylim(len(rows) - 0.5, -0.5)  # rank 0 on top, as in the heatmap
+    ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)  # rank 0 on top, as in the heatmap
     _label_rows(ax, rows)
     _group_separators(ax, rows, color=GREY)
     ax.set_xlabel("batches (all epochs)")

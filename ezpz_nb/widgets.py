@@ -315,6 +315,10 @@ class Explorer:
                 verdict = "all checks passed" if self.ledger.ok else "problems found (see summary)"
             else:
                 outputs.append(_text_output(f"{type(self.error).__name__}: {self.error}", "stderr"))
+                partial = Ledger.from_events(getattr(self.error, "events", []))
+                if partial.records:  # show how far each rank got before it failed
+                    fig = plot.timeline(partial, self.error)
+                    outputs.append(_png_output(plot.png_bytes(fig), f"timeline of run {self.runs}"))
                 verdict = "the run failed"
             if logs.getvalue().strip():
                 outputs.append(_text_output("rank output:\n" + logs.getvalue(), "stderr"))

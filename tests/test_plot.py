@@ -178,3 +178,12 @@ def test_layout_grid_and_groups():
 def test_figures_render_as_png_in_notebooks(padded):
     fig = plot.heatmap(padded[0])
     assert fig._repr_png_().startswith(b"\x89PNG")
+
+
+def test_an_empty_ledger_still_draws():
+    """A run that failed before its first step gives an empty ledger: no crash, empty data."""
+    empty = Ledger([])
+    assert plot.heatmap(empty).ezpz_data["epochs"] == []
+    assert plot.coverage(empty).ezpz_data["replica"].size == 0
+    assert plot.loaded_vs_received(empty).ezpz_data["ranks"] == []
+    assert plot.timeline(empty).ezpz_data["ranks"] == []
