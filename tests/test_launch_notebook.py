@@ -1,0 +1,98 @@
+"""The launcher inside a real Jupyter kernel: notebook functions, the magic, cell lines."""
+
+from __future__ import annotations
+
+import time
+
+import nbformat
+import psutil
+import pytest
+from nbclient import NotebookClient
+
+CELLS = [
+    # 0: functions defined in the notebook, a closure and a lambda
+    """\
+import torch, torch.distributed as dist
+import ezpz_nb as ez
+
+def who():
+    print("hello from", dist.get_rank())
+    return dist.get_rank()
+
+base = 3
+def make(k):
+    return lambda: k * dist.get_rank() + base
+
+print(ez.launch(who, world_size=2), ez.launch(make(2), world_size=2),
+      ez.launch(lambda: dist.get_world_size(), world_size=3))""",
+    # 1: a failing rank shows the cell's own line
+    """\
+def bad():
+    if dist.get_rank() == 1:
+        raise KeyError("oops-in-cell")
+    dist.barrier()
+try:
+    ez.launch(bad, world_size=2)
+except ez.RankError as e:
+    print(e)""",
+    # 2: a hang names the call and the cell line
+    """\
+def stuck():
+    if dist.get_rank() == 0:
+        dist.barrier()
+    else:
+        dist.all_reduce(torch.ones(1))
+try:
+    ez.launch(stuck, world_size=2, timeout=2)
+except ez.HangError as e:
+    print(e)""",
+    # 3: the magic, with state kept between cells
+    "%load_ext ezpz_nb",
+    """\
+%%ranks -n 2
+import os
+x = rank * 10
+print("x is", x)
+os.getpid()""",
+    """\
+%%ranks
+x + 100""",
+]
+
+
+@pytest.mark.timeout(300)
+def test_launcher_in_a_notebook(tmp_path):
+    """Guards: notebook-defined functions, live output in the right cell, cell lines in
+    errors, the %%ranks magic, and no rank left once the kernel is gone."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    client = NotebookClient(nb, kernel_name="python3", timeout=120,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+
+    def text(i: int) -> str:
+        return "".join(o.get("text", "") for o in nb.cells[i].outputs)
+
+    assert "[0, 1] [3, 5] [3, 3, 3]" in text(0)
+    assert "[rank 0] hello from 0" in text(0) and "[rank 1] hello from 1" in text(0)
+    assert "hello from" not in text(1) + text(2) + text(4)  # output stays in its cell
+
+    err = text(1)
+    assert "rank 1" in err and "KeyError: 'oops-in-cell'" in err
+    assert 'raise KeyError("oops-in-cell")' in err  # the cell's source line
+
+    hang = text(2)
+    assert "rank 0: barrier() at line 3 of the cell" in hang
+    assert "rank 1: all_reduce() at line 5 of the cell" in hang
+
+    magic = text(4)
+    assert "[rank 0] x is 0" in magic and "[rank 1] x is 10" in magic
+    pids = [int(line.split("Out: ")[1]) for line in magic.splitlines() if "Out: " in line]
+    assert len(pids) == 2
+    assert "[rank 0] Out: 100" in text(5) and "[rank 1] Out: 110" in text(5)
+
+    # The kernel has been shut down by nbclient: its ranks must be gone too.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) for p in pids)
