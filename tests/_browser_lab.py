@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -44,12 +45,22 @@ class Lab:
         """``http://127.0.0.1:PORT/PATH?token=TOKEN``."""
         return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}?token={self.token}"
 
-    def api(self, path: str, method: str = "GET") -> object:
+    def api(self, path: str, method: str = "GET") -> Any:
         """Call the server's REST API; JSON answer or ``None``."""
         req = urllib.request.Request(self.url(f"api/{path}"), method=method)
         with urllib.request.urlopen(req, timeout=5) as resp:
             body = resp.read()
         return json.loads(body) if body else None
+
+    def wait_kernel_idle(self, timeout: float) -> None:
+        """Wait until a notebook session has a started kernel that is idle."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            sessions = self.api("sessions") or []
+            if any((s.get("kernel") or {}).get("execution_state") == "idle" for s in sessions):
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"no idle kernel within {timeout:.0f} s; see {self.root / 'lab.log'}")
 
 
 def _wait_up(lab: Lab, timeout: float) -> None:
@@ -69,7 +80,7 @@ def _wait_up(lab: Lab, timeout: float) -> None:
 def _stop(lab: Lab) -> None:
     """Shut kernels down, then kill the server and everything it started."""
     try:
-        for k in lab.api("kernels") or []:  # type: ignore[union-attr]
+        for k in lab.api("kernels") or []:
             lab.api(f"kernels/{k['id']}", method="DELETE")
     except OSError:
         pass

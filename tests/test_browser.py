@@ -45,7 +45,7 @@ def test_explorer_notebook_runs_and_redraws_in_chromium(tmp_path):
         try:
             page.goto(lab.url(f"lab/tree/{NOTEBOOK.name}"))
             page.wait_for_selector(".jp-NotebookPanel .jp-CodeCell", timeout=60_000)
-            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+            lab.wait_kernel_idle(timeout=60)
             page.get_by_role("menuitem", name="Run", exact=True).click()
             page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
             page.wait_for_function(ALL_CELLS_RUN, timeout=90_000)
