@@ -13,7 +13,7 @@ words, so a learner can read what happened without knowing the code:
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -78,11 +78,16 @@ def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
     for r in recs:
         groups[(r.dp_rank, r.step)].append(r)
     bad_ids, bad_bytes = [], []
-    for (_, step), peers in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (dp_rank, step), peers in groups.items():
+        if len(peers) == 1:
+            continue
         if len({p.sample_ids for p in peers}) > 1:
-            bad_ids.append((step, peers))
+            bad_ids.append((step, dp_rank, peers))
         elif len({p.digest for p in peers}) > 1:
-            bad_bytes.append((step, peers))
+            bad_bytes.append((step, dp_rank, peers))
+    # Sort only what is reported (by step, then replica), not every group.
+    bad_ids = [(s, ps) for s, _, ps in sorted(bad_ids, key=lambda b: b[:2])]
+    bad_bytes = [(s, ps) for s, _, ps in sorted(bad_bytes, key=lambda b: b[:2])]
     out = []
     if bad_ids:
         step, peers = bad_ids[0]
@@ -109,16 +114,20 @@ def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
     return out
 
 def _check_dp(epoch: int, recs: list[StepRecord], num_samples: int | None) -> list[Problem]:
-    seen_by: dict[int, set[int]] = defaultdict(set)
+    ids_by_dp: dict[int, set[int]] = defaultdict(set)
     ranks_by_dp: dict[int, set[int]] = defaultdict(set)
     for r in recs:
         ranks_by_dp[r.dp_rank].add(r.rank)
-        for i in r.sample_ids:
-            seen_by[i].add(r.dp_rank)
+        ids_by_dp[r.dp_rank].update(r.sample_ids)
+    # A sample counted once per replica that saw it: > 1 means two replicas.
+    replicas = Counter()
+    for ids in ids_by_dp.values():
+        replicas.update(ids)
     out = []
-    dups = sorted(i for i, dps in seen_by.items() if len(dps) > 1)
+    dups = sorted(i for i, n in replicas.items() if n > 1)
     if dups:
         eg = dups[0]
+        seen_by = {eg: {d for d, ids in ids_by_dp.items() if eg in ids}}
         out.append(Problem(
             "dp_duplicate",
             f"Epoch {epoch}: {len(dups)} sample(s) {_ids(dups)} were seen by more than one DP "
@@ -129,7 +138,7 @@ def _check_dp(epoch: int, recs: list[StepRecord], num_samples: int | None) -> li
             samples=tuple(dups),
         ))
     if num_samples is not None:
-        never = sorted(set(range(num_samples)) - set(seen_by))
+        never = sorted(set(range(num_samples)).difference(replicas))
         if never:
             out.append(Problem(
                 "never_seen",

@@ -323,14 +323,15 @@ class Ledger:
         """
         import numpy as np
 
+        # One pass over the records: plots call this on 64 ranks x 1000 steps.
         ranks = self.ranks()
-        per_rank = {r: self.steps(r, epoch) for r in ranks}
-        n_steps = max((len(v) and v[-1].step + 1 for v in per_rank.values()), default=0)
-        width = max((len(s.sample_ids) for v in per_rank.values() for s in v), default=0)
+        row = {r: i for i, r in enumerate(ranks)}
+        recs = [r for r in self.records if r.epoch == epoch]
+        n_steps = max((r.step + 1 for r in recs), default=0)
+        width = max((len(r.sample_ids) for r in recs), default=0)
         out = np.full((len(ranks), n_steps, width), -1, dtype=np.int64)
-        for i, r in enumerate(ranks):
-            for s in per_rank[r]:
-                out[i, s.step, : len(s.sample_ids)] = s.sample_ids
+        for r in recs:
+            out[row[r.rank], r.step, : len(r.sample_ids)] = r.sample_ids
         return out
 
     # ---------------------------------------------------------------- checks
