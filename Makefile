@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 NBTIMEOUT ?= 120
 
-.PHONY: lab test lint unit notebooks bench tour clean browser-deps
+.PHONY: lab test lint unit notebooks bench tour clean gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,3 +43,6 @@ tour: $(BIN)/.installed
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+gpu-check: $(BIN)/.installed
+	bash benchmarks/gpu_check.sh

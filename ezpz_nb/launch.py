@@ -32,6 +32,7 @@ import signal
 import sys
 import tempfile
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
@@ -509,6 +510,9 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: flo
     torch.distributed is initialised in every rank (``dist.get_rank()``,
     ``dist.all_reduce`` just work); the group is torn down afterwards, whatever happens.
 
+    Under torchrun (RANK, WORLD_SIZE and MASTER_ADDR set) no ranks are started:
+    ``fn`` runs in this process and the results are gathered from torchrun's ranks.
+
     Returns:
         The return values, in rank order.
 
@@ -517,6 +521,15 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: flo
         ValueError, TypeError: bad arguments, raised before any process starts.
     """
     _check(world_size, timeout, threads, start_method, backend)
+    from ezpz_nb.examples.common import in_torchrun_env, run_in_place
+
+    if in_torchrun_env():
+        # Under torchrun (or srun/mpiexec around it) the ranks already exist: run
+        # here and gather, so notebook code gives the same list on a cluster.
+        if int(os.environ["WORLD_SIZE"]) != world_size:
+            warnings.warn(f"launch(world_size={world_size}) under torchrun uses torchrun's "
+                          f"WORLD_SIZE={os.environ['WORLD_SIZE']}", stacklevel=2)
+        return run_in_place(fn, *args, backend=backend, timeout_s=timeout, **kwargs)
     _dumps_job(fn, args, kwargs)  # fail on unpicklable input before starting anything
     cluster = Cluster(world_size, timeout, threads=threads, start_method=start_method,
                       backend=backend)

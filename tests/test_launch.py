@@ -372,3 +372,15 @@ def test_start_methods(method):
     out = ez.launch(lambda: dist.get_rank() + offset, world_size=2, start_method=method,
                     timeout=120)
     assert out == [5, 6]
+
+
+def test_launch_under_torchrun_uses_its_ranks(tmp_path):
+    """Guards: notebook code calling ez.launch runs unchanged under torchrun."""
+    path = tmp_path / "job.py"
+    path.write_text("import torch.distributed as dist, ezpz_nb as ez\n"
+                    "print('result', ez.launch(lambda: dist.get_rank() * 2, world_size=2))\n")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("result [0, 2]") == 2
