@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -290,8 +291,6 @@ class Explorer:
         Returns:
             The merged ledger, or ``None`` if the run failed (see :attr:`error`).
         """
-        from ezpz_nb import plot
-
         with self._run_lock:  # a timer thread and a direct call never overlap
             world = self.controls["world_size"].value
             cfg = self.config()
@@ -307,25 +306,34 @@ class Explorer:
                 self.ledger, self.error = None, exc
             self.runs += 1
             took = time.monotonic() - started
-            if self.ledger is not None:
-                outputs.append(_text_output(self.ledger.summary()))
-                for name in self.plots:
-                    fig = getattr(plot, name)(self.ledger)
-                    outputs.append(_png_output(plot.png_bytes(fig), f"{name} of run {self.runs}"))
-                verdict = "all checks passed" if self.ledger.ok else "problems found (see summary)"
-            else:
-                outputs.append(_text_output(f"{type(self.error).__name__}: {self.error}", "stderr"))
-                partial = Ledger.from_events(getattr(self.error, "events", []))
-                if partial.records:  # show how far each rank got before it failed
-                    fig = plot.timeline(partial, self.error)
-                    outputs.append(_png_output(plot.png_bytes(fig), f"timeline of run {self.runs}"))
-                verdict = "the run failed"
+            try:
+                verdict = self._draw(outputs)
+            except Exception:  # noqa: BLE001 - a timer callback has nowhere else to report
+                outputs.append(_text_output(traceback.format_exc(), "stderr"))
+                verdict = "drawing failed"
             if logs.getvalue().strip():
                 outputs.append(_text_output("rank output:\n" + logs.getvalue(), "stderr"))
             self.output.outputs = tuple(outputs)
             self.status.value = (f"run {self.runs}: world {world}, tp {cfg['tp_size']} - {verdict} "
                                  f"({took:.1f} s)")
             return self.ledger
+
+    def _draw(self, outputs: list[dict[str, Any]]) -> str:
+        """Append the summary and figures of the latest run; return a short verdict."""
+        from ezpz_nb import plot  # matplotlib only where something is drawn
+
+        if self.ledger is not None:
+            outputs.append(_text_output(self.ledger.summary()))
+            for name in self.plots:
+                fig = getattr(plot, name)(self.ledger)
+                outputs.append(_png_output(plot.png_bytes(fig), f"{name} of run {self.runs}"))
+            return "all checks passed" if self.ledger.ok else "problems found (see summary)"
+        outputs.append(_text_output(f"{type(self.error).__name__}: {self.error}", "stderr"))
+        partial = Ledger.from_events(getattr(self.error, "events", []))
+        if partial.records:  # show how far each rank got before it failed
+            fig = plot.timeline(partial, self.error)
+            outputs.append(_png_output(plot.png_bytes(fig), f"timeline of run {self.runs}"))
+        return "the run failed"
 
     def close(self) -> None:
         """Stop the ranks and any pending run."""
