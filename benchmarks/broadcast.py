@@ -9,8 +9,9 @@ the int64 index), the time per batch of:
 * pickle: the seed's ``broadcast_object_list`` of the whole batch;
 * bound:  one ``dist.broadcast`` of a preallocated tensor of the same bytes.
 
-Each figure is the median over blocks of iterations (each block timed on every
-rank, the slowest rank counted; the three methods' blocks interleaved). Then the peak memory of a 10^6 x 2048
+Each batch is timed on every rank; a figure is the median over all batches on
+the slowest rank. The three methods run in interleaved blocks (after a barrier)
+so that load from other processes falls on all of them alike. Then the peak memory of a 10^6 x 2048
 RandomTokenDataset and 10 batches read from it.
 
 Run: ``.venv/bin/python benchmarks/broadcast.py`` (about a minute on 2 cores).
@@ -65,11 +66,14 @@ def _bench_rank(shapes: list[tuple[int, int]], blocks: int, per_block: int) -> d
         for i in range(blocks):
             names = list(steps)[i % 3:] + list(steps)[: i % 3]
             for name in names:
+                step, ts = steps[name], times[name]
                 dist.barrier()
                 t0 = time.perf_counter()
                 for _ in range(per_block):
-                    steps[name]()
-                times[name].append((time.perf_counter() - t0) / per_block)
+                    step()
+                    t1 = time.perf_counter()
+                    ts.append(t1 - t0)  # one batch; a median ignores the preempted ones
+                    t0 = t1
         for name, ts in times.items():
             out[(b, s, name)] = ts
         out[(b, s, "bytes")] = nbytes
@@ -119,9 +123,8 @@ def main() -> None:
         for b, s in SHAPES:
             med = {}
             for name in ("ours", "pickle", "bound"):
-                # Per block the slowest rank sets the pace; then the median over blocks.
-                per_block = [max(r[(b, s, name)][i] for r in results) for i in range(args.blocks)]
-                med[name] = statistics.median(per_block) * 1e3
+                # Each rank's median time per batch; the slowest rank sets the pace.
+                med[name] = max(statistics.median(r[(b, s, name)]) for r in results) * 1e3
             rows.append((tp, f"{b}x{s}", results[0][(b, s, "bytes")], med))
 
     head = f"{'tp':>3} {'batch':>8} {'bytes':>9} {'ours ms':>8} {'pickle ms':>10} {'bound ms':>9} {'ours/bound':>11} {'pickle/ours':>12}"
@@ -130,7 +133,7 @@ def main() -> None:
     for tp, shape, nbytes, m in rows:
         print(f"{tp:>3} {shape:>8} {nbytes:>9} {m['ours']:>8.3f} {m['pickle']:>10.3f} {m['bound']:>9.3f} "
               f"{m['ours'] / m['bound']:>10.2f}x {m['pickle'] / m['ours']:>11.2f}x")
-    print(f"(median over {args.blocks} blocks of {args.per_block} batches, slowest rank per block; "
+    print(f"(per-batch median over {args.blocks * args.per_block} batches per rank, slowest rank; "
           "gloo, loopback, 1 intra-op thread per rank)")
 
     n, seq, batch = 10**6, 2048, 32
