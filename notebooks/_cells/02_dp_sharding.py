@@ -141,7 +141,7 @@ ranks that gives ranks 0 and 1 **three** samples and ranks 2 and 3 **two**. In t
 step ends with a gradient `all_reduce` (DDP does this for you). At step 3 ranks 0 and 1 call
 `all_reduce`, but ranks 2 and 3 have run out of data and left the loop, so nobody answers.
 
-`timeout=3` turns that hang into an `ez.HangError`; the ledger records published before it
+`timeout=5` turns that hang into an `ez.HangError`; the ledger records published before it
 still arrive, in `err.events`.
 
 # %% code
@@ -157,7 +157,7 @@ def train_hand_sharded():
 
 
 try:
-    ez.launch(train_hand_sharded, world_size=4, timeout=3)
+    ez.launch(train_hand_sharded, world_size=4, timeout=5)
 except ez.HangError as err:
     hang = err
     print(err)

@@ -89,7 +89,7 @@ def stream_epoch(wrap):
 
 
 try:
-    ez.launch(stream_epoch, seed_style, world_size=4, timeout=3)
+    ez.launch(stream_epoch, seed_style, world_size=4, timeout=5)
 except ez.HangError as err:
     hang = err
     print(err)
