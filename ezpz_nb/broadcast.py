@@ -5,7 +5,8 @@ costs about 0.3-0.5 ms however small it is (see FACTS.md):
 
 * Every step the leader broadcasts one ``uint8`` buffer: a 32-byte header
   (four int64 words) followed by the batch's tensors, each packed at an
-  8-byte-aligned offset. Peers size their receive buffer from the last spec
+  offset aligned to 8 bytes (16 for complex128) so that it can be viewed in
+  place as its dtype. Peers size their receive buffer from the last spec
   they were sent, so they know the length without asking.
 * Header word 0 says what this step is: ``DATA`` (payload follows in the same
   buffer), ``SPEC`` (the structure, shapes or dtypes changed: a second
@@ -33,7 +34,11 @@ __all__ = ["BatchBroadcaster", "flatten_batch", "unflatten_batch"]
 
 DATA, SPEC, END, ERROR = 1, 2, 3, 4
 _KIND_NAMES = {DATA: "data", SPEC: "data", END: "end", ERROR: "error"}
-HEADER_BYTES = 32  # four int64 words; a multiple of 8 keeps the payload aligned
+# Every slice must start at a multiple of its element size (view(dtype) needs
+# it); the largest torch element is 16 bytes (complex128), so the header, the
+# spec before a payload and each payload's length are padded to 16.
+ALIGN = 16
+HEADER_BYTES = 32  # four int64 words
 
 
 def _align(n: int, to: int = 8) -> int:
@@ -93,7 +98,7 @@ def _slots(layout: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[list[tuple[
         nbytes = itemsize * int(torch.Size(shape).numel())
         slots.append((start, nbytes))
         end = start + nbytes
-    return slots, _align(end)
+    return slots, _align(end, ALIGN)
 
 
 def _to_bytes(t: torch.Tensor) -> bytes:
@@ -175,7 +180,7 @@ class BatchBroadcaster:
                     dst.copy_(t.detach())
             else:
                 slots, total = _slots(layout)
-                head = _align(len(spec))
+                head = _align(len(spec), ALIGN)
                 buf = torch.empty(head + total, dtype=torch.uint8, device=self.device)
                 buf[: len(spec)] = torch.frombuffer(bytearray(spec), dtype=torch.uint8)
                 self._pack(buf[head:], tensors, slots)
@@ -241,7 +246,7 @@ class BatchBroadcaster:
             return "error", pickle.loads(_to_bytes(blob))
         if kind != SPEC:
             raise RuntimeError(f"TP broadcast: unknown header word {kind}; ranks out of step?")
-        head = _align(a)
+        head = _align(a, ALIGN)
         buf = torch.empty(head + b, dtype=torch.uint8, device=self.device)
         self._bcast(buf)
         self._tree, self._layout = pickle.loads(_to_bytes(buf[:a]))
@@ -275,15 +280,10 @@ class BatchBroadcaster:
         typed = {torch.int64: words} if words is not None else {}
         tensors = []
         for dtype, shape, stride, off, itemsize in self._views:
-            start = base + off
-            if start % itemsize or buf.numel() % itemsize:  # e.g. complex128 after a spec
-                nbytes = itemsize * int(torch.Size(shape).numel())
-                tensors.append(buf[start : start + nbytes].view(dtype).view(shape))
-                continue
             t = typed.get(dtype)
-            if t is None:
+            if t is None:  # ALIGN makes the buffer's length a multiple of any itemsize
                 t = typed[dtype] = buf.view(dtype)
-            tensors.append(t.as_strided(shape, stride, start // itemsize))
+            tensors.append(t.as_strided(shape, stride, (base + off) // itemsize))
         return unflatten_batch(self._tree, tensors)
 
     def _bcast(self, buf: torch.Tensor) -> None:

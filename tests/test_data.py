@@ -266,6 +266,7 @@ class MixedLoader:
                 "strided": torch.arange(12.0).reshape(3, 4).t()[:, i % 3],
                 "meta": {"step": i, "name": f"b{i // 5}", "none": None},
                 "point": Point(i, torch.tensor([i, i], dtype=torch.int16)),
+                "complex": torch.full((2,), complex(i, -i), dtype=torch.complex128),  # 16-byte items
             })
         self.batches.append({"only": torch.ones(2)})  # structure change at the end
 
@@ -305,7 +306,7 @@ def _same(a, b):
 
 @pytest.mark.parametrize("mode", ["tensor", "pickle"])
 def test_broadcast_handles_changing_shapes_mixed_dtypes_and_plain_leaves(mode):
-    """Guards the packed broadcast: changing shapes and structure, int8/int16/bf16/bool/f64,
+    """Guards the packed broadcast: changing shapes and structure, int8/int16/bf16/bool/f64/c128,
     0-d, empty and non-contiguous tensors, namedtuples and non-tensor leaves all arrive
     intact, each batch in its own memory; steady shapes cost one collective per batch."""
     leader, peer = ez.launch(_broadcast_run, mode, world_size=2, timeout=60)
