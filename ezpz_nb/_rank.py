@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import faulthandler
 import io
+import multiprocessing
 import os
 import pickle
 import signal
@@ -183,6 +184,10 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     except OSError:
         pass
     sys.path[:] = cfg.sys_path
+    # multiprocessing hands its start method down to the children it starts; a rank
+    # should start its own children (DataLoader workers) like any script would, not
+    # through a forkserver or spawn that re-imports torch for every worker.
+    multiprocessing.set_start_method(None, force=True)
     threading.Thread(target=_watch_parent, args=(lifeline, cfg.parent_pid), daemon=True,
                      name="ezpz_nb-lifeline").start()
     dump = open(cfg.dump_path, "w")  # noqa: SIM115 - must stay open for faulthandler

@@ -217,7 +217,9 @@ class Cluster:
         try:
             for r in range(self.world_size):
                 self._start_rank(ctx, r, dict(env, RANK=str(r), LOCAL_RANK=str(r)))
-            self._await("ready", time.monotonic() + self.timeout, what="start")
+            # Starting includes the forkserver's one import of torch (seconds on a
+            # busy laptop): a short run timeout meant for a hang demo must not cut it.
+            self._await("ready", time.monotonic() + max(self.timeout, 60.0), what="start")
         except BaseException:
             self._kill()
             raise

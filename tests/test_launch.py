@@ -384,3 +384,25 @@ def test_launch_under_torchrun_uses_its_ranks(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("result [0, 2]") == 2
+
+
+def _loader_then_hang():
+    from torch.utils.data import DataLoader
+
+    it = iter(DataLoader(list(range(64)), batch_size=4, num_workers=2))
+    next(it)
+    ez.publish([w.pid for w in it._workers])
+    if dist.get_rank() == 0:
+        dist.barrier()  # rank 1 never comes: a hang with loader workers alive
+
+
+def test_no_orphaned_loader_workers_after_a_hang():
+    """Guards: stopping a rank also stops its DataLoader worker processes."""
+    with pytest.raises(ez.HangError) as info:
+        ez.launch(_loader_then_hang, world_size=2, timeout=8)
+    pids = [pid for e in info.value.events for pid in e.item]
+    assert len(pids) == 4
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.05)
+    assert not any(psutil.pid_exists(p) for p in pids)
