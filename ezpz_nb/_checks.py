@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ezpz_nb.errors import HangError, RankError, _is_library, describe_location
+from ezpz_nb.errors import HangError, RankError, describe_location, is_library
 from ezpz_nb.launch import launch
 
 __all__ = ["CHECK_TIMEOUT", "CheckResult"]
@@ -87,7 +87,7 @@ def _user_frames(traceback: str) -> str:
     own = []
     for i, line in enumerate(lines):
         m = _FILE_RE.match(line)
-        if m and not _is_library(m.group(1)):
+        if m and not is_library(m.group(1)):
             src = lines[i + 1].strip() if i + 1 < len(lines) and not _FILE_RE.match(
                 lines[i + 1]) else ""
             own.append(f"    {describe_location(m.group(1), int(m.group(2)))}: {src}")

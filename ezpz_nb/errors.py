@@ -171,7 +171,7 @@ _CELL_RE = re.compile(r"(ipykernel_\d+[/\\]\d+\.py$)|(<ipython-input-)|(<ranks-c
 _PLUMBING = {"wrapper", "inner", "_fn", "fn", "decorate_context"}
 
 
-def _is_library(filename: str) -> bool:
+def is_library(filename: str) -> bool:
     """Frames that belong to torch, the stdlib or our plumbing rather than to the user."""
     if filename.startswith("<") and not _CELL_RE.search(filename):
         return True
@@ -187,10 +187,23 @@ def _is_torch(filename: str) -> bool:
 
 
 def describe_location(filename: str, lineno: int) -> str:
-    """``line 9 of the cell`` for notebook cells, ``file.py:9`` otherwise."""
+    """``line 9 of cell In[4]`` for notebook cells, ``file.py:9`` otherwise."""
     if _CELL_RE.search(filename):
-        return f"line {lineno} of the cell"
+        cell = _cell_number(filename)
+        return f"line {lineno} of cell In[{cell}]" if cell else f"line {lineno} of the cell"
     return f"{os.path.basename(filename)}:{lineno}"
+
+
+def _cell_number(filename: str) -> int | None:
+    # The function may come from an earlier cell than the one that launched it;
+    # IPython knows which execution count compiled each cell file.
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    return names.get(filename) if isinstance(names, dict) else None
 
 
 def fill_line(filename: str, lineno: int, line: str) -> str:
@@ -262,7 +275,7 @@ def stack_from_frames(rank: int, frames: list[Frame]) -> RankStack:
     """Find the blocking call and the user's own line in a main-thread stack."""
     user_idx = None
     for i, (fname, _, _, _) in enumerate(frames):
-        if not _is_library(fname):
+        if not is_library(fname):
             user_idx = i
     call = None
     start = (user_idx + 1) if user_idx is not None else 0

@@ -82,8 +82,8 @@ def test_launcher_in_a_notebook(tmp_path):
     assert 'raise KeyError("oops-in-cell")' in err  # the cell's source line
 
     hang = text(2)
-    assert "rank 0: barrier() at line 3 of the cell" in hang
-    assert "rank 1: all_reduce() at line 5 of the cell" in hang
+    assert "rank 0: barrier() at line 3 of cell In[3]" in hang
+    assert "rank 1: all_reduce() at line 5 of cell In[3]" in hang
 
     magic = text(4)
     assert "[rank 0] x is 0" in magic and "[rank 1] x is 10" in magic
