@@ -342,20 +342,30 @@ def loaded_vs_received(ledger: Ledger) -> Figure:
     return fig
 
 
-def _error_status(error: BaseException | None) -> dict[int, tuple[str, str]]:
-    """``{rank: (status, note)}`` read from a HangError's stacks or a RankError's failures."""
-    out: dict[int, tuple[str, str]] = {}
+def _error_status(error: BaseException | None) -> dict[int, tuple[str, str, str]]:
+    """``{rank: (status, note, short note)}`` from a HangError's stacks or a RankError's failures."""
+    out: dict[int, tuple[str, str, str]] = {}
     for rank, st in (getattr(error, "stacks", None) or {}).items():
-        status = {"blocked": "hung", "finished": "finished"}.get(st.state, "hung")
-        out[rank] = (status, st.describe())
+        if st.state == "finished":
+            out[rank] = ("finished", st.describe(), "finished; the others wait for it")
+        else:
+            where = f" at {st.where}" if st.where else ""
+            out[rank] = ("hung", st.describe(), f"hung in {st.call or '?'}(){where}")
     for rank, f in (getattr(error, "failures", None) or {}).items():
         status = {"exception": "raised", "stopped": "stopped"}.get(f.kind, "died")
-        out[rank] = (status, f"rank {rank}: {f.message}")
+        short = {"raised": f"raised {f.exc_type}", "stopped": "stopped while waiting"}
+        out[rank] = (status, f"rank {rank}: {f.message}", short.get(status, f.message))
     return out
 
 
-_STATUS_STYLE = {"raised": ("X", VERMILLION), "died": ("X", VERMILLION), "hung": ("o", PURPLE),
-                 "stopped": ("s", GREY), "short": ("|", VERMILLION)}
+# status -> (marker, colour, legend text)
+_STATUS_STYLE = {
+    "raised": ("X", VERMILLION, "raised an exception"),
+    "died": ("X", VERMILLION, "died"),
+    "hung": ("o", PURPLE, "hung in a call"),
+    "stopped": ("s", GREY, "stopped by the launcher"),
+    "short": ("|", VERMILLION, "fewer steps than the others"),
+}
 
 
 def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
@@ -372,7 +382,8 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
     Returns:
         The figure; ``fig.ezpz_data`` holds ``ranks``, ``epochs``, ``steps``
         (``{epoch: {rank: n}}``), ``total`` (``{rank: n}``), ``status``
-        (``{rank: "ok" | "short" | "raised" | "hung" | "stopped" | "died" | "finished"}``)
+        (``{rank: "ok" | "short" | "raised" | "hung" | "stopped" | "died" | "finished"}``;
+        "short": fewer steps than the others without failing)
         and ``notes`` (``{rank: text}``).
     """
     info = _error_status(error)
@@ -384,8 +395,14 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
         steps[r.epoch][r.rank] = max(steps[r.epoch][r.rank], r.step + 1)
     total = {k: sum(steps[e][k] for e in epochs) for k in ranks}
     most = max(total.values(), default=0)
-    status = {k: info.get(k, ("short" if total[k] < most else "ok", ""))[0] for k in ranks}
-    notes = {k: info.get(k, ("", ""))[1] for k in ranks}
+    status, notes, short = {}, {}, {}
+    for k in ranks:
+        status[k], notes[k], short[k] = info.get(k, ("ok", "", ""))
+        if status[k] in ("ok", "finished") and total[k] < most:
+            # It left early without failing: the others wait for it in their next collective.
+            status[k] = "short"
+            notes[k] = notes[k] or f"rank {k}: stopped after {total[k]} of {most} steps"
+            short[k] = f"stopped after {total[k]} of {most} steps"
     fig = _figure(10.0, 1.6 + 0.3 * max(len(ranks), 2), rows=len(ranks))
     ax = fig.subplots()
     start = 0
@@ -401,24 +418,27 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
         start += width
     for y, k in enumerate(ranks):
         if status[k] in _STATUS_STYLE:
-            marker, color = _STATUS_STYLE[status[k]]
-            ax.scatter([total[k]], [y], marker=marker, s=80, color=color, zorder=3, linewidths=2)
-        if len(ranks) <= 16 and status[k] not in ("ok", "finished"):
-            ax.text(max(most, 1) * 1.02, y, notes[k] or f"stopped after {total[k]} step(s)",
-                    fontsize=7, va="center")
+            marker, color, _ = _STATUS_STYLE[status[k]]
+            ax.scatter([total[k]], [y], marker=marker, s=200 if marker == "|" else 80, color=color,
+                       zorder=3, linewidths=3 if marker == "|" else 1.5)
+        if len(ranks) <= 16 and short[k]:
+            text = short[k] if len(short[k]) <= 50 else short[k][:49] + "..."
+            ax.text(total[k] + max(most, 1) * 0.03, y, text, fontsize=7, va="center")
     labels = [_label(k, *pos[k]) if k in pos else f"r{k} (no steps)" for k in ranks]
     ax.set_yticks(range(len(ranks)), labels, fontsize=8 if len(ranks) <= 16 else 6)
     ax.set_ylim(len(ranks) - 0.5, -1.0)
-    ax.set_xlim(0, max(most, 1) * (1.6 if len(ranks) <= 16 and any(notes.values()) else 1.05))
+    ax.set_xlim(0, max(most, 1) * (1.7 if len(ranks) <= 16 and any(short.values()) else 1.05))
     ax.set_xlabel("steps taken (epochs one after another)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("global rank")
     handles = [Patch(color=BLUE, label="steps")] + [
-        Patch(color=c, label=s) for s, (_, c) in _STATUS_STYLE.items() if s in status.values()]
+        Patch(color=c, label=text) for s, (_, c, text) in _STATUS_STYLE.items()
+        if s in status.values()]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
               frameon=False)
-    bad = [k for k in ranks if status[k] not in ("ok", "finished")]
-    verdict = f"ranks {bad} stopped early or failed" if bad else "all ranks took the same steps"
+    groups = [f"{s} {[k for k in ranks if status[k] == s]}" for s in _STATUS_STYLE
+              if s in status.values()]
+    verdict = "; ".join(groups) if groups else "all ranks took the same steps"
     fig.suptitle(f"Step timeline: bars should end together ({verdict})", fontsize=11)
     fig.ezpz_data = {"ranks": ranks, "epochs": epochs, "steps": steps, "total": total,
                      "status": status, "notes": notes}

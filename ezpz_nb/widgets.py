@@ -410,6 +410,7 @@ class Progress:
         rows = [W.HBox([lab, bar, n]) for lab, bar, n in zip(self._labels, self._bars, self._counts,
                                                               strict=True)]
         self.widget = W.VBox(rows)
+        self.widget.add_class("ezpz-progress")
         display(self.widget)
 
     def update(self, event: Any) -> None:

@@ -2,7 +2,8 @@
 
 Runs every cell of notebooks/06_explorer.ipynb in JupyterLab, drags the
 explorer's "dataset length" slider one step with the keyboard, and checks that
-the widget and the redrawn plot render. A screenshot is kept in test-artifacts/.
+the widget and the redrawn plot render; the Progress displays must have drawn
+their bars. A screenshot is kept in test-artifacts/.
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ def test_explorer_notebook_runs_and_redraws_in_chromium(tmp_path):
             errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
                                   ":has-text('Traceback')")
             assert errors.count() == 0, errors.first.inner_text()
+
+            # Both Progress displays drew one bar per rank (widget mode: a frontend is
+            # there); the hand-sharded run's two short ranks are flagged.
+            progress = page.locator(".ezpz-progress")
+            assert progress.count() == 2
+            assert progress.first.locator(".widget-hprogress").count() == 4
+            assert progress.first.get_by_text("100/100").count() == 4
+            assert progress.last.locator(".progress-bar-danger").count() == 2
 
             explorer = page.locator(".ezpz-explorer")
             explorer.scroll_into_view_if_needed()

@@ -151,8 +151,9 @@ def test_timeline_shows_who_hung_where():
         c.run(stop_early, 1, 4, hang=True)
     err = info.value
     data = plot.timeline(Ledger.from_events(err.events), err).ezpz_data
-    assert data["status"] == {0: "hung", 1: "finished"}
+    assert data["status"] == {0: "hung", 1: "short"}  # rank 1 left early: the cause
     assert "barrier" in data["notes"][0]
+    assert "finished its function" in data["notes"][1]
     assert data["total"] == {0: 12, 1: 4}
 
 
