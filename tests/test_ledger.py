@@ -156,7 +156,8 @@ def _uneven_run():
     rank = dist.get_rank()
     ds = RandomTokenDataset(64, 8, num_samples=5)
     loader = DataLoader(Subset(ds, list(range(rank, 5, 2))), batch_size=1)  # 3 vs 2 batches
-    for batch in record(loader, Layout(rank, 2, rank, 2, 0, 1)):
+    batches = list(record(loader, Layout(rank, 2, rank, 2, 0, 1)))  # published as they come
+    for batch in batches:
         dist.all_reduce(batch["input_ids"])  # rank 0's third call never finds a partner
 
 
@@ -164,7 +165,9 @@ def test_partial_ledger_survives_a_hang():
     """Guards the records of a hung run: HangError.events rebuild the partial ledger, and
     its check names the step mismatch that caused the hang."""
     with pytest.raises(ez.HangError) as info:
-        ez.launch(_uneven_run, world_size=2, timeout=3)
+        # Records are all published before the first collective, so the timeout
+        # only has to cover start-up, even on a busy machine.
+        ez.launch(_uneven_run, world_size=2, timeout=6)
     ledger = Ledger.from_events(info.value.events)
     assert [len(ledger.steps(r, 0)) for r in (0, 1)] == [3, 2]
     assert [p.kind for p in ledger.check()] == ["step_mismatch"]
