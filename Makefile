@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 NBTIMEOUT ?= 120
 
-.PHONY: lab test lint unit notebooks bench tour clean gpu-check
+.PHONY: lab test lint unit notebooks bench browser tour clean gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ test: lint unit notebooks
 bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/launch.py
 	$(BIN)/python benchmarks/broadcast.py
+	$(BIN)/python benchmarks/plot_speed.py
+	$(BIN)/python benchmarks/notebooks.py
+
+# Only the real-browser test (JupyterLab + Debian's chromium); `make test` runs it too.
+browser: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -m browser tests/test_browser.py
 
 tour: $(BIN)/.installed
 	$(BIN)/python -m ezpz_nb tour
