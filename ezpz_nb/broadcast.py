@@ -14,7 +14,9 @@ costs about 0.3-0.5 ms however small it is (see FACTS.md):
   loader is exhausted) or ``ERROR`` (the leader raised: a second broadcast
   carries what and where).
 * With ``drop_last=True`` shapes never change, so after the first batch every
-  step is exactly one ``dist.broadcast``.
+  step is exactly one ``dist.broadcast``. The leader leaves it running
+  (``async_op=True``) and packs the next batch into a second buffer meanwhile;
+  it waits for everything in flight before announcing the end or an error.
 
 ``mode="pickle"`` is the seed's path (``broadcast_object_list`` of the whole
 batch, two collectives plus pickling), with the same announcements, kept so the
@@ -136,8 +138,9 @@ class BatchBroadcaster:
         # peers: (dtype, shape, contiguous stride, byte offset, itemsize) per tensor
         self._views: list[tuple[torch.dtype, tuple[int, ...], tuple[int, ...], int, int]] = []
         self._payload_nbytes = 0  # both sides: payload size implied by the spec
-        self._send_buf: torch.Tensor | None = None  # leader, steady state
-        self._send_views: list[torch.Tensor] = []
+        # leader, steady state: two [buffer, typed views, pending work] that take turns
+        self._ring: list[list[Any] | None] = [None, None]
+        self._turn = 0
 
     # ------------------------------------------------------------------ leader
     def send(self, batch: Any) -> None:
@@ -162,21 +165,26 @@ class BatchBroadcaster:
             layout = tuple((str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in tensors)
             spec = pickle.dumps((tree, layout))
             if spec == self._spec:
-                # Steady state: offsets and the header are those of the last spec, and
-                # reusing the leader's buffer is safe (broadcast returns once it is sent).
-                if self._send_buf is None:
+                # Steady state: offsets and the header are those of the last spec.
+                # Two send buffers take turns: the broadcast of one is still in
+                # flight while the next batch is packed into the other.
+                slot = self._ring[self._turn]
+                if slot is None:
                     buf = torch.empty(HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device)
                     self._header(buf, DATA, self._payload_nbytes)
                     payload = buf[HEADER_BYTES:]
                     # Typed views into the buffer, made once: each step is then one
                     # copy_ per tensor.
-                    self._send_views = [
+                    views = [
                         payload[off : off + nbytes].view(t.dtype).view(t.shape)
                         for t, (off, nbytes) in zip(tensors, self._slots, strict=True)
                     ]
-                    self._send_buf = buf
-                buf = self._send_buf
-                for dst, t in zip(self._send_views, tensors, strict=True):
+                    slot = self._ring[self._turn] = [buf, views, None]
+                buf, views, work = slot
+                if work is not None:
+                    work.wait()  # the broadcast that last read this buffer is done
+                    slot[2] = None
+                for dst, t in zip(views, tensors, strict=True):
                     dst.copy_(t.detach())
             else:
                 slots, total = _slots(layout)
@@ -188,16 +196,30 @@ class BatchBroadcaster:
             self.error(exc)
             raise
         if spec == self._spec:
-            self._bcast(buf)  # the steady state: one collective
+            # The steady state: one collective, left running while the caller
+            # trains on the batch (collectives on a group run in the order issued).
+            slot[2] = dist.broadcast(buf, src=self.src, group=self.group, async_op=True)
+            self._turn ^= 1
             return
         # Spec changed: announce it in the buffer size peers expect, then send
         # spec + payload in a second buffer whose size the header announced.
+        self._drain()
         self._announce(SPEC, len(spec), total)
         self._bcast(buf)
-        self._spec, self._slots, self._payload_nbytes, self._send_buf = spec, slots, total, None
+        self._spec, self._slots, self._payload_nbytes = spec, slots, total
+        self._ring = [None, None]  # sized for the old spec
+
+    def _drain(self) -> None:
+        # Wait for the broadcasts still in flight, so that their errors surface
+        # here and the end of an epoch means every batch was delivered.
+        for slot in self._ring:
+            if slot is not None and slot[2] is not None:
+                work, slot[2] = slot[2], None
+                work.wait()
 
     def end(self) -> None:
         """Tell the peers the leader's loader is exhausted (leader only)."""
+        self._drain()
         if self.mode == "pickle":
             self._bcast_object((END, None))
         else:
@@ -211,6 +233,7 @@ class BatchBroadcaster:
             "message": str(exc),
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         }
+        self._drain()
         if self.mode == "pickle":
             self._bcast_object((ERROR, info))
             return
