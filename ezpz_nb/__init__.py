@@ -10,12 +10,22 @@ Quick start::
 
 from __future__ import annotations
 
+from ezpz_nb.data import (
+    DataLayoutWarning,
+    RandomTokenDataset,
+    TPBroadcastDataLoader,
+    TPLeaderError,
+    get_random_dataset_fsdp_tp,
+)
 from ezpz_nb.errors import EzpzError, HangError, RankError, RankEvent, RankFailure, RankStack
+from ezpz_nb.groups import Layout, layout_table, make_layout
 from ezpz_nb.launch import MAX_WORLD_SIZE, START_METHODS, Cluster, launch, publish
+from ezpz_nb.ledger import Ledger, Problem, RecordingLoader, StepRecord, record
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # launching (ezpz_nb.launch, ezpz_nb.errors)
     "Cluster",
     "EzpzError",
     "HangError",
@@ -28,6 +38,22 @@ __all__ = [
     "launch",
     "load_ipython_extension",
     "publish",
+    # data loading, the ezpz API (ezpz_nb.data, ezpz_nb.groups)
+    "DataLayoutWarning",
+    "Layout",
+    "RandomTokenDataset",
+    "TPBroadcastDataLoader",
+    "TPLeaderError",
+    "get_random_dataset_fsdp_tp",
+    "layout_table",
+    "make_layout",
+    # what each rank saw (ezpz_nb.ledger); plots live in ezpz_nb.plot, widgets in
+    # ezpz_nb.widgets (imported on demand: matplotlib and ipywidgets are heavy)
+    "Ledger",
+    "Problem",
+    "RecordingLoader",
+    "StepRecord",
+    "record",
 ]
 
 
