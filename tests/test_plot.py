@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _plot_workers import stop_early
+from _plot_workers import leave_before_barrier, stop_early, train_uneven, uneven_steps
 from torch.utils.data import DistributedSampler
 
 import ezpz_nb as ez
@@ -144,6 +144,8 @@ def test_timeline_shows_where_a_rank_raised(cluster):
     for r in range(3):
         assert data["total"][r] == 6  # 24 samples over 4 ranks, batch 1
         assert data["status"][r] == "stopped"  # they waited in the barrier and were stopped
+    assert data["verdict"] == {"raised": [3], "stopped": [0, 1, 2]}
+    assert "rank 3 raised an exception; ranks 0, 1 and 2 stopped by the launcher" in data["title"]
 
 
 def test_timeline_shows_who_hung_where():
@@ -152,18 +154,63 @@ def test_timeline_shows_who_hung_where():
     err = info.value
     data = plot.timeline(Ledger.from_events(err.events), err).ezpz_data
     assert data["status"] == {0: "hung", 1: "short"}  # rank 1 left early: the cause
+    assert data["verdict"] == {"short": [1], "hung": [0]}
     assert "barrier" in data["notes"][0]
     assert "finished its function" in data["notes"][1]
     assert data["total"] == {0: 12, 1: 4}
 
 
+def test_timeline_title_names_who_finished_early_and_who_hung():
+    """Regression: the title called the hung ranks the ones that "stopped early or failed".
+
+    Real run: even ranks take fewer steps and leave; odd ranks hang in their next
+    all_reduce. The title must name the even ranks as finished early and the odd
+    ones as hung, and the data must agree with the ledger and the HangError.
+    """
+    world = 4
+    with pytest.raises(ez.HangError) as info:
+        ez.launch(train_uneven, world_size=world, timeout=5)
+    err = info.value
+    ledger = Ledger.from_events(err.events)
+    data = plot.timeline(ledger, err).ezpz_data
+    steps = {r: len(ledger.steps(r, 0)) for r in range(world)}
+    assert steps == {r: uneven_steps(r) for r in range(world)}
+    early = [r for r in range(world) if steps[r] < max(steps.values())]
+    waiting = [r for r in range(world) if err.stacks[r].state != "finished"]
+    assert early == [r for r in range(world) if err.stacks[r].state == "finished"]
+    assert {err.stacks[r].call for r in waiting} == {"all_reduce"}
+    assert data["verdict"] == {"short": early, "hung": waiting}
+    assert data["status"] == {**dict.fromkeys(early, "short"), **dict.fromkeys(waiting, "hung")}
+    finished, hung = data["title"].split("\n")[1].split("; ")
+    assert finished == f"ranks {early[0]} and {early[1]} finished early (fewer steps)"
+    assert hung == f"ranks {waiting[0]} and {waiting[1]} hung, waiting in all_reduce()"
+
+
+def test_timeline_names_ranks_that_left_without_fewer_steps():
+    """A rank that returned while the others hang is named even with as many steps as they took.
+
+    (Notebook 04: TP leaders whose loader ran dry leave after 3 steps; their
+    peers, also at 3 steps, wait for a fourth broadcast.)
+    """
+    with pytest.raises(ez.HangError) as info:
+        ez.launch(leave_before_barrier, 3, world_size=2, timeout=5)
+    err = info.value
+    data = plot.timeline(Ledger.from_events(err.events), err).ezpz_data
+    assert data["total"] == {0: 3, 1: 3}
+    assert data["verdict"] == {"finished": [0], "hung": [1]}
+    assert data["title"].endswith("rank 0 finished while the others waited; "
+                                  "rank 1 hung, waiting in barrier()")
+
+
 def test_timeline_without_error_flags_short_ranks(padded):
     ledger, _ = padded
     data = plot.timeline(ledger).ezpz_data
-    assert set(data["status"].values()) == {"ok"}
+    assert set(data["status"].values()) == {"ok"} and data["verdict"] == {}
+    assert data["title"].endswith("all ranks took the same steps")
     cut = Ledger([r for r in ledger.records if not (r.rank == 2 and r.epoch == 1)], ledger.num_samples)
     data = plot.timeline(cut).ezpz_data
     assert data["status"][2] == "short" and data["total"][2] < data["total"][0]
+    assert data["verdict"] == {"short": [2]} and "rank 2 finished early" in data["title"]
 
 
 def test_layout_grid_and_groups():

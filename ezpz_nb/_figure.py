@@ -1,0 +1,89 @@
+"""What the plot modules share: a Figure that shows itself as PNG, the colours, rank rows.
+
+Figures are drawn without pyplot so nothing is shown twice in a notebook and
+nothing piles up in memory; :class:`EzFigure` shows itself through
+``_repr_png_`` instead. Colours come from palettes legible to colour-blind
+readers: Okabe-Ito for marks, viridis and cividis for values.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from ezpz_nb.ledger import Ledger
+
+# Okabe-Ito: distinguishable with every common colour-vision deficiency.
+BLUE, ORANGE, SKY, GREEN, YELLOW = "#0072B2", "#E69F00", "#56B4E9", "#009E73", "#F0E442"
+VERMILLION, PURPLE, GREY = "#D55E00", "#CC79A7", "#999999"
+MISSING = "#e8e8e8"
+
+
+class EzFigure(Figure):
+    """A matplotlib Figure that shows itself as a PNG in notebooks, pyplot or not.
+
+    Attributes:
+        ezpz_data: The arrays the figure draws (see each plot function).
+    """
+
+    ezpz_data: dict[str, Any]
+
+    def _repr_png_(self) -> bytes:
+        return png_bytes(self)
+
+
+def png_bytes(fig: Figure, dpi: int = 90) -> bytes:
+    """Render ``fig`` to PNG bytes (for widgets, files and notebook display)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def new_figure(width: float, height: float, rows: int = 0) -> EzFigure:
+    """An :class:`EzFigure` of at most 20 x 14 inches with a canvas (no pyplot needed)."""
+    # Constrained layout measures every tick label before drawing: worth it for
+    # small figures, but it doubles the render time of a 64-rank one.
+    big = rows > 24
+    fig = EzFigure(figsize=(min(width, 20.0), min(height, 14.0)),
+                   layout=None if big else "constrained")
+    if big:
+        fig.subplots_adjust(left=0.13, right=0.9, top=0.9, bottom=0.08, wspace=0.05)
+    FigureCanvasAgg(fig)  # a canvas makes savefig/print_png work without pyplot
+    return fig
+
+
+def rank_label(rank: int, dp: int, tp: int) -> str:
+    """``r3 (dp1,tp1)``: how every figure names a rank."""
+    return f"r{rank} (dp{dp},tp{tp})"
+
+
+def rank_rows(ledger: Ledger) -> list[tuple[int, int, int]]:
+    """``(rank, dp_rank, tp_rank)`` per recorded rank, TP groups kept together."""
+    pos = ledger.layout()
+    return sorted(((r, *pos[r]) for r in pos), key=lambda x: (x[1], x[2], x[0]))
+
+
+def label_rows(ax: Any, rows: list[tuple[int, int, int]]) -> None:
+    """Y tick labels for rank rows, thinned out to at most ~32."""
+    every = max(1, math.ceil(len(rows) / 32))  # more labels than that are unreadable
+    ticks = list(range(0, len(rows), every))
+    ax.set_yticks(ticks, [rank_label(*rows[i]) for i in ticks], fontsize=8 if len(rows) <= 16 else 6)
+
+
+def group_separators(ax: Any, rows: list[tuple[int, int, int]], color: str = "white") -> None:
+    """A horizontal line wherever the DP replica changes: between lines sits one TP group."""
+    for i in range(1, len(rows)):
+        if rows[i][1] != rows[i - 1][1]:
+            ax.axhline(i - 0.5, color=color, linewidth=2.5)
+
+
+def empty_figure(what: str, data: dict[str, Any]) -> EzFigure:
+    """A small figure that says the ledger is empty (a run that failed before step 0)."""
+    fig = new_figure(6.0, 1.5)
+    fig.text(0.5, 0.5, f"{what}: the ledger has no steps to draw", ha="center", va="center")
+    fig.ezpz_data = data
+    return fig
