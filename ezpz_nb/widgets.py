@@ -6,9 +6,8 @@
 * :class:`Explorer` keeps a live :class:`~ezpz_nb.Cluster`; each change of a
   control (debounced, so dragging a slider starts one run, not dozens) runs
   :func:`explore_rank` on it and redraws the plots.
-* :class:`Progress` shows steps per rank while a run is in flight, fed by
-  ``Cluster.on_event``; without a widget frontend (terminal, nbmake) it prints
-  plain text lines instead.
+* :class:`~ezpz_nb.progress.Progress` (in :mod:`ezpz_nb.progress`, importable
+  from here too) shows steps per rank while a run is in flight.
 
 ipywidgets is imported only when a widget is built, so ranks importing this
 module for :func:`explore_rank` do not pay for it.
@@ -20,15 +19,14 @@ import asyncio
 import base64
 import contextlib
 import io
-import os
-import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ezpz_nb.ledger import Ledger, StepRecord
+from ezpz_nb.ledger import Ledger
+from ezpz_nb.progress import Progress
 
 __all__ = ["Explorer", "Progress", "explore_rank"]
 
@@ -343,134 +341,6 @@ class Explorer:
             self._cluster = None
 
     def __enter__(self) -> Explorer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _widget_frontend() -> bool:
-    """True in a kernel that a notebook frontend renders (not under pytest/nbmake)."""
-    if os.environ.get("EZPZ_NB_PLAIN") or os.environ.get("PYTEST_CURRENT_TEST"):
-        return False
-    ipy = sys.modules.get("IPython")
-    shell = ipy.get_ipython() if ipy is not None else None
-    return type(shell).__name__ == "ZMQInteractiveShell"
-
-
-class Progress:
-    """Steps done per rank, updated live while the ranks run.
-
-    Fed by ``Cluster.on_event`` (the :class:`~ezpz_nb.ledger.StepRecord` s that
-    ``record`` publishes). In a notebook it shows one bar per rank; in a
-    terminal or under nbmake it prints a text line every ``interval`` seconds
-    and a final line per rank that fell behind.
-
-    Args:
-        source: A :class:`~ezpz_nb.Cluster` to attach to, or a world size.
-        total: Steps each rank is expected to take (sets the bars' length).
-        mode: ``"auto"``, ``"widget"`` or ``"text"``.
-        interval: Seconds between redraws (and text lines).
-        stream: Where text lines go (default ``sys.stdout``).
-
-    Example:
-        >>> with ez.Cluster(4) as c, Progress(c, total=40):
-        ...     c.run(train)
-    """
-
-    def __init__(self, source: Any, total: int | None = None, *, mode: str = "auto",
-                 interval: float = 0.5, stream: Any = None) -> None:
-        if mode not in ("auto", "widget", "text"):
-            raise ValueError(f"mode must be 'auto', 'widget' or 'text', got {mode!r}")
-        self.cluster = None if isinstance(source, int) else source
-        self.world_size = source if isinstance(source, int) else source.world_size
-        self.total = total
-        self.interval = interval
-        self.stream = stream
-        self.mode = mode if mode != "auto" else ("widget" if _widget_frontend() else "text")
-        self.steps = dict.fromkeys(range(self.world_size), 0)
-        self.where: dict[int, tuple[int, int, int]] = {}  # rank -> (dp, tp, epoch)
-        self._last_draw = 0.0
-        self._previous: Callable[[Any], None] | None = None
-        self.widget: Any = None
-        if self.mode == "widget":
-            self._build_widget()
-        if self.cluster is not None:
-            self._previous = self.cluster.on_event
-            self.cluster.on_event = self.update
-
-    def _build_widget(self) -> None:
-        import ipywidgets as W
-        from IPython.display import display
-
-        most = self.total or 1
-        self._bars = [W.IntProgress(0, min=0, max=most, bar_style="info") for _ in self.steps]
-        self._labels = [W.Label(f"r{r}") for r in self.steps]
-        self._counts = [W.Label("0") for _ in self.steps]
-        rows = [W.HBox([lab, bar, n]) for lab, bar, n in zip(self._labels, self._bars, self._counts,
-                                                              strict=True)]
-        self.widget = W.VBox(rows)
-        self.widget.add_class("ezpz-progress")
-        display(self.widget)
-
-    def update(self, event: Any) -> None:
-        """Count one event (a ``RankEvent`` carrying a StepRecord; others are ignored)."""
-        if self._previous is not None:
-            self._previous(event)
-        item = getattr(event, "item", event)
-        if not isinstance(item, StepRecord):
-            return
-        self.steps[item.rank] = self.steps.get(item.rank, 0) + 1
-        self.where[item.rank] = (item.dp_rank, item.tp_rank, item.epoch)
-        now = time.monotonic()
-        if now - self._last_draw >= self.interval:
-            self._last_draw = now
-            self._draw()
-
-    def _label(self, r: int) -> str:
-        if r in self.where:
-            dp, tp, _ = self.where[r]
-            return f"r{r} (dp{dp},tp{tp})"
-        return f"r{r}"
-
-    def text(self) -> str:
-        """One line: steps done per rank (``/total`` when known)."""
-        of = f"/{self.total}" if self.total else ""
-        return "steps: " + "  ".join(f"{self._label(r)} {n}{of}" for r, n in sorted(self.steps.items()))
-
-    def _draw(self) -> None:
-        if self.mode == "text":
-            print(self.text(), file=self.stream or sys.stdout, flush=True)
-            return
-        most = max([self.total or 0, *self.steps.values(), 1])
-        for r, n in self.steps.items():
-            self._bars[r].max = most
-            self._bars[r].value = n
-            self._labels[r].value = self._label(r)
-            self._counts[r].value = f"{n}/{self.total}" if self.total else str(n)
-
-    def behind(self) -> list[int]:
-        """Ranks with fewer steps than the rank that took the most."""
-        most = max(self.steps.values(), default=0)
-        return [r for r, n in sorted(self.steps.items()) if n < most]
-
-    def close(self) -> None:
-        """Detach from the cluster and draw the final state (and who fell behind)."""
-        if self.cluster is not None:
-            self.cluster.on_event = self._previous
-            self.cluster = None
-        self._draw()
-        most = max(self.steps.values(), default=0)
-        late = self.behind()
-        if self.mode == "widget":
-            for r in late:
-                self._bars[r].bar_style = "danger"
-        elif late:
-            for r in late:
-                print(f"{self._label(r)} stopped after {self.steps[r]} of {most} steps",
-                      file=self.stream or sys.stdout)
-
-    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -11,7 +11,8 @@ from _plot_workers import stop_early
 
 import ezpz_nb as ez
 from ezpz_nb.ledger import Ledger
-from ezpz_nb.widgets import Explorer, Progress, _widget_frontend, explore_rank
+from ezpz_nb.progress import _widget_frontend
+from ezpz_nb.widgets import Explorer, Progress, explore_rank
 
 
 def images(explorer: Explorer) -> list[str]:
