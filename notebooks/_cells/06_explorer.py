@@ -128,10 +128,14 @@ assert hang is not None and progress.behind() == [2, 3]
 
 # %% md
 The timeline shows the steps each rank took and, from the `HangError`, where each one was
-when the timeout expired: ranks 0 and 1 hung in `all_reduce`, ranks 2 and 3 had finished.
+when the timeout expired. Its title says who caused the hang and who suffered it: ranks 2
+and 3 finished early (fewer steps, marked with a bar), ranks 0 and 1 hung, waiting in
+`all_reduce` for them. The longer bars belong to the victims, not the culprits.
 
 # %% code
-plot.timeline(Ledger.from_events(hang.events), hang)
+timeline = plot.timeline(Ledger.from_events(hang.events), hang)
+assert timeline.ezpz_data["verdict"] == {"short": [2, 3], "hung": [0, 1]}
+timeline
 
 # %% code
 cluster.close()
