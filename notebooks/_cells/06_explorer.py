@@ -133,9 +133,9 @@ and 3 finished early (fewer steps, marked with a bar), ranks 0 and 1 hung, waiti
 `all_reduce` for them. The longer bars belong to the victims, not the culprits.
 
 # %% code
-timeline = plot.timeline(Ledger.from_events(hang.events), hang)
-assert timeline.ezpz_data["verdict"] == {"short": [2, 3], "hung": [0, 1]}
-timeline
+fig = plot.timeline(Ledger.from_events(hang.events), hang)
+assert fig.ezpz_data["verdict"] == {"short": [2, 3], "hung": [0, 1]}
+fig
 
 # %% code
 cluster.close()
