@@ -74,15 +74,9 @@ def _nice_stride(n: int, ticks: int = 12) -> int:
 
 
 def _epoch_matrix(ledger: Ledger, epoch: int, rows: list[tuple[int, int, int]]) -> np.ndarray:
-    """Sample ids as ``(rows, steps, batch)``, -1 where a rank had nothing."""
-    index = {r: i for i, (r, _, _) in enumerate(rows)}
-    recs = [r for r in ledger.records if r.epoch == epoch]
-    steps = max((r.step + 1 for r in recs), default=0)
-    width = max((len(r.sample_ids) for r in recs), default=0)
-    out = np.full((len(rows), steps, width), -1, dtype=np.int64)
-    for r in recs:
-        out[index[r.rank], r.step, : len(r.sample_ids)] = r.sample_ids
-    return out
+    """:meth:`Ledger.sample_matrix` with its rows (global rank order) put in ``rows`` order."""
+    index = {r: i for i, r in enumerate(ledger.ranks())}
+    return ledger.sample_matrix(epoch)[[index[r] for r, _, _ in rows]]
 
 
 def repeat_mask(ids: np.ndarray, dp: np.ndarray) -> np.ndarray:
