@@ -195,11 +195,12 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     torch.set_num_threads(cfg.threads)
     _CONN = conn
     try:
+        if cfg.backend == "nccl":
+            # Before init: NCCL binds the rank's communicator to the current device.
+            torch.cuda.set_device(cfg.rank)
         dist.init_process_group(cfg.backend, store=dist.FileStore(cfg.store_path, cfg.world_size),
                                 rank=cfg.rank, world_size=cfg.world_size,
                                 timeout=timedelta(seconds=cfg.pg_timeout))
-        if cfg.backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", cfg.rank)))
     except BaseException as exc:  # noqa: BLE001 - report any start-up failure
         _send(conn, ("error", _exception_chain(exc)))
         return

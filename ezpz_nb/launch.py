@@ -202,12 +202,13 @@ class Cluster:
         self._tmp = tempfile.mkdtemp(prefix="ezpz_nb-")
         self._conns: list[Any] = []
         self._lifelines: list[Any] = []
+        self._readers: list[Any] = []  # keeps the output pipes' Connection objects open
         self._outs: dict[int, tuple[int, int]] = {}  # fd -> (rank, stream 1|2)
         self._partial: dict[int, bytes] = {}
         self._procs = []
         self._closed = False
         _LIVE.add(self)
-        env = {k: v for k, v in os.environ.items()}
+        env = dict(os.environ)
         env.update(GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", _loopback()),
                    WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size),
                    OMP_NUM_THREADS=str(self.threads))
@@ -247,7 +248,7 @@ class Cluster:
             fd = reader.fileno()
             os.set_blocking(fd, False)
             self._outs[fd] = (r, stream)
-            self._keep = getattr(self, "_keep", []) + [reader]
+            self._readers.append(reader)
         self._procs.append(proc)
         self._conns.append(conn)
         self._lifelines.append(life_w)
@@ -283,14 +284,14 @@ class Cluster:
         for p in self._procs:
             p.join(2.0)
         self._drain_output(final=True)
-        for c in list(self._conns) + list(self._lifelines) + list(getattr(self, "_keep", [])):
+        for c in self._conns + self._lifelines + self._readers:
             c.close()
         for p in self._procs:
             try:
                 p.close()
             except ValueError:
                 pass
-        self._conns, self._lifelines, self._keep, self._procs = [], [], [], []
+        self._conns, self._lifelines, self._readers, self._procs = [], [], [], []
         self._outs = {}
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)

@@ -406,3 +406,17 @@ def test_no_orphaned_loader_workers_after_a_hang():
     while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
         time.sleep(0.05)
     assert not any(psutil.pid_exists(p) for p in pids)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_nccl_one_gpu_per_rank():
+    """Guards: backend='nccl' gives each rank its own device and a working collective."""
+    n = min(torch.cuda.device_count(), 2)
+
+    def on_gpu():
+        t = torch.ones(1, device="cuda")
+        dist.all_reduce(t)
+        return dist.get_backend(), torch.cuda.current_device(), t.item()
+
+    assert ez.launch(on_gpu, world_size=n, backend="nccl") == [
+        ("nccl", r, float(n)) for r in range(n)]
