@@ -21,8 +21,6 @@ How it works, and why:
 from __future__ import annotations
 
 import atexit
-import contextlib
-import errno
 import multiprocessing as mp
 import multiprocessing.util  # noqa: F401 - import before our atexit hook, see _close_all
 import os
@@ -34,11 +32,22 @@ import tempfile
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
 from ezpz_nb import _rank
+from ezpz_nb._output import OutputRelay
+from ezpz_nb._startup import (
+    MAX_WORLD_SIZE,
+    START_METHODS,
+    check_args,
+    cores,
+    default_start_method,
+    dumps_job,
+    loopback,
+    main_hidden,
+)
 from ezpz_nb.errors import (
     HangError,
     RankError,
@@ -53,104 +62,11 @@ from ezpz_nb.errors import (
 
 __all__ = ["Cluster", "launch", "publish", "MAX_WORLD_SIZE", "START_METHODS"]
 
-#: Largest world size accepted: beyond this, ranks on one machine are all overhead.
-MAX_WORLD_SIZE = 64
-#: Start methods the launcher supports.
-START_METHODS = ("forkserver", "fork", "spawn")
 #: How long the other ranks get to finish after one rank raised.
 _GRACE_S = 1.0
 
 publish = _rank.publish
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
-
-
-def _default_start_method() -> str:
-    # forkserver needs fork underneath (Linux); macOS forks badly and Windows cannot.
-    return "forkserver" if sys.platform.startswith("linux") else "spawn"
-
-
-def _loopback() -> str:
-    return "lo0" if sys.platform == "darwin" else "lo"
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-def _check(world_size: Any, timeout: Any, threads: Any, start_method: Any, backend: Any) -> None:
-    """Reject bad input before any process starts."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int, got {type(world_size).__name__}: "
-                        f"pass e.g. world_size=4")
-    if not 1 <= world_size <= MAX_WORLD_SIZE:
-        raise ValueError(f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {world_size}: "
-                         "on one machine, 2-8 ranks show everything this tutorial teaches")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-    if not timeout > 0 or timeout != timeout or timeout == float("inf"):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads < 1):
-        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
-    if start_method is not None and start_method not in START_METHODS:
-        raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
-    if start_method in ("fork", "forkserver") and not hasattr(os, "fork"):
-        raise ValueError(f"start_method={start_method!r} needs os.fork; use 'spawn' here")
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    if backend == "nccl":
-        import torch
-
-        if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
-            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            raise ValueError(f"backend='nccl' needs one CUDA GPU per rank: asked for "
-                             f"{world_size} ranks, this machine has {have} GPU(s). "
-                             "Use backend='gloo' (the default) on CPU.")
-
-
-@contextlib.contextmanager
-def _main_hidden(start_method: str) -> Iterator[None]:
-    """Keep forkserver/spawn ranks from re-running the caller's ``__main__``.
-
-    multiprocessing re-imports the parent's main script in each child so that
-    functions pickled by reference can be found; ours travel by value, and
-    re-running a script's top level in every rank would launch ranks again.
-    """
-    main = sys.modules.get("__main__")
-    if start_method == "fork" or main is None:
-        yield
-        return
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__dict__["__spec__"] = None
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
-
-
-def _dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}: pass the function "
-                        "itself, not its result (launch(f), not launch(f()))")
-    try:
-        return _rank.dumps((fn, args, kwargs))
-    except Exception as exc:
-        named = [("fn", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
-        named += [(f"keyword {k!r}", v) for k, v in kwargs.items()]
-        for label, obj in named:
-            try:
-                _rank.dumps(obj)
-            except Exception:
-                raise TypeError(
-                    f"{label} (a {type(obj).__name__}) cannot be sent to the ranks: {exc}. "
-                    "Create it inside the function instead, or pass something picklable."
-                ) from exc
-        raise TypeError(f"the job cannot be sent to the ranks: {exc}") from exc
 
 
 class Cluster:
@@ -177,11 +93,11 @@ class Cluster:
 
     def __init__(self, world_size: int = 2, timeout: float = 60.0, *, threads: int | None = None,
                  start_method: str | None = None, backend: str = "gloo"):
-        _check(world_size, timeout, threads, start_method, backend)
+        check_args(world_size, timeout, threads, start_method, backend)
         self.world_size = world_size
         self.timeout = float(timeout)
-        self.threads = threads or max(1, _cores() // world_size)
-        self.start_method = start_method or _default_start_method()
+        self.threads = threads or max(1, cores() // world_size)
+        self.start_method = start_method or default_start_method()
         self.backend = backend
         #: Items published by the ranks during the latest run, in arrival order.
         self.events: list[RankEvent] = []
@@ -202,14 +118,12 @@ class Cluster:
         self._tmp = tempfile.mkdtemp(prefix="ezpz_nb-")
         self._conns: list[Any] = []
         self._lifelines: list[Any] = []
-        self._readers: list[Any] = []  # keeps the output pipes' Connection objects open
-        self._outs: dict[int, tuple[int, int]] = {}  # fd -> (rank, stream 1|2)
-        self._partial: dict[int, bytes] = {}
+        self._output = OutputRelay()
         self._procs = []
         self._closed = False
         _LIVE.add(self)
         env = dict(os.environ)
-        env.update(GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", _loopback()),
+        env.update(GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", loopback()),
                    WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size),
                    OMP_NUM_THREADS=str(self.threads))
         if self.backend == "gloo":
@@ -240,15 +154,12 @@ class Cluster:
         life_r, life_w = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_rank.main, args=(cfg, child_conn, out_w, err_w, life_r),
                            name=f"ezpz_nb-rank{r}", daemon=False)
-        with _main_hidden(self.start_method):
+        with main_hidden(self.start_method):
             proc.start()
         for c in (child_conn, out_w, err_w, life_r):
             c.close()
-        for stream, reader in ((1, out_r), (2, err_r)):
-            fd = reader.fileno()
-            os.set_blocking(fd, False)
-            self._outs[fd] = (r, stream)
-            self._readers.append(reader)
+        self._output.add(out_r, r, 1)
+        self._output.add(err_r, r, 2)
         self._procs.append(proc)
         self._conns.append(conn)
         self._lifelines.append(life_w)
@@ -265,7 +176,7 @@ class Cluster:
         deadline = time.monotonic() + 2.0
         for p in self._procs:
             p.join(max(0.0, deadline - time.monotonic()))
-        self._drain_output()
+        self._output.drain()
         self._kill()
 
     def _kill(self) -> None:
@@ -283,16 +194,16 @@ class Cluster:
                 pass
         for p in self._procs:
             p.join(2.0)
-        self._drain_output(final=True)
-        for c in self._conns + self._lifelines + self._readers:
+        self._output.drain(final=True)
+        self._output.close()
+        for c in self._conns + self._lifelines:
             c.close()
         for p in self._procs:
             try:
                 p.close()
             except ValueError:
                 pass
-        self._conns, self._lifelines, self._readers, self._procs = [], [], [], []
-        self._outs = {}
+        self._conns, self._lifelines, self._procs = [], [], []
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
@@ -331,7 +242,7 @@ class Cluster:
             HangError: not finished within ``timeout``; says where each rank was.
             TypeError: ``fn`` or an argument cannot be pickled (nothing was started).
         """
-        job = _dumps_job(fn, args, kwargs)
+        job = dumps_job(fn, args, kwargs)
         if self._closed:
             print(f"[ezpz_nb] starting {self.world_size} fresh ranks (the previous ones "
                   "were stopped; state on them is gone)", file=sys.stderr)
@@ -364,11 +275,11 @@ class Cluster:
             if now >= limit:
                 break
             watch = [self._conns[r] for r in pending] + [
-                s for s, r in sentinels.items() if r in pending] + list(self._outs)
+                s for s, r in sentinels.items() if r in pending] + self._output.fds
             ready = wait(watch, timeout=min(0.1, limit - now))
             for obj in ready:
-                if isinstance(obj, int) and obj in self._outs:
-                    self._read_fd(obj)
+                if self._output.owns(obj):
+                    self._output.read(obj)
             for obj in ready:
                 if not isinstance(obj, int) and id(obj) in by_conn:
                     r = by_conn[id(obj)]
@@ -386,7 +297,7 @@ class Cluster:
                         pending.discard(r)
             if failures and grace_end is None:
                 grace_end = time.monotonic() + _GRACE_S
-        self._drain_output()
+        self._output.drain()
         if failures:
             died = any(f.kind in ("signal", "exit") for f in failures.values())
             for r in pending:
@@ -465,46 +376,6 @@ class Cluster:
         return stacks
 
     # ------------------------------------------------------------------ output
-    def _read_fd(self, fd: int) -> None:
-        r, stream = self._outs[fd]
-        while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                if exc.errno == errno.EBADF:
-                    return
-                raise
-            if not chunk:  # EOF: the rank closed its end (exited)
-                self._emit(r, stream, self._partial.pop(fd, b""), final=True)
-                del self._outs[fd]
-                return
-            self._emit_lines(fd, r, stream, chunk)
-
-    def _emit_lines(self, fd: int, r: int, stream: int, chunk: bytes) -> None:
-        buf = self._partial.get(fd, b"") + chunk
-        *lines, rest = buf.split(b"\n")
-        self._partial[fd] = rest
-        for line in lines:
-            self._emit(r, stream, line)
-
-    def _emit(self, r: int, stream: int, line: bytes, final: bool = False) -> None:
-        if final and not line:
-            return
-        out = sys.stdout if stream == 1 else sys.stderr
-        out.write(f"[rank {r}] {line.decode('utf-8', 'replace')}\n")
-
-    def _drain_output(self, final: bool = False) -> None:
-        for fd in list(self._outs):
-            self._read_fd(fd)
-        if final:
-            for fd, (r, stream) in list(self._outs.items()):
-                self._emit(r, stream, self._partial.pop(fd, b""), final=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-
-
 def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 60.0,
            threads: int | None = None, start_method: str | None = None,
            backend: str = "gloo", **kwargs: Any) -> list[Any]:
@@ -523,7 +394,7 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: flo
         RankError, HangError: see :meth:`Cluster.run`.
         ValueError, TypeError: bad arguments, raised before any process starts.
     """
-    _check(world_size, timeout, threads, start_method, backend)
+    check_args(world_size, timeout, threads, start_method, backend)
     from ezpz_nb.examples.common import in_torchrun_env, run_in_place
 
     if in_torchrun_env():
@@ -533,7 +404,7 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: flo
             warnings.warn(f"launch(world_size={world_size}) under torchrun uses torchrun's "
                           f"WORLD_SIZE={os.environ['WORLD_SIZE']}", stacklevel=2)
         return run_in_place(fn, *args, backend=backend, timeout_s=timeout, **kwargs)
-    _dumps_job(fn, args, kwargs)  # fail on unpicklable input before starting anything
+    dumps_job(fn, args, kwargs)  # fail on unpicklable input before starting anything
     cluster = Cluster(world_size, timeout, threads=threads, start_method=start_method,
                       backend=backend)
     cluster._one_shot = True

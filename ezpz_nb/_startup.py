@@ -1,0 +1,109 @@
+"""What is checked and prepared before any rank process starts.
+
+Bad input must fail here, in the notebook, with a message that says what to do,
+rather than as a crash inside N processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ezpz_nb._rank import dumps
+
+#: Largest world size accepted: beyond this, ranks on one machine are all overhead.
+MAX_WORLD_SIZE = 64
+#: Start methods the launcher supports.
+START_METHODS = ("forkserver", "fork", "spawn")
+
+
+def default_start_method() -> str:
+    # forkserver needs fork underneath (Linux); macOS forks badly and Windows cannot.
+    return "forkserver" if sys.platform.startswith("linux") else "spawn"
+
+
+def loopback() -> str:
+    return "lo0" if sys.platform == "darwin" else "lo"
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def check_args(world_size: Any, timeout: Any, threads: Any, start_method: Any, backend: Any) -> None:
+    """Reject bad input before any process starts."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, got {type(world_size).__name__}: "
+                        f"pass e.g. world_size=4")
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {world_size}: "
+                         "on one machine, 2-8 ranks show everything this tutorial teaches")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+    if not timeout > 0 or timeout != timeout or timeout == float("inf"):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    if start_method is not None and start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+    if start_method in ("fork", "forkserver") and not hasattr(os, "fork"):
+        raise ValueError(f"start_method={start_method!r} needs os.fork; use 'spawn' here")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
+            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            raise ValueError(f"backend='nccl' needs one CUDA GPU per rank: asked for "
+                             f"{world_size} ranks, this machine has {have} GPU(s). "
+                             "Use backend='gloo' (the default) on CPU.")
+
+
+@contextlib.contextmanager
+def main_hidden(start_method: str) -> Iterator[None]:
+    """Keep forkserver/spawn ranks from re-running the caller's ``__main__``.
+
+    multiprocessing re-imports the parent's main script in each child so that
+    functions pickled by reference can be found; ours travel by value, and
+    re-running a script's top level in every rank would launch ranks again.
+    """
+    main = sys.modules.get("__main__")
+    if start_method == "fork" or main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+def dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}: pass the function "
+                        "itself, not its result (launch(f), not launch(f()))")
+    try:
+        return dumps((fn, args, kwargs))
+    except Exception as exc:
+        named = [("fn", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
+        named += [(f"keyword {k!r}", v) for k, v in kwargs.items()]
+        for label, obj in named:
+            try:
+                dumps(obj)
+            except Exception:
+                raise TypeError(
+                    f"{label} (a {type(obj).__name__}) cannot be sent to the ranks: {exc}. "
+                    "Create it inside the function instead, or pass something picklable."
+                ) from exc
+        raise TypeError(f"the job cannot be sent to the ranks: {exc}") from exc
