@@ -13,6 +13,7 @@ Usage::
 from __future__ import annotations
 
 import base64
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -84,7 +85,9 @@ def run_notebook(path: str | Path, out_dir: str | Path, *, timeout: float = 120.
     """Execute one notebook and write its executed copy and figures under ``out_dir``.
 
     Cells run with the notebook's own folder as working directory, as in
-    JupyterLab and under nbmake. A failing cell stops the notebook; what ran
+    JupyterLab and under nbmake, and with ``EZPZ_NB_PLAIN=1`` so progress is
+    printed as text (kept in the executed copy) rather than drawn as a widget.
+    A failing cell stops the notebook; what ran
     until then is still written.
 
     Args:
@@ -105,10 +108,14 @@ def run_notebook(path: str | Path, out_dir: str | Path, *, timeout: float = 120.
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel,
                             resources={"metadata": {"path": str(path.parent)}})
+    # Plain text progress: the executed copy is read as a file, where a widget
+    # (which needs a live frontend) would show nothing. The kernel gets this
+    # process's environment plus the switch that ezpz_nb.progress reads.
+    env = {**os.environ, "EZPZ_NB_PLAIN": "1"}
     error = None
     start = time.monotonic()
     try:
-        client.execute()
+        client.execute(env=env)
     except CellExecutionError as exc:
         # The first lines name the cell and the exception; the rest is the traceback.
         error = "\n".join(str(exc).strip().splitlines()[-3:])

@@ -37,7 +37,8 @@ def _notebook(path: Path, *sources: str) -> Path:
 def test_tour_writes_copies_and_figures(tmp_path, capsys):
     src = tmp_path / "nbs"
     src.mkdir()
-    _notebook(src / "a_plots.ipynb", "import os\nprint(os.getcwd())", PLOT)
+    _notebook(src / "a_plots.ipynb", "import os\nprint(os.getcwd())", PLOT,
+              "print(os.environ.get('EZPZ_NB_PLAIN'))")
     _notebook(src / "b_fails.ipynb", "x = 1", "raise ValueError('boom')", "print('never')")
     _notebook(src / "_private.ipynb", "print('skipped')")
     out = tmp_path / "out"
@@ -52,6 +53,8 @@ def test_tour_writes_copies_and_figures(tmp_path, capsys):
     executed = nbformat.read(plots.executed, as_version=4)
     # Cells ran with the notebook's own folder as working directory.
     assert executed.cells[0].outputs[0]["text"].strip() == str(src)
+    # Progress prints text in the tour's kernels: a widget would leave the copy blank.
+    assert executed.cells[2].outputs[0]["text"].strip() == "1"
     assert not fails.ok and "boom" in fails.error
     assert fails.executed.exists()
     printed = capsys.readouterr().out
