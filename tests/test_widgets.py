@@ -79,14 +79,17 @@ def test_a_failing_setting_is_shown_then_recovered(explorer):
 
 
 def test_a_burst_of_changes_is_one_run():
-    with Explorer(world_size=2, tp_size=1, debounce=0.3, run=False) as ex:
+    # The debounce is long so that a scheduling stall between two assignments
+    # (a busy CI runner) cannot split the burst into two runs.
+    debounce = 2.0
+    with Explorer(world_size=2, tp_size=1, debounce=debounce, run=False) as ex:
         for n in range(5, 10):
             ex.controls["num_samples"].value = n
         ex.controls["shuffle"].value = False
         deadline = time.monotonic() + 60
         while ex.runs == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(0.6)  # a second run would have started by now
+        time.sleep(debounce + 0.5)  # a second run would have started by now
         assert ex.runs == 1
         assert ex.ledger.num_samples == 9
         assert ex.ledger.sample_ids(0, 0) == [0, 2, 4, 6, 8]  # the last shuffle=False won
