@@ -21,15 +21,18 @@ START_METHODS = ("forkserver", "fork", "spawn")
 
 
 def default_start_method() -> str:
+    """``"forkserver"`` on Linux, ``"spawn"`` elsewhere."""
     # forkserver needs fork underneath (Linux); macOS forks badly and Windows cannot.
     return "forkserver" if sys.platform.startswith("linux") else "spawn"
 
 
 def loopback() -> str:
+    """Name of the loopback interface gloo is bound to."""
     return "lo0" if sys.platform == "darwin" else "lo"
 
 
 def cores() -> int:
+    """CPU cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
@@ -90,6 +93,7 @@ def main_hidden(start_method: str) -> Iterator[None]:
 
 
 def dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+    """Pickle a job for the ranks, or say which part cannot travel and what to do."""
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}: pass the function "
                         "itself, not its result (launch(f), not launch(f()))")

@@ -21,6 +21,7 @@ How it works, and why:
 from __future__ import annotations
 
 import atexit
+import itertools
 import multiprocessing as mp
 import multiprocessing.util  # noqa: F401 - import before our atexit hook, see _close_all
 import os
@@ -66,7 +67,9 @@ __all__ = ["Cluster", "launch", "publish", "MAX_WORLD_SIZE", "START_METHODS"]
 _GRACE_S = 1.0
 
 publish = _rank.publish
-_LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
+# Live clusters by start order, so "the running cluster" means the latest one.
+_LIVE: weakref.WeakValueDictionary[int, Cluster] = weakref.WeakValueDictionary()
+_SERIAL = itertools.count()
 
 
 class Cluster:
@@ -77,8 +80,10 @@ class Cluster:
 
     Args:
         world_size: Number of ranks (1..``MAX_WORLD_SIZE``).
-        timeout: Seconds a start or a run may take before the ranks are reported
-            as hung (``HangError``) and stopped.
+        timeout: Seconds a run may take before the ranks are reported as hung
+            (``HangError``) and stopped. ``cluster.timeout`` may be changed between
+            runs; gloo's own collective timeout is fixed when the ranks start
+            (``timeout + 60`` s), so to allow longer runs start a new cluster.
         threads: Intra-op threads per rank; default ``max(1, cores // world_size)``
             so ranks do not fight over cores.
         start_method: ``"forkserver"`` (default on Linux), ``"fork"`` or ``"spawn"``
@@ -121,7 +126,8 @@ class Cluster:
         self._output = OutputRelay()
         self._procs = []
         self._closed = False
-        _LIVE.add(self)
+        self._serial = next(_SERIAL)
+        _LIVE[self._serial] = self
         env = dict(os.environ)
         env.update(GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", loopback()),
                    WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size),
@@ -208,7 +214,7 @@ class Cluster:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
         self._closed = True
-        _LIVE.discard(self)
+        _LIVE.pop(getattr(self, "_serial", -1), None)
 
     @property
     def closed(self) -> bool:
@@ -416,7 +422,7 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: flo
 
 def live_clusters() -> list[Cluster]:
     """Clusters started in this process and not yet closed."""
-    return [c for c in list(_LIVE) if not c.closed]
+    return [c for _, c in sorted(_LIVE.items(), key=lambda kv: kv[0]) if not c.closed]
 
 
 @atexit.register

@@ -25,7 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="%%ranks", add_help=False)
     p.add_argument("-n", "--world-size", type=int, default=None,
                    help="number of ranks (default: the running cluster's, else 2)")
-    p.add_argument("-t", "--timeout", type=float, default=60.0, help="seconds before HangError")
+    p.add_argument("-t", "--timeout", type=float, default=None,
+                   help="seconds before HangError (default: the cluster's own, 60 for a new one)")
     p.add_argument("--restart", action="store_true", help="start fresh ranks")
     return p
 
@@ -61,18 +62,21 @@ def run_cell(source: str, filename: str) -> Any:
     return eval(compile(last, filename, "eval"), ns) if last is not None else None
 
 
-def get_cluster(world_size: int | None, timeout: float, restart: bool = False) -> Cluster:
-    """The running cluster with this world size, or a new one."""
+def get_cluster(world_size: int | None, timeout: float | None, restart: bool = False) -> Cluster:
+    """The latest running cluster with this world size, or a new one.
+
+    A timeout given here applies to that cluster's later runs too.
+    """
     global _OWN
-    live = live_clusters()
     if not restart:
-        for c in reversed(live):
+        for c in reversed(live_clusters()):
             if world_size is None or c.world_size == world_size:
-                c.timeout = timeout
+                if timeout is not None:
+                    c.timeout = timeout
                 return c
     if _OWN is not None:
         _OWN.close()
-    _OWN = Cluster(world_size or 2, timeout)
+    _OWN = Cluster(world_size or 2, 60.0 if timeout is None else timeout)
     return _OWN
 
 

@@ -316,10 +316,10 @@ def test_interrupt_stops_every_rank():
     """Guards: Ctrl-C (SIGINT in the kernel) while waiting ends all ranks quickly."""
     c = ez.Cluster(2)
     pids = c.run(os.getpid)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
+        # Started inside the block: a stalled machine must not deliver it elsewhere.
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         c.run(time.sleep, 30)
     assert time.monotonic() - t0 < 5
     assert c.closed
@@ -343,8 +343,10 @@ SCRIPT = textwrap.dedent("""
 def _script(tmp_path, mode):
     path = tmp_path / "script.py"
     path.write_text(SCRIPT)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     return subprocess.run([sys.executable, str(path), mode], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=dict(os.environ, TMPDIR=str(tmp)))
 
 
 def test_plain_script_without_main_guard(tmp_path):
@@ -363,6 +365,7 @@ def test_ranks_exit_when_the_kernel_dies(tmp_path):
     while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
         time.sleep(0.1)
     assert not any(psutil.pid_exists(p) for p in pids)
+    assert list((tmp_path / "tmp").glob("ezpz_nb-*")) == []  # the ranks removed it
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
@@ -377,8 +380,10 @@ def test_start_methods(method):
 def test_launch_under_torchrun_uses_its_ranks(tmp_path):
     """Guards: notebook code calling ez.launch runs unchanged under torchrun."""
     path = tmp_path / "job.py"
-    path.write_text("import torch.distributed as dist, ezpz_nb as ez\n"
-                    "print('result', ez.launch(lambda: dist.get_rank() * 2, world_size=2))\n")
+    # One write per rank: two ranks share the pipe, and print() may write in pieces.
+    path.write_text("import sys, torch.distributed as dist, ezpz_nb as ez\n"
+                    "r = ez.launch(lambda: dist.get_rank() * 2, world_size=2)\n"
+                    "sys.stdout.write(f'result {r}\\n')\n")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc_per_node=2", str(path)], capture_output=True, text=True,
                           timeout=120)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import tomllib
+import pytest
 import yaml
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+; 3.10 has no TOML reader
 
 ROOT = Path(__file__).resolve().parent.parent
 # conda-forge names that differ from PyPI's
