@@ -19,8 +19,11 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
+# JupyterLab refuses to run as root unless told; containers and CI boxes often are root.
+LAB_FLAGS ?= --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: $(BIN)/.installed
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check ezpz_nb tests benchmarks
