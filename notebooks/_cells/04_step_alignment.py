@@ -168,7 +168,7 @@ def agreed_steps():
     return int(n)
 
 
-steps = ez.launch(agreed_steps, world_size=4, timeout=10)
+steps = ez.launch(agreed_steps, world_size=4, timeout=30)
 print(steps)
 assert steps == [2, 2, 2, 2]
 
@@ -236,7 +236,7 @@ def train_with_join():
     return len(my_samples), sync.total.item()
 
 
-joined = ez.launch(train_with_join, world_size=4, timeout=10)
+joined = ez.launch(train_with_join, world_size=4, timeout=30)
 for rank, (n, total) in enumerate(joined):
     print(f"rank {rank}: {n} steps of its own, total {total}")
 assert joined == [(3, 45.0), (3, 45.0), (2, 45.0), (2, 45.0)]

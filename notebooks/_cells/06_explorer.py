@@ -97,7 +97,7 @@ JupyterLab, text lines where there is no widget frontend). First a longer, healt
 every rank takes the same 100 steps.
 
 # %% code
-cluster = ez.Cluster(4, timeout=3)
+cluster = ez.Cluster(4, timeout=30)  # generous: this run is meant to finish
 with Progress(cluster, total=100) as progress:
     cluster.run(explore_rank, tp_size=2, num_samples=200, batch_size=1, epochs=1)
 assert progress.behind() == []
@@ -105,7 +105,8 @@ assert progress.behind() == []
 # %% md
 Now hand-made sharding, `dataset[rank::world]`: 10 samples over 4 ranks give ranks 0 and 1
 three batches, ranks 2 and 3 only two. After its last batch a rank leaves; the others wait in
-their third `all_reduce` for ranks that will never join, until the 3 s timeout reports a hang.
+their third `all_reduce` for ranks that will never join, until the timeout, set to 3 s for
+this run, reports a hang.
 
 # %% code
 def hand_sharded(num_samples=10):
@@ -117,6 +118,7 @@ def hand_sharded(num_samples=10):
         dist.all_reduce(torch.ones(1))  # stands in for the gradient all-reduce
     return loader.ledger()
 
+cluster.timeout = 3  # short only for the run that is meant to hang
 hang = None
 try:
     with Progress(cluster, total=3) as progress:
