@@ -35,6 +35,7 @@ __all__ = [
     "RandomTokenDataset",
     "TPBroadcastDataLoader",
     "TPLeaderError",
+    "forward_set_epoch",
     "get_random_dataset_fsdp_tp",
 ]
 
@@ -129,6 +130,18 @@ class RandomTokenDataset(Dataset):
         )
 
 
+def forward_set_epoch(loader: Any, epoch: int) -> None:
+    """Pass ``epoch`` on to ``loader.set_epoch``, else to ``loader.sampler.set_epoch``.
+
+    Wrappers (broadcasting, recording, step-agreeing loaders) call this so that
+    a ``set_epoch`` on the outermost one reaches the sampler and reshuffles;
+    a loader with neither is left alone.
+    """
+    target = loader if hasattr(loader, "set_epoch") else getattr(loader, "sampler", None)
+    if hasattr(target, "set_epoch"):
+        target.set_epoch(epoch)
+
+
 def _is_dist() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -153,7 +166,9 @@ class TPBroadcastDataLoader:
 
     Args:
         dl: The loader to wrap (iterated on the leader only).
-        tp_group: The TP process group; ``None`` means the default group.
+        tp_group: The TP process group. ``None`` means no TP group, as in
+            ezpz: every rank is a leader and loads its own data (no broadcast).
+            To broadcast over the whole world, pass ``dist.group.WORLD``.
         mode: ``"tensor"`` (one packed collective per batch) or ``"pickle"``
             (ezpz's ``broadcast_object_list`` path, for comparison).
 
@@ -173,13 +188,17 @@ class TPBroadcastDataLoader:
         self.tp_group = tp_group
         self.mode = mode
         self._broadcaster: BatchBroadcaster | None = None
-        if _is_dist():
+        if _is_dist() and tp_group is not None:
             self.is_leader = _group_rank(tp_group, "tp_group") == 0
-            self.leader_rank = dist.get_global_rank(tp_group, 0) if tp_group is not None else 0
+            self.leader_rank = dist.get_global_rank(tp_group, 0)
             if dist.get_world_size(tp_group) > 1:
                 self._broadcaster = BatchBroadcaster(tp_group, mode=mode)
         else:
-            self.is_leader, self.leader_rank = True, 0
+            # No TP group (ezpz's _tp_is_leader(None) is True): each rank leads
+            # itself. Reading None as the world group would make global rank 0
+            # feed every DP replica the same batches.
+            self.is_leader = True
+            self.leader_rank = dist.get_rank() if _is_dist() else 0
         self.source = "loaded" if self.is_leader else "received"
 
     @property
@@ -199,9 +218,7 @@ class TPBroadcastDataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``epoch`` to the sampler so the next epoch reshuffles."""
-        target = self.dl if hasattr(self.dl, "set_epoch") else self.sampler
-        if hasattr(target, "set_epoch"):
-            target.set_epoch(epoch)
+        forward_set_epoch(self.dl, epoch)
 
     def __len__(self) -> int:
         # A hint only: the leader's announcements decide when an epoch ends.

@@ -21,6 +21,7 @@ from ezpz_nb.data import (
     RandomTokenDataset,
     TPBroadcastDataLoader,
     TPLeaderError,
+    forward_set_epoch,
     get_random_dataset_fsdp_tp,
 )
 from ezpz_nb.groups import make_layout
@@ -279,13 +280,14 @@ class MixedLoader:
 
 def _broadcast_run(mode):
     calls = [0]
-    dl = TPBroadcastDataLoader(MixedLoader(), None, mode=mode)
+    dl = TPBroadcastDataLoader(MixedLoader(), dist.group.WORLD, mode=mode)
     if dl._broadcaster is not None:  # count collectives without changing them
         inner = dl._broadcaster._bcast
         dl._broadcaster._bcast = lambda buf: (calls.__setitem__(0, calls[0] + 1), inner(buf))
     got = list(dl)  # keep every batch: a reused receive buffer would overwrite earlier ones
     # A steady second pass: same shapes every step.
-    steady = TPBroadcastDataLoader([{"a": torch.ones(4, 4) * i} for i in range(6)], None, mode=mode)
+    steady = TPBroadcastDataLoader([{"a": torch.ones(4, 4) * i} for i in range(6)], dist.group.WORLD,
+                                   mode=mode)
     before = calls[0]
     if steady._broadcaster is not None:
         inner2 = steady._broadcaster._bcast
@@ -317,6 +319,34 @@ def test_broadcast_handles_changing_shapes_mixed_dtypes_and_plain_leaves(mode):
         assert _same(a, b), f"batch {i} differs"
     if mode == "tensor":
         assert peer["steady_calls"] == 6 + 2  # first batch: spec + data; then 1 each; end: 1
+
+
+def _no_tp_group_run():
+    rank = dist.get_rank()
+    dl = TPBroadcastDataLoader([{"index": torch.tensor([rank, step])} for step in range(3)], None)
+    return dl.is_leader, dl.source, dl._broadcaster is None, [b["index"].tolist() for b in dl]
+
+
+def test_no_tp_group_means_every_rank_loads_its_own_data():
+    """Guards tp_group=None as in ezpz (every rank is its own leader): reading None as the
+    world group would make rank 0 broadcast, and every DP replica train on its batches."""
+    for rank, (leader, source, alone, got) in enumerate(ez.launch(_no_tp_group_run, world_size=2,
+                                                                  timeout=60)):
+        assert (leader, source, alone) == (True, "loaded", True)
+        assert got == [[rank, step] for step in range(3)]
+
+
+def test_forward_set_epoch_reaches_the_sampler_through_wrappers():
+    """Guards the one set_epoch path every wrapper uses: the loader's own set_epoch first,
+    else its sampler's; a plain list is left alone."""
+    ds = RandomTokenDataset(16, 2, num_samples=8)
+    sampler = DistributedSampler(ds, num_replicas=2, rank=0)
+    wrapped = TPBroadcastDataLoader(DataLoader(ds, sampler=sampler), None)
+    forward_set_epoch(wrapped, 5)
+    assert sampler.epoch == 5
+    forward_set_epoch(DataLoader(ds, sampler=sampler), 6)
+    assert sampler.epoch == 6
+    forward_set_epoch([1, 2], 7)  # no set_epoch, no sampler: nothing to do
 
 
 class Stream(IterableDataset):
