@@ -46,18 +46,16 @@ class Problem:
     steps: tuple[int, ...] = ()
 
 
-
-
 def _ids(values: Iterable[int], limit: int = 8) -> str:
     vals = sorted(values)
     shown = ", ".join(str(v) for v in vals[:limit])
     return f"[{shown}{', ...' if len(vals) > limit else ''}]"
 
 
-
-
-def _check_steps(epoch: int, recs: list[StepRecord]) -> list[Problem]:
-    counts: dict[int, int] = defaultdict(int)
+def _check_steps(epoch: int, recs: list[StepRecord], ranks: set[int]) -> list[Problem]:
+    # Every rank of the run starts at 0: one that took no step in this epoch
+    # has no record here, yet it is the rank that leaves the others waiting.
+    counts: dict[int, int] = dict.fromkeys(ranks, 0)
     for r in recs:
         counts[r.rank] += 1
     if len(set(counts.values())) <= 1:
@@ -72,6 +70,7 @@ def _check_steps(epoch: int, recs: list[StepRecord]) -> list[Problem]:
         "fewer steps finish first and the others wait in their next collective: a hang.",
         epoch, ranks=tuple(sorted(counts)),
     )]
+
 
 def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
     groups: dict[tuple[int, int], list[StepRecord]] = defaultdict(list)
@@ -112,6 +111,7 @@ def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
             steps=tuple(s for s, _ in bad_bytes),
         ))
     return out
+
 
 def _check_dp(epoch: int, recs: list[StepRecord], num_samples: int | None) -> list[Problem]:
     ids_by_dp: dict[int, set[int]] = defaultdict(set)
@@ -154,18 +154,27 @@ def check_records(records: Iterable[StepRecord], num_samples: int | None = None)
     """Run every check, epoch by epoch.
 
     Args:
-        records: Step records of all ranks, in any order.
+        records: Step records of all ranks, in any order. A rank of the
+            layout (``dp_size * tp_size`` ranks) with no record in an epoch
+            counts as 0 steps there.
         num_samples: Dataset length; without it ``never_seen`` is not checked.
 
     Returns:
         One :class:`Problem` per kind and epoch found, empty when all is well.
     """
     by_epoch: dict[int, list[StepRecord]] = defaultdict(list)
+    ranks: set[int] = set()
+    world = 0
     for r in records:
         by_epoch[r.epoch].append(r)
+        ranks.add(r.rank)
+        world = max(world, r.dp_size * r.tp_size)
+    # The run's ranks: those that recorded anything plus the world size the
+    # layout implies, so a rank that never got a batch still counts (0 steps).
+    ranks.update(range(world))
     problems: list[Problem] = []
     for epoch, recs in sorted(by_epoch.items()):
-        problems += _check_steps(epoch, recs)
+        problems += _check_steps(epoch, recs, ranks)
         problems += _check_tp(epoch, recs)
         problems += _check_dp(epoch, recs, num_samples)
     return problems
