@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import Subset
 
 from ezpz_nb.broadcast import flatten_batch
 from ezpz_nb.checks import Problem, check_records
+from ezpz_nb.data import forward_set_epoch
 from ezpz_nb.groups import Layout
 
 __all__ = ["Ledger", "Problem", "RecordingLoader", "StepRecord", "batch_digest", "record"]
@@ -151,9 +153,7 @@ class RecordingLoader:
     def set_epoch(self, epoch: int) -> None:
         """Label the next pass ``epoch`` and forward it to the loader or its sampler."""
         self._next_epoch = epoch
-        target = self.loader if hasattr(self.loader, "set_epoch") else getattr(self.loader, "sampler", None)
-        if hasattr(target, "set_epoch"):
-            target.set_epoch(epoch)
+        forward_set_epoch(self.loader, epoch)
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -183,10 +183,18 @@ class RecordingLoader:
             yield batch
 
     def num_samples(self) -> int | None:
-        """Length of the loader's dataset, if it has one."""
+        """Length of the loader's full dataset, if it has one.
+
+        A :class:`~torch.utils.data.Subset` (a hand-made shard) is unwrapped:
+        the ``never_seen`` check counts the samples of the whole dataset, not
+        of this rank's share.
+        """
+        ds = getattr(self.loader, "dataset", None)
+        while isinstance(ds, Subset):
+            ds = ds.dataset
         try:
-            return len(self.loader.dataset)  # type: ignore[attr-defined]
-        except (AttributeError, TypeError):
+            return len(ds)  # type: ignore[arg-type]
+        except TypeError:  # None, or an IterableDataset without __len__
             return None
 
     def ledger(self) -> Ledger:

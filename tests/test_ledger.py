@@ -60,6 +60,31 @@ def test_each_problem_kind_in_plain_words():
     assert not steps.ok and "step_mismatch" in steps.summary()
 
 
+def test_a_rank_with_no_step_counts_as_zero_steps():
+    """Guards the rank that never got a batch: it has no record, yet it is the one that
+    leaves the others waiting. Its place in the layout (dp_size x tp_size) counts it, in
+    an epoch where it recorded nothing and in a run where it recorded nothing at all."""
+    absent = Ledger([rec(0, s, [s]) for s in range(3)])  # world 2: rank 1 took 0 steps
+    (p,) = absent.check()
+    assert p.kind == "step_mismatch" and "ranks [1] took 0" in p.message and p.ranks == (0, 1)
+    later = Ledger([rec(0, 0, [0], epoch=0), rec(1, 0, [1], epoch=0), rec(0, 0, [1], epoch=1)])
+    (p,) = later.check()
+    assert (p.kind, p.epoch) == ("step_mismatch", 1) and "ranks [1] took 0" in p.message
+
+
+def test_num_samples_of_a_hand_made_shard_is_the_whole_dataset():
+    """Guards never_seen over Subset shards: the ledger counts the full dataset, so the
+    samples no shard holds are reported (a shard's own length would hide them)."""
+    ds = RandomTokenDataset(32, 4, num_samples=5)
+    shard = Subset(Subset(ds, range(5)), [0, 2])  # nested, as a shard of a split
+    recorder = record(DataLoader(shard, batch_size=1), publish=False)
+    list(recorder)
+    ledger = recorder.ledger()
+    assert ledger.num_samples == 5
+    (p,) = ledger.check()
+    assert p.kind == "never_seen" and p.samples == (1, 3, 4)
+
+
 def test_checks_are_per_epoch():
     """Guards mixing epochs: the same sample in two epochs is not a duplicate."""
     ledger = Ledger([rec(0, 0, [0], epoch=0), rec(1, 0, [1], epoch=0),

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
-from ezpz_nb.data import RandomTokenDataset, get_random_dataset_fsdp_tp
+from ezpz_nb.data import RandomTokenDataset, forward_set_epoch, get_random_dataset_fsdp_tp
 from ezpz_nb.examples.common import (
     SEQ_LENGTH,
     VOCAB_SIZE,
@@ -83,9 +83,7 @@ class AgreedSteps:
 
     def set_epoch(self, epoch: int) -> None:
         """Forward ``epoch`` to the wrapped loader or its sampler."""
-        target = self.loader if hasattr(self.loader, "set_epoch") else getattr(self.loader, "sampler", None)
-        if hasattr(target, "set_epoch"):
-            target.set_epoch(epoch)
+        forward_set_epoch(self.loader, epoch)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -183,9 +181,8 @@ def run(
                 grad = batch["input_ids"].to(dev).float().mean().reshape(1)
                 _sync(grad, layout.dp_group, step_timeout, f"epoch {epoch} step {step}")
     finally:
-        # Hand-made shards are Subsets: the ledger needs the full dataset's length.
-        save_ledger(Ledger(list(rec.records), num_samples), out)
-    return Ledger(list(rec.records), num_samples)
+        save_ledger(rec.ledger(), out)
+    return rec.ledger()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
