@@ -104,7 +104,7 @@ def _slots(layout: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[list[tuple[
 
 
 def _to_bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.cpu().tolist())
+    return t.cpu().numpy().tobytes()
 
 
 class BatchBroadcaster:
