@@ -151,7 +151,10 @@ def test_step_alignment_uneven_raises_on_the_waiting_ranks_instead_of_hanging():
     longest = max(hand_made_steps(d) for d in range(DP))
     waiting = {r for r, d, _ in layout_table(WORLD, TP) if hand_made_steps(d) == longest}
     assert set(err.failures) == waiting
-    assert all("StepTimeoutError" in f.traceback for f in err.failures.values())
+    # Once one waiting rank raises, the launcher stops the others after a short grace;
+    # on a busy machine a rank can be stopped (empty traceback) before its own timeout.
+    raised = [f for f in err.failures.values() if f.kind != "stopped"]
+    assert raised and all("StepTimeoutError" in f.traceback for f in raised)
     assert "fewer steps" in str(err)
     partial = Ledger.from_events(err.events)
     assert "step_mismatch" in kinds(partial)
