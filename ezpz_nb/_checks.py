@@ -6,6 +6,7 @@ behaviour it expects, not as plumbing.
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,6 +122,14 @@ def _ranks(job: Callable[..., Any], *args: Any, world_size: int = 4,
         raise _Verdict("not done", "The function returned None on every rank: fill in its body "
                        "(and return the result), run its cell, then this one.")
     return results
+
+
+def _fresh_seed() -> int:
+    """A seed drawn anew for each check, so a learner cannot fit a fixed answer to it.
+
+    Drawn from a private generator: a notebook's ``random.seed(...)`` does not fix it.
+    """
+    return random.Random().randrange(1, 2**31)
 
 
 def _fmt(t: Any) -> str:

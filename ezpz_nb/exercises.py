@@ -33,7 +33,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ezpz_nb._checks import CHECK_TIMEOUT, CheckResult, _fmt, _ranks, _Verdict, _verdict, _wrong
+from ezpz_nb._checks import (
+    CHECK_TIMEOUT,
+    CheckResult,
+    _fmt,
+    _fresh_seed,
+    _ranks,
+    _Verdict,
+    _verdict,
+    _wrong,
+)
 
 __all__ = [
     "CHECK_TIMEOUT",
@@ -48,11 +57,23 @@ __all__ = [
 ]
 
 # ----------------------------------------------------------------- 1. all_reduce
-def _job_global_sum(fn: Callable) -> Any:
-    r = dist.get_rank()
-    x = torch.tensor([r + 1.0, 10.0 * r])
-    out = fn(x.clone())
-    return out.detach().clone() if isinstance(out, torch.Tensor) else out
+def _sum_inputs(world: int, seed: int | None) -> list[torch.Tensor]:
+    """Each rank's input: the documented ``[r + 1, 10 r]``, or with a seed fresh values."""
+    if seed is None:
+        return [torch.tensor([r + 1.0, 10.0 * r]) for r in range(world)]
+    g = torch.Generator().manual_seed(seed)
+    # Values of 100 or more: their sum is never the first round's, so an answer
+    # that ignores the ranks' data cannot pass both rounds.
+    return list(torch.randint(100, 1000, (world, 2), generator=g).float().unbind(0))
+
+
+def _job_global_sum(fn: Callable, seed: int) -> Any:
+    r, world = dist.get_rank(), dist.get_world_size()
+    outs = []
+    for s in (None, seed):
+        out = fn(_sum_inputs(world, s)[r].clone())
+        outs.append(out.detach().clone() if isinstance(out, torch.Tensor) else out)
+    return None if outs[0] is None else outs
 
 
 def check_global_sum(fn: Callable[[torch.Tensor], torch.Tensor], *,
@@ -60,23 +81,34 @@ def check_global_sum(fn: Callable[[torch.Tensor], torch.Tensor], *,
     """Exercise 1: ``fn(x)`` returns the element-wise sum of ``x`` over all ranks.
 
     Rank ``r`` passes ``[r + 1, 10 r]`` on 4 ranks; every rank must return ``[10, 60]``.
+    Then every rank calls ``fn`` again with values drawn for this check, so an
+    answer that does not depend on the ranks' data fails.
     """
+    seed = _fresh_seed()
+
     def body() -> str:
-        got = _ranks(_job_global_sum, fn, timeout=timeout)
+        got = _ranks(_job_global_sum, fn, seed, timeout=timeout)
         world = len(got)
-        inputs = [torch.tensor([r + 1.0, 10.0 * r]) for r in range(world)]
-        want = torch.stack(inputs).sum(0)
-        for r, out in enumerate(got):
-            if not isinstance(out, torch.Tensor):
-                raise _wrong(f"rank {r} returned {type(out).__name__} {out!r}; return a tensor.")
-            if out.shape == want.shape and torch.equal(out, inputs[r]):
-                raise _wrong(f"rank {r} returned its own input {_fmt(out)} instead of the sum "
-                             f"over all {world} ranks {_fmt(want)}: call dist.all_reduce(x) "
-                             "(it sums in place on every rank) and return x.")
-            if out.shape != want.shape or not torch.allclose(out.float(), want):
-                raise _wrong(f"rank {r} returned {_fmt(out)}, expected the sum over all ranks "
-                             f"{_fmt(want)} (inputs were {[_fmt(i) for i in inputs]}).")
-        return f"All {world} ranks returned {_fmt(want)}, the sum of every rank's input."
+        for k, s in enumerate((None, seed)):
+            again = " (second call, other inputs)" if k else ""
+            inputs = _sum_inputs(world, s)
+            want = torch.stack(inputs).sum(0)
+            for r, outs in enumerate(got):
+                out = outs[k]
+                if not isinstance(out, torch.Tensor):
+                    raise _wrong(f"rank {r} returned {type(out).__name__} {out!r}{again}; "
+                                 "return a tensor.")
+                if out.shape == want.shape and torch.equal(out, inputs[r]):
+                    raise _wrong(f"rank {r} returned its own input {_fmt(out)} instead of the "
+                                 f"sum over all {world} ranks {_fmt(want)}: call "
+                                 "dist.all_reduce(x) (it sums in place on every rank) and "
+                                 "return x.")
+                if out.shape != want.shape or not torch.allclose(out.float(), want):
+                    raise _wrong(f"rank {r} returned {_fmt(out)}{again}, expected the sum over "
+                                 f"all ranks {_fmt(want)} (inputs were "
+                                 f"{[_fmt(i) for i in inputs]}): compute it from x.")
+        return (f"All {world} ranks returned {_fmt(torch.stack(_sum_inputs(world, None)).sum(0))}"
+                ", the sum of every rank's input, and the right sum again for other inputs.")
     return _verdict("global_sum", body)
 
 
@@ -264,8 +296,31 @@ def check_build_tp_loader(fn: Callable[[Any], Any], *,
 _LOCAL_BATCHES = (5, 3, 4, 6)
 
 
-def _job_steps(fn: Callable) -> Any:
-    return fn(_LOCAL_BATCHES[dist.get_rank()])
+def _job_steps(fn: Callable, rounds: list[tuple[int, ...]]) -> Any:
+    first = fn(rounds[0][dist.get_rank()])
+    return None if first is None else [first, *(fn(c[dist.get_rank()]) for c in rounds[1:])]
+
+
+def _check_steps_round(got: list[Any], counts: tuple[int, ...], again: str) -> None:
+    want = min(counts)
+    try:
+        vals = [int(v) for v in got]
+    except (TypeError, ValueError):
+        raise _wrong(f"the ranks returned {got!r}{again}: return a plain int "
+                     "(e.g. int(t.item()) of a tensor).") from None
+    if len(set(vals)) > 1:
+        plan = ", ".join(f"rank {r} {v}" for r, v in enumerate(vals))
+        raise _wrong(f"the ranks disagree ({plan} steps{again}): the first rank to stop leaves, "
+                     "and the others wait forever in their next collective. Agree with an "
+                     "all_reduce (which op gives the count every rank can reach?).")
+    if vals[0] > want:
+        raise _wrong(f"every rank returned {vals[0]}{again}, but rank {counts.index(want)} has "
+                     f"only {want} batches: it would run out of data. Take the smallest "
+                     "count, not the largest.")
+    if vals[0] != want:
+        raise _wrong(f"every rank returned {vals[0]}{again}; the most steps every rank can take "
+                     f"is {want} (batches per rank: {list(counts)}): compute it from the "
+                     "ranks' counts.")
 
 
 def check_agreed_num_steps(fn: Callable[[int], int], *,
@@ -273,52 +328,62 @@ def check_agreed_num_steps(fn: Callable[[int], int], *,
     """Exercise 6: ``fn(local_batches)`` returns the step count every rank can take.
 
     4 ranks hold 5, 3, 4 and 6 batches; all must return 3, so none runs out of
-    data and none waits for a rank that has left.
+    data and none waits for a rank that has left. A second call gives the ranks
+    other counts, drawn for this check, so a fixed answer fails.
     """
+    import random
+
+    other = tuple(random.Random(_fresh_seed()).sample(range(7, 40), len(_LOCAL_BATCHES)))
+    rounds = [_LOCAL_BATCHES, other]
+
     def body() -> str:
-        got = _ranks(_job_steps, fn, timeout=timeout)
-        want = min(_LOCAL_BATCHES)
-        try:
-            vals = [int(v) for v in got]
-        except (TypeError, ValueError):
-            raise _wrong(f"the ranks returned {got!r}: return a plain int "
-                         "(e.g. int(t.item()) of a tensor).") from None
-        if len(set(vals)) > 1:
-            plan = ", ".join(f"rank {r} {v}" for r, v in enumerate(vals))
-            raise _wrong(f"the ranks disagree ({plan} steps): the first rank to stop leaves, "
-                         "and the others wait forever in their next collective. Agree with an "
-                         "all_reduce (which op gives the count every rank can reach?).")
-        if vals[0] > want:
-            raise _wrong(f"every rank returned {vals[0]}, but rank "
-                         f"{_LOCAL_BATCHES.index(want)} has only {want} batches: it would run "
-                         "out of data. Take the smallest count, not the largest.")
-        if vals[0] != want:
-            raise _wrong(f"every rank returned {vals[0]}; the most steps every rank can take "
-                         f"is {want} (batches per rank: {list(_LOCAL_BATCHES)}).")
-        return f"All ranks agreed on {want} steps (batches per rank: {list(_LOCAL_BATCHES)})."
+        got = _ranks(_job_steps, fn, rounds, timeout=timeout)
+        for k, counts in enumerate(rounds):
+            again = f" on a second call, with batches per rank {list(counts)}" if k else ""
+            _check_steps_round([outs[k] for outs in got], counts, again)
+        return (f"All ranks agreed on {min(_LOCAL_BATCHES)} steps (batches per rank: "
+                f"{list(_LOCAL_BATCHES)}), and on {min(other)} for {list(other)}.")
     return _verdict("agreed_num_steps", body)
 
 
 # ----------------------------------------------------------------- 7. send a batch
-def _job_send(fn: Callable) -> Any:
+def _leader_batch(dp_rank: int, seed: int | None) -> dict[str, torch.Tensor]:
+    """The batch a TP leader sends: the documented one, or with a seed other shapes."""
     from ezpz_nb.data import RandomTokenDataset
+
+    if seed is None:
+        ds = RandomTokenDataset(100, 8, num_samples=16)
+        items = [ds[2 * dp_rank + k] for k in range(2)]
+        return {"input_ids": torch.stack([it["input_ids"] for it in items]),
+                "index": torch.tensor([it["index"] for it in items])}
+    # Other keys, shapes and dtypes than the first round: a peer that assumes
+    # them instead of receiving them fails here.
+    g = torch.Generator().manual_seed(seed + dp_rank)
+    rows, cols = (int(v) for v in torch.randint(3, 12, (2,), generator=g))
+    return {"input_ids": torch.randint(0, 100, (rows, cols), generator=g),
+            "mask": torch.rand(rows, cols, generator=g),
+            "index": torch.arange(rows, dtype=torch.int32) + 100 * dp_rank}
+
+
+def _spec(batch: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {k: (tuple(v.shape), str(v.dtype)) for k, v in batch.items()
+            if isinstance(v, torch.Tensor)}
+
+
+def _job_send(fn: Callable, seed: int) -> Any:
     from ezpz_nb.groups import make_layout
     from ezpz_nb.ledger import batch_digest
 
     lay = make_layout(tp_size=2)
-    batch = None
-    if lay.tp_rank == 0:
-        ds = RandomTokenDataset(100, 8, num_samples=16)
-        items = [ds[2 * lay.dp_rank + k] for k in range(2)]
-        batch = {"input_ids": torch.stack([it["input_ids"] for it in items]),
-                 "index": torch.tensor([it["index"] for it in items])}
-    out = fn(batch, lay.tp_group)
-    sent = batch_digest(batch) if batch is not None else None
-    if not isinstance(out, dict):
-        return lay.tp_rank, sent, "None" if out is None else f"a {type(out).__name__}"
-    shapes = {k: (tuple(v.shape), str(v.dtype)) for k, v in out.items()
-              if isinstance(v, torch.Tensor)}
-    return lay.tp_rank, sent, (batch_digest(out), shapes)
+    rounds = []
+    for s in (None, seed):
+        batch = _leader_batch(lay.dp_rank, s) if lay.tp_rank == 0 else None
+        out = fn(batch, lay.tp_group)
+        sent = (batch_digest(batch), _spec(batch)) if batch is not None else None
+        got = ((batch_digest(out), _spec(out)) if isinstance(out, dict)
+               else "None" if out is None else f"a {type(out).__name__}")
+        rounds.append((sent, got))
+    return lay.tp_rank, rounds
 
 
 def check_send_batch(fn: Callable[[Any, Any], dict], *,
@@ -327,20 +392,36 @@ def check_send_batch(fn: Callable[[Any, Any], dict], *,
 
     4 ranks as dp 2 x tp 2. Each TP leader holds a batch (``input_ids`` int64
     [2, 8], ``index`` int64 [2]); its peer passes ``None`` and knows no shapes.
-    Every rank must return a dict with the leader's exact bytes.
+    Every rank must return a dict with the leader's keys, shapes, dtypes and
+    exact bytes. A second call sends a batch with other keys, shapes and dtypes.
     """
+    seed = _fresh_seed()
+
     def body() -> str:
-        got = _ranks(_job_send, fn, timeout=timeout)
-        for r, (tp_rank, _sent, out) in enumerate(got):
-            leader_digest = got[r - tp_rank][1]
-            if isinstance(out, str):
-                hint = (" Peers start with None: they must receive the batch from the leader."
-                        if tp_rank else "")
-                raise _wrong(f"rank {r} returned {out}, expected the batch as a dict.{hint}")
-            digest, shapes = out
-            if digest != leader_digest:
-                raise _wrong(f"rank {r} returned a batch whose bytes differ from its leader's "
-                             f"(rank {r - tp_rank}); it got {shapes}. Send from the group's "
-                             "rank 0 inside the group.")
-        return "Every peer returned its leader's batch, byte for byte."
+        got = _ranks(_job_send, fn, seed, timeout=timeout)
+        for k in range(2):
+            again = " on the second call (other keys and shapes)" if k else ""
+            for r, (tp_rank, rounds) in enumerate(got):
+                leader = r - tp_rank
+                (digest, spec), out = got[leader][1][k][0], rounds[k][1]
+                if isinstance(out, str):
+                    hint = (" Peers start with None: they must receive the batch from the "
+                            "leader." if tp_rank else "")
+                    raise _wrong(f"rank {r} returned {out}{again}, expected the batch as a "
+                                 f"dict.{hint}")
+                if sorted(out[1]) != sorted(spec):
+                    raise _wrong(f"rank {r} returned the keys {sorted(out[1])}{again}, its "
+                                 f"leader (rank {leader}) sent {sorted(spec)}.")
+                for key, (shape, dtype) in spec.items():
+                    if out[1][key] != (shape, dtype):
+                        raise _wrong(f"rank {r} returned {key!r} with shape {out[1][key][0]} "
+                                     f"and dtype {out[1][key][1]}{again}; its leader (rank "
+                                     f"{leader}) sent shape {shape}, dtype {dtype}. Send the "
+                                     "shapes and dtypes too, not only the bytes.")
+                if out[0] != digest:
+                    raise _wrong(f"rank {r} returned a batch whose bytes differ from its "
+                                 f"leader's (rank {leader}){again}. Send from the group's "
+                                 "rank 0 inside the group.")
+        return ("Every peer returned its leader's batch, byte for byte, with the same keys, "
+                "shapes and dtypes, for two different batches.")
     return _verdict("send_batch", body)

@@ -7,6 +7,10 @@ source), and that raise or hang on the shipped blanks.
 
 from __future__ import annotations
 
+import importlib.util
+import re
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -134,6 +138,16 @@ def send_nothing(batch, group):
     return batch
 
 
+def send_flattened_to_peers(batch, group):
+    out = send_as_object(batch, group)  # the right bytes, but the peers lose the shapes
+    return out if batch is not None else {k: v.reshape(-1) for k, v in out.items()}
+
+
+def send_bytes_as_uint8(batch, group):
+    out = send_as_object(batch, group)  # the same bytes again, read with another dtype
+    return out if batch is not None else {k: v.view(torch.uint8) for k, v in out.items()}
+
+
 def send_only_on_leader(batch, group):
     if batch is not None:  # the peers never call the matching broadcast: a hang
         dist.broadcast(batch["input_ids"], src=dist.get_global_rank(group, 0), group=group)
@@ -143,7 +157,9 @@ def send_only_on_leader(batch, group):
 CASES = [
     # (checker, right solutions, [(wrong solution, phrase its message must contain)])
     (ex.check_global_sum, [sum_in_place, sum_by_gather], [
-        (lambda x: x, "its own input")]),
+        (lambda x: x, "its own input"),
+        # The right answer for the documented inputs, hard-coded: the second call fails.
+        (lambda x: torch.tensor([10.0, 60.0]), "second call")]),
     (ex.check_share_from_leader, [share_right], [
         (share_from_global_zero, "not part of group"),
         (share_over_world, "rank 0's value")]),
@@ -157,9 +173,12 @@ CASES = [
         (tp_loader_no_dp_group, "never seen")]),
     (ex.check_agreed_num_steps, [steps_min, steps_by_gather], [
         (steps_max, "run out of data"),
-        (steps_local, "disagree")]),
+        (steps_local, "disagree"),
+        (lambda n: 3, "second call")]),
     (ex.check_send_batch, [send_as_object, send_shapes_then_tensors], [
-        (send_nothing, "returned None")]),
+        (send_nothing, "returned None"),
+        (send_flattened_to_peers, "with shape"),
+        (send_bytes_as_uint8, "dtype torch.uint8")]),
 ]
 IDS = [c[0].__name__ for c in CASES]
 
@@ -209,3 +228,29 @@ def test_verdict_is_printed_once_and_repr_is_short(capsys):
     assert out.count("agreed_num_steps: correct") == 1
     assert repr(result) == "CheckResult('agreed_num_steps', 'correct')"
     assert str(result) == result.message
+
+
+def _workshop_as_shipped():
+    """The workshop notebook's code cells, as notebooks/_build.py writes them for learners."""
+    root = Path(__file__).resolve().parent.parent / "notebooks"
+    spec = importlib.util.spec_from_file_location("nb_build", root / "_build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    text = (root / "_cells" / "05_workshop.py").read_text(encoding="utf-8")
+    return [src for kind, src, _ in build.parse(text, "workshop") if kind == "code"]
+
+
+def test_shipped_blanks_say_not_done(capsys):
+    ns = {"__name__": "__main__"}
+    checks = []
+    for src in _workshop_as_shipped():
+        call = re.fullmatch(r"\s*ex\.check_(\w+)\((\w+)\);?\s*", src)
+        if call:
+            checks.append(call.groups())
+        else:
+            exec(compile(src, "<workshop cell>", "exec"), ns)  # imports and the blanks
+    assert len(checks) == 7, checks
+    for name, fn in checks:
+        result = getattr(ex, f"check_{name}")(ns[fn])
+        assert result.status == "not done", f"{name}: {result.message}"
+    assert capsys.readouterr().out.count("not done yet") == 7
