@@ -11,6 +11,9 @@ verdict in plain words and returns a :class:`CheckResult`:
 * ``"correct"``.
 
 Checkers never read the learner's source: any code that behaves right passes.
+Where an answer could be fitted to one input (a sum, a step count, a batch's
+shapes), the function is called a second time with inputs drawn for that check.
+What runs on the ranks lives in :mod:`ezpz_nb._check_jobs`.
 Every checker also takes ``timeout=`` (seconds, default :data:`CHECK_TIMEOUT`)
 after which the learner's code is reported as hung and its ranks are stopped.
 
@@ -31,8 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from ezpz_nb import _check_jobs as jobs
 from ezpz_nb._checks import (
     CHECK_TIMEOUT,
     CheckResult,
@@ -56,26 +59,8 @@ __all__ = [
     "check_share_from_leader",
 ]
 
+
 # ----------------------------------------------------------------- 1. all_reduce
-def _sum_inputs(world: int, seed: int | None) -> list[torch.Tensor]:
-    """Each rank's input: the documented ``[r + 1, 10 r]``, or with a seed fresh values."""
-    if seed is None:
-        return [torch.tensor([r + 1.0, 10.0 * r]) for r in range(world)]
-    g = torch.Generator().manual_seed(seed)
-    # Values of 100 or more: their sum is never the first round's, so an answer
-    # that ignores the ranks' data cannot pass both rounds.
-    return list(torch.randint(100, 1000, (world, 2), generator=g).float().unbind(0))
-
-
-def _job_global_sum(fn: Callable, seed: int) -> Any:
-    r, world = dist.get_rank(), dist.get_world_size()
-    outs = []
-    for s in (None, seed):
-        out = fn(_sum_inputs(world, s)[r].clone())
-        outs.append(out.detach().clone() if isinstance(out, torch.Tensor) else out)
-    return None if outs[0] is None else outs
-
-
 def check_global_sum(fn: Callable[[torch.Tensor], torch.Tensor], *,
                      timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 1: ``fn(x)`` returns the element-wise sum of ``x`` over all ranks.
@@ -87,11 +72,11 @@ def check_global_sum(fn: Callable[[torch.Tensor], torch.Tensor], *,
     seed = _fresh_seed()
 
     def body() -> str:
-        got = _ranks(_job_global_sum, fn, seed, timeout=timeout)
+        got = _ranks(jobs.job_global_sum, fn, seed, timeout=timeout)
         world = len(got)
         for k, s in enumerate((None, seed)):
             again = " (second call, other inputs)" if k else ""
-            inputs = _sum_inputs(world, s)
+            inputs = jobs.sum_inputs(world, s)
             want = torch.stack(inputs).sum(0)
             for r, outs in enumerate(got):
                 out = outs[k]
@@ -107,21 +92,13 @@ def check_global_sum(fn: Callable[[torch.Tensor], torch.Tensor], *,
                     raise _wrong(f"rank {r} returned {_fmt(out)}{again}, expected the sum over "
                                  f"all ranks {_fmt(want)} (inputs were "
                                  f"{[_fmt(i) for i in inputs]}): compute it from x.")
-        return (f"All {world} ranks returned {_fmt(torch.stack(_sum_inputs(world, None)).sum(0))}"
-                ", the sum of every rank's input, and the right sum again for other inputs.")
+        first = _fmt(torch.stack(jobs.sum_inputs(world, None)).sum(0))
+        return (f"All {world} ranks returned {first}, the sum of every rank's input, and the "
+                "right sum again for other inputs.")
     return _verdict("global_sum", body)
 
 
 # ----------------------------------------------------------------- 2. group broadcast
-def _job_share(fn: Callable) -> Any:
-    from ezpz_nb.groups import make_layout
-
-    lay = make_layout(tp_size=2)
-    x = torch.full((3,), float(dist.get_rank()))
-    out = fn(x.clone(), lay.tp_group)
-    return out.detach().clone() if isinstance(out, torch.Tensor) else out
-
-
 def check_share_from_leader(fn: Callable[[torch.Tensor, Any], torch.Tensor], *,
                             timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 2: ``fn(x, group)`` gives every rank of ``group`` the group leader's ``x``.
@@ -130,7 +107,7 @@ def check_share_from_leader(fn: Callable[[torch.Tensor, Any], torch.Tensor], *,
     Ranks 0 and 1 must return ``[0, 0, 0]``, ranks 2 and 3 ``[2, 2, 2]``.
     """
     def body() -> str:
-        got = _ranks(_job_share, fn, timeout=timeout)
+        got = _ranks(jobs.job_share, fn, timeout=timeout)
         for r, out in enumerate(got):
             leader = r - r % 2
             if not isinstance(out, torch.Tensor):
@@ -148,18 +125,6 @@ def check_share_from_leader(fn: Callable[[torch.Tensor, Any], torch.Tensor], *,
 
 
 # ----------------------------------------------------------------- 3. DP sampler
-def _job_sampler(fn: Callable, num_samples: int) -> Any:
-    from ezpz_nb.data import RandomTokenDataset
-    from ezpz_nb.groups import make_layout
-
-    lay = make_layout(tp_size=2)
-    ds = RandomTokenDataset(64, 4, num_samples=num_samples)
-    sampler = fn(ds, lay)
-    if sampler is None:
-        return None
-    return (lay.dp_rank, lay.tp_rank, [int(i) for i in sampler])
-
-
 def check_make_sampler(fn: Callable[[Any, Any], Any], *,
                        timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 3: ``fn(dataset, layout)`` returns a sampler that shards over DP replicas.
@@ -170,7 +135,7 @@ def check_make_sampler(fn: Callable[[Any, Any], Any], *,
     n = 24
 
     def body() -> str:
-        got = _ranks(_job_sampler, fn, n, timeout=timeout)
+        got = _ranks(jobs.job_sampler, fn, n, timeout=timeout)
         by_dp: dict[int, tuple[int, list[int]]] = {}
         for r, (dp, _tp, ids) in enumerate(got):
             first, peer = by_dp.setdefault(dp, (r, ids))
@@ -194,21 +159,6 @@ def check_make_sampler(fn: Callable[[Any, Any], Any], *,
 
 
 # ----------------------------------------------------------------- 4. set_epoch
-def _job_epochs(fn: Callable, epochs: int) -> Any:
-    from torch.utils.data import DistributedSampler
-
-    from ezpz_nb.data import get_random_dataset_fsdp_tp
-
-    built = get_random_dataset_fsdp_tp(2, 64, 4, num_samples=16, seed=7)
-    out = fn(built["dataloader"], epochs)
-    ref = DistributedSampler(built["dataset"], shuffle=True, seed=7, drop_last=True)
-    want = []
-    for e in range(epochs):
-        ref.set_epoch(e)
-        want.append([int(i) for i in ref])
-    return out, want
-
-
 def check_run_epochs(fn: Callable[[Any, int], list[list[int]]], *,
                      timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 4: ``fn(loader, num_epochs)`` returns each epoch's sample ids, reshuffled.
@@ -217,7 +167,7 @@ def check_run_epochs(fn: Callable[[Any, int], list[list[int]]], *,
     DistributedSampler gives after ``set_epoch(e)``.
     """
     def body() -> str:
-        got = _ranks(_job_epochs, fn, 3, world_size=2, timeout=timeout)
+        got = _ranks(jobs.job_epochs, fn, 3, world_size=2, timeout=timeout)
         for r, (out, want) in enumerate(got):
             if out is None:
                 raise _Verdict("not done", f"rank {r} returned None: return one list of sample "
@@ -242,20 +192,6 @@ def check_run_epochs(fn: Callable[[Any, int], list[list[int]]], *,
 
 
 # ----------------------------------------------------------------- 5. TP loader
-def _job_tp_loader(fn: Callable) -> Any:
-    from ezpz_nb.groups import make_layout
-    from ezpz_nb.ledger import record
-
-    lay = make_layout(tp_size=2)
-    loader = fn(lay)
-    if loader is None:
-        return None
-    rec = record(loader, lay, publish=False)
-    for _ in rec:
-        pass
-    return rec.ledger()
-
-
 def check_build_tp_loader(fn: Callable[[Any], Any], *,
                           timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 5: ``fn(layout)`` returns a loader where only TP leaders load.
@@ -268,7 +204,7 @@ def check_build_tp_loader(fn: Callable[[Any], Any], *,
     def body() -> str:
         from ezpz_nb.ledger import Ledger
 
-        ledger = Ledger.from_results(_ranks(_job_tp_loader, fn, timeout=timeout))
+        ledger = Ledger.from_results(_ranks(jobs.job_tp_loader, fn, timeout=timeout))
         if not ledger.records:
             raise _wrong("the loader yielded no batches: check batch_size against the "
                          "number of samples per DP replica.")
@@ -293,14 +229,6 @@ def check_build_tp_loader(fn: Callable[[Any], Any], *,
 
 
 # ----------------------------------------------------------------- 6. step count
-_LOCAL_BATCHES = (5, 3, 4, 6)
-
-
-def _job_steps(fn: Callable, rounds: list[tuple[int, ...]]) -> Any:
-    first = fn(rounds[0][dist.get_rank()])
-    return None if first is None else [first, *(fn(c[dist.get_rank()]) for c in rounds[1:])]
-
-
 def _check_steps_round(got: list[Any], counts: tuple[int, ...], again: str) -> None:
     want = min(counts)
     try:
@@ -331,61 +259,20 @@ def check_agreed_num_steps(fn: Callable[[int], int], *,
     data and none waits for a rank that has left. A second call gives the ranks
     other counts, drawn for this check, so a fixed answer fails.
     """
-    import random
-
-    other = tuple(random.Random(_fresh_seed()).sample(range(7, 40), len(_LOCAL_BATCHES)))
-    rounds = [_LOCAL_BATCHES, other]
+    rounds = jobs.step_count_rounds(_fresh_seed())
 
     def body() -> str:
-        got = _ranks(_job_steps, fn, rounds, timeout=timeout)
+        got = _ranks(jobs.job_steps, fn, rounds, timeout=timeout)
         for k, counts in enumerate(rounds):
             again = f" on a second call, with batches per rank {list(counts)}" if k else ""
             _check_steps_round([outs[k] for outs in got], counts, again)
-        return (f"All ranks agreed on {min(_LOCAL_BATCHES)} steps (batches per rank: "
-                f"{list(_LOCAL_BATCHES)}), and on {min(other)} for {list(other)}.")
+        first, other = rounds
+        return (f"All ranks agreed on {min(first)} steps (batches per rank: {list(first)}), "
+                f"and on {min(other)} for {list(other)}.")
     return _verdict("agreed_num_steps", body)
 
 
 # ----------------------------------------------------------------- 7. send a batch
-def _leader_batch(dp_rank: int, seed: int | None) -> dict[str, torch.Tensor]:
-    """The batch a TP leader sends: the documented one, or with a seed other shapes."""
-    from ezpz_nb.data import RandomTokenDataset
-
-    if seed is None:
-        ds = RandomTokenDataset(100, 8, num_samples=16)
-        items = [ds[2 * dp_rank + k] for k in range(2)]
-        return {"input_ids": torch.stack([it["input_ids"] for it in items]),
-                "index": torch.tensor([it["index"] for it in items])}
-    # Other keys, shapes and dtypes than the first round: a peer that assumes
-    # them instead of receiving them fails here.
-    g = torch.Generator().manual_seed(seed + dp_rank)
-    rows, cols = (int(v) for v in torch.randint(3, 12, (2,), generator=g))
-    return {"input_ids": torch.randint(0, 100, (rows, cols), generator=g),
-            "mask": torch.rand(rows, cols, generator=g),
-            "index": torch.arange(rows, dtype=torch.int32) + 100 * dp_rank}
-
-
-def _spec(batch: dict) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {k: (tuple(v.shape), str(v.dtype)) for k, v in batch.items()
-            if isinstance(v, torch.Tensor)}
-
-
-def _job_send(fn: Callable, seed: int) -> Any:
-    from ezpz_nb.groups import make_layout
-    from ezpz_nb.ledger import batch_digest
-
-    lay = make_layout(tp_size=2)
-    rounds = []
-    for s in (None, seed):
-        batch = _leader_batch(lay.dp_rank, s) if lay.tp_rank == 0 else None
-        out = fn(batch, lay.tp_group)
-        sent = (batch_digest(batch), _spec(batch)) if batch is not None else None
-        got = ((batch_digest(out), _spec(out)) if isinstance(out, dict)
-               else "None" if out is None else f"a {type(out).__name__}")
-        rounds.append((sent, got))
-    return lay.tp_rank, rounds
-
-
 def check_send_batch(fn: Callable[[Any, Any], dict], *,
                      timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """Exercise 7: ``fn(batch, group)``: the leader's dict of tensors reaches its peers.
@@ -398,7 +285,7 @@ def check_send_batch(fn: Callable[[Any, Any], dict], *,
     seed = _fresh_seed()
 
     def body() -> str:
-        got = _ranks(_job_send, fn, seed, timeout=timeout)
+        got = _ranks(jobs.job_send, fn, seed, timeout=timeout)
         for k in range(2):
             again = " on the second call (other keys and shapes)" if k else ""
             for r, (tp_rank, rounds) in enumerate(got):
