@@ -47,6 +47,9 @@ class RankConfig:
     cwd: str
     sys_path: list[str]
     parent_pid: int
+    # Folders the notebook would remove at exit: ours, and multiprocessing's own
+    # (the forkserver's). If the notebook dies, the ranks remove them instead.
+    cleanup_dirs: tuple[str, ...] = ()
 
 
 def _code_keep_filename(code: types.CodeType) -> tuple:
@@ -133,10 +136,10 @@ _CAUSE = "The above exception was the direct cause of the following exception:"
 _CONTEXT = "During handling of the above exception, another exception occurred:"
 
 
-def _watch_parent(lifeline: Any, parent_pid: int, run_dir: str) -> None:
+def _watch_parent(lifeline: Any, parent_pid: int, dirs: tuple[str, ...]) -> None:
     """Exit when the notebook goes away, so a dead kernel leaves no ranks behind.
 
-    The notebook normally removes the run's folder; when it died, the ranks do.
+    The notebook normally removes the run's folders; when it died, the ranks do.
     """
     def gone() -> bool:
         return os.getppid() != parent_pid and not _parent_alive(parent_pid)
@@ -149,7 +152,8 @@ def _watch_parent(lifeline: Any, parent_pid: int, run_dir: str) -> None:
             break
         if gone():
             break
-    shutil.rmtree(run_dir, ignore_errors=True)
+    for path in dirs:
+        shutil.rmtree(path, ignore_errors=True)
     try:
         os.killpg(0, signal.SIGKILL)  # our own group: this rank and its loader workers
     finally:
@@ -193,7 +197,7 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     # should start its own children (DataLoader workers) like any script would, not
     # through a forkserver or spawn that re-imports torch for every worker.
     multiprocessing.set_start_method(None, force=True)
-    threading.Thread(target=_watch_parent, args=(lifeline, cfg.parent_pid, os.path.dirname(cfg.store_path)), daemon=True,
+    threading.Thread(target=_watch_parent, args=(lifeline, cfg.parent_pid, cfg.cleanup_dirs), daemon=True,
                      name="ezpz_nb-lifeline").start()
     dump = open(cfg.dump_path, "w")  # noqa: SIM115 - must stay open for faulthandler
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import multiprocessing as mp
-import multiprocessing.util  # noqa: F401 - import before our atexit hook, see _close_all
+import multiprocessing.util  # before our atexit hook is registered, see _close_all
 import os
 import pickle
 import shutil
@@ -121,6 +121,10 @@ class Cluster:
             # One import of torch in the server; every rank after that is a fast fork.
             ctx.set_forkserver_preload(["ezpz_nb._rank"])
         self._tmp = tempfile.mkdtemp(prefix="ezpz_nb-")
+        self._cleanup_dirs = (self._tmp,)
+        if self.start_method == "forkserver":
+            # The forkserver's folder (made when it started) would outlive a killed kernel.
+            self._cleanup_dirs += (multiprocessing.util.get_temp_dir(),)
         self._conns: list[Any] = []
         self._lifelines: list[Any] = []
         self._output = OutputRelay()
@@ -151,7 +155,7 @@ class Cluster:
             rank=r, world_size=self.world_size, store_path=os.path.join(self._tmp, "store"),
             dump_path=os.path.join(self._tmp, f"stack{r}.txt"), threads=self.threads,
             backend=self.backend, pg_timeout=self.timeout + 60.0, env=env, cwd=os.getcwd(),
-            sys_path=list(sys.path), parent_pid=os.getpid())
+            sys_path=list(sys.path), parent_pid=os.getpid(), cleanup_dirs=self._cleanup_dirs)
         # Pipes are made just before each rank starts so a forked rank never
         # inherits another rank's write ends (that would hide EOF on death).
         conn, child_conn = ctx.Pipe()
