@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -340,25 +341,32 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _script(tmp_path, mode):
+@pytest.fixture()
+def short_tmp():
+    """A private TMPDIR with a short path: the forkserver's AF_UNIX socket lives there,
+    and socket paths are limited to about 100 bytes."""
+    path = tempfile.mkdtemp(prefix="ezpz-t", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _script(tmp_path, short_tmp, mode):
     path = tmp_path / "script.py"
     path.write_text(SCRIPT)
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
     return subprocess.run([sys.executable, str(path), mode], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, TMPDIR=str(tmp)))
+                          timeout=120, env=dict(os.environ, TMPDIR=short_tmp))
 
 
-def test_plain_script_without_main_guard(tmp_path):
+def test_plain_script_without_main_guard(tmp_path, short_tmp):
     """Guards: the API works from a plain script; ranks never re-run the script."""
-    proc = _script(tmp_path, "ok")
+    proc = _script(tmp_path, short_tmp, "ok")
     assert proc.returncode == 0, proc.stderr
     assert "clean [0, 1]" in proc.stdout
 
 
-def test_ranks_exit_when_the_kernel_dies(tmp_path):
-    """Guards: no orphans when the notebook process dies abruptly."""
-    proc = _script(tmp_path, "die")
+def test_ranks_exit_when_the_kernel_dies(tmp_path, short_tmp):
+    """Guards: no orphans (and no folders) when the notebook process dies abruptly."""
+    proc = _script(tmp_path, short_tmp, "die")
     assert proc.returncode == 3, proc.stderr
     pids = [int(p) for p in proc.stdout.split()[:2]]
     deadline = time.monotonic() + 10
@@ -366,7 +374,10 @@ def test_ranks_exit_when_the_kernel_dies(tmp_path):
         time.sleep(0.1)
     assert not any(psutil.pid_exists(p) for p in pids)
     # The ranks removed our folder and multiprocessing's (the forkserver's).
-    assert list((tmp_path / "tmp").iterdir()) == []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and os.listdir(short_tmp):
+        time.sleep(0.1)
+    assert os.listdir(short_tmp) == []
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
