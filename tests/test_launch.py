@@ -389,7 +389,7 @@ def test_start_methods(method):
     assert out == [5, 6]
 
 
-def test_launch_under_torchrun_uses_its_ranks(tmp_path):
+def test_launch_under_torchrun_uses_its_ranks(tmp_path, short_tmp):
     """Guards: notebook code calling ez.launch runs unchanged under torchrun."""
     path = tmp_path / "job.py"
     # One write per rank: two ranks share the pipe, and print() may write in pieces.
@@ -398,7 +398,7 @@ def test_launch_under_torchrun_uses_its_ranks(tmp_path):
                     "sys.stdout.write(f'result {r}\\n')\n")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc_per_node=2", str(path)], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=dict(os.environ, TMPDIR=short_tmp))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("result [0, 2]") == 2
 

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -32,8 +33,10 @@ def torchrun(nproc: int, module: str, *args: str) -> subprocess.CompletedProcess
         env.pop(k, None)  # torchrun sets its own; stale ones from a caller must not leak in
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", *target, *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=LIMIT_S)
+    # torchrun leaves a torchelastic_* folder in TMPDIR: give it one we remove.
+    with tempfile.TemporaryDirectory(prefix="ezpz-tr", dir="/tmp") as tmp:
+        return subprocess.run(cmd, cwd=ROOT, env=dict(env, TMPDIR=tmp), capture_output=True,
+                              text=True, timeout=LIMIT_S)
 
 
 def output(proc: subprocess.CompletedProcess) -> str:
