@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import sys
 import traceback
@@ -131,7 +132,16 @@ def ensure_distributed(backend: str = "gloo", timeout_s: float | None = None) ->
     if timeout_s is not None:
         kwargs["timeout"] = timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method="env://", **kwargs)
+    # Whoever makes the group tears it down: a process that exits with a live gloo
+    # group can abort in its destructor ("terminate called without an active
+    # exception"), which torchrun reports as a failed rank.
+    atexit.register(_destroy_group)
     return True
+
+
+def _destroy_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def in_torchrun_env() -> bool:
