@@ -318,7 +318,7 @@ class Cluster:
             raise RankError(failures, self.events,
                             note="The ranks are still up; their state is kept." if keep else "")
         if pending:
-            stacks = self._stacks(pending, replies)
+            stacks = self._stacks(pending)
             self._kill()
             raise HangError(stacks, self.timeout, self.events)
         return replies
@@ -359,7 +359,7 @@ class Cluster:
         return RankFailure(r, "exit", "", f"exited with code {code} without replying "
                            "(os._exit or sys.exit in a worker thread?)")
 
-    def _stacks(self, pending: set[int], replies: dict) -> dict[int, RankStack]:
+    def _stacks(self, pending: set[int]) -> dict[int, RankStack]:
         """Ask each blocked rank for its Python stack (faulthandler on SIGUSR1)."""
         assert self._tmp is not None
         for r in pending:
