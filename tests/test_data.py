@@ -269,6 +269,20 @@ class MixedLoader:
                 "point": Point(i, torch.tensor([i, i], dtype=torch.int16)),
                 "complex": torch.full((2,), complex(i, -i), dtype=torch.complex128),  # 16-byte items
             })
+        # Flat dicts of tensors take the leader's shortcut past flattening and
+        # pickling: each of these differs from the one before in one way it must see.
+        def flat(n, dtype=torch.int64, ids=None):
+            return {"input_ids": torch.arange(n, dtype=dtype) if ids is None else ids, "index": torch.tensor([n])}
+
+        self.batches += [
+            flat(4), flat(4), flat(5), flat(5, torch.int32),  # steady, then a shape, then a dtype
+            {"input_ids": torch.arange(5, dtype=torch.int32), "index": 5},  # a plain leaf
+            {"index": torch.tensor([5]), "input_ids": torch.arange(5, dtype=torch.int32)},  # key order
+            {"index": torch.tensor([5]), "ids": torch.arange(5, dtype=torch.int32)},  # a key's name
+            flat(5, ids=torch.ones(5, requires_grad=True)),
+            flat(5, ids=torch.nn.Parameter(torch.full((5,), 2.0))),  # a Tensor subclass
+            flat(5, ids=torch.full((5,), 3.0, requires_grad=True)),
+        ]
         self.batches.append({"only": torch.ones(2)})  # structure change at the end
 
     def __len__(self):
