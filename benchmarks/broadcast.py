@@ -7,10 +7,14 @@ the int64 index), the time per batch of:
 * ours:   ``BatchBroadcaster(mode="tensor")``: pack, one broadcast, unpack
           into fresh tensors on the peers (the steady state of TPBroadcastDataLoader);
 * pickle: the seed's ``broadcast_object_list`` of the whole batch;
-* bound:  one ``dist.broadcast`` of a preallocated tensor of the same bytes.
+* bound:  one ``dist.broadcast`` of a preallocated tensor of the same bytes
+          (the issue's lower bound);
+* raw:    the same through the process group's own ``broadcast`` method, the
+          call ours makes (it skips the ``dist.broadcast`` wrapper's ~50 us of
+          Python per call), shown so the comparison hides nothing.
 
 Each batch is timed on every rank; a figure is the median over all batches on
-the slowest rank. The three methods run in interleaved blocks (after a barrier)
+the slowest rank. The methods run in interleaved blocks (after a barrier)
 so that load from other processes falls on all of them alike. Then the peak memory of a 10^6 x 2048
 RandomTokenDataset and 10 batches read from it.
 
@@ -56,15 +60,21 @@ def _bench_rank(shapes: list[tuple[int, int]], blocks: int, per_block: int) -> d
         def step_bound(flat=flat):
             dist.broadcast(flat, src=0)
 
-        steps = {"ours": step_ours, "pickle": step_pickle, "bound": step_bound}
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+
+        def step_raw(flat=flat, pg=dist.group.WORLD, opts=opts):
+            pg.broadcast([flat], opts).wait()
+
+        steps = {"ours": step_ours, "pickle": step_pickle, "bound": step_bound, "raw": step_raw}
         for step in steps.values():
             for _ in range(5):  # warm up: the first tensor step also sends the spec
                 step()
         times: dict[str, list[float]] = {name: [] for name in steps}
-        # Interleave the three methods block by block (rotating their order) so
+        # Interleave the methods block by block (rotating their order) so
         # that load from other processes falls on all of them alike.
         for i in range(blocks):
-            names = list(steps)[i % 3:] + list(steps)[: i % 3]
+            names = list(steps)[i % len(steps):] + list(steps)[: i % len(steps)]
             for name in names:
                 step, ts = steps[name], times[name]
                 dist.barrier()
@@ -122,17 +132,19 @@ def main() -> None:
                             timeout=600, threads=1)
         for b, s in SHAPES:
             med = {}
-            for name in ("ours", "pickle", "bound"):
+            for name in ("ours", "pickle", "bound", "raw"):
                 # Each rank's median time per batch; the slowest rank sets the pace.
                 med[name] = max(statistics.median(r[(b, s, name)]) for r in results) * 1e3
             rows.append((tp, f"{b}x{s}", results[0][(b, s, "bytes")], med))
 
-    head = f"{'tp':>3} {'batch':>8} {'bytes':>9} {'ours ms':>8} {'pickle ms':>10} {'bound ms':>9} {'ours/bound':>11} {'pickle/ours':>12}"
+    head = (f"{'tp':>3} {'batch':>8} {'bytes':>9} {'ours ms':>8} {'pickle ms':>10} {'bound ms':>9} "
+            f"{'raw ms':>7} {'ours/bound':>11} {'ours/raw':>9} {'pickle/ours':>12}")
     print(head)
     print("-" * len(head))
     for tp, shape, nbytes, m in rows:
         print(f"{tp:>3} {shape:>8} {nbytes:>9} {m['ours']:>8.3f} {m['pickle']:>10.3f} {m['bound']:>9.3f} "
-              f"{m['ours'] / m['bound']:>10.2f}x {m['pickle'] / m['ours']:>11.2f}x")
+              f"{m['raw']:>7.3f} {m['ours'] / m['bound']:>10.2f}x {m['ours'] / m['raw']:>8.2f}x "
+              f"{m['pickle'] / m['ours']:>11.2f}x")
     print(f"(per-batch median over {args.blocks * args.per_block} batches per rank, slowest rank; "
           "gloo, loopback, 1 intra-op thread per rank)")
 
