@@ -174,7 +174,7 @@ fig
 How the batch travels matters. ezpz calls `broadcast_object_list([batch])`: it pickles the
 batch, broadcasts its size, then the bytes (two collectives, plus pickling on both sides).
 Tensors can instead go as they are, when the receiver knows their shapes. `ezpz_nb`'s
-`BatchBroadcaster` packs the whole batch into one buffer: one `dist.broadcast` per step.
+`BatchBroadcaster` packs the whole batch into one buffer: one broadcast per step.
 
 Below each TP group times the three ways on a 32 × 2048-token batch (about 1 MB). Times depend
 on this machine and on what else runs on it; the chart shows the medians per batch.
