@@ -152,6 +152,11 @@ def _watch_parent(lifeline: Any, parent_pid: int, dirs: tuple[str, ...]) -> None
             break
         if gone():
             break
+    _orphaned(dirs)
+
+
+def _orphaned(dirs: tuple[str, ...]) -> None:
+    """The notebook is gone without saying stop: remove its folders, then leave."""
     for path in dirs:
         shutil.rmtree(path, ignore_errors=True)
     try:
@@ -214,7 +219,10 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
         _send(conn, ("error", _exception_chain(exc)))
         return
     _send(conn, ("ready", os.getpid()))
-    _serve_forever(conn)
+    if not _serve_forever(conn):
+        # The notebook's end of the pipe closed: it died. Whichever of this thread
+        # and the lifeline watcher notices first must clean up, or the folders stay.
+        _orphaned(cfg.cleanup_dirs)
     # Leave at once: every run has already flushed its output and replied, and the
     # group dies with the processes. Tearing gloo and the interpreter down politely
     # would cost more than the whole start of the next run.
@@ -256,16 +264,19 @@ def _rebind(fn: Any) -> Any:
     return new
 
 
-def _serve_forever(conn: Any) -> None:
-    """Run each job the notebook sends; the stack marker for hang reports."""
+def _serve_forever(conn: Any) -> bool:
+    """Run each job the notebook sends; the stack marker for hang reports.
+
+    Returns True when told to stop, False when the notebook's end went away.
+    """
     while True:
         try:
             data = conn.recv_bytes()
         except (EOFError, OSError):
-            return
+            return False
         kind, payload = pickle.loads(data)
         if kind == "stop":
-            return
+            return True
         try:
             fn, args, kwargs = cloudpickle.loads(payload)
             fn = _rebind(fn)

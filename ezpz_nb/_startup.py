@@ -111,3 +111,58 @@ def dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
                     "Create it inside the function instead, or pass something picklable."
                 ) from exc
         raise TypeError(f"the job cannot be sent to the ranks: {exc}") from exc
+
+
+_KERNEL_HOOKED = False
+
+
+def on_kernel_shutdown(close_all: Callable[[], None]) -> None:
+    """In a Jupyter kernel, close the clusters as soon as it is asked to shut down.
+
+    ipykernel, once asked, terminates every child left in its process group and
+    waits until none is: ranks run in their own groups and the forkserver leaves
+    the kernel's (``ezpz_nb._forkserver``), but multiprocessing's resource
+    tracker ignores SIGTERM. The kernel then outlives its manager's grace
+    period and is killed, skipping its exit handlers, so every shutdown took
+    2.5 s and left multiprocessing's ``pymp-*`` folder behind. ``do_shutdown``
+    sets the shell's ``exit_now`` before any child is signalled; this closes
+    our clusters then and stops the tracker, so the kernel exits at once and
+    cleans up after itself. Outside a kernel it does nothing.
+    """
+    global _KERNEL_HOOKED
+    if _KERNEL_HOOKED or "ipykernel" not in sys.modules:
+        return
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None or not shell.has_trait("exit_now"):
+        return
+
+    def shutting_down(change: dict[str, Any]) -> None:
+        if change["new"]:
+            close_all()
+            _stop_resource_tracker()
+
+    shell.observe(shutting_down, names="exit_now")
+    _KERNEL_HOOKED = True
+
+
+def _stop_resource_tracker() -> None:
+    # Private API (present in 3.10-3.14, hence getattr): close our end of the
+    # tracker's pipe and reap it. It exits once no process holds that pipe;
+    # should another library's process still hold it, the wait is abandoned
+    # after a second rather than holding up the shutdown.
+    import threading
+    from multiprocessing import resource_tracker
+
+    stop = getattr(resource_tracker._resource_tracker, "_stop", None)
+    if stop is None:
+        return
+
+    def quietly() -> None:
+        with contextlib.suppress(Exception):
+            stop()
+
+    t = threading.Thread(target=quietly, name="ezpz_nb-stop-tracker", daemon=True)
+    t.start()
+    t.join(1.0)

@@ -48,6 +48,7 @@ from ezpz_nb._startup import (
     dumps_job,
     loopback,
     main_hidden,
+    on_kernel_shutdown,
 )
 from ezpz_nb.errors import (
     HangError,
@@ -119,7 +120,8 @@ class Cluster:
         ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
             # One import of torch in the server; every rank after that is a fast fork.
-            ctx.set_forkserver_preload(["ezpz_nb._rank"])
+            # _forkserver first: it leaves the kernel's process group (see there).
+            ctx.set_forkserver_preload(["ezpz_nb._forkserver", "ezpz_nb._rank"])
         self._tmp = tempfile.mkdtemp(prefix="ezpz_nb-")
         self._cleanup_dirs = (self._tmp,)
         if self.start_method == "forkserver":
@@ -132,6 +134,7 @@ class Cluster:
         self._closed = False
         self._serial = next(_SERIAL)
         _LIVE[self._serial] = self
+        on_kernel_shutdown(_close_all)
         env = dict(os.environ)
         env.update(GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", loopback()),
                    WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -339,15 +338,6 @@ SCRIPT = textwrap.dedent("""
     c.close()
     print("clean", ez.launch(lambda: dist.get_rank(), world_size=2))
 """)
-
-
-@pytest.fixture()
-def short_tmp():
-    """A private TMPDIR with a short path: the forkserver's AF_UNIX socket lives there,
-    and socket paths are limited to about 100 bytes."""
-    path = tempfile.mkdtemp(prefix="ezpz-t", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _script(tmp_path, short_tmp, mode):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import nbformat
 import psutil
 import pytest
+from jupyter_client import KernelManager
 from nbclient import NotebookClient
 
 CELLS = [
@@ -96,3 +98,31 @@ def test_launcher_in_a_notebook(tmp_path):
     while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
         time.sleep(0.1)
     assert not any(psutil.pid_exists(p) for p in pids)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("code", [
+    "ez.launch(lambda: 1, world_size=2)",  # one-shot: only the forkserver and tracker stay
+    "c = ez.Cluster(2); c.run(lambda: 1)",  # a cluster the notebook never closed
+])
+def test_graceful_kernel_shutdown_runs_exit_handlers_and_leaves_nothing(code, short_tmp):
+    """Guards Jupyter's normal shutdown (nbmake, JupyterLab): ipykernel waits for every child
+    in its process group; multiprocessing's forkserver and resource tracker used to keep it
+    waiting until its manager killed it, so its exit handlers never ran and multiprocessing's
+    pymp-* folder stayed in the temporary directory after every notebook."""
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(env=dict(os.environ, TMPDIR=short_tmp))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        # atexit is last-in, first-out: this marker runs before multiprocessing's cleanup.
+        marker = os.path.join(short_tmp, "exit-handlers-ran")
+        reply = kc.execute_interactive(
+            f"import atexit, ezpz_nb as ez\n{code}\natexit.register(open, {marker!r}, 'w')",
+            timeout=120, output_hook=lambda msg: None)
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        km.shutdown_kernel(now=False)  # what nbclient does after the last cell
+        kc.stop_channels()
+    assert sorted(os.listdir(short_tmp)) == ["exit-handlers-ran"]
