@@ -8,11 +8,17 @@ by its manager, and skips its exit handlers: multiprocessing's ``pymp-*``
 folder then stays in the temporary directory, and every shutdown takes 2.5 s.
 Outside the kernel's group the forkserver is left alone; it exits by itself
 when the kernel, exiting, closes its end of the forkserver's "alive" pipe.
+Its children inherit the new group: ranks make their own anyway, and other
+multiprocessing children of the kernel are still ended by multiprocessing's
+exit handler, which now runs.
 """
 
 import os
+import sys
 
-if os.getpgrp() != os.getpid():
+# Only in the forkserver itself (started as ``python -c "from
+# multiprocessing.forkserver import main; ..."``), should anything else import this.
+if sys.argv == ["-c"] and "multiprocessing.forkserver" in sys.modules and os.getpgrp() != os.getpid():
     try:
         os.setpgrp()
     except OSError:  # not allowed here (e.g. a session leader): keep the old behaviour

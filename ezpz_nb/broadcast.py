@@ -35,7 +35,6 @@ import struct
 import traceback
 from typing import Any
 
-import numpy
 import torch
 import torch.distributed as dist
 
@@ -257,7 +256,9 @@ class BatchBroadcaster:
             return None
         tensors = []
         for (key, value), (k, dtype, shape) in zip(batch.items(), expected, strict=True):
-            if key != k or type(value) is not torch.Tensor or value.dtype != dtype or value.shape != shape:
+            # type(key): 1, 1.0 and True are equal keys but pickle differently.
+            if (key != k or type(key) is not type(k) or type(value) is not torch.Tensor
+                    or value.dtype != dtype or value.shape != shape):
                 return None
             tensors.append(value)
         return tensors
@@ -310,12 +311,11 @@ class BatchBroadcaster:
         # the previous buffer and may still be in use by the caller.
         nbytes = HEADER_BYTES + self._payload_nbytes
         if self.device.type == "cpu":
-            # Allocated by numpy so the header can be read with struct: a few
-            # torch calls fewer per step, which is what a small batch costs.
-            arr = numpy.empty(nbytes, dtype=numpy.uint8)
-            buf = torch.from_numpy(arr)
+            buf = torch.empty(nbytes, dtype=torch.uint8)
             self._bcast(buf)
-            kind, a, b, _ = _HEADER.unpack_from(arr)
+            # struct on a numpy view of the header: fewer torch calls than
+            # tolist(), which is what a small batch costs.
+            kind, a, b, _ = _HEADER.unpack_from(buf.numpy())
         else:
             buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             self._bcast(buf)

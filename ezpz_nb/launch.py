@@ -30,6 +30,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 import weakref
@@ -110,6 +111,9 @@ class Cluster:
         #: Called with each :class:`RankEvent` as it arrives (e.g. a progress display).
         self.on_event: Callable[[RankEvent], None] | None = None
         self._procs: list[Any] = []
+        # The kernel-shutdown hook may tear down from another thread while a run
+        # in the main thread is being interrupted: one teardown at a time.
+        self._kill_lock = threading.Lock()
         self._one_shot = False  # set by launch(): the ranks go away after one run
         self._tmp: str | None = None
         self._closed = True
@@ -194,6 +198,10 @@ class Cluster:
 
     def _kill(self) -> None:
         """Kill every rank's process group (loader workers included) and clean up."""
+        with self._kill_lock:
+            self._kill_locked()
+
+    def _kill_locked(self) -> None:
         for p in self._procs:
             if p.pid is None:
                 continue

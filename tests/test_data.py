@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 import ezpz_nb as ez
+from ezpz_nb import broadcast
 from ezpz_nb.broadcast import BatchBroadcaster, flatten_batch, unflatten_batch
 from ezpz_nb.data import (
     DataLayoutWarning,
@@ -270,7 +271,9 @@ class MixedLoader:
                 "complex": torch.full((2,), complex(i, -i), dtype=torch.complex128),  # 16-byte items
             })
         # Flat dicts of tensors take the leader's shortcut past flattening and
-        # pickling: each of these differs from the one before in one way it must see.
+        # pickling. Each of these differs from the one before in a way the shortcut
+        # must notice (shape, dtype, a plain leaf, key order, a key's name) or must
+        # pass through intact (requires_grad; a subclass, which takes the long way).
         def flat(n, dtype=torch.int64, ids=None):
             return {"input_ids": torch.arange(n, dtype=dtype) if ids is None else ids, "index": torch.tensor([n])}
 
@@ -306,8 +309,20 @@ def _broadcast_run(mode):
     if steady._broadcaster is not None:
         inner2 = steady._broadcaster._bcast
         steady._broadcaster._bcast = lambda buf: (calls.__setitem__(0, calls[0] + 1), inner2(buf))
-    list(steady)
-    return {"batches": got, "source": dl.source, "steady_calls": calls[0] - before}
+    flattened = [0]  # the leader's full flatten+pickle: only while the spec is new
+    real_flatten = broadcast.flatten_batch
+
+    def counting_flatten(batch):
+        flattened[0] += 1
+        return real_flatten(batch)
+
+    broadcast.flatten_batch = counting_flatten
+    try:
+        list(steady)
+    finally:
+        broadcast.flatten_batch = real_flatten
+    return {"batches": got, "source": dl.source, "steady_calls": calls[0] - before,
+            "flattened": flattened[0]}
 
 
 def _same(a, b):
@@ -333,6 +348,7 @@ def test_broadcast_handles_changing_shapes_mixed_dtypes_and_plain_leaves(mode):
         assert _same(a, b), f"batch {i} differs"
     if mode == "tensor":
         assert peer["steady_calls"] == 6 + 2  # first batch: spec + data; then 1 each; end: 1
+        assert leader["flattened"] == 1  # then the flat-dict shortcut, for 5 batches
 
 
 def _no_tp_group_run():
