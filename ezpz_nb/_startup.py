@@ -113,7 +113,6 @@ def dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
         raise TypeError(f"the job cannot be sent to the ranks: {exc}") from exc
 
 
-
 _KERNEL_HOOKED = False
 
 
@@ -143,14 +142,11 @@ def on_kernel_shutdown(close_all: Callable[[], None]) -> None:
         if not change["new"]:
             return
         # An exception here would escape ipykernel's do_shutdown and stop the
-        # shutdown reply: this is best effort.
-        try:
+        # shutdown reply: both steps are best effort, the second runs regardless.
+        with contextlib.suppress(Exception):
             close_all()
-        except Exception:  # noqa: BLE001
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                _release_resource_tracker()
+        with contextlib.suppress(Exception):
+            _release_resource_tracker()
 
     shell.observe(shutting_down, names="exit_now")
     _KERNEL_HOOKED = True

@@ -309,17 +309,12 @@ class BatchBroadcaster:
             return _KIND_NAMES[kind], payload
         # A new buffer every step: the previous batch's tensors are views into
         # the previous buffer and may still be in use by the caller.
-        nbytes = HEADER_BYTES + self._payload_nbytes
-        if self.device.type == "cpu":
-            buf = torch.empty(nbytes, dtype=torch.uint8)
-            self._bcast(buf)
-            # struct on a numpy view of the header: fewer torch calls than
-            # tolist(), which is what a small batch costs.
-            kind, a, b, _ = _HEADER.unpack_from(buf.numpy())
-        else:
-            buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-            self._bcast(buf)
-            kind, a, b, _ = buf[:HEADER_BYTES].view(torch.int64).tolist()
+        buf = torch.empty(HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device)
+        self._bcast(buf)
+        # struct on a numpy view of the header: fewer torch calls than tolist(),
+        # which is what a small batch costs (a CUDA header is copied over first).
+        head = buf.numpy() if self.device.type == "cpu" else buf[:HEADER_BYTES].cpu().numpy()
+        kind, a, b, _ = _HEADER.unpack_from(head)
         if kind == DATA:
             return "data", self._unpack(buf, HEADER_BYTES)
         if kind == END:
