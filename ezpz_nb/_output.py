@@ -2,6 +2,11 @@
 
 The notebook thread that waits for a run reads these pipes itself (no background
 thread): whatever it writes lands in the cell that is running, never in another.
+
+Progress bars (tqdm, ``print(..., end="\r")``) redraw one line with carriage
+returns. In a Jupyter kernel each rank's redrawn line is shown live as one display
+that is updated in place; elsewhere only what a terminal would finally show (the
+text after the last ``\r``) is written, once the line ends.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ class OutputRelay:
         self._streams: dict[int, tuple[int, int]] = {}  # fd -> (rank, 1 stdout | 2 stderr)
         self._partial: dict[int, bytes] = {}
         self._readers: list[Any] = []  # the Connection objects that own the fds
+        self._live: dict[int, Any] = {}  # fd -> display handle of its redrawn line
+        self._in_kernel: bool | None = None
 
     def add(self, reader: Any, rank: int, stream: int) -> None:
         """Watch ``reader`` (a read-only Connection) for rank ``rank``'s ``stream``."""
@@ -49,13 +56,15 @@ class OutputRelay:
                     return
                 raise
             if not chunk:  # EOF: the rank closed its end (it exited)
-                self._emit(rank, stream, self._partial.pop(fd, b""), final=True)
+                self._end_line(fd, rank, stream, self._partial.pop(fd, b""), final=True)
                 del self._streams[fd]
                 return
             *lines, rest = (self._partial.get(fd, b"") + chunk).split(b"\n")
             self._partial[fd] = rest
             for line in lines:
-                self._emit(rank, stream, line)
+                self._end_line(fd, rank, stream, line)
+            if b"\r" in rest:
+                self._redraw(fd, rank, rest)
 
     def drain(self, final: bool = False) -> None:
         """Show what is waiting now; with ``final``, also unterminated last lines."""
@@ -63,7 +72,10 @@ class OutputRelay:
             self.read(fd)
         if final:
             for fd, (rank, stream) in list(self._streams.items()):
-                self._emit(rank, stream, self._partial.pop(fd, b""), final=True)
+                self._end_line(fd, rank, stream, self._partial.pop(fd, b""), final=True)
+        # A bar still being redrawn when the run ends continues in a new display in the
+        # cell of the next run, not in this cell's.
+        self._live.clear()
         sys.stdout.flush()
         sys.stderr.flush()
 
@@ -71,11 +83,53 @@ class OutputRelay:
         """Close every pipe."""
         for reader in self._readers:
             reader.close()
-        self._streams, self._partial, self._readers = {}, {}, []
+        self._streams, self._partial, self._readers, self._live = {}, {}, [], {}
+
+    def _end_line(self, fd: int, rank: int, stream: int, line: bytes, final: bool = False) -> None:
+        text = _on_screen(line)
+        handle = self._live.pop(fd, None)
+        if handle is not None:  # the redrawn line is done: its display keeps the last text
+            handle.update({"text/plain": _prefixed(rank, text)}, raw=True)
+            return
+        self._emit(rank, stream, text, final)
+
+    def _redraw(self, fd: int, rank: int, partial: bytes) -> None:
+        if self._in_kernel is None:
+            self._in_kernel = _in_kernel()
+        if not self._in_kernel:
+            return  # written once the line ends, as a terminal would finally show it
+        data = {"text/plain": _prefixed(rank, _on_screen(partial))}
+        handle = self._live.get(fd)
+        if handle is None:
+            from IPython.display import display
+
+            sys.stdout.flush()  # lines written before the bar stay above it
+            sys.stderr.flush()
+            self._live[fd] = display(data, raw=True, display_id=True)
+        else:
+            handle.update(data, raw=True)
 
     @staticmethod
     def _emit(rank: int, stream: int, line: bytes, final: bool = False) -> None:
         if final and not line:
             return
         out = sys.stdout if stream == 1 else sys.stderr
-        out.write(f"[rank {rank}] {line.decode('utf-8', 'replace')}\n")
+        out.write(_prefixed(rank, line) + "\n")
+
+
+def _on_screen(line: bytes) -> bytes:
+    """What a terminal shows of a line redrawn with carriage returns: its last version."""
+    return line.rstrip(b"\r").rsplit(b"\r", 1)[-1]
+
+
+def _prefixed(rank: int, line: bytes) -> str:
+    return f"[rank {rank}] {line.decode('utf-8', 'replace')}"
+
+
+def _in_kernel() -> bool:
+    """True inside a Jupyter kernel (where a display can be updated in place)."""
+    shell_mod = sys.modules.get("IPython")
+    if shell_mod is None:
+        return False
+    shell = shell_mod.get_ipython()
+    return getattr(shell, "kernel", None) is not None

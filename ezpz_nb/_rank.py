@@ -20,12 +20,12 @@ import traceback
 import types
 from collections import ChainMap
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import cloudpickle
 import torch
-import torch.distributed as dist
+
+from ezpz_nb import _rankgroup
 
 # Set while this process is a launcher rank; ``publish`` sends through it.
 _CONN: Any = None
@@ -105,11 +105,13 @@ def _send(conn: Any, msg: tuple) -> None:
         conn.send_bytes(data)
 
 
-def _exception_chain(exc: BaseException) -> list[tuple[list, str, str]]:
+def _exception_chain(exc: BaseException, ours: bool = False) -> list[tuple[list, str, str]]:
     """The exception and its causes as plain data, oldest first: [(frames, header, link)].
 
     ``link`` is the sentence Python prints before an exception that was raised
-    while handling (or because of) the one before it.
+    while handling (or because of) the one before it. This module's frames are left
+    out (they are the same in every traceback), unless ``ours``: the failure is in
+    the rank's own plumbing, and they are then the only frames there are.
     """
     chain: list[tuple[list, str, str]] = []
     seen: set[int] = set()
@@ -118,7 +120,7 @@ def _exception_chain(exc: BaseException) -> list[tuple[list, str, str]]:
         seen.add(id(cur))
         frames = [(f.filename, f.lineno or 0, f.name, f.line or "")
                   for f in traceback.extract_tb(cur.__traceback__)
-                  if not f.filename.endswith("_rank.py")]
+                  if ours or not f.filename.endswith("_rank.py")]
         header = "".join(traceback.format_exception_only(type(cur), cur)).rstrip()
         if cur.__cause__ is not None:
             link, nxt = _CAUSE, cur.__cause__
@@ -131,6 +133,11 @@ def _exception_chain(exc: BaseException) -> list[tuple[list, str, str]]:
     chain.reverse()
     return chain
 
+
+#: Said with a failure outside the user's function (loading the job, rejoining the group).
+_OUR_FAULT = ("ezpz_nb failed on this rank before your function ran (while loading the job "
+              "or preparing the process group): a bug in ezpz_nb, or an object in the job "
+              "that cannot be rebuilt on the ranks. The traceback shows where.")
 
 _CAUSE = "The above exception was the direct cause of the following exception:"
 _CONTEXT = "During handling of the above exception, another exception occurred:"
@@ -209,14 +216,9 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     torch.set_num_threads(cfg.threads)
     _CONN = conn
     try:
-        if cfg.backend == "nccl":
-            # Before init: NCCL binds the rank's communicator to the current device.
-            torch.cuda.set_device(cfg.rank)
-        dist.init_process_group(cfg.backend, store=dist.FileStore(cfg.store_path, cfg.world_size),
-                                rank=cfg.rank, world_size=cfg.world_size,
-                                timeout=timedelta(seconds=cfg.pg_timeout))
+        _rankgroup.join(cfg.backend, cfg.store_path, cfg.rank, cfg.world_size, cfg.pg_timeout)
     except BaseException as exc:  # noqa: BLE001 - report any start-up failure
-        _send(conn, ("error", _exception_chain(exc)))
+        _send(conn, ("error", _exception_chain(exc), ""))
         return
     _send(conn, ("ready", os.getpid()))
     if not _serve_forever(conn):
@@ -235,33 +237,50 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
 #: cells), so globals a run sets are still there in the next run.
 NAMESPACE: dict[str, Any] = {"__name__": "__ranks__", "__builtins__": __builtins__}
 
-
-def _by_value(obj: Any) -> bool:
-    if not isinstance(obj, types.FunctionType):
-        return False
-    module = sys.modules.get(obj.__module__ or "")
-    return module is None or obj.__globals__ is not vars(module)
+# Stands in the pickle for the globals dict of every function sent by value.
+_GLOBALS_TOKEN = "ezpz_nb:rank-namespace"
 
 
-def _rebind(fn: Any) -> Any:
-    """Give a function sent by value this rank's persistent globals.
+class _JobPickler(_Pickler):
+    """Pickles a job so that its by-value functions share the rank's NAMESPACE.
 
-    cloudpickle rebuilds each function with a fresh globals dict, which would make
-    ``global it; it = iter(loader)`` vanish before the next run. Names the function
-    uses that exist in the notebook arrive with it and overwrite older values (the
-    notebook wins); names only set on the ranks persist.
+    cloudpickle gives the functions of one pickle that shared a globals dict in the
+    notebook one fresh dict on the ranks (``globals_ref``), and fills it with the
+    names each function uses. Here that dict travels as a persistent id, and the
+    rank loads it as NAMESPACE: cloudpickle then writes the notebook's values into
+    NAMESPACE itself (the notebook wins for names a function uses), names set only
+    on the ranks persist between runs, and every kind of by-value function
+    (helpers calling each other in cycles, methods of cell classes, decorated
+    functions, partials, lambdas in globals) reads and writes the same globals.
+    Rebinding the functions after loading instead had to walk their references
+    by hand, and recursed forever on any cycle (two helpers of one function).
     """
-    if not _by_value(fn):
-        return fn
-    shipped = {k: v for k, v in fn.__globals__.items() if not k.startswith("__")}
-    for name, value in shipped.items():
-        NAMESPACE[name] = _rebind(value) if _by_value(value) and value is not fn else value
-    new = types.FunctionType(fn.__code__, NAMESPACE, fn.__name__, fn.__defaults__,
-                             fn.__closure__)
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__dict__.update(fn.__dict__)
-    new.__qualname__ = fn.__qualname__
-    return new
+
+    def persistent_id(self, obj: Any) -> str | None:  # noqa: D102 - pickle's hook
+        if type(obj) is dict:
+            for shared in self.globals_ref.values():
+                if obj is shared:
+                    return _GLOBALS_TOKEN
+        return None
+
+
+class _JobUnpickler(pickle.Unpickler):
+    def persistent_load(self, pid: Any) -> Any:  # noqa: D102 - pickle's hook
+        if pid == _GLOBALS_TOKEN:
+            return NAMESPACE
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+
+def dumps_job(obj: Any) -> bytes:
+    """Pickle what the notebook sends to run (see :class:`_JobPickler`)."""
+    buf = io.BytesIO()
+    _JobPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+def loads_job(data: bytes) -> Any:
+    """Load a job made by :func:`dumps_job` into this rank's NAMESPACE."""
+    return _JobUnpickler(io.BytesIO(data)).load()
 
 
 def _serve_forever(conn: Any) -> bool:
@@ -277,13 +296,17 @@ def _serve_forever(conn: Any) -> bool:
         kind, payload = pickle.loads(data)
         if kind == "stop":
             return True
+        reply: tuple
         try:
-            fn, args, kwargs = cloudpickle.loads(payload)
-            fn = _rebind(fn)
-            value = fn(*args, **kwargs)
-            reply: tuple = ("ok", value)
-        except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt too
-            reply = ("error", _exception_chain(exc))
+            fn, args, kwargs = loads_job(payload)
+            _rankgroup.rejoin_if_destroyed()
+        except BaseException as exc:  # noqa: BLE001 - report whatever broke, with our frames
+            reply = ("error", _exception_chain(exc, ours=True), _OUR_FAULT)
+        else:
+            try:
+                reply = ("ok", fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt too
+                reply = ("error", _exception_chain(exc), "")
         sys.stdout.flush()
         sys.stderr.flush()
         _send(conn, reply)

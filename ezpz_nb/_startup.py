@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ezpz_nb._rank import dumps
+from ezpz_nb._rank import dumps_job as _dumps
 
 #: Largest world size accepted: beyond this, ranks on one machine are all overhead.
 MAX_WORLD_SIZE = 64
@@ -98,13 +98,13 @@ def dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
         raise TypeError(f"fn must be callable, got {type(fn).__name__}: pass the function "
                         "itself, not its result (launch(f), not launch(f()))")
     try:
-        return dumps((fn, args, kwargs))
+        return _dumps((fn, args, kwargs))
     except Exception as exc:
         named = [("fn", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
         named += [(f"keyword {k!r}", v) for k, v in kwargs.items()]
         for label, obj in named:
             try:
-                dumps(obj)
+                _dumps(obj)
             except Exception:
                 raise TypeError(
                     f"{label} (a {type(obj).__name__}) cannot be sent to the ranks: {exc}. "

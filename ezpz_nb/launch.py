@@ -351,9 +351,11 @@ class Cluster:
         if kind in (want, "ready"):
             replies[r] = msg[1]
         elif kind == "error":
-            chain = msg[1]
+            chain, ours = msg[1], msg[2]
+            tb = format_chain(chain) + (f"\n{ours}\n" if ours else "")
+            where = " (inside ezpz_nb, before your function ran)" if ours else ""
             failures[r] = RankFailure(r, "exception", chain[-1][1].split(":")[0],
-                                      chain[-1][1], format_chain(chain))
+                                      chain[-1][1] + where, tb)
         elif kind == "unpicklable":
             failures[r] = RankFailure(
                 r, "unpicklable", "PicklingError",

@@ -3,18 +3,24 @@
 Each rank keeps one namespace for all ``%%ranks`` cells, so names set in one cell
 are there in the next, like a second notebook running on every rank. It starts
 with ``torch``, ``dist`` (torch.distributed), ``ez`` (ezpz_nb), ``rank`` and
-``world_size``.
+``world_size``. The notebook's functions, classes and modules that a cell names
+travel with it (by value, as for ``ez.launch``); the notebook's data does not:
+a rank has its own values, set by earlier ``%%ranks`` cells.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import itertools
 import linecache
 import shlex
+import types
 from typing import Any
 
+from ezpz_nb._rank import dumps_job
+from ezpz_nb.errors import RankError
 from ezpz_nb.launch import Cluster, live_clusters
 
 _COUNTER = itertools.count(1)
@@ -37,8 +43,14 @@ def _register_source(filename: str, source: str) -> None:
     linecache.cache[filename] = (len(source), None, lines, filename)
 
 
-def run_cell(source: str, filename: str) -> Any:
+def run_cell(source: str, filename: str, shipped: dict[str, Any] | None = None) -> Any:
     """Execute a cell's source in this rank's persistent namespace (runs on a rank).
+
+    Args:
+        source: The cell's code.
+        filename: The name its frames show (registered in linecache).
+        shipped: Notebook functions, classes and modules the cell names; they
+            replace older values of those names on the rank.
 
     Returns:
         The value of the cell's last line when it is an expression, else None.
@@ -52,6 +64,7 @@ def run_cell(source: str, filename: str) -> Any:
     ns.setdefault("torch", torch)
     ns.setdefault("dist", dist)
     ns.setdefault("ez", ezpz_nb)
+    ns.update(shipped or {})
     ns.update(rank=dist.get_rank(), world_size=dist.get_world_size())
     _register_source(filename, source)
     tree = ast.parse(source, filename)
@@ -87,14 +100,86 @@ def ranks(line: str, cell: str) -> None:
     except SystemExit:
         raise ValueError(f"%%ranks: cannot parse {line!r}; usage: %%ranks [-n N] [-t SECONDS] "
                          "[--restart]") from None
+    shipped, data = notebook_names(cell, _user_ns())
     cluster = get_cluster(opts.world_size, opts.timeout, opts.restart)
     filename = f"<ranks-cell-{next(_COUNTER)}>"
     _register_source(filename, cell)
-    results = cluster.run(run_cell, cell, filename)
+    try:
+        results = cluster.run(run_cell, cell, filename, shipped)
+    except RankError as exc:
+        hint = _data_hint(exc, data)
+        if not hint:
+            raise
+        raise RankError(exc.failures, exc.events, note="\n".join(filter(None, [exc.note, hint]))
+                        ) from None
     for r, value in enumerate(results):
         if value is not None:
             print(f"[rank {r}] Out: {value!r}")
     return None
+
+
+_TRAVELS = (types.FunctionType, type, types.ModuleType, functools.partial)
+_RANK_NAMES = {"torch", "dist", "ez", "rank", "world_size"}
+
+
+def _user_ns() -> dict[str, Any]:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return {}
+    shell = get_ipython()
+    return dict(shell.user_ns) if shell is not None else {}
+
+
+def notebook_names(source: str, user_ns: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    """Split the notebook names a cell reads into what travels and what does not.
+
+    Functions, classes, modules and partials of the notebook are sent with the cell;
+    data is not (each rank has its own, set by earlier ``%%ranks`` cells), so its
+    names are only returned to explain a ``NameError``.
+
+    Raises:
+        TypeError: a function or class the cell names cannot be sent to the ranks.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}, set()  # the ranks report it, with the cell's line
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+            and isinstance(n.ctx, ast.Load)}
+    shipped, data = {}, set()
+    for name in sorted(read - _RANK_NAMES):
+        if name.startswith("_") or name not in user_ns:
+            continue
+        value = user_ns[name]
+        if isinstance(value, _TRAVELS):
+            shipped[name] = value
+        else:
+            data.add(name)
+    try:
+        dumps_job(shipped)
+    except Exception:
+        for name, value in shipped.items():
+            try:
+                dumps_job(value)
+            except Exception as exc:
+                raise TypeError(
+                    f"%%ranks: the cell uses {name!r} from the notebook, which cannot be sent "
+                    f"to the ranks ({type(exc).__name__}: {exc}). Define it in a %%ranks cell "
+                    "instead, or make what it refers to picklable.") from exc
+        raise
+    return shipped, data
+
+
+def _data_hint(exc: RankError, data: set[str]) -> str:
+    missing = sorted(name for name in data for f in exc.failures.values()
+                     if f"name '{name}' is not defined" in f.message)
+    if not missing:
+        return ""
+    names = ", ".join(dict.fromkeys(missing))
+    return (f"{names}: set in the notebook, but %%ranks cells run in each rank's own namespace, "
+            "where only the notebook's functions, classes and modules arrive. Set the value in "
+            "a %%ranks cell, or compute it inside a function of the notebook.")
 
 
 def register(ipython: Any) -> None:

@@ -1,0 +1,109 @@
+"""A launcher rank's default process group: join it, rejoin it, and forgive pasted setup code.
+
+Code copied from torchrun scripts and from PyTorch's own tutorials sets the group up
+itself (``dist.init_process_group("gloo", rank=..., world_size=...)``) and tears it
+down at the end (``dist.destroy_process_group()``). On a launcher rank the group
+already exists, so the first call used to fail with torch's bare "trying to
+initialize the default process group twice!", and after the second every later run
+of a Cluster failed with "Default process group has not been initialized".
+
+Here a rank keeps its rendezvous store for its whole life, so it can make a new
+group whenever the old one was destroyed, and its ``init_process_group`` accepts a
+call that asks for the group it is already in.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+_REAL_INIT = c10d.init_process_group
+
+
+class _Group:
+    """How this rank joins its group: set once by :func:`join`."""
+
+    backend = "gloo"
+    rank = 0
+    world_size = 1
+    timeout = timedelta(minutes=30)
+    store: Any = None
+    generation = 0
+    noted = False
+
+
+def join(backend: str, store_path: str, rank: int, world_size: int, timeout_s: float) -> None:
+    """Make this rank's default process group (rendezvous through a FileStore)."""
+    _Group.backend, _Group.rank, _Group.world_size = backend, rank, world_size
+    _Group.timeout = timedelta(seconds=timeout_s)
+    # Kept for the rank's life: a destroyed group is remade over the same file.
+    _Group.store = dist.FileStore(store_path, world_size)
+    if backend == "nccl":
+        # Before init: NCCL binds the rank's communicator to the current device.
+        torch.cuda.set_device(rank)
+    _init()
+    c10d.init_process_group = dist.init_process_group = _init_process_group
+
+
+def _init() -> None:
+    store = _Group.store
+    if _Group.generation:
+        # Every key of a new group under a fresh prefix: the old group's keys are
+        # still in the file and would be read as this group's.
+        store = dist.PrefixStore(f"ezpz_nb-regroup-{_Group.generation}", store)
+    _Group.generation += 1
+    _REAL_INIT(_Group.backend, store=store, rank=_Group.rank, world_size=_Group.world_size,
+               timeout=_Group.timeout)
+
+
+def rejoin_if_destroyed() -> None:
+    """Before a run: remake the group if the previous run destroyed it.
+
+    Every rank runs the same function, so all of them destroyed it and all of them
+    rejoin here, under the same generation's prefix.
+    """
+    if dist.is_initialized():
+        return
+    if _Group.rank == 0:
+        print("[ezpz_nb] the last run called dist.destroy_process_group(); made a new group "
+              "for this run. In a notebook the launcher owns the group: no need to destroy it.",
+              file=sys.stderr)
+    _init()
+
+
+def _init_process_group(backend: Any = None, init_method: str | None = None, timeout: Any = None,
+                        world_size: int = -1, rank: int = -1, store: Any = None,
+                        *args: Any, **kwargs: Any) -> None:
+    """``dist.init_process_group`` on a launcher rank: the group is already made.
+
+    A call asking for this rank's own place (or leaving rank and world size out) is
+    accepted and does nothing, so torchrun-style setup code runs unchanged; a call
+    asking for something else says what to write instead. ``init_method``,
+    ``MASTER_ADDR``/``MASTER_PORT`` and ``store`` are not used: the launcher's own
+    rendezvous serves every group of this rank.
+    """
+    ours = f"rank {_Group.rank} of {_Group.world_size}, {_Group.backend}"
+    wanted_backend = str(backend).lower() if backend is not None else None
+    if wanted_backend is not None and _Group.backend not in wanted_backend:
+        raise RuntimeError(
+            f"dist.init_process_group({backend!r}): ezpz_nb already joined this rank to a "
+            f"{_Group.backend} group ({ours}). Start the ranks with that backend instead "
+            f"(ez.launch(..., backend={wanted_backend!r})) and remove this call.")
+    if (rank not in (-1, None) and rank != _Group.rank) or (
+            world_size not in (-1, None) and world_size != _Group.world_size):
+        raise RuntimeError(
+            f"dist.init_process_group(rank={rank}, world_size={world_size}): ezpz_nb already "
+            f"placed this process as {ours}. Pass rank=dist.get_rank() and "
+            "world_size=dist.get_world_size(), or remove the call: the group exists.")
+    if not dist.is_initialized():  # destroyed earlier in this same run
+        _init()
+        return
+    if not _Group.noted and _Group.rank == 0:
+        _Group.noted = True
+        print(f"[ezpz_nb] dist.init_process_group(): the ranks are already in a {_Group.backend} "
+              "group (made by the launcher); the call was skipped.", file=sys.stderr)

@@ -1,0 +1,321 @@
+"""Cell code as people write it, on real ranks: in a plain script and in a real Jupyter kernel.
+
+Guards the RecursionError that every function calling two helpers raised on the ranks
+(rebinding helper A visited helper B, which visited A again), and the shapes around
+it: chains, mutual and self recursion, cell classes and decorators, partials,
+dataclasses, lambdas in globals, redefined helpers, rank-side globals that persist,
+``%%ranks`` cells that call notebook helpers, code pasted from torchrun scripts, and
+progress bars drawn with carriage returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ezpz_nb as ez
+
+pytestmark = pytest.mark.timeout(300)
+
+# Each shape defines what it needs and adds ``name: (function, args)`` to CASES; the
+# notebook and the script run every case locally and on the ranks and compare.
+SHAPES = [
+    """\
+import dataclasses, functools
+import torch.distributed as dist
+import ezpz_nb as ez
+CASES = {}
+def helper_a(): return 1
+def helper_b(): return 2
+def two_helpers(): return helper_a() + helper_b()
+CASES["two helpers"] = (two_helpers, ())""",
+    """\
+def chain_h(): return 5
+def chain_g(): return chain_h() + 1
+def chain_f(): return chain_g() * 2
+CASES["chain of three"] = (chain_f, ())""",
+    """\
+def is_even(n): return True if n == 0 else is_odd(n - 1)
+def is_odd(n): return False if n == 0 else is_even(n - 1)
+CASES["mutual recursion"] = (is_even, (7,))""",
+    """\
+def fact(n): return 1 if n <= 1 else n * fact(n - 1)
+def uses_fact(): return fact(6) + helper_a()
+CASES["recursive helper"] = (uses_fact, ())""",
+    """\
+class Model:
+    def __init__(self, k): self.k = k
+    def forward(self): return helper_a() + self.k * helper_b() + self.twice()
+    def twice(self): return 2 * fact(3)
+CASES["class calling helpers"] = (lambda: Model(3).forward(), ())""",
+    """\
+def plus_helper(fn):
+    @functools.wraps(fn)
+    def wrapper(*args): return fn(*args) + helper_a()
+    return wrapper
+@plus_helper
+def decorated(x): return helper_b() * x
+CASES["decorator from the cell"] = (decorated, (4,))""",
+    """\
+def add3(a, b, c): return a + b + c + chain_f()
+CASES["partial"] = (functools.partial(add3, 1, c=3), (2,))""",
+    """\
+@dataclasses.dataclass
+class Config:
+    n: int = 3
+    def total(self): return self.n + helper_b()
+CASES["dataclass"] = (lambda cfg: cfg.total(), (Config(n=7),))""",
+    """\
+square = lambda x: x * x + helper_a()
+def uses_lambda(): return square(5)
+CASES["lambda in a global"] = (uses_lambda, ())""",
+]
+
+# Run every case on 2 ranks; then the stateful shapes, which need an order.
+RUNNER = """\
+results = {}
+with ez.Cluster(world_size=2) as cluster:
+    for name, (fn, args) in CASES.items():
+        results[name] = [fn(*args), cluster.run(fn, *args)]
+
+    def set_state():
+        global state
+        state = 10 * dist.get_rank() + helper_b()
+    def get_state(): return state
+    cluster.run(set_state)
+    results["globals kept between runs"] = [[2, 12], cluster.run(get_state)]
+
+    class Counter:
+        def bump(self):
+            global bumps
+            bumps = bumps + 1 if "bumps" in globals() else 1
+            return bumps
+    cluster.run(Counter().bump)
+    results["method writing a global"] = [[2, 2], cluster.run(Counter().bump)]
+    results["...read by a function"] = [[2, 2], cluster.run(lambda: bumps)]
+
+    def helper_a(): return 100  # redefined "in a later cell": the new one must run
+    results["redefined helper"] = [two_helpers(), cluster.run(two_helpers)]
+print("RESULTS " + json.dumps(results))
+"""
+
+
+def _check(results: dict) -> None:
+    names = {"two helpers", "chain of three", "mutual recursion", "recursive helper",
+             "class calling helpers", "decorator from the cell", "partial", "dataclass",
+             "lambda in a global", "globals kept between runs", "method writing a global",
+             "...read by a function", "redefined helper"}
+    assert set(results) == names
+    for name, (local, remote) in results.items():
+        if isinstance(local, list):
+            assert remote == local, name
+        else:
+            assert remote == [local, local], name
+    assert results["redefined helper"][0] == 102
+
+
+def test_shapes_in_a_plain_script(tmp_path, short_tmp):
+    """The same shapes from a script's __main__ (what `python script.py` pickles by value)."""
+    script = tmp_path / "shapes.py"
+    script.write_text("import json\n" + "\n".join(SHAPES) + "\n" + RUNNER)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=240, env=dict(os.environ, TMPDIR=short_tmp))
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULTS "))
+    _check(json.loads(line[len("RESULTS "):]))
+    assert os.listdir(short_tmp) == []
+
+
+# ---------------------------------------------------------------- in a real kernel
+BAR = """\
+import time
+def draw_bar():
+    for i in range(6):
+        print(f"step {i}/5", end="\\r", flush=True)
+        time.sleep(0.15)
+    print()
+    return "drawn"
+ez.launch(draw_bar, world_size=2)"""
+
+MAGIC = [
+    "%load_ext ezpz_nb",
+    "%%ranks -n 2\nscaled = two_helpers() * (rank + 1) + Model(1).forward()\nscaled",
+    "def two_helpers(): return 40\nnotebook_only = 5",
+    "%%ranks\ntwo_helpers() + scaled",
+    "%%ranks\nnotebook_only + 1",
+]
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+
+    def run(code: str) -> tuple[str, list[dict]]:
+        msgs: list[dict] = []
+        reply = kc.execute_interactive(code, timeout=120, output_hook=msgs.append)
+        text = "".join(m["content"].get("text", "") for m in msgs if m["msg_type"] == "stream")
+        errors = [m["content"] for m in msgs if m["msg_type"] == "error"]
+        if reply["content"]["status"] != "ok":
+            text += "\n".join(e["ename"] + ": " + e["evalue"] for e in errors)
+        return text, msgs
+
+    yield run
+    km.shutdown_kernel(now=False)
+    kc.stop_channels()
+
+
+def test_shapes_in_a_kernel(kernel):
+    """The same shapes, one per cell, then the runner, in a Jupyter kernel."""
+    kernel("import json")
+    for cell in SHAPES:
+        text, _ = kernel(cell)
+        assert "Error" not in text, text
+    text, _ = kernel(RUNNER)
+    line = next(x for x in text.splitlines() if x.startswith("RESULTS "))
+    _check(json.loads(line[len("RESULTS "):]))
+
+
+def test_ranks_cells_call_notebook_helpers(kernel):
+    """%%ranks cells get the notebook's functions and classes (a later definition wins);
+    the notebook's data does not travel, and the NameError says so."""
+    for cell in SHAPES[:1] + SHAPES[3:5]:
+        kernel(cell)
+    outs = [kernel(cell)[0] for cell in MAGIC]
+    # two_helpers() * (rank + 1) + Model(1).forward() = 3 * (rank + 1) + (1 + 2 + 12)
+    assert "[rank 0] Out: 18" in outs[1] and "[rank 1] Out: 21" in outs[1]
+    assert "[rank 0] Out: 58" in outs[3] and "[rank 1] Out: 61" in outs[3]  # 40 + scaled
+    assert "RankError" in outs[4] and "notebook_only" in outs[4]
+    assert "only the notebook's functions, classes and modules arrive" in outs[4]
+
+
+def test_progress_bar_updates_live_in_one_display_per_rank(kernel):
+    """A rank redrawing a line with carriage returns shows one display per rank, updated
+    in place while it runs, ending on the last text; not one glued line at the end."""
+    kernel("import ezpz_nb as ez")
+    text, msgs = kernel(BAR)
+    shown = [(m["msg_type"], m["content"]["data"]["text/plain"]) for m in msgs
+             if m["msg_type"] in ("display_data", "update_display_data")]
+    for r in (0, 1):
+        mine = [t for _, t in shown if t.startswith(f"[rank {r}] ")]
+        # Several distinct states arrived one by one (live), in order, ending on the last.
+        assert len(set(mine)) >= 3, shown
+        steps = [int(t.split("step ")[1].split("/")[0]) for t in mine]
+        assert steps == sorted(steps) and steps[-1] == 5
+    assert [k for k, _ in shown].count("display_data") == 2  # one display per rank
+    assert "step 0/5step" not in text and "\r" not in text
+
+
+# ---------------------------------------------------------------- pasted code, our faults
+def _init_process(rank, size, fn, backend="gloo"):
+    """The shape of PyTorch's distributed tutorial: each process sets up its own group."""
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = "29500"
+    dist.init_process_group(backend, rank=rank, world_size=size)
+    return fn(rank, size)
+
+
+def _sum_ranks(rank, size):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    return t.item()
+
+
+def _script_end():
+    import torch.distributed as dist
+
+    value = _sum_ranks(dist.get_rank(), dist.get_world_size())
+    dist.destroy_process_group()  # what scripts do at the end
+    return value
+
+
+def test_pasted_init_process_group_runs_and_a_wrong_rank_explains_itself():
+    import torch.distributed as dist
+
+    assert ez.launch(lambda: _init_process(dist.get_rank(), 3, _sum_ranks),
+                     world_size=3) == [3.0] * 3
+    with pytest.raises(ez.RankError) as info:
+        ez.launch(lambda: _init_process(0, 2, _sum_ranks), world_size=2)
+    msg = str(info.value)
+    assert "rank 1 failed" in msg and "already placed this process as rank 1 of 2" in msg
+    assert "Pass rank=dist.get_rank()" in msg
+
+
+def test_destroy_process_group_in_a_run_does_not_break_the_next():
+    import torch.distributed as dist
+
+    with ez.Cluster(world_size=2) as c:
+        assert c.run(_script_end) == [1.0, 1.0]
+        assert c.run(_script_end) == [1.0, 1.0]
+        assert c.run(lambda: dist.get_world_size()) == [2, 2]
+
+
+class _BreaksOnTheRanks:
+    """Pickles fine in the notebook; rebuilding it on a rank raises."""
+
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+def _refuse():
+    raise ValueError("refusing to be rebuilt")
+
+
+def test_a_failure_in_our_code_shows_our_frames_and_says_so():
+    """Guards the empty traceback a RecursionError in the rank's own plumbing gave."""
+    with pytest.raises(ez.RankError) as info:
+        ez.launch(lambda x: 1, _BreaksOnTheRanks(), world_size=2)
+    msg = str(info.value)
+    assert "inside ezpz_nb, before your function ran" in msg
+    assert "_rank.py" in msg and "in loads_job" in msg  # our frames, not an empty traceback
+    assert "in _refuse" in msg and "refusing to be rebuilt" in msg
+    assert "ezpz_nb failed on this rank before your function ran" in msg
+
+
+# ---------------------------------------------------------------- random call graphs
+@pytest.fixture(scope="module")
+def cluster():
+    with ez.Cluster(world_size=2) as c:
+        yield c
+
+
+graphs = st.integers(min_value=1, max_value=6).flatmap(lambda n: st.lists(
+    st.tuples(st.integers(-9, 9), st.lists(st.integers(0, n - 1), max_size=3)),
+    min_size=n, max_size=n))
+
+
+def _graph_source(graph: list[tuple[int, list[int]]]) -> str:
+    """Functions f0..fn-1; fi adds its constant to what its callees (cycles allowed,
+    itself included) return one level deeper; depth 0 stops the recursion."""
+    parts = []
+    for i, (const, callees) in enumerate(graph):
+        calls = " + ".join(f"{k + 2} * f{j}(d - 1)" for k, j in enumerate(callees)) or "0"
+        parts.append(f"def f{i}(d):\n    if d <= 0:\n        return {const}\n"
+                     f"    return {const} + {calls}\n")
+    return "\n".join(parts)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(graph=graphs, depth=st.integers(0, 4))
+def test_random_call_graphs_give_the_local_value_on_the_ranks(cluster, graph, depth):
+    ns: dict = {"__name__": "__main__"}  # as in a notebook or a script: sent by value
+    exec(textwrap.dedent(_graph_source(graph)), ns)
+    local = ns["f0"](depth)
+    assert cluster.run(ns["f0"], depth) == [local, local]
