@@ -17,15 +17,23 @@ from ezpz_nb.data import (
     TPLeaderError,
     get_random_dataset_fsdp_tp,
 )
-from ezpz_nb.errors import EzpzError, HangError, RankError, RankEvent, RankFailure, RankStack
+from ezpz_nb.events import publish
 from ezpz_nb.groups import Layout, layout_table, make_layout
-from ezpz_nb.launch import MAX_WORLD_SIZE, START_METHODS, Cluster, launch, publish
+from ezpz_nb.launcher import MAX_WORLD_SIZE, START_METHODS, Cluster, launch
+from ezpz_nb.launcher.errors import (
+    EzpzError,
+    HangError,
+    RankError,
+    RankEvent,
+    RankFailure,
+    RankStack,
+)
 from ezpz_nb.ledger import Ledger, Problem, RecordingLoader, StepRecord, record
 
 __version__ = "0.1.0"
 
 __all__ = [
-    # launching (ezpz_nb.launch, ezpz_nb.errors)
+    # launching (ezpz_nb.launcher)
     "Cluster",
     "EzpzError",
     "HangError",
@@ -59,6 +67,6 @@ __all__ = [
 
 def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own type
     """``%load_ext ezpz_nb``: registers the ``%%ranks`` cell magic."""
-    from ezpz_nb.magic import register
+    from ezpz_nb.launcher.magic import register
 
     register(ipython)

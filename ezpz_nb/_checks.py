@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ezpz_nb.errors import HangError, RankError, describe_location, is_library
-from ezpz_nb.launch import launch
+from ezpz_nb.launcher import launch
+from ezpz_nb.launcher.errors import HangError, RankError, describe_location, is_library
 
 __all__ = ["CHECK_TIMEOUT", "CheckResult"]
 

@@ -2,7 +2,7 @@
 
 Wrap a loader with :func:`record` on every rank; each step appends one
 :class:`StepRecord` (and publishes it live to the notebook when run by
-``ezpz_nb.launch``). Gather the records into a :class:`Ledger` and ask it what
+``ezpz_nb.launcher``). Gather the records into a :class:`Ledger` and ask it what
 went wrong, in plain words::
 
     def train(layout_tp):
@@ -100,7 +100,7 @@ def _sample_ids(batch: Any) -> tuple[int, ...]:
 
 def _publish(item: Any) -> None:
     try:
-        from ezpz_nb.launch import publish
+        from ezpz_nb.events import publish
     except ImportError:  # the launcher is optional for recording
         return
     publish(item)
@@ -129,7 +129,7 @@ class RecordingLoader:
         epoch: Label of the first pass.
         ledger_list: Also append each record to this list (e.g. a global that
             survives a failing ``Cluster.run``).
-        publish: Send each record live to the notebook (``ezpz_nb.launch.publish``;
+        publish: Send each record live to the notebook (``ezpz_nb.events.publish``;
             a no-op outside a launcher rank).
     """
 

@@ -274,7 +274,7 @@ class Explorer:
 
     # ---------------------------------------------------------------- running
     def _cluster_for(self, world_size: int) -> Any:
-        from ezpz_nb.launch import Cluster
+        from ezpz_nb.launcher import Cluster
 
         if self._cluster is not None and (self._cluster.closed or self._cluster.world_size != world_size):
             self._cluster.close()

@@ -284,7 +284,7 @@ def test_a_failure_in_our_code_shows_our_frames_and_says_so():
         ez.launch(lambda x: 1, _BreaksOnTheRanks(), world_size=2)
     msg = str(info.value)
     assert "inside ezpz_nb, before your function ran" in msg
-    assert "_rank.py" in msg and "in loads_job" in msg  # our frames, not an empty traceback
+    assert "launcher/rank.py" in msg and "wire.py" in msg and "in loads_job" in msg  # ours
     assert "in _refuse" in msg and "refusing to be rebuilt" in msg
     assert "ezpz_nb failed on this rank before your function ran" in msg
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import ezpz_nb as ez
-from ezpz_nb.launch import live_clusters
+from ezpz_nb.launcher import live_clusters
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,12 +1,9 @@
 """What every walkthrough needs besides the idea it teaches.
 
-* :func:`ensure_distributed`: join the process group torchrun describes in the
-  environment, or do nothing inside an ``ez.launch`` rank (already joined).
-* :func:`run_in_place`: ``ez.launch``'s result list for a process that
-  torchrun started (the launcher can use it instead of starting ranks).
-* :func:`check_backend` / :func:`device`: gloo on CPU by default, nccl with one
-  GPU per rank when asked; asking for nccl without a GPU fails *before* any
-  process group exists, with what to do instead.
+* :func:`ensure_distributed`, :func:`check_backend` (from
+  :mod:`ezpz_nb.launcher.torchrun`): join torchrun's process group, or do nothing
+  inside an ``ez.launch`` rank; nccl without a GPU fails before any group exists.
+* :func:`device`: the rank's GPU under nccl, else the CPU.
 * :func:`prepare_out` / :func:`save_ledger`: one ledger file per rank
   (``DIR/rank{r}.jsonl``), merged later with ``Ledger.load(DIR)``.
 * :func:`base_parser` / :func:`cli_main`: the command line shared by
@@ -16,12 +13,10 @@
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +24,15 @@ import torch
 import torch.distributed as dist
 
 from ezpz_nb.broadcast import flatten_batch, unflatten_batch
+from ezpz_nb.launcher.torchrun import (
+    BACKENDS,
+    TORCHRUN_VARS,
+    check_backend,
+    ensure_distributed,
+    in_torchrun_env,
+    run_in_place,
+    uses_nccl,
+)
 from ezpz_nb.ledger import Ledger, RecordingLoader
 
 __all__ = [
@@ -51,126 +55,15 @@ __all__ = [
     "to_device",
 ]
 
-#: Backends the examples accept.
-BACKENDS = ("gloo", "nccl")
-#: Variables torchrun (and srun/mpiexec wrappers around it) set for each process.
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
 #: Size of the random-token samples: small, because the walkthroughs are about
 #: which sample goes where, not about the tokens.
 VOCAB_SIZE = 1024
 SEQ_LENGTH = 16
 
 
-def check_backend(backend: str, local_rank: int | None = None) -> None:
-    """Reject a backend this process cannot use, before any process group exists.
-
-    Args:
-        backend: ``"gloo"`` or ``"nccl"``.
-        local_rank: This process's index on its node (``LOCAL_RANK``); with nccl it
-            must name a visible GPU.
-
-    Raises:
-        ValueError: Unknown backend, or nccl without a (free) GPU; the message
-            says what to run instead.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend != "nccl":
-        return
-    if not torch.cuda.is_available():
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        hint = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
-        raise ValueError(
-            "backend 'nccl' needs one CUDA GPU per rank, but torch sees no GPU here"
-            f"{hint}. Use --backend gloo (the default, CPU) on this machine, or run on "
-            "a node with GPUs and a CUDA build of torch."
-        )
-    count = torch.cuda.device_count()
-    if local_rank is not None and not 0 <= local_rank < count:
-        raise ValueError(
-            f"backend 'nccl' gives each rank its own GPU, but this is local rank {local_rank} "
-            f"and the node has {count} visible GPU(s). Start at most {count} processes per "
-            f"node (torchrun --nproc_per_node={count}), or use --backend gloo."
-        )
-
-
-def ensure_distributed(backend: str = "gloo", timeout_s: float | None = None) -> bool:
-    """Join torch.distributed from torchrun's environment, unless already joined.
-
-    Inside an ``ez.launch`` rank (or any initialised process) this does nothing,
-    so a walkthrough's worker runs unchanged in a notebook and under torchrun.
-
-    Args:
-        backend: Backend to initialise with when this call does initialise.
-        timeout_s: Collective timeout in seconds; torch's default is 30 minutes,
-            far too long to wait for a teaching example that hangs.
-
-    Returns:
-        True if this call created the process group (the caller may destroy
-        it), False if one already existed.
-
-    Raises:
-        RuntimeError: Not initialised and no torchrun environment to join.
-        ValueError: See :func:`check_backend`.
-    """
-    if dist.is_available() and dist.is_initialized():
-        return False
-    missing = [v for v in TORCHRUN_VARS if v not in os.environ]
-    if missing:
-        raise RuntimeError(
-            f"torch.distributed is not initialised and {', '.join(missing)} "
-            f"{'is' if len(missing) == 1 else 'are'} not set. Start this under torchrun "
-            "(python -m torch.distributed.run --standalone --nproc_per_node=4 -m "
-            "ezpz_nb.examples.<name>) or from a notebook with ez.launch(run, world_size=4)."
-        )
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    check_backend(backend, local_rank)
-    if backend == "nccl":
-        # Before init: NCCL binds each rank's communicator to the current device.
-        torch.cuda.set_device(local_rank)
-    kwargs: dict[str, Any] = {}
-    if timeout_s is not None:
-        kwargs["timeout"] = timedelta(seconds=timeout_s)
-    dist.init_process_group(backend, init_method="env://", **kwargs)
-    # Whoever makes the group tears it down: a process that exits with a live gloo
-    # group can abort in its destructor ("terminate called without an active
-    # exception"), which torchrun reports as a failed rank.
-    atexit.register(_destroy_group)
-    return True
-
-
-def _destroy_group() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def in_torchrun_env() -> bool:
-    """True when torchrun (or srun/mpiexec around it) set this process's rank variables."""
-    return all(v in os.environ for v in TORCHRUN_VARS)
-
-
-def run_in_place(fn: Callable[..., Any], *args: Any, backend: str = "gloo",
-                 timeout_s: float | None = None, **kwargs: Any) -> list[Any]:
-    """``ez.launch``'s contract for a process torchrun already started.
-
-    Joins the group (:func:`ensure_distributed`), runs ``fn`` in this process
-    and gathers every rank's result, so code written for ``ez.launch`` gets the
-    same answer, a list in rank order, on every rank. The launcher can call this
-    instead of starting ranks when :func:`in_torchrun_env` is true.
-
-    Returns:
-        ``[result of rank 0, result of rank 1, ...]`` on every rank.
-    """
-    ensure_distributed(backend, timeout_s)
-    value = fn(*args, **kwargs)
-    results: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(results, value)
-    return results
-
-
 def device() -> torch.device:
     """The device this rank's batches belong on: its GPU under nccl, else the CPU."""
-    if dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()).lower():
+    if uses_nccl():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

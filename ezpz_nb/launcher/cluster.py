@@ -25,7 +25,6 @@ import itertools
 import multiprocessing as mp
 import multiprocessing.util  # before our atexit hook is registered, see _close_all
 import os
-import pickle
 import shutil
 import signal
 import sys
@@ -38,20 +37,9 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from ezpz_nb import _rank
-from ezpz_nb._output import OutputRelay
-from ezpz_nb._startup import (
-    MAX_WORLD_SIZE,
-    START_METHODS,
-    check_args,
-    cores,
-    default_start_method,
-    dumps_job,
-    loopback,
-    main_hidden,
-    on_kernel_shutdown,
-)
-from ezpz_nb.errors import (
+from ezpz_nb.launcher import rank as _rank
+from ezpz_nb.launcher import wire
+from ezpz_nb.launcher.errors import (
     HangError,
     RankError,
     RankEvent,
@@ -62,13 +50,25 @@ from ezpz_nb.errors import (
     signal_name,
     stack_from_frames,
 )
+from ezpz_nb.launcher.output import OutputRelay
+from ezpz_nb.launcher.shutdown import on_kernel_shutdown
+from ezpz_nb.launcher.startup import (
+    check_args,
+    cores,
+    default_start_method,
+    dumps_job,
+    loopback,
+    main_hidden,
+)
+from ezpz_nb.launcher.torchrun import in_torchrun_env, run_in_place
 
-__all__ = ["Cluster", "launch", "publish", "MAX_WORLD_SIZE", "START_METHODS"]
+__all__ = ["Cluster", "launch", "live_clusters"]
 
 #: How long the other ranks get to finish after one rank raised.
 _GRACE_S = 1.0
+# What Cluster._receive returns when a message settles nothing.
+_NOTHING, _CLOSED = object(), object()
 
-publish = _rank.publish
 # Live clusters by start order, so "the running cluster" means the latest one.
 _LIVE: weakref.WeakValueDictionary[int, Cluster] = weakref.WeakValueDictionary()
 _SERIAL = itertools.count()
@@ -124,8 +124,8 @@ class Cluster:
         ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
             # One import of torch in the server; every rank after that is a fast fork.
-            # _forkserver first: it leaves the kernel's process group (see there).
-            ctx.set_forkserver_preload(["ezpz_nb._forkserver", "ezpz_nb._rank"])
+            # forkserver first: it leaves the kernel's process group (see there).
+            ctx.set_forkserver_preload(["ezpz_nb.launcher.forkserver", "ezpz_nb.launcher.rank"])
         self._tmp = tempfile.mkdtemp(prefix="ezpz_nb-")
         self._cleanup_dirs = (self._tmp,)
         if self.start_method == "forkserver":
@@ -151,7 +151,7 @@ class Cluster:
                 self._start_rank(ctx, r, dict(env, RANK=str(r), LOCAL_RANK=str(r)))
             # Starting includes the forkserver's one import of torch (seconds on a
             # busy laptop): a short run timeout meant for a hang demo must not cut it.
-            self._await("ready", time.monotonic() + max(self.timeout, 60.0), what="start")
+            self._await(time.monotonic() + max(self.timeout, 60.0), what="start")
         except BaseException:
             self._kill()
             raise
@@ -187,7 +187,7 @@ class Cluster:
             return
         for conn in self._conns:
             try:
-                conn.send_bytes(pickle.dumps(("stop", None)))
+                conn.send_bytes(wire.command(wire.Stop()))
             except OSError:
                 pass
         deadline = time.monotonic() + 2.0
@@ -269,11 +269,11 @@ class Cluster:
                   "were stopped; state on them is gone)", file=sys.stderr)
             self._start()
         self.events = []
-        msg = pickle.dumps(("run", job))
+        msg = wire.command(wire.Run(job))
         try:
             for conn in self._conns:
                 conn.send_bytes(msg)
-            replies = self._await("ok", time.monotonic() + self.timeout, what="run")
+            replies = self._await(time.monotonic() + self.timeout, what="run")
         except RankError:
             raise  # _await already stopped the ranks if they could not be kept
         except BaseException:
@@ -282,14 +282,25 @@ class Cluster:
             raise
         return [replies[r] for r in range(self.world_size)]
 
-    def _await(self, want: str, deadline: float, what: str) -> dict[int, Any]:
-        """Wait for one reply per rank while showing their output live."""
+    def _await(self, deadline: float, what: str) -> dict[int, Any]:
+        """Wait for one reply per rank while showing their output live.
+
+        Returns the replies by rank; raises RankError or HangError otherwise.
+        """
         pending = set(range(self.world_size))
         replies: dict[int, Any] = {}
         failures: dict[int, RankFailure] = {}
         grace_end: float | None = None
         sentinels = {p.sentinel: r for r, p in enumerate(self._procs)}
         by_conn = {id(c): r for r, c in enumerate(self._conns)}
+
+        def settle(r: int, outcome: Any) -> None:
+            pending.discard(r)
+            if isinstance(outcome, RankFailure):
+                failures[r] = outcome
+            else:
+                replies[r] = outcome
+
         while pending:
             now = time.monotonic()
             limit = grace_end if grace_end is not None else deadline
@@ -304,18 +315,22 @@ class Cluster:
             for obj in ready:
                 if not isinstance(obj, int) and id(obj) in by_conn:
                     r = by_conn[id(obj)]
-                    self._handle(r, want, replies, failures, pending)
+                    outcome = self._receive(r)
+                    if outcome is not _NOTHING and outcome is not _CLOSED:
+                        settle(r, outcome)
             for obj in ready:
                 r = sentinels.get(obj) if isinstance(obj, int) else None
                 if r is not None and r in pending:
                     conn = self._conns[r]
                     # It may have replied, then died: read what it sent before EOF.
                     while r in pending and conn.poll():
-                        if not self._handle(r, want, replies, failures, pending):
+                        outcome = self._receive(r)
+                        if outcome is _CLOSED:
                             break
+                        if outcome is not _NOTHING:
+                            settle(r, outcome)
                     if r in pending:
-                        failures[r] = self._death(r)
-                        pending.discard(r)
+                        settle(r, self._death(r))
             if failures and grace_end is None:
                 grace_end = time.monotonic() + _GRACE_S
         self._output.drain()
@@ -334,34 +349,38 @@ class Cluster:
             raise HangError(stacks, self.timeout, self.events)
         return replies
 
-    def _handle(self, r: int, want: str, replies: dict, failures: dict, pending: set) -> bool:
-        """Take one message from rank ``r``; False when its end is closed."""
+    def _receive(self, r: int) -> Any:
+        """Take one message from rank ``r``.
+
+        Returns its reply value (a :class:`RankFailure` for a failure), ``_NOTHING``
+        after an event (the run goes on), or ``_CLOSED`` when its end is closed
+        (the process sentinel then says how it died).
+        """
         try:
-            msg = pickle.loads(self._conns[r].recv_bytes())
+            msg = wire.loads(self._conns[r].recv_bytes())
         except (EOFError, OSError):
-            return False  # the sentinel reports how it died
-        kind = msg[0]
-        if kind == "event":
-            ev = RankEvent(r, msg[1], time.monotonic())
+            return _CLOSED
+        if isinstance(msg, wire.Event):
+            ev = RankEvent(r, msg.item, time.monotonic())
             self.events.append(ev)
             if self.on_event is not None:
                 self.on_event(ev)
-            return True
-        pending.discard(r)
-        if kind in (want, "ready"):
-            replies[r] = msg[1]
-        elif kind == "error":
-            chain, ours = msg[1], msg[2]
-            tb = format_chain(chain) + (f"\n{ours}\n" if ours else "")
-            where = " (inside ezpz_nb, before your function ran)" if ours else ""
-            failures[r] = RankFailure(r, "exception", chain[-1][1].split(":")[0],
-                                      chain[-1][1] + where, tb)
-        elif kind == "unpicklable":
-            failures[r] = RankFailure(
+            return _NOTHING
+        if isinstance(msg, wire.Ok):
+            return msg.value
+        if isinstance(msg, wire.Ready):
+            return msg.pid
+        if isinstance(msg, wire.Error):
+            tb = format_chain(msg.chain) + (f"\n{msg.ours}\n" if msg.ours else "")
+            where = " (inside ezpz_nb, before your function ran)" if msg.ours else ""
+            header = msg.chain[-1][1]
+            return RankFailure(r, "exception", header.split(":")[0], header + where, tb)
+        if isinstance(msg, wire.Unpicklable):
+            return RankFailure(
                 r, "unpicklable", "PicklingError",
-                f"its {msg[1]} could not be sent back to the notebook ({msg[2]}); return "
+                f"its {msg.what} could not be sent back to the notebook ({msg.why}); return "
                 "plain data (numbers, lists, dicts, tensors) instead")
-        return True
+        raise TypeError(f"unexpected message from rank {r}: {msg!r}")
 
     def _death(self, r: int) -> RankFailure:
         proc = self._procs[r]
@@ -398,7 +417,6 @@ class Cluster:
             stacks[r] = stack_from_frames(r, frames) if frames else RankStack(r, "unknown")
         return stacks
 
-    # ------------------------------------------------------------------ output
 def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 60.0,
            threads: int | None = None, start_method: str | None = None,
            backend: str = "gloo", **kwargs: Any) -> list[Any]:
@@ -418,8 +436,6 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: flo
         ValueError, TypeError: bad arguments, raised before any process starts.
     """
     check_args(world_size, timeout, threads, start_method, backend)
-    from ezpz_nb.examples.common import in_torchrun_env, run_in_place
-
     if in_torchrun_env():
         # Under torchrun (or srun/mpiexec around it) the ranks already exist: run
         # here and gather, so notebook code gives the same list on a cluster.

@@ -1,4 +1,4 @@
-"""What runs inside each rank process started by :mod:`ezpz_nb.launch`.
+"""What runs inside each rank process started by :mod:`ezpz_nb.launcher.cluster`.
 
 Imported by the forkserver before it forks (``set_forkserver_preload``), so torch
 is already in memory and each rank starts in milliseconds instead of paying an
@@ -8,7 +8,6 @@ is already in memory and each rank starts in milliseconds instead of paying an
 from __future__ import annotations
 
 import faulthandler
-import io
 import multiprocessing
 import os
 import pickle
@@ -17,18 +16,28 @@ import signal
 import sys
 import threading
 import traceback
-import types
-from collections import ChainMap
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
 import torch
 
-from ezpz_nb import _rankgroup
+from ezpz_nb import events
+from ezpz_nb.launcher import rankgroup
+from ezpz_nb.launcher.wire import (
+    Chain,
+    Error,
+    Event,
+    Ok,
+    Ready,
+    Stop,
+    ToNotebook,
+    Unpicklable,
+    dumps,
+    loads,
+    loads_job,
+)
 
-# Set while this process is a launcher rank; ``publish`` sends through it.
-_CONN: Any = None
+# Replies (main thread) and published events (any thread) share the command pipe.
 _SEND_LOCK = threading.Lock()
 
 
@@ -52,60 +61,29 @@ class RankConfig:
     cleanup_dirs: tuple[str, ...] = ()
 
 
-def _code_keep_filename(code: types.CodeType) -> tuple:
-    # cloudpickle renames every code object's file to "<dynamic-code>"; we keep the
-    # real one so tracebacks and hang reports can point at the learner's cell line.
-    ctor, args = cloudpickle.cloudpickle._code_reduce(code)
-    return ctor, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+def _publish_through(conn: Any) -> Any:
+    def send_event(item: Any) -> None:
+        data = dumps(Event(item))
+        with _SEND_LOCK:
+            conn.send_bytes(data)
+
+    return send_event
 
 
-class _Pickler(cloudpickle.Pickler):
-    if hasattr(cloudpickle.cloudpickle, "_code_reduce"):
-        dispatch_table = ChainMap({types.CodeType: _code_keep_filename},
-                                  cloudpickle.Pickler.dispatch_table)
-
-
-def dumps(obj: Any) -> bytes:
-    """cloudpickle, keeping source file names (functions travel by value)."""
-    buf = io.BytesIO()
-    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue()
-
-
-def publish(item: Any) -> bool:
-    """Send ``item`` to the notebook now, while the rank keeps running.
-
-    The notebook collects published items in arrival order (``Cluster.events``,
-    and ``.events`` on :class:`~ezpz_nb.errors.RankError` / ``HangError``), so what a
-    rank recorded before a failure or a hang is not lost.
-
-    Returns:
-        True when sent; False outside a launcher rank (plain script, torchrun),
-        where it does nothing.
-    """
-    conn = _CONN
-    if conn is None:
-        return False
-    data = dumps(("event", item))
-    with _SEND_LOCK:
-        conn.send_bytes(data)
-    return True
-
-
-def _send(conn: Any, msg: tuple) -> None:
+def _send(conn: Any, msg: ToNotebook) -> None:
     try:
         data = dumps(msg)
     except Exception as exc:  # the return value (or exception) cannot travel
-        kind = type(msg[1])
+        kind = type(msg[0])
         name = kind.__qualname__ if kind.__module__ == "builtins" else (
             f"{kind.__module__}.{kind.__qualname__}")
-        what = f"return value (a {name})" if msg[0] == "ok" else msg[0]
-        data = pickle.dumps(("unpicklable", what, f"{type(exc).__name__}: {exc}"))
+        what = f"return value (a {name})" if isinstance(msg, Ok) else type(msg).__name__
+        data = pickle.dumps(Unpicklable(what, f"{type(exc).__name__}: {exc}"))
     with _SEND_LOCK:
         conn.send_bytes(data)
 
 
-def _exception_chain(exc: BaseException, ours: bool = False) -> list[tuple[list, str, str]]:
+def _exception_chain(exc: BaseException, ours: bool = False) -> Chain:
     """The exception and its causes as plain data, oldest first: [(frames, header, link)].
 
     ``link`` is the sentence Python prints before an exception that was raised
@@ -113,14 +91,14 @@ def _exception_chain(exc: BaseException, ours: bool = False) -> list[tuple[list,
     out (they are the same in every traceback), unless ``ours``: the failure is in
     the rank's own plumbing, and they are then the only frames there are.
     """
-    chain: list[tuple[list, str, str]] = []
+    chain: Chain = []
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         frames = [(f.filename, f.lineno or 0, f.name, f.line or "")
                   for f in traceback.extract_tb(cur.__traceback__)
-                  if ours or not f.filename.endswith("_rank.py")]
+                  if ours or f.filename != __file__]
         header = "".join(traceback.format_exception_only(type(cur), cur)).rstrip()
         if cur.__cause__ is not None:
             link, nxt = _CAUSE, cur.__cause__
@@ -195,7 +173,6 @@ def _setup_io(out_w: Any, err_w: Any) -> None:
 
 def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> None:
     """Entry point of a rank: join the group, then serve runs until told to stop."""
-    global _CONN
     os.setpgrp()  # our own process group: the kernel's Ctrl-C does not hit us half-way
     _setup_io(out_w, err_w)
     os.environ.clear()
@@ -214,13 +191,13 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     dump = open(cfg.dump_path, "w")  # noqa: SIM115 - must stay open for faulthandler
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     torch.set_num_threads(cfg.threads)
-    _CONN = conn
+    events.connect(_publish_through(conn))
     try:
-        _rankgroup.join(cfg.backend, cfg.store_path, cfg.rank, cfg.world_size, cfg.pg_timeout)
+        rankgroup.join(cfg.backend, cfg.store_path, cfg.rank, cfg.world_size, cfg.pg_timeout)
     except BaseException as exc:  # noqa: BLE001 - report any start-up failure
-        _send(conn, ("error", _exception_chain(exc), ""))
+        _send(conn, Error(_exception_chain(exc)))
         return
-    _send(conn, ("ready", os.getpid()))
+    _send(conn, Ready(os.getpid()))
     if not _serve_forever(conn):
         # The notebook's end of the pipe closed: it died. Whichever of this thread
         # and the lifeline watcher notices first must clean up, or the folders stay.
@@ -233,56 +210,6 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     os._exit(0)
 
 
-#: One namespace per rank shared by every function sent by value (and by %%ranks
-#: cells), so globals a run sets are still there in the next run.
-NAMESPACE: dict[str, Any] = {"__name__": "__ranks__", "__builtins__": __builtins__}
-
-# Stands in the pickle for the globals dict of every function sent by value.
-_GLOBALS_TOKEN = "ezpz_nb:rank-namespace"
-
-
-class _JobPickler(_Pickler):
-    """Pickles a job so that its by-value functions share the rank's NAMESPACE.
-
-    cloudpickle gives the functions of one pickle that shared a globals dict in the
-    notebook one fresh dict on the ranks (``globals_ref``), and fills it with the
-    names each function uses. Here that dict travels as a persistent id, and the
-    rank loads it as NAMESPACE: cloudpickle then writes the notebook's values into
-    NAMESPACE itself (the notebook wins for names a function uses), names set only
-    on the ranks persist between runs, and every kind of by-value function
-    (helpers calling each other in cycles, methods of cell classes, decorated
-    functions, partials, lambdas in globals) reads and writes the same globals.
-    Rebinding the functions after loading instead had to walk their references
-    by hand, and recursed forever on any cycle (two helpers of one function).
-    """
-
-    def persistent_id(self, obj: Any) -> str | None:  # noqa: D102 - pickle's hook
-        if type(obj) is dict:
-            for shared in self.globals_ref.values():
-                if obj is shared:
-                    return _GLOBALS_TOKEN
-        return None
-
-
-class _JobUnpickler(pickle.Unpickler):
-    def persistent_load(self, pid: Any) -> Any:  # noqa: D102 - pickle's hook
-        if pid == _GLOBALS_TOKEN:
-            return NAMESPACE
-        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
-
-
-def dumps_job(obj: Any) -> bytes:
-    """Pickle what the notebook sends to run (see :class:`_JobPickler`)."""
-    buf = io.BytesIO()
-    _JobPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue()
-
-
-def loads_job(data: bytes) -> Any:
-    """Load a job made by :func:`dumps_job` into this rank's NAMESPACE."""
-    return _JobUnpickler(io.BytesIO(data)).load()
-
-
 def _serve_forever(conn: Any) -> bool:
     """Run each job the notebook sends; the stack marker for hang reports.
 
@@ -293,20 +220,20 @@ def _serve_forever(conn: Any) -> bool:
             data = conn.recv_bytes()
         except (EOFError, OSError):
             return False
-        kind, payload = pickle.loads(data)
-        if kind == "stop":
+        msg = loads(data)
+        if isinstance(msg, Stop):
             return True
-        reply: tuple
+        reply: ToNotebook
         try:
-            fn, args, kwargs = loads_job(payload)
-            _rankgroup.rejoin_if_destroyed()
+            fn, args, kwargs = loads_job(msg.job)
+            rankgroup.rejoin_if_destroyed()
         except BaseException as exc:  # noqa: BLE001 - report whatever broke, with our frames
-            reply = ("error", _exception_chain(exc, ours=True), _OUR_FAULT)
+            reply = Error(_exception_chain(exc, ours=True), _OUR_FAULT)
         else:
             try:
-                reply = ("ok", fn(*args, **kwargs))
+                reply = Ok(fn(*args, **kwargs))
             except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt too
-                reply = ("error", _exception_chain(exc), "")
+                reply = Error(_exception_chain(exc))
         sys.stdout.flush()
         sys.stderr.flush()
         _send(conn, reply)

@@ -19,9 +19,9 @@ import shlex
 import types
 from typing import Any
 
-from ezpz_nb._rank import dumps_job
-from ezpz_nb.errors import RankError
-from ezpz_nb.launch import Cluster, live_clusters
+from ezpz_nb.launcher.cluster import Cluster, live_clusters
+from ezpz_nb.launcher.errors import RankError
+from ezpz_nb.launcher.wire import dumps_job
 
 _COUNTER = itertools.count(1)
 _OWN: Cluster | None = None  # the cluster the magic started, if any
@@ -59,7 +59,7 @@ def run_cell(source: str, filename: str, shipped: dict[str, Any] | None = None) 
     import torch.distributed as dist
 
     import ezpz_nb
-    from ezpz_nb._rank import NAMESPACE as ns
+    from ezpz_nb.launcher.wire import NAMESPACE as ns
 
     ns.setdefault("torch", torch)
     ns.setdefault("dist", dist)

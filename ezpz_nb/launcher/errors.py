@@ -35,7 +35,7 @@ class EzpzError(Exception):
 
 @dataclass(frozen=True)
 class RankEvent:
-    """An item a rank published while it ran (see :func:`ezpz_nb.launch.publish`).
+    """An item a rank published while it ran (see :func:`ezpz_nb.events.publish`).
 
     Attributes:
         rank: Global rank that published it.
@@ -165,7 +165,7 @@ class HangError(EzpzError, TimeoutError):
 # ---------------------------------------------------------------- formatting helpers
 
 _STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
-_PKG = os.path.dirname(os.path.realpath(__file__))
+_PKG = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # ezpz_nb/
 _EXAMPLES = os.path.join(_PKG, "examples")
 _CELL_RE = re.compile(r"(ipykernel_\d+[/\\]\d+\.py$)|(<ipython-input-)|(<ranks-cell-\d+>)")
 _PLUMBING = {"wrapper", "inner", "_fn", "fn", "decorate_context"}
