@@ -20,6 +20,7 @@ from ezpz_nb.data import (
 from ezpz_nb.events import publish
 from ezpz_nb.groups import Layout, layout_table, make_layout
 from ezpz_nb.launcher import MAX_WORLD_SIZE, START_METHODS, Cluster, launch
+from ezpz_nb.launcher.cluster import warm_up
 from ezpz_nb.launcher.errors import (
     EzpzError,
     HangError,
@@ -70,3 +71,9 @@ def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own typ
     from ezpz_nb.launcher.magic import register
 
     register(ipython)
+    warm_up()
+
+
+# In a Jupyter kernel the forkserver starts importing torch now, while the learner
+# reads, so the first launch takes a fraction of a second (EZPZ_NB_WARMUP=0: not).
+warm_up()

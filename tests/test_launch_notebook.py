@@ -102,6 +102,7 @@ def test_launcher_in_a_notebook(tmp_path):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("code", [
+    "pass",  # imported only: the forkserver warmed up, and no launch ever came
     "ez.launch(lambda: 1, world_size=2)",  # one-shot: only the forkserver and tracker stay
     "c = ez.Cluster(2); c.run(lambda: 1)",  # a cluster the notebook never closed
 ])
@@ -126,3 +127,52 @@ def test_graceful_kernel_shutdown_runs_exit_handlers_and_leaves_nothing(code, sh
         km.shutdown_kernel(now=False)  # what nbclient does after the last cell
         kc.stop_channels()
     assert sorted(os.listdir(short_tmp)) == ["exit-handlers-ran"]
+
+
+_FORKSERVER_PID = "__import__('multiprocessing.forkserver').forkserver._forkserver._forkserver_pid"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("warmup", ["1", "0"])
+def test_import_in_a_kernel_warms_the_forkserver_and_env_set_later_still_counts(warmup, short_tmp):
+    """Guards the first launch's second-long wait (the forkserver importing torch): in a
+    kernel it starts at import, unless EZPZ_NB_WARMUP=0. Variables the notebook sets
+    afterwards still reach the ranks, even those torch reads at import."""
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(env=dict(os.environ, TMPDIR=short_tmp, EZPZ_NB_WARMUP=warmup))
+    kc = km.client()
+    kc.start_channels()
+    out: list[str] = []
+
+    def hook(msg: dict) -> None:
+        out.append(msg["content"].get("text", ""))
+
+    try:
+        kc.wait_for_ready(timeout=60)
+        code = (f"import os, ezpz_nb as ez\nprint('warm', {_FORKSERVER_PID} is not None)\n"
+                "os.environ['TORCH_DISTRIBUTED_DEBUG'] = 'DETAIL'\n"
+                "os.environ['EZPZ_SET_LATER'] = 'yes'\n"
+                "import torch.distributed as dist\n"
+                "print('ranks', ez.launch(lambda: (str(dist.get_debug_level()),"
+                " os.environ['EZPZ_SET_LATER']), world_size=2))")
+        reply = kc.execute_interactive(code, timeout=120, output_hook=hook)
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        km.shutdown_kernel(now=False)
+        kc.stop_channels()
+    text = "".join(out)
+    assert f"warm {warmup == '1'}" in text
+    assert "ranks [('DebugLevel.DETAIL', 'yes'), ('DebugLevel.DETAIL', 'yes')]" in text
+    assert os.listdir(short_tmp) == []
+
+
+def test_no_warm_up_in_a_plain_script(short_tmp):
+    """A script (or torchrun) that imports ezpz_nb starts no forkserver it did not ask for."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", f"import ezpz_nb; print({_FORKSERVER_PID})"],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, TMPDIR=short_tmp))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "None"

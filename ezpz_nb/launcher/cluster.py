@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import multiprocessing as mp
+import multiprocessing.forkserver
 import multiprocessing.util  # before our atexit hook is registered, see _close_all
 import os
 import shutil
@@ -59,6 +60,7 @@ from ezpz_nb.launcher.startup import (
     dumps_job,
     loopback,
     main_hidden,
+    should_warm_up,
 )
 from ezpz_nb.launcher.torchrun import in_torchrun_env, run_in_place
 
@@ -121,11 +123,8 @@ class Cluster:
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
-        ctx = mp.get_context(self.start_method)
-        if self.start_method == "forkserver":
-            # One import of torch in the server; every rank after that is a fast fork.
-            # forkserver first: it leaves the kernel's process group (see there).
-            ctx.set_forkserver_preload(["ezpz_nb.launcher.forkserver", "ezpz_nb.launcher.rank"])
+        ctx = _forkserver() if self.start_method == "forkserver" else mp.get_context(
+            self.start_method)
         self._tmp = tempfile.mkdtemp(prefix="ezpz_nb-")
         self._cleanup_dirs = (self._tmp,)
         if self.start_method == "forkserver":
@@ -451,6 +450,37 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: flo
         return cluster.run(fn, *args, **kwargs)
     finally:
         cluster.close()
+
+
+def _forkserver() -> Any:
+    ctx = mp.get_context("forkserver")
+    # One import of torch in the server; every rank after that is a fast fork.
+    # forkserver first: it leaves the kernel's process group (see there).
+    ctx.set_forkserver_preload(["ezpz_nb.launcher.forkserver", "ezpz_nb.launcher.rank"])
+    return ctx
+
+
+def warm_up() -> bool:
+    """In a Jupyter kernel, start the forkserver now, so the first launch is fast.
+
+    The forkserver's one ``import torch`` (about a second) then happens while the
+    learner reads, instead of inside the first launch. Starting it only spawns a
+    process (milliseconds); a launch that comes before it is ready waits for it
+    as the first launch always did. Not in a plain script or under torchrun, nor
+    with ``EZPZ_NB_WARMUP=0``.
+
+    Returns:
+        True when the forkserver was started (or already running).
+    """
+    if not should_warm_up():
+        return False
+    _forkserver()
+    # The kernel may exit before any launch: its shutdown must still let the
+    # forkserver and the resource tracker go and leave no folder behind.
+    on_kernel_shutdown(_close_all)
+    with main_hidden("forkserver"):
+        multiprocessing.forkserver.ensure_running()
+    return True
 
 
 def live_clusters() -> list[Cluster]:

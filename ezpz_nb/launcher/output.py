@@ -16,6 +16,8 @@ import os
 import sys
 from typing import Any
 
+from ezpz_nb.launcher.startup import in_jupyter_kernel
+
 
 class OutputRelay:
     """The read ends of every rank's output pipes, and the partial lines in flight."""
@@ -95,7 +97,7 @@ class OutputRelay:
 
     def _redraw(self, fd: int, rank: int, partial: bytes) -> None:
         if self._in_kernel is None:
-            self._in_kernel = _in_kernel()
+            self._in_kernel = in_jupyter_kernel()
         if not self._in_kernel:
             return  # written once the line ends, as a terminal would finally show it
         data = {"text/plain": _prefixed(rank, _on_screen(partial))}
@@ -124,12 +126,3 @@ def _on_screen(line: bytes) -> bytes:
 
 def _prefixed(rank: int, line: bytes) -> str:
     return f"[rank {rank}] {line.decode('utf-8', 'replace')}"
-
-
-def _in_kernel() -> bool:
-    """True inside a Jupyter kernel (where a display can be updated in place)."""
-    shell_mod = sys.modules.get("IPython")
-    if shell_mod is None:
-        return False
-    shell = shell_mod.get_ipython()
-    return getattr(shell, "kernel", None) is not None

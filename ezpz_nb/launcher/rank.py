@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ezpz_nb import events
 from ezpz_nb.launcher import rankgroup
@@ -177,6 +178,9 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     _setup_io(out_w, err_w)
     os.environ.clear()
     os.environ.update(cfg.env)
+    # torch read TORCH_DISTRIBUTED_DEBUG when the forkserver imported it, maybe long
+    # before the notebook set it: read it again from the notebook's environment.
+    dist.set_debug_level_from_env()
     try:
         os.chdir(cfg.cwd)
     except OSError:

@@ -41,14 +41,43 @@ def on_kernel_shutdown(close_all: Callable[[], None]) -> None:
         if not change["new"]:
             return
         # An exception here would escape ipykernel's do_shutdown and stop the
-        # shutdown reply: both steps are best effort, the second runs regardless.
+        # shutdown reply: each step is best effort, the next runs regardless.
         with contextlib.suppress(Exception):
             close_all()
+        with contextlib.suppress(Exception):
+            _stop_forkserver()
         with contextlib.suppress(Exception):
             _release_resource_tracker()
 
     shell.observe(shutting_down, names="exit_now")
     _KERNEL_HOOKED = True
+
+
+def _stop_forkserver() -> None:
+    """End the forkserver and reap it, once every cluster is closed.
+
+    A forkserver still importing torch (warmed up at ``import ezpz_nb``, then the
+    kernel shut down at once) has not yet left the kernel's process group:
+    ipykernel's SIGTERM would leave it a zombie that the kernel waits on until
+    its manager kills it. Ended and reaped here, it is simply gone; a later
+    launch (there is none at shutdown) would start a new one. Uses the
+    forkserver's private ``_forkserver_pid`` (3.10-3.14; skipped if missing).
+    """
+    import signal
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _reap(pid)
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+    if alive is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive)
 
 
 def _release_resource_tracker() -> None:

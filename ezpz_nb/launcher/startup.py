@@ -111,3 +111,22 @@ def dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
                     "Create it inside the function instead, or pass something picklable."
                 ) from exc
         raise TypeError(f"the job cannot be sent to the ranks: {exc}") from exc
+
+
+def in_jupyter_kernel() -> bool:
+    """True inside a Jupyter kernel (not a plain IPython shell or script)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None or "ipykernel" not in sys.modules:
+        return False
+    return getattr(ipython.get_ipython(), "kernel", None) is not None
+
+
+def should_warm_up() -> bool:
+    """Whether to start the forkserver at import: in a Jupyter kernel, not under
+    torchrun, with the forkserver as start method, unless ``EZPZ_NB_WARMUP=0``."""
+    from ezpz_nb.launcher.torchrun import in_torchrun_env
+
+    if os.environ.get("EZPZ_NB_WARMUP", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return (default_start_method() == "forkserver" and not in_torchrun_env()
+            and in_jupyter_kernel())
