@@ -26,7 +26,7 @@ lab: $(BIN)/.installed
 	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check ezpz_nb tests benchmarks
+	$(BIN)/ruff check ezpz_nb tests benchmarks notebooks
 	$(BIN)/python -m ezpz_nb.nbcheck notebooks
 
 unit: $(BIN)/.installed

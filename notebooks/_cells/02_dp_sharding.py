@@ -23,7 +23,6 @@
 
 # %%
 # %matplotlib inline
-import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
@@ -50,7 +49,7 @@ def one_epoch(drop_last, shuffle=False, num_samples=10):
     sampler = DistributedSampler(dataset, num_replicas=layout.dp_size, rank=layout.dp_rank,
                                  shuffle=shuffle, drop_last=drop_last, seed=0)
     loader = record(DataLoader(dataset, batch_size=1, sampler=sampler), layout)
-    for batch in loader:
+    for _batch in loader:
         pass  # a training step would go here
     return loader.ledger()
 
@@ -113,7 +112,7 @@ def two_epochs(call_set_epoch):
     for epoch in range(2):
         if call_set_epoch:
             sampler.set_epoch(epoch)
-        for batch in loader:  # the ledger labels each pass with the next epoch number
+        for _batch in loader:  # the ledger labels each pass with the next epoch number
             pass
     return loader.ledger()
 

@@ -29,8 +29,7 @@ import time
 import matplotlib.pyplot as plt
 import torch
 import torch.distributed as dist
-from torch.utils.data import Dataset
-from torch.utils.data import default_collate
+from torch.utils.data import Dataset, default_collate
 
 import ezpz_nb as ez
 from ezpz_nb import plot
@@ -85,7 +84,7 @@ def one_epoch(pass_dp_group=True, broadcast=False, dataset_cls=None):
         dp_group=layout.dp_group if pass_dp_group else None,
         tp_group=layout.tp_group, broadcast_within_tp=broadcast, seed=0)
     loader = record(built["dataloader"], layout)
-    for batch in loader:
+    for _batch in loader:
         pass  # the TP-sharded model would run here
     return loader.ledger()
 

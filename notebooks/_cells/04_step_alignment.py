@@ -90,7 +90,7 @@ def stream_epoch(wrap):
     layout = make_layout(tp_size=2)
     stream = Stream(actual=12, claimed=16, dp_rank=layout.dp_rank, dp_size=layout.dp_size)
     steps = record(wrap(DataLoader(stream, batch_size=2), layout.tp_group), layout)
-    for batch in steps:
+    for _batch in steps:
         pass
     return steps.ledger()
 

@@ -121,7 +121,7 @@ def hand_sharded(num_samples=10):
     dataset = RandomTokenDataset(vocab_size=64, seq_length=4, num_samples=num_samples)
     mine = Subset(dataset, range(layout.rank, num_samples, layout.world_size))
     loader = record(DataLoader(mine, batch_size=1), layout)
-    for batch in loader:
+    for _batch in loader:
         dist.all_reduce(torch.ones(1))  # stands in for the gradient all-reduce
     return loader.ledger()
 
