@@ -27,7 +27,7 @@ lab: $(BIN)/.installed
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check ezpz_nb tests benchmarks notebooks
-	$(BIN)/python -m ezpz_nb.nbcheck notebooks
+	$(BIN)/python notebooks/_build.py --check
 
 unit: $(BIN)/.installed
 	$(BIN)/python -m pytest -q tests

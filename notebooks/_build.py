@@ -16,12 +16,13 @@ drift apart. Other tags (e.g. ``raises-exception``) are kept in the notebook.
 Usage (from the repository root)::
 
     .venv/bin/python notebooks/_build.py          # rewrite every notebook
-    .venv/bin/python notebooks/_build.py --check  # exit 1 if a notebook is stale
+    .venv/bin/python notebooks/_build.py --check  # exit 1 if a notebook is stale or not clean
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -32,7 +33,9 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 HERE = Path(__file__).resolve().parent
 CELLS = HERE / "_cells"
 
-KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+#: The kernel every stored notebook must name ("No such kernel" elsewhere otherwise).
+KERNEL_NAME = "python3"
+KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": KERNEL_NAME}
 LANGUAGE_INFO = {"name": "python"}
 #: Cell tags that pick the notebook a cell goes to; the first one names the main notebook.
 VARIANTS = ("workshop", "solutions")
@@ -103,11 +106,50 @@ def notebooks() -> dict[str, nbformat.NotebookNode]:
     return out
 
 
+def notebook_problems(path: str | Path) -> list[str]:
+    """Say what is not clean about one stored notebook.
+
+    Stored outputs go stale the moment the code changes and make diffs unreadable;
+    a kernel name other than ``python3`` fails elsewhere with "No such kernel".
+
+    Returns:
+        One plain sentence per problem; empty when the notebook is clean.
+    """
+    try:
+        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return [f"cannot be read as JSON ({exc})"]
+    problems = []
+    kernel = nb.get("metadata", {}).get("kernelspec", {}).get("name")
+    if kernel != KERNEL_NAME:
+        problems.append(f"kernelspec name is {kernel!r}, expected {KERNEL_NAME!r}")
+    with_outputs, with_counts = [], []
+    for i, cell in enumerate(nb.get("cells", [])):
+        if cell.get("cell_type") != "code":
+            continue
+        if cell.get("outputs"):
+            with_outputs.append(i)
+        if cell.get("execution_count") is not None:
+            with_counts.append(i)
+    if with_outputs:
+        problems.append(f"cells {with_outputs} have stored outputs")
+    if with_counts:
+        problems.append(f"cells {with_counts} have execution counts")
+    if "widgets" in nb.get("metadata", {}):
+        problems.append("metadata holds saved widget state")
+    return problems
+
+
+def _stored(folder: Path) -> list[Path]:
+    """Every notebook under ``folder`` except JupyterLab's checkpoints."""
+    return sorted(f for f in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in f.parts)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Write (or with ``--check``, compare) the notebooks; returns the exit status."""
+    """Write (or with ``--check``, compare and check) the notebooks; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a notebook is stale")
+                        help="write nothing; exit 1 if a notebook is stale or not clean")
     parser.add_argument("--out", type=Path, default=HERE,
                         help="folder of the notebooks (default: next to this script)")
     args = parser.parse_args(argv)
@@ -123,10 +165,23 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         print(f"wrote {path}")
+    if not args.check:
+        return 0
+    # Also notebooks that no source writes: a hand-made one must be stored clean too.
+    found = _stored(out)
+    unclean = {f: p for f in found if (p := notebook_problems(f))}
+    for f, problems in unclean.items():
+        print(f"{f}: " + "; ".join(problems))
     if stale:
         print("stale (edit notebooks/_cells/, then run notebooks/_build.py): "
               + ", ".join(stale), file=sys.stderr)
+    if unclean:
+        print(f"{len(unclean)} of {len(found)} notebook(s) not clean: clear outputs and set the "
+              f"kernel to {KERNEL_NAME!r} (or regenerate them with notebooks/_build.py).",
+              file=sys.stderr)
+    if stale or unclean:
         return 1
+    print(f"{len(found)} notebook(s) up to date and clean")
     return 0
 
 
