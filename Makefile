@@ -26,7 +26,7 @@ lab: $(BIN)/.installed
 	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check ezpz_nb tests benchmarks notebooks
+	$(BIN)/ruff check ezpz_nb tests benchmarks notebooks setup.py
 	$(BIN)/python notebooks/_build.py --check
 
 unit: $(BIN)/.installed
