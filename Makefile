@@ -26,8 +26,8 @@ lab: $(BIN)/.installed
 	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check ezpz_nb tests benchmarks
-	$(BIN)/python -m ezpz_nb.nbcheck notebooks
+	$(BIN)/ruff check ezpz_nb tests benchmarks notebooks setup.py
+	$(BIN)/python notebooks/_build.py --check
 
 unit: $(BIN)/.installed
 	$(BIN)/python -m pytest -q tests

@@ -26,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="only notebooks whose file name contains one of these (e.g. 02)")
     tour.add_argument("--out", default="tour", help="output folder (default: ./tour)")
     tour.add_argument("--notebooks", default=None,
-                      help="folder holding the notebooks (default: ./notebooks)")
+                      help="folder holding the notebooks (default: ./notebooks, else "
+                      "the ones installed with ezpz_nb)")
     tour.add_argument("--timeout", type=float, default=120.0,
                       help="seconds one cell may take (default: 120)")
     tour.add_argument("--kernel", default="python3", help="kernel name (default: python3)")

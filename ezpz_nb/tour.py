@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ezpz_nb._resources import notebooks_dir
+
 __all__ = ["TourStop", "find_notebooks", "run_notebook", "run_tour"]
 
 
@@ -47,11 +49,11 @@ class TourStop:
 
 
 def default_notebook_dir() -> Path:
-    """``notebooks/`` of the current folder, else the one next to the installed package."""
+    """``notebooks/`` of the current folder, else the notebooks installed with the package."""
     here = Path.cwd() / "notebooks"
     if here.is_dir():
         return here
-    return Path(__file__).resolve().parent.parent / "notebooks"
+    return notebooks_dir()
 
 
 def find_notebooks(folder: str | Path, only: Iterable[str] = ()) -> list[Path]:

@@ -236,8 +236,8 @@ def _workshop_as_shipped():
     spec = importlib.util.spec_from_file_location("nb_build", root / "_build.py")
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
-    text = (root / "_cells" / "05_workshop.py").read_text(encoding="utf-8")
-    return [src for kind, src, _ in build.parse(text, "workshop") if kind == "code"]
+    workshop = build.notebooks()["05_workshop.ipynb"]
+    return [cell.source for cell in workshop.cells if cell.cell_type == "code"]
 
 
 def test_shipped_blanks_say_not_done(capsys):

@@ -2,23 +2,30 @@
 
 Guards against committing an executed notebook (stale outputs, noisy diffs) or one
 saved with a local kernel name ("No such kernel" elsewhere), and against editing
-a generated notebook by hand so that it drifts from ``notebooks/_cells``.
+a generated notebook by hand so that it drifts from its source in ``notebooks/_cells``.
+The checker is ``notebooks/_build.py --check`` (what ``make lint`` runs).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
-
-from ezpz_nb.nbcheck import main, notebook_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
+
+# notebooks/ is not a package: load the build script as a module.
+_spec = importlib.util.spec_from_file_location("nb_build", NOTEBOOKS / "_build.py")
+build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build)
+notebook_problems = build.notebook_problems
 
 
 def _write(path: Path, *, kernel: str = "python3", output: bool = False,
@@ -60,20 +67,88 @@ def test_problems_are_named(tmp_path):
     assert notebook_problems(bad)
 
 
+def _built(folder: Path) -> Path:
+    """``folder`` holding every generated notebook, written as the build writes them."""
+    assert build.main(["--out", str(folder)]) == 0
+    return folder
+
+
 def test_cli_exits_nonzero_and_names_offenders(tmp_path, capsys):
-    _write(tmp_path / "clean.ipynb")
-    _write(tmp_path / "dirty.ipynb", output=True, count=1)
-    assert main([str(tmp_path)]) == 1
-    out = capsys.readouterr().out
-    assert "dirty.ipynb" in out and "clean.ipynb" not in out
-    (tmp_path / "dirty.ipynb").unlink()
-    assert main([str(tmp_path)]) == 0
+    out = _built(tmp_path)
+    _write(out / "clean.ipynb")
+    _write(out / "dirty.ipynb", output=True, count=1)
+    assert build.main(["--check", "--out", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "dirty.ipynb" in printed and "clean.ipynb" not in printed
+    (out / "dirty.ipynb").unlink()
+    assert build.main(["--check", "--out", str(out)]) == 0
+
+
+def test_cli_names_stale_notebooks(tmp_path, capsys):
+    out = _built(tmp_path)
+    edited = out / "02_dp_sharding.ipynb"
+    nb = nbformat.read(edited, as_version=4)
+    nb.cells[1].source += "\nprint('edited by hand')"
+    nbformat.write(nb, edited)
+    (out / "06_explorer.ipynb").unlink()
+    assert build.main(["--check", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "stale" in err and "02_dp_sharding.ipynb" in err and "06_explorer.ipynb" in err
+    assert "01_process_groups.ipynb" not in err
 
 
 def test_cli_skips_checkpoints(tmp_path):
-    (tmp_path / ".ipynb_checkpoints").mkdir()
-    _write(tmp_path / ".ipynb_checkpoints" / "x-checkpoint.ipynb", output=True)
-    _write(tmp_path / "x.ipynb")
-    assert main([str(tmp_path)]) == 0
+    out = _built(tmp_path)
+    (out / ".ipynb_checkpoints").mkdir()
+    _write(out / ".ipynb_checkpoints" / "x-checkpoint.ipynb", output=True)
+    _write(out / "x.ipynb")
+    assert build.main(["--check", "--out", str(out)]) == 0
     # The notebooks the repository ships are what `make lint` checks.
     assert json.loads((NOTEBOOKS / "00_setup_check.ipynb").read_text())["nbformat"] == 4
+
+
+SPLIT = """# %%
+import math
+
+# %% tags=["workshop"]
+x = None
+
+# %% tags=["workshop", "raises-exception"]
+check(x)
+
+# %% tags=["solutions"]
+x = math.pi
+
+# %% tags=["solutions"]
+assert x > 3
+"""
+
+
+def test_tags_split_one_source_into_two_notebooks(tmp_path):
+    src = tmp_path / "99_split.py"
+    src.write_text(SPLIT)
+    source = build.read_source(src)
+    work, sol = (build.to_notebook(source, v) for v in ("workshop", "solutions"))
+    assert [c.source for c in work.cells] == ["import math", "x = None", "check(x)"]
+    assert [c.source for c in sol.cells] == ["import math", "x = math.pi", "assert x > 3"]
+    assert [c.id for c in work.cells] == [c.id for c in sol.cells] == ["c00", "c01", "c02"]
+    # The variant tags pick the notebook; other tags stay on the cell.
+    assert work.cells[2].metadata == {"tags": ["raises-exception"]}
+    assert sol.cells[1].metadata == {}
+
+
+def test_unpaired_variant_cells_are_refused(tmp_path):
+    src = tmp_path / "99_unpaired.py"
+    src.write_text(SPLIT.replace('tags=["workshop"]', 'tags=["solutions"]'))
+    with pytest.raises(ValueError, match="99_unpaired.py"):
+        build.check_pairs(build.read_source(src), src.name)
+
+
+def test_workshop_and_solutions_line_up():
+    """The stored pair has the same cells at the same places; only variant cells differ."""
+    work, sol = (nbformat.read(NOTEBOOKS / f"05_workshop{s}.ipynb", as_version=4)
+                 for s in ("", "_solutions"))
+    assert [(c.id, c.cell_type) for c in work.cells] == [(c.id, c.cell_type) for c in sol.cells]
+    differ = [c.id for c, d in zip(work.cells, sol.cells, strict=True) if c.source != d.source]
+    # Title and summary, and per exercise its function and its checker call.
+    assert len(differ) == 2 + 7 * 2, differ

@@ -38,3 +38,16 @@ def test_ci_runs_the_readme_test_command():
     first = readme.split("```")[1]
     assert "make test" in first and "make lab" in first
     assert re.search(r"^make test$", ci, re.M)
+
+
+def test_pre_commit_hooks_are_local_and_run_what_make_lint_runs():
+    """Guards: a commit checks what `make lint` checks, with no remote hook repository."""
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    hooks = {h["id"]: h for repo in config["repos"] for h in repo["hooks"]}
+    assert [repo["repo"] for repo in config["repos"]] == ["local"]
+    assert {"ruff", "ruff-format", "notebooks"} <= set(hooks)
+    makefile = (ROOT / "Makefile").read_text().replace("$(BIN)/", ".venv/bin/")
+    lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    for hook in ("ruff", "notebooks"):
+        assert hooks[hook]["entry"] in lint, (hook, lint)
+    assert hooks["ruff-format"]["entry"] == ".venv/bin/ruff format"

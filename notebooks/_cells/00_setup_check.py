@@ -1,23 +1,29 @@
-# Cell sources of notebooks/00_setup_check.ipynb (written by notebooks/_build.py).
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-# %% md
-# 00 · Setup check
+# %% [markdown]
+# # 00 · Setup check
+#
+# Before the tutorial proper, make sure this machine can start real
+# `torch.distributed` ranks from a notebook cell.
+#
+# **Learning goals**
+#
+# - Check the Python, PyTorch and gloo versions the tutorial needs.
+# - Start 4 real ranks from one cell with `ez.launch` and see each one answer.
+# - Run your first collective, `all_reduce`, and know what a correct result looks like.
+# - Know what to do when one of these checks fails.
+#
+# Every cell below ends with an `assert`: if a check fails, the cell stops with an error that
+# says which one.
 
-Before the tutorial proper, make sure this machine can start real
-`torch.distributed` ranks from a notebook cell.
-
-**Learning goals**
-
-- Check the Python, PyTorch and gloo versions the tutorial needs.
-- Start 4 real ranks from one cell with `ez.launch` and see each one answer.
-- Run your first collective, `all_reduce`, and know what a correct result looks like.
-- Know what to do when one of these checks fails.
-
-Every cell below ends with an `assert`: if a check fails, the cell stops with an error that
-says which one.
-
-# %% code
-%matplotlib inline
+# %%
+# %matplotlib inline
 import sys
 
 import matplotlib
@@ -36,14 +42,15 @@ assert sys.version_info >= (3, 10), "this tutorial needs Python 3.10 or newer"
 assert dist.is_available(), "this PyTorch build has no torch.distributed"
 assert dist.is_gloo_available(), "this PyTorch build has no gloo backend"
 
-# %% md
-## Four ranks say hello
 
-`ez.launch(fn, world_size=4)` starts 4 processes, joins them into one gloo process group, runs
-`fn` in each, and returns the 4 return values in rank order. Inside `fn`, `torch.distributed`
-is already initialised, so the usual calls just work.
+# %% [markdown]
+# ## Four ranks say hello
+#
+# `ez.launch(fn, world_size=4)` starts 4 processes, joins them into one gloo process group, runs
+# `fn` in each, and returns the 4 return values in rank order. Inside `fn`, `torch.distributed`
+# is already initialised, so the usual calls just work.
 
-# %% code
+# %%
 def hello():
     return f"rank {dist.get_rank()} of {dist.get_world_size()}, backend {dist.get_backend()}"
 
@@ -54,14 +61,15 @@ for line in greetings:
 
 assert greetings == [f"rank {r} of 4, backend gloo" for r in range(4)]
 
-# %% md
-## A first collective
 
-Each rank puts its own rank number in a tensor, then `all_reduce` adds the tensors of all
-ranks together, **in place, on every rank**. With ranks 0, 1, 2 and 3 every rank must end with
-0 + 1 + 2 + 3 = 6.
+# %% [markdown]
+# ## A first collective
+#
+# Each rank puts its own rank number in a tensor, then `all_reduce` adds the tensors of all
+# ranks together, **in place, on every rank**. With ranks 0, 1, 2 and 3 every rank must end with
+# 0 + 1 + 2 + 3 = 6.
 
-# %% code
+# %%
 def rank_sum():
     t = torch.tensor([float(dist.get_rank())])
     dist.all_reduce(t)  # default op: SUM
@@ -72,34 +80,34 @@ totals = ez.launch(rank_sum, world_size=4)
 print(totals)
 assert totals == [6.0, 6.0, 6.0, 6.0]
 
-# %% md
-## Plots
+# %% [markdown]
+# ## Plots
+#
+# Later notebooks draw pictures of what the ranks did. This one draws the layout used in
+# notebook 03: 4 ranks arranged as 2 data-parallel replicas × 2 tensor-parallel ranks.
 
-Later notebooks draw pictures of what the ranks did. This one draws the layout used in
-notebook 03: 4 ranks arranged as 2 data-parallel replicas × 2 tensor-parallel ranks.
-
-# %% code
+# %%
 from ezpz_nb import plot
 
 plot.layout(4, 2)
 
-# %% md
-## When a check fails
+# %% [markdown]
+# ## When a check fails
+#
+# | Symptom | What to do |
+# |---|---|
+# | `ModuleNotFoundError: ezpz_nb` | Start JupyterLab with `make lab` from the repository root, or select the kernel of the `.venv` it created. |
+# | `gloo MISSING` | Install an official PyTorch wheel (`pip install torch`); some builds leave gloo out. |
+# | `No such kernel named python3` | `.venv/bin/python -m ipykernel install --sys-prefix --name python3` |
+# | `ez.HangError` in the hello cell | Another program may hold the loopback interface busy; re-run the cell. If it persists, set `GLOO_SOCKET_IFNAME` to your loopback device (`lo` on Linux, `lo0` on macOS). |
+# | `ez.RankError` | Read the traceback it carries: it is the failing rank's own. |
+# | Slow first launch (several seconds) | Normal: the first call imports torch once in a helper process; later calls take a fraction of a second. |
 
-| Symptom | What to do |
-|---|---|
-| `ModuleNotFoundError: ezpz_nb` | Start JupyterLab with `make lab` from the repository root, or select the kernel of the `.venv` it created. |
-| `gloo MISSING` | Install an official PyTorch wheel (`pip install torch`); some builds leave gloo out. |
-| `No such kernel named python3` | `.venv/bin/python -m ipykernel install --sys-prefix --name python3` |
-| `ez.HangError` in the hello cell | Another program may hold the loopback interface busy; re-run the cell. If it persists, set `GLOO_SOCKET_IFNAME` to your loopback device (`lo` on Linux, `lo0` on macOS). |
-| `ez.RankError` | Read the traceback it carries: it is the failing rank's own. |
-| Slow first launch (several seconds) | Normal: the first call imports torch once in a helper process; later calls take a fraction of a second. |
-
-# %% md
-## Summary
-
-- Python, PyTorch and gloo are in place.
-- `ez.launch(fn, world_size=4)` ran `fn` on 4 real ranks and returned their results in rank order.
-- `dist.all_reduce` summed one tensor per rank, in place, on every rank: 0 + 1 + 2 + 3 = 6 everywhere.
-
-Next: **01 · Process groups**: the collectives, subgroups, and what a hang looks like.
+# %% [markdown]
+# ## Summary
+#
+# - Python, PyTorch and gloo are in place.
+# - `ez.launch(fn, world_size=4)` ran `fn` on 4 real ranks and returned their results in rank order.
+# - `dist.all_reduce` summed one tensor per rank, in place, on every rank: 0 + 1 + 2 + 3 = 6 everywhere.
+#
+# Next: **01 · Process groups**: the collectives, subgroups, and what a hang looks like.
