@@ -1,4 +1,4 @@
-"""How long each ``ezpz_nb.plot`` figure takes to build and render to PNG.
+"""How long each ``ezpz_nb.viz`` figure takes to build and render to PNG.
 
 The issue asks for 64 ranks x 1000 steps in under 2 s. Launching 64 real ranks
 for 1000 steps on a laptop would time the launcher, not the plots, so this
@@ -16,7 +16,7 @@ import time
 
 from torch.utils.data import DistributedSampler
 
-from ezpz_nb import plot
+from ezpz_nb import viz
 from ezpz_nb.groups import layout_table
 from ezpz_nb.ledger import Ledger, StepRecord
 
@@ -54,11 +54,11 @@ def main() -> None:
     print("| figure | build (s) | render PNG (s) | total wall (s) | total CPU (s) |")
     print("|---|---|---|---|---|")
     jobs = {
-        "heatmap": lambda: plot.heatmap(ledger),
-        "coverage": lambda: plot.coverage(ledger),
-        "loaded_vs_received": lambda: plot.loaded_vs_received(ledger),
-        "timeline": lambda: plot.timeline(ledger),
-        "layout": lambda: plot.layout(a.ranks, a.tp),
+        "heatmap": lambda: viz.heatmap(ledger),
+        "coverage": lambda: viz.coverage(ledger),
+        "loaded_vs_received": lambda: viz.loaded_vs_received(ledger),
+        "timeline": lambda: viz.timeline(ledger),
+        "layout": lambda: viz.layout(a.ranks, a.tp),
     }
     for name, make in jobs.items():
         c0, t0 = time.process_time(), time.perf_counter()

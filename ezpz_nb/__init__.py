@@ -56,8 +56,8 @@ __all__ = [
     "get_random_dataset_fsdp_tp",
     "layout_table",
     "make_layout",
-    # what each rank saw (ezpz_nb.ledger); plots live in ezpz_nb.plot, widgets in
-    # ezpz_nb.widgets (imported on demand: matplotlib and ipywidgets are heavy)
+    # what each rank saw (ezpz_nb.ledger); figures and widgets live in ezpz_nb.viz
+    # (imported on demand: matplotlib and ipywidgets are heavy)
     "Ledger",
     "Problem",
     "RecordingLoader",

@@ -112,7 +112,7 @@ def run_notebook(path: str | Path, out_dir: str | Path, *, timeout: float = 120.
                             resources={"metadata": {"path": str(path.parent)}})
     # Plain text progress: the executed copy is read as a file, where a widget
     # (which needs a live frontend) would show nothing. The kernel gets this
-    # process's environment plus the switch that ezpz_nb.progress reads.
+    # process's environment plus the switch that ezpz_nb.viz.progress reads.
     env = {**os.environ, "EZPZ_NB_PLAIN": "1"}
     error = None
     start = time.monotonic()

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
-import ezpz_nb.exercises as ex
+import ezpz_nb.workshop.exercises as ex
 from ezpz_nb.data import get_random_dataset_fsdp_tp
 
 

@@ -1,4 +1,4 @@
-"""ezpz_nb.plot draws what real runs recorded: checked on the figures' data, not pixels.
+"""ezpz_nb.viz draws what real runs recorded: checked on the figures' data, not pixels.
 
 Ledgers come from real gloo ranks (one 4-rank Cluster for the module); the
 expected sample ids and padding come from torch's own DistributedSampler.
@@ -12,10 +12,10 @@ from _plot_workers import leave_before_barrier, stop_early, train_uneven, uneven
 from torch.utils.data import DistributedSampler
 
 import ezpz_nb as ez
-from ezpz_nb import plot
+from ezpz_nb import viz
 from ezpz_nb.groups import layout_table
 from ezpz_nb.ledger import Ledger
-from ezpz_nb.widgets import explore_rank
+from ezpz_nb.viz.widgets import explore_rank
 
 WORLD, SEED = 4, 1337
 
@@ -43,7 +43,7 @@ def sampler_indices(n: int, dp_size: int, dp: int, epoch: int, drop_last: bool,
 
 def test_heatmap_array_is_the_ledgers_sample_ids(padded):
     ledger, _ = padded
-    fig = plot.heatmap(ledger)
+    fig = viz.heatmap(ledger)
     data = fig.ezpz_data
     assert data["epochs"] == ledger.epochs() == [0, 1]
     assert data["ranks"] == ledger.ranks()  # TP innermost: rank order keeps TP groups together
@@ -55,7 +55,7 @@ def test_heatmap_array_is_the_ledgers_sample_ids(padded):
 
 def test_heatmap_rows_match_the_sampler_tp_rows_equal_dp_rows_differ(padded):
     ledger, cfg = padded
-    data = plot.heatmap(ledger).ezpz_data
+    data = viz.heatmap(ledger).ezpz_data
     bs, n, dp_size = cfg["batch_size"], cfg["num_samples"], WORLD // cfg["tp_size"]
     for e in data["epochs"]:
         ids = data["ids"][e]
@@ -71,7 +71,7 @@ def test_heatmap_rows_match_the_sampler_tp_rows_equal_dp_rows_differ(padded):
 
 def test_heatmap_marks_exactly_where_distributed_sampler_pads(padded):
     ledger, cfg = padded
-    data = plot.heatmap(ledger).ezpz_data
+    data = viz.heatmap(ledger).ezpz_data
     bs, n, dp_size = cfg["batch_size"], cfg["num_samples"], WORLD // cfg["tp_size"]
     total = 0
     for e in data["epochs"]:
@@ -89,17 +89,17 @@ def test_heatmap_marks_exactly_where_distributed_sampler_pads(padded):
 def test_heatmap_without_set_epoch_shows_the_same_order_twice(cluster):
     ledger = Ledger.from_results(cluster.run(explore_rank, tp_size=1, num_samples=8, epochs=2,
                                              set_epoch=False, broadcast=False))
-    fig = plot.heatmap(ledger)
+    fig = viz.heatmap(ledger)
     ids = fig.ezpz_data["ids"]
     np.testing.assert_array_equal(ids[0], ids[1])
     assert not fig.ezpz_data["repeats"][0].any()  # 8 samples over 4 replicas: no padding
-    one = plot.heatmap(ledger, epoch=1).ezpz_data
+    one = viz.heatmap(ledger, epoch=1).ezpz_data
     assert one["epochs"] == [1] and list(one["ids"]) == [1]
 
 
 def test_coverage_marks_duplicates_and_never_seen(cluster, padded):
     ledger, cfg = padded
-    rep = plot.coverage(ledger).ezpz_data
+    rep = viz.coverage(ledger).ezpz_data
     assert rep["num_samples"] == 11 and rep["replica"].shape == (2, 11)
     for row, e in enumerate(rep["epochs"]):
         padded_ids = {sampler_indices(11, 2, 1, e, drop_last=False)[-1]}  # replica 1 is short
@@ -111,7 +111,7 @@ def test_coverage_marks_duplicates_and_never_seen(cluster, padded):
 
     dropped = Ledger.from_results(cluster.run(explore_rank, tp_size=1, num_samples=10, batch_size=2,
                                               drop_last=True, epochs=1, broadcast=False))
-    rep = plot.coverage(dropped).ezpz_data
+    rep = viz.coverage(dropped).ezpz_data
     seen = set()
     for dp in range(WORLD):
         idx = sampler_indices(10, WORLD, dp, 0, drop_last=True)
@@ -122,14 +122,14 @@ def test_coverage_marks_duplicates_and_never_seen(cluster, padded):
 
 def test_loaded_vs_received_counts_leader_io(cluster, padded):
     ledger, _ = padded
-    data = plot.loaded_vs_received(ledger).ezpz_data
+    data = viz.loaded_vs_received(ledger).ezpz_data
     steps = {r: len([x for x in ledger.records if x.rank == r]) for r in ledger.ranks()}
     for rank, (_, _dp, tp) in zip(data["ranks"], layout_table(WORLD, 2), strict=True):
         i = data["ranks"].index(rank)
         assert (data["loaded"][i], data["received"][i]) == ((steps[rank], 0) if tp == 0 else (0, steps[rank]))
 
     alone = Ledger.from_results(cluster.run(explore_rank, tp_size=2, broadcast=False, epochs=1))
-    data = plot.loaded_vs_received(alone).ezpz_data
+    data = viz.loaded_vs_received(alone).ezpz_data
     assert (data["received"] == 0).all() and (data["loaded"] > 0).all()
 
 
@@ -138,7 +138,7 @@ def test_timeline_shows_where_a_rank_raised(cluster):
         cluster.run(stop_early, 3, 2)
     err = info.value
     ledger = Ledger.from_events(err.events)
-    data = plot.timeline(ledger, err).ezpz_data
+    data = viz.timeline(ledger, err).ezpz_data
     assert data["status"][3] == "raised" and "gave up at step 1" in data["notes"][3]
     assert data["total"][3] == 2
     for r in range(3):
@@ -152,7 +152,7 @@ def test_timeline_shows_who_hung_where():
     with ez.Cluster(2, timeout=3) as c, pytest.raises(ez.HangError) as info:
         c.run(stop_early, 1, 4, hang=True)
     err = info.value
-    data = plot.timeline(Ledger.from_events(err.events), err).ezpz_data
+    data = viz.timeline(Ledger.from_events(err.events), err).ezpz_data
     assert data["status"] == {0: "hung", 1: "short"}  # rank 1 left early: the cause
     assert data["verdict"] == {"short": [1], "hung": [0]}
     assert "barrier" in data["notes"][0]
@@ -172,7 +172,7 @@ def test_timeline_title_names_who_finished_early_and_who_hung():
         ez.launch(train_uneven, world_size=world, timeout=5)
     err = info.value
     ledger = Ledger.from_events(err.events)
-    data = plot.timeline(ledger, err).ezpz_data
+    data = viz.timeline(ledger, err).ezpz_data
     steps = {r: len(ledger.steps(r, 0)) for r in range(world)}
     assert steps == {r: uneven_steps(r) for r in range(world)}
     early = [r for r in range(world) if steps[r] < max(steps.values())]
@@ -195,7 +195,7 @@ def test_timeline_names_ranks_that_left_without_fewer_steps():
     with pytest.raises(ez.HangError) as info:
         ez.launch(leave_before_barrier, 3, world_size=2, timeout=5)
     err = info.value
-    data = plot.timeline(Ledger.from_events(err.events), err).ezpz_data
+    data = viz.timeline(Ledger.from_events(err.events), err).ezpz_data
     assert data["total"] == {0: 3, 1: 3}
     assert data["verdict"] == {"finished": [0], "hung": [1]}
     assert data["title"].endswith("rank 0 finished while the others waited; "
@@ -204,34 +204,34 @@ def test_timeline_names_ranks_that_left_without_fewer_steps():
 
 def test_timeline_without_error_flags_short_ranks(padded):
     ledger, _ = padded
-    data = plot.timeline(ledger).ezpz_data
+    data = viz.timeline(ledger).ezpz_data
     assert set(data["status"].values()) == {"ok"} and data["verdict"] == {}
     assert data["title"].endswith("all ranks took the same steps")
     cut = Ledger([r for r in ledger.records if not (r.rank == 2 and r.epoch == 1)], ledger.num_samples)
-    data = plot.timeline(cut).ezpz_data
+    data = viz.timeline(cut).ezpz_data
     assert data["status"][2] == "short" and data["total"][2] < data["total"][0]
     assert data["verdict"] == {"short": [2]} and "rank 2 finished early" in data["title"]
 
 
 def test_layout_grid_and_groups():
-    data = plot.layout(8, 2).ezpz_data
+    data = viz.layout(8, 2).ezpz_data
     for rank, dp, tp in layout_table(8, 2):
         assert data["grid"][dp, tp] == rank
     assert data["tp_groups"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert data["dp_groups"] == [[0, 2, 4, 6], [1, 3, 5, 7]]
     with pytest.raises(ValueError, match="valid tp sizes"):
-        plot.layout(6, 4)
+        viz.layout(6, 4)
 
 
 def test_figures_render_as_png_in_notebooks(padded):
-    fig = plot.heatmap(padded[0])
+    fig = viz.heatmap(padded[0])
     assert fig._repr_png_().startswith(b"\x89PNG")
 
 
 def test_an_empty_ledger_still_draws():
     """A run that failed before its first step gives an empty ledger: no crash, empty data."""
     empty = Ledger([])
-    assert plot.heatmap(empty).ezpz_data["epochs"] == []
-    assert plot.coverage(empty).ezpz_data["replica"].size == 0
-    assert plot.loaded_vs_received(empty).ezpz_data["ranks"] == []
-    assert plot.timeline(empty).ezpz_data["ranks"] == []
+    assert viz.heatmap(empty).ezpz_data["epochs"] == []
+    assert viz.coverage(empty).ezpz_data["replica"].size == 0
+    assert viz.loaded_vs_received(empty).ezpz_data["ranks"] == []
+    assert viz.timeline(empty).ezpz_data["ranks"] == []

@@ -61,9 +61,9 @@ def test_tp_broadcast_under_torchrun_leaves_a_sound_ledger_per_rank(tmp_path):
             assert ds != digests[(epoch, 1, step)]
     assert "All checks passed." in proc.stdout
     # The point of the files: plot a cluster run afterwards, as in the notebooks.
-    from ezpz_nb import plot
+    from ezpz_nb import viz
 
-    assert plot.png_bytes(plot.heatmap(ledger)).startswith(b"\x89PNG")
+    assert viz.png_bytes(viz.heatmap(ledger)).startswith(b"\x89PNG")
 
 
 def test_uneven_steps_under_torchrun_fail_with_a_named_error_not_a_hang(tmp_path):

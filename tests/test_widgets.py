@@ -1,4 +1,4 @@
-"""ezpz_nb.widgets driven from code: controls start real runs, outputs redraw, progress counts."""
+"""ezpz_nb.viz.widgets driven from code: controls start real runs, outputs redraw, progress counts."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from _plot_workers import stop_early
 
 import ezpz_nb as ez
 from ezpz_nb.ledger import Ledger
-from ezpz_nb.progress import _widget_frontend
-from ezpz_nb.widgets import Explorer, Progress, explore_rank
+from ezpz_nb.viz.progress import _widget_frontend
+from ezpz_nb.viz.widgets import Explorer, Progress, explore_rank
 
 
 def images(explorer: Explorer) -> list[str]:

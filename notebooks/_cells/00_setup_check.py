@@ -87,9 +87,9 @@ assert totals == [6.0, 6.0, 6.0, 6.0]
 # notebook 03: 4 ranks arranged as 2 data-parallel replicas × 2 tensor-parallel ranks.
 
 # %%
-from ezpz_nb import plot
+from ezpz_nb import viz
 
-plot.layout(4, 2)
+viz.layout(4, 2)
 
 # %% [markdown]
 # ## When a check fails

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 import ezpz_nb as ez
-from ezpz_nb import plot
+from ezpz_nb import viz
 from ezpz_nb.data import RandomTokenDataset
 from ezpz_nb.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
@@ -72,7 +72,7 @@ for r in padded.ranks():
 assert [padded.sample_ids(r, 0) for r in range(4)] == [[0, 4, 8], [1, 5, 9], [2, 6, 0], [3, 7, 1]]
 dup = [p for p in padded.check() if p.kind == "dp_duplicate"]
 assert dup and dup[0].samples == (0, 1)
-plot.heatmap(padded)
+viz.heatmap(padded)
 
 # %% [markdown]
 # ### `drop_last=True`: samples dropped
@@ -87,7 +87,7 @@ print(dropped.summary())
 assert [dropped.sample_ids(r, 0) for r in range(4)] == [[0, 4], [1, 5], [2, 6], [3, 7]]
 never = [p for p in dropped.check() if p.kind == "never_seen"]
 assert never and never[0].samples == (8, 9)
-plot.coverage(dropped)
+viz.coverage(dropped)
 
 
 # %% [markdown]
@@ -130,14 +130,14 @@ assert all(called.sample_ids(r, 0) != called.sample_ids(r, 1) for r in range(4))
 # Without `set_epoch` the two epoch panels of the heatmap are identical, row for row:
 
 # %%
-plot.heatmap(forgot)
+viz.heatmap(forgot)
 
 # %% [markdown]
 # With `set_epoch` the second panel is a new permutation, and on every rank its order differs
 # from the first:
 
 # %%
-plot.heatmap(called)
+viz.heatmap(called)
 
 
 # %% [markdown]
@@ -181,7 +181,7 @@ assert [hang.stacks[r].call for r in (0, 1)] == ["all_reduce", "all_reduce"]
 assert [hang.stacks[r].state for r in (2, 3)] == ["finished", "finished"]
 assert [len(partial.steps(r, 0)) for r in range(4)] == [3, 3, 2, 2]
 assert any(p.kind == "step_mismatch" for p in partial.check())
-plot.timeline(partial, error=hang)
+viz.timeline(partial, error=hang)
 
 # %% [markdown]
 # ## Summary

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, default_collate
 
 import ezpz_nb as ez
-from ezpz_nb import plot
+from ezpz_nb import viz
 from ezpz_nb.broadcast import BatchBroadcaster
 from ezpz_nb.data import RandomTokenDataset, get_random_dataset_fsdp_tp
 from ezpz_nb.groups import make_layout
@@ -46,7 +46,7 @@ from ezpz_nb.ledger import Ledger, record
 # The DP groups run across: ranks 0 and 2, ranks 1 and 3. Rows of the picture are TP groups.
 
 # %%
-plot.layout(4, 2)
+viz.layout(4, 2)
 
 
 # %% [markdown]
@@ -103,7 +103,7 @@ print(no_dp.summary())
 assert any(p.kind == "tp_mismatch" for p in no_dp.check())
 assert no_dp.sample_ids(0, 0) != no_dp.sample_ids(1, 0)
 assert no_dp.sample_ids(2, 0) != no_dp.sample_ids(3, 0)
-plot.heatmap(no_dp)
+viz.heatmap(no_dp)
 
 # %% [markdown]
 # With `dp_group` the rows of each TP group are identical and the two groups hold different
@@ -116,7 +116,7 @@ assert right.ok
 assert right.sample_ids(0, 0) == right.sample_ids(1, 0)
 assert right.sample_ids(2, 0) == right.sample_ids(3, 0)
 assert not set(right.sample_ids(0, 0)) & set(right.sample_ids(2, 0))
-plot.heatmap(right)
+viz.heatmap(right)
 
 
 # %% [markdown]
@@ -172,7 +172,7 @@ assert sources == {0: "loaded", 1: "received", 2: "loaded", 3: "received"}
 # their steps, ranks 1 and 3 received all 4. Only half the ranks do any I/O.
 
 # %%
-fig = plot.loaded_vs_received(fixed)
+fig = viz.loaded_vs_received(fixed)
 assert fig.ezpz_data["loaded"].tolist() == [4, 0, 4, 0]
 assert fig.ezpz_data["received"].tolist() == [0, 4, 0, 4]
 fig

@@ -32,7 +32,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 from torch.utils.data import DataLoader, IterableDataset
 
 import ezpz_nb as ez
-from ezpz_nb import plot
+from ezpz_nb import viz
 from ezpz_nb.data import TPBroadcastDataLoader, get_random_dataset_fsdp_tp
 from ezpz_nb.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
@@ -114,7 +114,7 @@ for r in (0, 2):
 for r in (1, 3):
     assert hang.stacks[r].call == "broadcast_object_list", hang.stacks[r].describe()
 assert [len(partial.steps(r, 0)) for r in range(4)] == [3, 3, 3, 3]
-plot.timeline(partial, error=hang)
+viz.timeline(partial, error=hang)
 
 # %% [markdown]
 # ## Remedy 1: the leader announces the end

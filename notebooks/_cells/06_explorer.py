@@ -25,11 +25,11 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
 import ezpz_nb as ez
-from ezpz_nb import plot
+from ezpz_nb import viz
 from ezpz_nb.data import RandomTokenDataset
 from ezpz_nb.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
-from ezpz_nb.widgets import Explorer, Progress, explore_rank
+from ezpz_nb.viz.widgets import Explorer, Progress, explore_rank
 
 # %% [markdown]
 # ## The layout: 4 ranks as 2 DP replicas x 2 TP peers
@@ -38,7 +38,7 @@ from ezpz_nb.widgets import Explorer, Progress, explore_rank
 # is one DP replica: the two rows must hold different data, the two ranks of a row the same.
 
 # %%
-plot.layout(4, 2)
+viz.layout(4, 2)
 
 # %% [markdown]
 # ## One run by hand
@@ -61,14 +61,14 @@ assert [p.kind for p in ledger.check()] == ["dp_duplicate", "dp_duplicate"]
 # already had. `set_epoch` reshuffled the second epoch.
 
 # %%
-plot.heatmap(ledger)
+viz.heatmap(ledger)
 
 # %% [markdown]
 # With the TP broadcast on, only the TP leaders (`tp0`) ran the loader; their peers received
 # every batch.
 
 # %%
-plot.loaded_vs_received(ledger)
+viz.loaded_vs_received(ledger)
 
 # %% [markdown]
 # ## The explorer
@@ -142,7 +142,7 @@ assert hang is not None and progress.behind() == [2, 3]
 # `all_reduce` for them. The longer bars belong to the victims, not the culprits.
 
 # %%
-fig = plot.timeline(Ledger.from_events(hang.events), hang)
+fig = viz.timeline(Ledger.from_events(hang.events), hang)
 assert fig.ezpz_data["verdict"] == {"short": [2, 3], "hung": [0, 1]}
 fig
 

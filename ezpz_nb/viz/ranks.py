@@ -3,7 +3,7 @@
 :func:`timeline` draws the steps each rank took and, after a failed run, what
 each rank was doing when the run ended: which ranks left early (the cause of a
 hang) and which were left waiting in a collective. :func:`layout` draws the
-world as a grid of TP and DP groups. Both are re-exported by :mod:`ezpz_nb.plot`;
+world as a grid of TP and DP groups. Both are importable from :mod:`ezpz_nb.viz`;
 what they draw is kept in ``fig.ezpz_data`` as for every plot function.
 """
 
@@ -15,7 +15,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from ezpz_nb._figure import (
+from ezpz_nb.groups import layout_table
+from ezpz_nb.ledger import Ledger
+from ezpz_nb.viz.figure import (
     BLUE,
     GREEN,
     GREY,
@@ -27,8 +29,6 @@ from ezpz_nb._figure import (
     new_figure,
     rank_label,
 )
-from ezpz_nb.groups import layout_table
-from ezpz_nb.ledger import Ledger
 
 __all__ = ["layout", "timeline"]
 

@@ -1,6 +1,6 @@
 """What the workshop checkers run on each rank: the inputs they feed the learner's function.
 
-:mod:`ezpz_nb.exercises` judges, in the notebook process, what these jobs
+:mod:`ezpz_nb.workshop.exercises` judges, in the notebook process, what these jobs
 return. Kept apart so each side reads on its own: a job builds one rank's
 inputs, calls the learner's function and sends back only plain values (tensors,
 digests, shapes). Where a check calls the function twice, the second call's
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__: list[str] = []  # private: used by ezpz_nb.exercises only
+__all__: list[str] = []  # private: used by ezpz_nb.workshop.exercises only
 
 
 # ----------------------------------------------------------------- 1. all_reduce

@@ -13,13 +13,13 @@ verdict in plain words and returns a :class:`CheckResult`:
 Checkers never read the learner's source: any code that behaves right passes.
 Where an answer could be fitted to one input (a sum, a step count, a batch's
 shapes), the function is called a second time with inputs drawn for that check.
-What runs on the ranks lives in :mod:`ezpz_nb._check_jobs`.
+What runs on the ranks lives in :mod:`ezpz_nb.workshop.jobs`.
 Every checker also takes ``timeout=`` (seconds, default :data:`CHECK_TIMEOUT`)
 after which the learner's code is reported as hung and its ranks are stopped.
 
 Example::
 
-    import ezpz_nb.exercises as ex
+    import ezpz_nb.workshop.exercises as ex
 
     def global_sum(x):
         dist.all_reduce(x)
@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from ezpz_nb import _check_jobs as jobs
-from ezpz_nb._checks import (
+from ezpz_nb.workshop import jobs
+from ezpz_nb.workshop.verdicts import (
     CHECK_TIMEOUT,
     CheckResult,
     _fmt,

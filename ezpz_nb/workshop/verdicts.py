@@ -1,4 +1,4 @@
-"""The machinery behind :mod:`ezpz_nb.exercises`: verdicts, and running on ranks.
+"""The machinery behind :mod:`ezpz_nb.workshop.exercises`: verdicts, and running on ranks.
 
 Kept apart from the exercises themselves so each checker there reads as the
 behaviour it expects, not as plumbing.

@@ -6,7 +6,7 @@
 * :class:`Explorer` keeps a live :class:`~ezpz_nb.Cluster`; each change of a
   control (debounced, so dragging a slider starts one run, not dozens) runs
   :func:`explore_rank` on it and redraws the plots.
-* :class:`~ezpz_nb.progress.Progress` (in :mod:`ezpz_nb.progress`, importable
+* :class:`~ezpz_nb.viz.progress.Progress` (in :mod:`ezpz_nb.viz.progress`, importable
   from here too) shows steps per rank while a run is in flight.
 
 ipywidgets is imported only when a widget is built, so ranks importing this
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ezpz_nb.ledger import Ledger
-from ezpz_nb.progress import Progress
+from ezpz_nb.viz.progress import Progress
 
 __all__ = ["Explorer", "Progress", "explore_rank"]
 
@@ -151,7 +151,7 @@ class Explorer:
         dp_group: Initially pass ``dp_group`` to the sampler.
         debounce: Seconds to wait after the last change before running; 0 runs
             synchronously inside the change (tests, scripts).
-        plots: Names of :mod:`ezpz_nb.plot` functions to draw after each run.
+        plots: Names of :mod:`ezpz_nb.viz` functions to draw after each run.
         timeout: Seconds a run may take before it is reported as hung.
         run: Run once right away.
 
@@ -318,19 +318,19 @@ class Explorer:
 
     def _draw(self, outputs: list[dict[str, Any]]) -> str:
         """Append the summary and figures of the latest run; return a short verdict."""
-        from ezpz_nb import plot  # matplotlib only where something is drawn
+        from ezpz_nb import viz  # matplotlib only where something is drawn
 
         if self.ledger is not None:
             outputs.append(_text_output(self.ledger.summary()))
             for name in self.plots:
-                fig = getattr(plot, name)(self.ledger)
-                outputs.append(_png_output(plot.png_bytes(fig), f"{name} of run {self.runs}"))
+                fig = getattr(viz, name)(self.ledger)
+                outputs.append(_png_output(viz.png_bytes(fig), f"{name} of run {self.runs}"))
             return "all checks passed" if self.ledger.ok else "problems found (see summary)"
         outputs.append(_text_output(f"{type(self.error).__name__}: {self.error}", "stderr"))
         partial = Ledger.from_events(getattr(self.error, "events", []))
         if partial.records:  # show how far each rank got before it failed
-            fig = plot.timeline(partial, self.error)
-            outputs.append(_png_output(plot.png_bytes(fig), f"timeline of run {self.runs}"))
+            fig = viz.timeline(partial, self.error)
+            outputs.append(_png_output(viz.png_bytes(fig), f"timeline of run {self.runs}"))
         return "the run failed"
 
     def close(self) -> None:

@@ -2,14 +2,13 @@
 
 Every function takes a :class:`~ezpz_nb.ledger.Ledger` from a real run and
 returns a :class:`matplotlib.figure.Figure` that shows itself as a PNG in a
-notebook (see :mod:`ezpz_nb._figure`). What each figure draws is also kept as
+notebook (see :mod:`ezpz_nb.viz.figure`). What each figure draws is also kept as
 plain arrays in ``fig.ezpz_data``, so tests (and curious learners) can check
 the numbers rather than the pixels.
 
-The pictures of the ranks themselves, :func:`timeline` (how far each rank got,
-where it stopped or hung) and :func:`layout` (the dp x tp grid), live in
-:mod:`ezpz_nb.plot_ranks` and are importable from here too, so one
-``from ezpz_nb import plot`` gives every figure.
+The pictures of the ranks themselves (:func:`~ezpz_nb.viz.ranks.timeline`,
+:func:`~ezpz_nb.viz.ranks.layout`) live in :mod:`ezpz_nb.viz.ranks`; one
+``from ezpz_nb import viz`` gives every figure.
 
 Colours: sample ids use viridis, DP replicas cividis, and marks use the
 Okabe-Ito palette, all legible to colour-blind readers.
@@ -17,8 +16,8 @@ Okabe-Ito palette, all legible to colour-blind readers.
 Example::
 
     ledger = Ledger.from_results(ez.launch(train, world_size=4))
-    plot.heatmap(ledger)          # identical rows inside a TP group?
-    plot.coverage(ledger)         # every sample seen exactly once?
+    viz.heatmap(ledger)          # identical rows inside a TP group?
+    viz.coverage(ledger)         # every sample seen exactly once?
 """
 
 from __future__ import annotations
@@ -32,33 +31,26 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from ezpz_nb._figure import (
+from ezpz_nb.ledger import Ledger
+from ezpz_nb.viz.figure import (
     BLUE,
     GREY,
     MISSING,
     ORANGE,
     VERMILLION,
-    EzFigure,
     empty_figure,
     group_separators,
     label_rows,
     new_figure,
-    png_bytes,
     rank_label,
     rank_rows,
 )
-from ezpz_nb.ledger import Ledger
-from ezpz_nb.plot_ranks import layout, timeline
 
 __all__ = [
-    "EzFigure",
     "coverage",
     "heatmap",
-    "layout",
     "loaded_vs_received",
-    "png_bytes",
     "repeat_mask",
-    "timeline",
 ]
 
 # Above this many cells, numbers inside cells are unreadable and slow to draw.

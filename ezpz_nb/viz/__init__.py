@@ -1,0 +1,45 @@
+"""Figures and widgets that show what each rank did: ``from ezpz_nb import viz``.
+
+Every figure function takes a :class:`~ezpz_nb.ledger.Ledger` (or a layout) and
+returns a matplotlib Figure that shows itself as a PNG in a notebook, with what
+it draws kept as plain arrays in ``fig.ezpz_data``:
+
+* :mod:`.samples`: :func:`heatmap`, :func:`coverage`, :func:`loaded_vs_received`
+  (which rank held which samples, and who loaded them);
+* :mod:`.ranks`: :func:`timeline`, :func:`layout` (how far each rank got; the
+  dp x tp grid);
+* :mod:`.widgets` and :mod:`.progress`: the live explorer and run progress
+  (ipywidgets), imported only on demand.
+
+matplotlib is imported at the first figure, not with ``ezpz_nb``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "heatmap": "samples",
+    "coverage": "samples",
+    "loaded_vs_received": "samples",
+    "repeat_mask": "samples",
+    "timeline": "ranks",
+    "layout": "ranks",
+    "png_bytes": "figure",
+    "EzFigure": "figure",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    # matplotlib costs ~0.5 s to import: load a figure module when first used.
+    if name in _WHERE:
+        module = importlib.import_module(f"{__name__}.{_WHERE[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
