@@ -126,7 +126,7 @@ class Cluster:
         ctx = _forkserver() if self.start_method == "forkserver" else mp.get_context(
             self.start_method)
         self._tmp = tempfile.mkdtemp(prefix="ezpz_nb-")
-        self._cleanup_dirs = (self._tmp,)
+        self._cleanup_dirs: tuple[str, ...] = (self._tmp,)
         if self.start_method == "forkserver":
             # The forkserver's folder (made when it started) would outlive a killed kernel.
             self._cleanup_dirs += (multiprocessing.util.get_temp_dir(),)
@@ -309,7 +309,7 @@ class Cluster:
                 s for s, r in sentinels.items() if r in pending] + self._output.fds
             ready = wait(watch, timeout=min(0.1, limit - now))
             for obj in ready:
-                if self._output.owns(obj):
+                if isinstance(obj, int) and self._output.owns(obj):
                     self._output.read(obj)
             for obj in ready:
                 if not isinstance(obj, int) and id(obj) in by_conn:
@@ -318,18 +318,18 @@ class Cluster:
                     if outcome is not _NOTHING and outcome is not _CLOSED:
                         settle(r, outcome)
             for obj in ready:
-                r = sentinels.get(obj) if isinstance(obj, int) else None
-                if r is not None and r in pending:
-                    conn = self._conns[r]
+                dead = sentinels.get(obj) if isinstance(obj, int) else None
+                if dead is not None and dead in pending:
+                    conn = self._conns[dead]
                     # It may have replied, then died: read what it sent before EOF.
-                    while r in pending and conn.poll():
-                        outcome = self._receive(r)
+                    while dead in pending and conn.poll():
+                        outcome = self._receive(dead)
                         if outcome is _CLOSED:
                             break
                         if outcome is not _NOTHING:
-                            settle(r, outcome)
-                    if r in pending:
-                        settle(r, self._death(r))
+                            settle(dead, outcome)
+                    if dead in pending:
+                        settle(dead, self._death(dead))
             if failures and grace_end is None:
                 grace_end = time.monotonic() + _GRACE_S
         self._output.drain()

@@ -70,7 +70,8 @@ def run_cell(source: str, filename: str, shipped: dict[str, Any] | None = None) 
     tree = ast.parse(source, filename)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
+        last = ast.Expression(tree.body[-1].value)
+        tree.body.pop()
     exec(compile(tree, filename, "exec"), ns)
     return eval(compile(last, filename, "eval"), ns) if last is not None else None
 

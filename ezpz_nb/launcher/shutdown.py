@@ -66,7 +66,7 @@ def _stop_forkserver() -> None:
     import signal
     from multiprocessing import forkserver
 
-    server = forkserver._forkserver
+    server: Any = forkserver._forkserver  # type: ignore[attr-defined]
     pid = getattr(server, "_forkserver_pid", None)
     if pid is None:
         return
@@ -97,7 +97,7 @@ def _release_resource_tracker() -> None:
     import threading
     from multiprocessing import resource_tracker
 
-    tracker = resource_tracker._resource_tracker
+    tracker: Any = resource_tracker._resource_tracker
     if multiprocessing.active_children() or not all(
             hasattr(tracker, name) for name in ("_lock", "_fd", "_pid")):
         return
