@@ -2,6 +2,9 @@
 
 * :func:`ensure_distributed`: join the process group torchrun describes in the
   environment, or do nothing inside an ``ez.launch`` rank (already joined).
+* :func:`destroy_distributed`: tear that group down so that none of its
+  threads outlives it (a gloo thread alive at interpreter exit can abort the
+  process after all the work was done).
 * :func:`run_in_place`: ``ez.launch``'s result list for a process that
   torchrun started (the launcher can use it instead of starting ranks).
 * :func:`check_backend` / :func:`device`: gloo on CPU by default, nccl with one
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import os
 import sys
 import traceback
@@ -29,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from ezpz_nb.broadcast import flatten_batch, unflatten_batch
+from ezpz_nb.groups import release_groups
 from ezpz_nb.ledger import Ledger, RecordingLoader
 
 __all__ = [
@@ -40,6 +45,7 @@ __all__ = [
     "base_parser",
     "check_backend",
     "cli_main",
+    "destroy_distributed",
     "device",
     "ensure_distributed",
     "in_torchrun_env",
@@ -132,16 +138,73 @@ def ensure_distributed(backend: str = "gloo", timeout_s: float | None = None) ->
     if timeout_s is not None:
         kwargs["timeout"] = timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method="env://", **kwargs)
-    # Whoever makes the group tears it down: a process that exits with a live gloo
-    # group can abort in its destructor ("terminate called without an active
-    # exception"), which torchrun reports as a failed rank.
-    atexit.register(_destroy_group)
+    # Whoever makes the group tears it down (see destroy_distributed): also when
+    # the caller (run_in_place under torchrun) never does.
+    atexit.register(_destroy_at_exit)
     return True
 
 
-def _destroy_group() -> None:
+#: Name of gloo's collective worker threads (two per process group), as Linux shows it.
+_GLOO_WORKER_THREAD = "pt_gloo_runloop"
+
+
+def _gloo_worker_threads() -> int:
+    """How many gloo collective worker threads this process has (0 where unknown)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:  # not Linux: nothing to count
+        return 0
+    count = 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                count += f.read().strip() == _GLOO_WORKER_THREAD
+        except OSError:  # the thread ended meanwhile
+            pass
+    return count
+
+
+def destroy_distributed() -> int:
+    """Destroy the process group and free every group object, joining their threads.
+
+    ``dist.destroy_process_group()`` alone is not enough. It unregisters the
+    groups, but a gloo group's C++ object, and its two worker threads, live as
+    long as a Python object refers to it (a Layout, a loader, our group
+    cache). A worker thread drops its reference to a finished collective
+    *after* the caller's ``wait()`` returned; the collective holds tensors
+    whose Python objects can only be freed with the GIL. If that thread asks
+    for the GIL once the interpreter is finalizing, CPython ends it with
+    ``pthread_exit``, whose unwinding through torch's ``noexcept`` destructor
+    calls ``std::terminate``: "terminate called without an active exception",
+    SIGABRT, exit -6 after all the work was done, and torchrun reports the job
+    FAILED. Freeing the group objects instead runs their destructors here,
+    which release the GIL and join the threads: teardown is over when this
+    returns.
+
+    Returns:
+        The number of gloo worker threads still alive afterwards: 0 unless
+        something outside ezpz_nb still holds a group object (then a warning
+        on stderr says so).
+    """
+    release_groups()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    # Groups held only by reference cycles (an exception's frames) are freed now,
+    # not at some later collection that might come during interpreter exit.
+    gc.collect()
+    left = _gloo_worker_threads()
+    if left:
+        print(f"ezpz_nb: {left} gloo worker thread(s) outlive destroy_process_group(): "
+              "something still refers to a process group (a Layout or a loader kept in "
+              "a global?), and such a thread can abort this process as it exits. Drop "
+              "those references before the end.", file=sys.stderr, flush=True)
+    return left
+
+
+def _destroy_at_exit() -> None:
+    # atexit runs before the interpreter starts finalizing: the threads can still
+    # take the GIL here, so joining them is safe.
+    destroy_distributed()
 
 
 def in_torchrun_env() -> bool:
@@ -292,7 +355,7 @@ def cli_main(run: Callable[..., Ledger], parser: argparse.ArgumentParser,
         sys.stderr.flush()
         os._exit(1)
     if created:
-        dist.destroy_process_group()
+        destroy_distributed()
     return status
 
 
