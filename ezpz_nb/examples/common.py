@@ -10,8 +10,9 @@
 * :func:`check_backend` / :func:`device`: gloo on CPU by default, nccl with one
   GPU per rank when asked; asking for nccl without a GPU fails *before* any
   process group exists, with what to do instead.
-* :func:`prepare_out` / :func:`save_ledger`: one ledger file per rank
-  (``DIR/rank{r}.jsonl``), merged later with ``Ledger.load(DIR)``.
+* :func:`prepare_out` / :func:`ledger_file`: one ledger file per rank
+  (``DIR/rank{r}.jsonl``), written step by step, merged later with
+  ``Ledger.load(DIR)``.
 * :func:`base_parser` / :func:`cli_main`: the command line shared by
   ``python -m torch.distributed.run ... -m ezpz_nb.examples.<name>``.
 """
@@ -49,11 +50,11 @@ __all__ = [
     "device",
     "ensure_distributed",
     "in_torchrun_env",
+    "ledger_file",
     "ledger_path",
     "prepare_out",
     "run_epochs",
     "run_in_place",
-    "save_ledger",
     "to_device",
 ]
 
@@ -286,11 +287,13 @@ def prepare_out(out: str | Path | None) -> None:
     dist.barrier()
 
 
-def save_ledger(ledger: Ledger, out: str | Path | None) -> Path | None:
-    """Write this rank's ledger to ``out/rank{r}.jsonl`` (nothing if ``out`` is None)."""
-    if out is None:
-        return None
-    return ledger.save(ledger_path(out, dist.get_rank()))
+def ledger_file(out: str | Path | None) -> Path | None:
+    """This rank's ledger file in folder ``out`` (None if ``out`` is None).
+
+    Pass it to ``record(..., path=...)``: the file then grows by one line per
+    step, so a rank that is killed still leaves the steps it took.
+    """
+    return None if out is None else ledger_path(out, dist.get_rank())
 
 
 def add_switch(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
