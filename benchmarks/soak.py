@@ -3,6 +3,8 @@
 * every example under torchrun, ``RUNS`` times per TP size, exactly as the
   README tells a user (``python -m torch.distributed.run --standalone
   --nproc_per_node=4 -m ezpz_nb.examples.<name> --out DIR``, plus ``--tp-size``);
+* the README's notebook snippet (``ez.launch(tp_broadcast.run, ...)``) as a
+  script under torchrun, ``RUNS`` times: ``ez.launch`` runs in place there;
 * in one notebook-like process: ``RUNS`` ``ez.launch`` calls and ``RUNS`` Cluster
   lifecycles (start, two runs, close), then the process exits.
 
@@ -89,15 +91,24 @@ def _leftovers(tmp: str, tag: str) -> tuple[int, int, int, int]:
     return max(0, seen - left), left, len(names) - elastic, elastic
 
 
-def torchrun_once(example: str, tp: int, nproc: int, limit_s: float, row: Row) -> str:
-    """One README-form torchrun of ``example``, added to ``row``; returns a progress line."""
+def readme_snippet() -> str:
+    """The README's Python block that runs an example with ez.launch."""
+    blocks = (ROOT / "README.md").read_text().split("```python\n")[1:]
+    found = [b.split("```")[0] for b in blocks if "ez.launch(tp_broadcast.run" in b]
+    if not found:
+        raise SystemExit("README.md has no ```python block with ez.launch(tp_broadcast.run")
+    return found[0]
+
+
+def torchrun_once(target: list[str], nproc: int, limit_s: float, row: Row) -> str:
+    """One README-form torchrun of ``target`` (``-m module ...`` or a script; ``{out}``
+    becomes a fresh folder), added to ``row``; returns a progress line."""
     tag = new_tag()
     tmp = tempfile.mkdtemp(prefix="ezpz-soak-")
     out = tempfile.mkdtemp(prefix="ezpz-soak-out-")  # the ledger, outside the counted TMPDIR
     try:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={nproc}", "-m", f"ezpz_nb.examples.{example}",
-               "--out", out, "--tp-size", str(tp)]
+               f"--nproc_per_node={nproc}", *(a.replace("{out}", out) for a in target)]
         env = dict(os.environ, TMPDIR=tmp)
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(k, None)
@@ -205,22 +216,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--examples", nargs="+", choices=EXAMPLES, default=list(EXAMPLES))
     ap.add_argument("--limit", type=float, default=180.0,
                     help="seconds one torchrun may take before it counts as hung")
-    ap.add_argument("--no-notebook", action="store_true", help="torchrun runs only")
+    ap.add_argument("--no-notebook", action="store_true",
+                    help="skip the launches in a notebook-like process")
+    ap.add_argument("--no-snippet", action="store_true",
+                    help="skip the README's ez.launch snippet under torchrun")
     args = ap.parse_args(argv)
-    rows = []
-    for example in args.examples:
-        for tp in args.tp_sizes:
-            row = Row(f"torchrun {example} --tp-size {tp}")
+    jobs = [(f"torchrun {example} --tp-size {tp}",
+             ["-m", f"ezpz_nb.examples.{example}", "--out", "{out}", "--tp-size", str(tp)])
+            for example in args.examples for tp in args.tp_sizes]
+    with tempfile.TemporaryDirectory(prefix="ezpz-soak-script-") as scripts:
+        if not args.no_snippet:
+            script = Path(scripts) / "readme_snippet.py"
+            script.write_text(readme_snippet())
+            jobs.append(("torchrun README ez.launch snippet", [str(script)]))
+        rows = []
+        for what, target in jobs:
+            row = Row(what)
             for i in range(args.runs):
-                done = torchrun_once(example, tp, args.nproc, args.limit, row)
+                done = torchrun_once(target, args.nproc, args.limit, row)
                 print(f"{row.what}: run {i + 1}/{args.runs} {done}", file=sys.stderr, flush=True)
             rows.append(row)
     if not args.no_notebook:
         rows += notebook_process(args.runs, args.nproc, args.limit + 30.0 * args.runs)
-    torchrun_rows = [r for r in rows if r.what.startswith("torchrun")]
+    examples = [r for r in rows if r.what.startswith("torchrun") and "snippet" not in r.what]
     print(table(rows))
-    print(f"\ntorchrun: {sum(r.failures for r in torchrun_rows)} failures in "
-          f"{sum(r.runs for r in torchrun_rows)} runs; machine: {os.cpu_count()} cores; "
+    print(f"\ntorchrun examples: {sum(r.failures for r in examples)} failures in "
+          f"{sum(r.runs for r in examples)} runs; machine: {os.cpu_count()} cores; "
           f"{args.nproc} processes per run")
     bad = [r for r in rows if r.failures or r.procs_left or r.temp_left]
     for r in bad:

@@ -146,14 +146,25 @@ def test_a_rank_killed_mid_epoch_ends_the_job_and_every_rank_keeps_its_steps(tmp
 
 
 def test_run_in_place_gives_every_rank_the_list_launch_would(tmp_path):
+    """Also guards the exit of that path: the group run_in_place made is torn down at exit
+    with every group object freed (make_layout's included), before the interpreter
+    finalizes, so no gloo thread is left to abort the process."""
     script = tmp_path / "probe.py"
     # Each rank writes its own file: the ranks' stdout lines interleave.
     script.write_text(
-        "import json, sys\n"
+        "import atexit, json, os, sys\n"
         "import torch.distributed as dist\n"
-        "from ezpz_nb.examples.common import ensure_distributed, run_in_place\n"
-        "got = run_in_place(lambda k: dist.get_rank() * k, 10)\n"
-        "again = ensure_distributed()\n"
+        "from ezpz_nb.examples import common\n"
+        "from ezpz_nb.groups import make_layout\n"
+        "def threads_left():  # runs after ezpz_nb's exit hook: atexit is last in, first out\n"
+        "    with open(f'{sys.argv[1]}/left{os.environ[\"RANK\"]}.json', 'w') as f:\n"
+        "        json.dump(common._gloo_worker_threads(), f)\n"
+        "atexit.register(threads_left)\n"
+        "def fn(k):\n"
+        "    make_layout(2)\n"
+        "    return dist.get_rank() * k\n"
+        "got = common.run_in_place(fn, 10)\n"
+        "again = common.ensure_distributed()\n"
         "with open(f'{sys.argv[1]}/rank{dist.get_rank()}.json', 'w') as f:\n"
         "    json.dump([got, again], f)\n"
     )
@@ -161,6 +172,7 @@ def test_run_in_place_gives_every_rank_the_list_launch_would(tmp_path):
     assert proc.returncode == 0, output(proc)
     for r in (0, 1):
         assert json.loads((tmp_path / f"rank{r}.json").read_text()) == [[0, 10], False]
+        assert json.loads((tmp_path / f"left{r}.json").read_text()) == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
