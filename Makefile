@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 NBTIMEOUT ?= 120
 
-.PHONY: lab test lint unit notebooks bench browser tour clean gpu-check
+.PHONY: lab test lint unit notebooks bench soak browser tour clean gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/broadcast.py
 	$(BIN)/python benchmarks/plot_speed.py
 	$(BIN)/python benchmarks/notebooks.py
+
+# Every example under torchrun 15 times per TP size (1 and 2), plus launches and
+# Cluster lifecycles in one process: failures, exit codes and leftovers in one table.
+soak: $(BIN)/.installed
+	$(BIN)/python benchmarks/soak.py
 
 # Only the real-browser test (JupyterLab + Debian's chromium); `make test` runs it too.
 browser: $(BIN)/.installed

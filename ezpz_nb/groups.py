@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Layout", "layout_table", "make_layout", "valid_tp_sizes"]
+from ezpz_nb._dist import on_teardown
+
+__all__ = ["Layout", "layout_table", "make_layout", "release_groups", "valid_tp_sizes"]
 
 
 @dataclass(frozen=True)
@@ -135,8 +137,23 @@ def _groups_from_new_group(world_size: int, tp_size: int) -> tuple[Any, Any]:
 # (tp_size, use_device_mesh) -> (the default group it was built in, layout).
 # Each new group costs sockets and threads on every member (about 10 file
 # descriptors per call at world 4), and a persistent Cluster re-running a cell
-# would otherwise pile them up.
+# would otherwise pile them up. The cache holds the groups (and the default
+# group) alive: destroy_distributed() calls release_groups() (registered below).
 _CACHE: dict[tuple[int, bool], tuple[Any, Layout]] = {}
+
+
+def release_groups() -> None:
+    """Forget the groups :func:`make_layout` keeps for reuse, so they can be freed.
+
+    ``dist.destroy_process_group()`` only unregisters groups; each group's
+    threads live on until the last Python reference to it goes. Call this
+    before (or right after) destroying the process group; layouts made
+    earlier keep their own references, so drop those too.
+    """
+    _CACHE.clear()
+
+
+on_teardown(release_groups)
 
 
 def make_layout(tp_size: int = 1, *, use_device_mesh: bool = True) -> Layout:

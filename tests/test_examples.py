@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 import ezpz_nb as ez
+from ezpz_nb import _dist
 from ezpz_nb.examples import common, dp_sharding, step_alignment, tp_broadcast
 from ezpz_nb.groups import layout_table
 from ezpz_nb.ledger import Ledger
@@ -191,6 +192,9 @@ def test_main_joins_torchrun_env_runs_and_leaves(one_process_torchrun_env, tmp_p
     status = tp_broadcast.main(["--tp-size", "1", "--out", str(tmp_path), "--check"])
     assert status == 0
     assert not dist.is_initialized()  # it created the group, so it destroyed it
+    # ...and freed every group object, so no gloo thread is left to abort the exit
+    # (make_layout's cache used to keep them all alive until interpreter teardown).
+    assert _dist._gloo_worker_threads() == 0
     assert "All checks passed." in capsys.readouterr().out
     ledger = Ledger.load(tmp_path)
     assert ledger.ok and ledger.ranks() == [0]

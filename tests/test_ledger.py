@@ -116,6 +116,74 @@ def test_save_and_load_one_file_and_a_folder_of_ranks(tmp_path):
         Ledger.load(tmp_path / "empty_dir_missing")
 
 
+def test_recorder_writes_its_file_step_by_step_and_an_end_record_when_done(tmp_path):
+    """Guards ledgers that survive a kill: the header is on disk before the first step,
+    each step is on disk as soon as it is taken (no close needed), and only a block that
+    finishes writes the end record, so a file without one loads as incomplete and says
+    where its rank stopped."""
+    ds = RandomTokenDataset(32, 4, num_samples=6)
+    path = tmp_path / "run" / "rank0.jsonl"
+    with pytest.raises(RuntimeError, match="boom"):
+        with record(DataLoader(ds, batch_size=2), publish=False, path=path) as recorder:
+            assert json.loads(path.read_text())["kind"] == "header"
+            for step, _ in enumerate(recorder):
+                # On disk already, as a killed process would leave it.
+                assert Ledger.load(path).last_step(0) == (0, step)
+                if step == 1:
+                    raise RuntimeError("boom")
+    cut = Ledger.load(path)
+    assert len(cut) == 2 and cut.complete == {0: False} and cut.num_samples == 6
+    assert "incomplete: rank 0 wrote no end record (its last step was epoch 0 step 1)" in cut.summary()
+    assert "never_seen" in cut.summary()  # the checks still run on what was recorded
+
+    with record(DataLoader(ds, batch_size=2), publish=False, path=path) as recorder:
+        list(recorder)
+        list(recorder)
+    done = Ledger.load(path)
+    assert done == recorder.ledger() and done.complete == {0: True}
+    assert json.loads(path.read_text().splitlines()[-1]) == {"kind": "end", "rank": 0, "steps": 6}
+    assert "incomplete" not in done.summary()
+
+
+def test_a_torn_last_line_loads_and_other_bad_lines_do_not(tmp_path):
+    """Guards a kill mid-write: the last line without its newline is dropped, every step
+    before it loads; a bad line elsewhere is an error naming the file and line."""
+    recs = [rec(0, s, [s], world=1) for s in range(3)]
+    path = Ledger(recs, num_samples=3, complete={0: False}).save(tmp_path / "rank0.jsonl")
+    whole = path.read_text()
+    path.write_text(whole + '{"kind": "step", "epoch": 0, "step": 3, "ra')
+    torn = Ledger.load(path)
+    assert torn.records == recs and torn.complete == {0: False} and torn.last_step(0) == (0, 2)
+    assert torn.summary().endswith("All checks passed on what was recorded.")
+    path.write_text(whole.replace("\n", "\n{oops\n", 1))
+    with pytest.raises(ValueError, match=r"rank0.jsonl, line 2: not a ledger line"):
+        Ledger.load(path)
+
+
+def test_older_and_newer_ledger_files(tmp_path):
+    """Guards the format's versioning: a version 1 file (header without kind, bare records)
+    still loads, completeness unknown; kinds and keys a newer writer adds are skipped;
+    a higher version is refused with what to do."""
+    r0 = rec(0, 0, [0])
+    v1 = tmp_path / "v1.jsonl"
+    v1.write_text(json.dumps({"ezpz_nb_ledger": 1, "num_samples": 4}) + "\n"
+                  + json.dumps({**r0.__dict__, "sample_ids": [0]}) + "\n")
+    old = Ledger.load(v1)
+    assert old.records == [r0] and old.num_samples == 4 and old.complete == {}
+    extended = tmp_path / "v2.jsonl"
+    extended.write_text("\n".join(json.dumps(d) for d in [
+        {"ezpz_nb_ledger": 2, "kind": "header", "num_samples": 4, "rank": 0, "mesh": [2, 2, 2]},
+        {"kind": "step", **r0.__dict__, "sample_ids": [0], "worker": 1, "pp_rank": 0},
+        {"kind": "loss", "rank": 0, "epoch": 0, "step": 0, "value": 2.5},
+        {"kind": "end", "rank": 0, "steps": 1}]) + "\n")
+    new = Ledger.load(extended)
+    assert new.records == [r0] and new.complete == {0: True}
+    future = tmp_path / "v9.jsonl"
+    future.write_text(json.dumps({"ezpz_nb_ledger": 9, "kind": "header"}) + "\n")
+    with pytest.raises(ValueError, match="version 9 ledger.*upgrade ezpz_nb"):
+        Ledger.load(future)
+
+
 def test_from_results_and_from_events_shapes():
     """Guards the documented result shapes: per-rank Ledgers or lists of StepRecords
     (nested), and launcher events whose items are StepRecords (others skipped)."""

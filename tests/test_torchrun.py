@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -25,14 +29,20 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT_S = 120
 
 
-def torchrun(nproc: int, module: str, *args: str) -> subprocess.CompletedProcess:
-    """``torchrun --standalone`` on ``module`` (a module name, or a script's path)."""
+def torchrun_cmd(nproc: int, module: str, *args: str) -> tuple[list[str], dict[str, str]]:
+    """Command and environment of ``torchrun --standalone`` on ``module`` (a module name,
+    or a script's path); the caller sets TMPDIR."""
     target = [module] if module.endswith(".py") else ["-m", f"ezpz_nb.examples.{module}"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)  # torchrun sets its own; stale ones from a caller must not leak in
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", *target, *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}", *target, *args], env
+
+
+def torchrun(nproc: int, module: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``torchrun --standalone`` on ``module`` to the end."""
+    cmd, env = torchrun_cmd(nproc, module, *args)
     # torchrun leaves a torchelastic_* folder in TMPDIR: give it one we remove.
     with tempfile.TemporaryDirectory(prefix="ezpz-tr", dir="/tmp") as tmp:
         return subprocess.run(cmd, cwd=ROOT, env=dict(env, TMPDIR=tmp), capture_output=True,
@@ -78,15 +88,83 @@ def test_uneven_steps_under_torchrun_fail_with_a_named_error_not_a_hang(tmp_path
     assert "step_mismatch" in {p.kind for p in ledger.check()}
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _steps_on_disk(path: Path) -> int:
+    try:
+        return path.read_text().count('"kind": "step"')
+    except OSError:
+        return 0
+
+
+def test_a_rank_killed_mid_epoch_ends_the_job_and_every_rank_keeps_its_steps(tmp_path):
+    """Guards ledgers that survive a crash: SIGKILL one rank mid-epoch (as the OOM killer
+    would). torchrun must end the job promptly, non-zero, naming the rank; the survivors,
+    stopped by torchrun's SIGTERM, have no chance to write anything then, yet every rank's
+    file loads with the steps it took, marked incomplete, and no rank is left running."""
+    timeout = 5
+    out = tmp_path / "ledger"
+    # Far more steps than the test waits for: no rank can finish before the kill.
+    cmd, env = torchrun_cmd(4, "tp_broadcast", "--out", str(out), "--tp-size", "2",
+                            "--num-samples", "200000", "--epochs", "3",
+                            "--timeout", str(timeout))
+    victim = out / "rank2.jsonl"
+    with tempfile.TemporaryDirectory(prefix="ezpz-tr", dir="/tmp") as tmp:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(env, TMPDIR=tmp), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + LIMIT_S
+            while _steps_on_disk(victim) < 3 and proc.poll() is None:
+                assert time.monotonic() < deadline, "rank 2 never took 3 steps"
+                time.sleep(0.05)
+            assert proc.poll() is None, proc.communicate()[0]
+            pid = json.loads(victim.read_text().splitlines()[0])["pid"]
+            os.kill(pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            log, _ = proc.communicate(timeout=timeout + 15)
+            took = time.monotonic() - killed_at
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode != 0 and took <= timeout + 15, (proc.returncode, took, log[-3000:])
+    assert re.search(r"rank\s*:\s*2 \(local_rank: 2\)\s+exitcode\s*:\s*-9", log), log[-3000:]
+    ledger = Ledger.load(out)
+    assert ledger.complete == {0: False, 1: False, 2: False, 3: False}, ledger.summary()
+    for r in range(4):
+        assert ledger.last_step(r) is not None, ledger.summary()
+        assert f"incomplete: rank {r} wrote no end record (its last step was epoch" in ledger.summary()
+    # Nothing of the job is left running (a zombie waiting for its reaper is gone).
+    pids = [json.loads((out / f"rank{r}.jsonl").read_text().splitlines()[0])["pid"] for r in range(4)]
+    left = [p for p in pids if _running(p)]
+    assert not left, left
+
+
 def test_run_in_place_gives_every_rank_the_list_launch_would(tmp_path):
+    """Also guards the exit of that path: the group run_in_place made is torn down at exit
+    with every group object freed (make_layout's included), before the interpreter
+    finalizes, so no gloo thread is left to abort the process."""
     script = tmp_path / "probe.py"
     # Each rank writes its own file: the ranks' stdout lines interleave.
     script.write_text(
-        "import json, sys\n"
+        "import atexit, json, os, sys\n"
         "import torch.distributed as dist\n"
-        "from ezpz_nb.examples.common import ensure_distributed, run_in_place\n"
-        "got = run_in_place(lambda k: dist.get_rank() * k, 10)\n"
-        "again = ensure_distributed()\n"
+        "from ezpz_nb import _dist\nfrom ezpz_nb.examples import common\n"
+        "from ezpz_nb.groups import make_layout\n"
+        "def threads_left():  # runs after ezpz_nb's exit hook: atexit is last in, first out\n"
+        "    with open(f'{sys.argv[1]}/left{os.environ[\"RANK\"]}.json', 'w') as f:\n"
+        "        json.dump(_dist._gloo_worker_threads(), f)\n"
+        "atexit.register(threads_left)\n"
+        "def fn(k):\n"
+        "    make_layout(2)\n"
+        "    return dist.get_rank() * k\n"
+        "got = common.run_in_place(fn, 10)\n"
+        "again = common.ensure_distributed()\n"
         "with open(f'{sys.argv[1]}/rank{dist.get_rank()}.json', 'w') as f:\n"
         "    json.dump([got, again], f)\n"
     )
@@ -94,6 +172,7 @@ def test_run_in_place_gives_every_rank_the_list_launch_would(tmp_path):
     assert proc.returncode == 0, output(proc)
     for r in (0, 1):
         assert json.loads((tmp_path / f"rank{r}.json").read_text()) == [[0, 10], False]
+        assert json.loads((tmp_path / f"left{r}.json").read_text()) == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

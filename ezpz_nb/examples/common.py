@@ -1,11 +1,15 @@
 """What every walkthrough needs besides the idea it teaches.
 
-* :func:`ensure_distributed`, :func:`check_backend` (from
+* :func:`ensure_distributed`, :func:`check_backend`, :func:`run_in_place` (from
   :mod:`ezpz_nb.launcher.torchrun`): join torchrun's process group, or do nothing
   inside an ``ez.launch`` rank; nccl without a GPU fails before any group exists.
+* :func:`destroy_distributed` (from :mod:`ezpz_nb._dist`): tear the group down so
+  that none of its threads outlives it (a gloo thread alive at interpreter exit
+  can abort the process after all the work was done).
 * :func:`device`: the rank's GPU under nccl, else the CPU.
-* :func:`prepare_out` / :func:`save_ledger`: one ledger file per rank
-  (``DIR/rank{r}.jsonl``), merged later with ``Ledger.load(DIR)``.
+* :func:`prepare_out` / :func:`ledger_file`: one ledger file per rank
+  (``DIR/rank{r}.jsonl``), written step by step, merged later with
+  ``Ledger.load(DIR)``.
 * :func:`base_parser` / :func:`cli_main`: the command line shared by
   ``python -m torch.distributed.run ... -m ezpz_nb.examples.<name>``.
 """
@@ -23,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ezpz_nb._dist import destroy_distributed, uses_nccl
 from ezpz_nb.broadcast import flatten_batch, unflatten_batch
 from ezpz_nb.launcher.torchrun import (
     BACKENDS,
@@ -31,7 +36,6 @@ from ezpz_nb.launcher.torchrun import (
     ensure_distributed,
     in_torchrun_env,
     run_in_place,
-    uses_nccl,
 )
 from ezpz_nb.ledger import Ledger, RecordingLoader
 
@@ -44,14 +48,15 @@ __all__ = [
     "base_parser",
     "check_backend",
     "cli_main",
+    "destroy_distributed",
     "device",
     "ensure_distributed",
     "in_torchrun_env",
+    "ledger_file",
     "ledger_path",
     "prepare_out",
     "run_epochs",
     "run_in_place",
-    "save_ledger",
     "to_device",
 ]
 
@@ -116,11 +121,13 @@ def prepare_out(out: str | Path | None) -> None:
     dist.barrier()
 
 
-def save_ledger(ledger: Ledger, out: str | Path | None) -> Path | None:
-    """Write this rank's ledger to ``out/rank{r}.jsonl`` (nothing if ``out`` is None)."""
-    if out is None:
-        return None
-    return ledger.save(ledger_path(out, dist.get_rank()))
+def ledger_file(out: str | Path | None) -> Path | None:
+    """This rank's ledger file in folder ``out`` (None if ``out`` is None).
+
+    Pass it to ``record(..., path=...)``: the file then grows by one line per
+    step, so a rank that is killed still leaves the steps it took.
+    """
+    return None if out is None else ledger_path(out, dist.get_rank())
 
 
 def add_switch(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
@@ -185,7 +192,7 @@ def cli_main(run: Callable[..., Ledger], parser: argparse.ArgumentParser,
         sys.stderr.flush()
         os._exit(1)
     if created:
-        dist.destroy_process_group()
+        destroy_distributed()
     return status
 
 

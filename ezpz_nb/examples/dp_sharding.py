@@ -33,9 +33,9 @@ from ezpz_nb.examples.common import (
     base_parser,
     cli_main,
     ensure_distributed,
+    ledger_file,
     prepare_out,
     run_epochs,
-    save_ledger,
 )
 from ezpz_nb.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
@@ -86,12 +86,10 @@ def run(
         tp_group=layout.tp_group,
         drop_last=drop_last, seed=seed, num_samples=num_samples,
     )
-    rec = record(built["dataloader"], layout)
-    try:
+    # The file grows step by step: after an error, or a kill, it still shows how far
+    # this rank got; the end record says it finished.
+    with record(built["dataloader"], layout, path=ledger_file(out)) as rec:
         run_epochs(rec, epochs, set_epoch=set_epoch)
-    finally:
-        # Written even after an error: a partial ledger still shows how far each rank got.
-        save_ledger(rec.ledger(), out)
     return rec.ledger()
 
 

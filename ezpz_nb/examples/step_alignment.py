@@ -44,8 +44,8 @@ from ezpz_nb.examples.common import (
     cli_main,
     device,
     ensure_distributed,
+    ledger_file,
     prepare_out,
-    save_ledger,
 )
 from ezpz_nb.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
@@ -171,17 +171,14 @@ def run(
         )["dataloader"]
     if guard:
         loader = AgreedSteps(loader)
-    rec = record(loader, layout)
     dev = device()
-    try:
+    with record(loader, layout, path=ledger_file(out)) as rec:
         for epoch in range(epochs):
             rec.set_epoch(epoch)
             for step, batch in enumerate(rec):
                 # Stand-in for a gradient: any per-batch tensor the DP ranks reduce.
                 grad = batch["input_ids"].to(dev).float().mean().reshape(1)
                 _sync(grad, layout.dp_group, step_timeout, f"epoch {epoch} step {step}")
-    finally:
-        save_ledger(rec.ledger(), out)
     return rec.ledger()
 
 

@@ -37,9 +37,9 @@ from ezpz_nb.examples.common import (
     base_parser,
     cli_main,
     ensure_distributed,
+    ledger_file,
     prepare_out,
     run_epochs,
-    save_ledger,
 )
 from ezpz_nb.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
@@ -98,11 +98,8 @@ def run(
         broadcast_within_tp=broadcast, broadcast=mode,
         drop_last=drop_last, seed=seed, dataset=dataset,
     )
-    rec = record(built["dataloader"], layout)
-    try:
+    with record(built["dataloader"], layout, path=ledger_file(out)) as rec:
         run_epochs(rec, epochs, set_epoch=set_epoch)
-    finally:
-        save_ledger(rec.ledger(), out)
     return rec.ledger()
 
 

@@ -7,7 +7,7 @@
   :func:`in_torchrun_env` is true.
 * :func:`check_backend`: gloo on CPU by default, nccl with one GPU per rank when
   asked; asking for nccl without a GPU fails *before* any process group exists,
-  with what to do instead. :func:`uses_nccl` tells which one a group runs.
+  with what to do instead.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ezpz_nb._dist import destroy_distributed
+
 __all__ = [
     "BACKENDS",
     "TORCHRUN_VARS",
@@ -28,20 +30,12 @@ __all__ = [
     "ensure_distributed",
     "in_torchrun_env",
     "run_in_place",
-    "uses_nccl",
 ]
 
 #: Backends the examples accept.
 BACKENDS = ("gloo", "nccl")
 #: Variables torchrun (and srun/mpiexec wrappers around it) set for each process.
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
-
-
-def uses_nccl(group: Any = None) -> bool:
-    """True when torch.distributed is initialised and ``group`` (default: the world) runs NCCL."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return False
-    return "nccl" in str(dist.get_backend(group)).lower()
 
 
 def check_backend(backend: str, local_rank: int | None = None) -> None:
@@ -115,16 +109,11 @@ def ensure_distributed(backend: str = "gloo", timeout_s: float | None = None) ->
     if timeout_s is not None:
         kwargs["timeout"] = timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method="env://", **kwargs)
-    # Whoever makes the group tears it down: a process that exits with a live gloo
-    # group can abort in its destructor ("terminate called without an active
-    # exception"), which torchrun reports as a failed rank.
-    atexit.register(_destroy_group)
+    # Whoever makes the group tears it down (see destroy_distributed): also when
+    # the caller (run_in_place under torchrun) never does. atexit runs before the
+    # interpreter starts finalizing, while gloo's threads can still take the GIL.
+    atexit.register(destroy_distributed)
     return True
-
-
-def _destroy_group() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def in_torchrun_env() -> bool:

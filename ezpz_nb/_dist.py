@@ -1,0 +1,89 @@
+"""Facts about this process's torch.distributed state that every layer shares.
+
+The bottom of the package: it imports nothing of ezpz_nb. :func:`uses_nccl` is the
+one backend test; :func:`destroy_distributed` the one teardown, with the hooks
+that other modules register (:func:`on_teardown`) so that it can free what they
+keep without importing them.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["destroy_distributed", "on_teardown", "uses_nccl"]
+
+#: Name of gloo's collective worker threads (two per process group), as Linux shows it.
+_GLOO_WORKER_THREAD = "pt_gloo_runloop"
+_TEARDOWN: list[Callable[[], None]] = []
+
+
+def uses_nccl(group: Any = None) -> bool:
+    """True when torch.distributed is initialised and ``group`` (default: the world) runs NCCL."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    return "nccl" in str(dist.get_backend(group)).lower()
+
+
+def on_teardown(release: Callable[[], None]) -> None:
+    """Have :func:`destroy_distributed` call ``release`` first (e.g. to drop cached groups)."""
+    if release not in _TEARDOWN:
+        _TEARDOWN.append(release)
+
+
+def _gloo_worker_threads() -> int:
+    """How many gloo collective worker threads this process has (0 where unknown)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:  # not Linux: nothing to count
+        return 0
+    count = 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                count += f.read().strip() == _GLOO_WORKER_THREAD
+        except OSError:  # the thread ended meanwhile
+            pass
+    return count
+
+
+def destroy_distributed() -> int:
+    """Destroy the process group and free every group object, joining their threads.
+
+    ``dist.destroy_process_group()`` alone is not enough. It unregisters the
+    groups, but a gloo group's C++ object, and its two worker threads, live as
+    long as a Python object refers to it (a Layout, a loader, a group cache). A
+    worker thread drops its reference to a finished collective *after* the
+    caller's ``wait()`` returned; the collective holds tensors whose Python
+    objects can only be freed with the GIL. If that thread asks for the GIL once
+    the interpreter is finalizing, CPython ends it with ``pthread_exit``, whose
+    unwinding through torch's ``noexcept`` destructor calls ``std::terminate``:
+    "terminate called without an active exception", SIGABRT, exit -6 after all
+    the work was done, and torchrun reports the job FAILED. Freeing the group
+    objects instead runs their destructors here, which release the GIL and join
+    the threads: teardown is over when this returns.
+
+    Returns:
+        The number of gloo worker threads still alive afterwards: 0 unless
+        something outside ezpz_nb still holds a group object (then a warning on
+        stderr says so).
+    """
+    for release in _TEARDOWN:
+        release()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    # Groups held only by reference cycles (an exception's frames) are freed now,
+    # not at some later collection that might come during interpreter exit.
+    gc.collect()
+    left = _gloo_worker_threads()
+    if left:
+        print(f"ezpz_nb: {left} gloo worker thread(s) outlive destroy_process_group(): "
+              "something still refers to a process group (a Layout or a loader kept in "
+              "a global?), and such a thread can abort this process as it exits. Drop "
+              "those references before the end.", file=sys.stderr, flush=True)
+    return left

@@ -1,0 +1,56 @@
+"""The benchmark scripts that guard robustness: the soak (short) and launch's time limits."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _procs import new_tag, run_limited, tagged  # noqa: E402
+
+
+@pytest.mark.timeout(1200)
+def test_short_soak_every_run_exits_zero_and_leaves_nothing():
+    """Guards the exit-time abort (a rank's gloo thread outlived the interpreter: SIGABRT,
+    torchrun said FAILED after the work was done) and leftovers: 3 README-form torchrun
+    runs per example and of the README's ez.launch snippet, 3 launches and 3 Cluster
+    lifecycles in one process; any non-zero exit, leftover process or temporary entry
+    fails."""
+    tag = new_tag()
+    status, out, _ = run_limited([sys.executable, "benchmarks/soak.py", "--runs", "3",
+                                  "--tp-sizes", "2"], tag=tag, limit_s=1100, cwd=str(ROOT))
+    assert status == 0, out[-6000:]
+    rows = [line for line in out.splitlines()
+            if line.startswith(("| torchrun", "| ez.", "| Cluster", "| notebook"))]
+    assert len(rows) == 3 + 1 + 3, out
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2:3] == ["0"] and cells[4:6] == ["0", "0"], row  # failures, leftovers
+    assert "torchrun examples: 0 failures in 9 runs" in out
+    assert not tagged(tag)
+
+
+def test_launch_benchmark_reports_a_hung_and_a_failed_peer_and_finishes():
+    """Guards the benchmark that once hung for minutes on a stalled peer: a peer whose
+    child stalls reads "hung", one that fails reads "failed", the other cells are
+    measured, the table is printed, and nothing of the stalled child is left."""
+    tag = new_tag()
+    status, out, _ = run_limited(
+        [sys.executable, "benchmarks/launch.py", "--reps", "1", "--sizes", "2", "--peers", "bare",
+         "spawn", "--limit", "40"], tag=tag, limit_s=300, cwd=str(ROOT),
+        env=dict(os.environ, EZPZ_NB_BENCH_FAULT="spawn=hang,bare=fail"))
+    assert status == 0, out
+    row = next(line for line in out.splitlines() if line.startswith("| 2 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    header = next(line for line in out.splitlines() if line.startswith("| ranks |"))
+    head = [c.strip() for c in header.strip("|").split("|")]
+    got = dict(zip(head, cells, strict=True))
+    assert got["bare fork"] == "failed" and got["torch spawn"] == "hung", row
+    assert got["notebook_launcher"] == "n/a"
+    assert re.fullmatch(r"[\d.]+ ms", got["ezpz launch"]), row
+    assert not tagged(tag)
