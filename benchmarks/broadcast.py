@@ -6,7 +6,7 @@ the int64 index), the time per batch of:
 
 * ours:   ``BatchBroadcaster(mode="tensor")``: pack, one broadcast, unpack
           into fresh tensors on the peers (the steady state of TPBroadcastDataLoader);
-* pickle: the seed's ``broadcast_object_list`` of the whole batch;
+* pickle: ezpz's ``broadcast_object_list`` of the whole batch;
 * bound:  one ``dist.broadcast`` of a preallocated tensor of the same bytes
           (the issue's lower bound);
 * raw:    the same through the process group's own ``broadcast`` method, the
@@ -36,7 +36,7 @@ def _bench_rank(shapes: list[tuple[int, int]], blocks: int, per_block: int) -> d
     import torch
     import torch.distributed as dist
 
-    from ezpz_nb.broadcast import BatchBroadcaster
+    from ezpz_nb.data.broadcast import BatchBroadcaster
 
     torch.set_num_threads(1)
     rank = dist.get_rank()

@@ -17,7 +17,7 @@ import time
 from torch.utils.data import DistributedSampler
 
 from ezpz_nb import viz
-from ezpz_nb.groups import layout_table
+from ezpz_nb.data.groups import layout_table
 from ezpz_nb.ledger import Ledger, StepRecord
 
 

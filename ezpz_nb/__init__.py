@@ -17,8 +17,8 @@ from ezpz_nb.data import (
     TPLeaderError,
     get_random_dataset_fsdp_tp,
 )
+from ezpz_nb.data.groups import Layout, layout_table, make_layout
 from ezpz_nb.events import publish
-from ezpz_nb.groups import Layout, layout_table, make_layout
 from ezpz_nb.launcher import MAX_WORLD_SIZE, START_METHODS, Cluster, launch
 from ezpz_nb.launcher.cluster import warm_up
 from ezpz_nb.launcher.errors import (
@@ -47,7 +47,7 @@ __all__ = [
     "launch",
     "load_ipython_extension",
     "publish",
-    # data loading, the ezpz API (ezpz_nb.data, ezpz_nb.groups)
+    # data loading, the ezpz API (ezpz_nb.data, ezpz_nb.data.groups)
     "DataLayoutWarning",
     "Layout",
     "RandomTokenDataset",

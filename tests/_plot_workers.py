@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
 from ezpz_nb.data import RandomTokenDataset, get_random_dataset_fsdp_tp
-from ezpz_nb.groups import make_layout
+from ezpz_nb.data.groups import make_layout
 from ezpz_nb.ledger import record
 
 

@@ -15,17 +15,18 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 import ezpz_nb as ez
-from ezpz_nb import broadcast
-from ezpz_nb.broadcast import BatchBroadcaster, flatten_batch, unflatten_batch
 from ezpz_nb.data import (
     DataLayoutWarning,
     RandomTokenDataset,
     TPBroadcastDataLoader,
     TPLeaderError,
+    broadcast,
     forward_set_epoch,
     get_random_dataset_fsdp_tp,
 )
-from ezpz_nb.groups import make_layout
+from ezpz_nb.data.broadcast import BatchBroadcaster
+from ezpz_nb.data.groups import make_layout
+from ezpz_nb.data.tree import flatten_batch, unflatten_batch
 from ezpz_nb.ledger import Ledger, record
 
 N, BATCH, SEED = 23, 2, 1234  # 23 does not divide over 2, 4 or 8 replicas: padding and drops
@@ -44,7 +45,7 @@ def expected_batches(n, dp_size, dp_rank, epoch, drop_last, batch=BATCH, seed=SE
 # --------------------------------------------------------------- single process
 
 def test_random_token_dataset_is_deterministic_lazy_and_shifted():
-    """Guards pitfall 1 (rank-seeded tokens) and eager generation: a sample depends
+    """Guards ezpz pitfall 1 (docs/ezpz_pitfalls.md) (rank-seeded tokens) and eager generation: a sample depends
     only on (seed, index), labels are the next tokens, len defaults to vocab_size."""
     a = RandomTokenDataset(50, 16)
     b = RandomTokenDataset(50, 16)
@@ -75,7 +76,7 @@ def test_random_token_dataset_rejects_bad_sizes(kwargs):
 
 
 def test_non_distributed_path_honours_seed_and_skips_pin_memory():
-    """Guards pitfall 5 (pin_memory warning on CPU) and the seed being ignored without
+    """Guards ezpz pitfall 5 (docs/ezpz_pitfalls.md) (pin_memory warning on CPU) and the seed being ignored without
     torch.distributed: same seed, same order; other seed, other order; no warnings."""
     def order(seed):
         with warnings.catch_warnings():
@@ -141,7 +142,7 @@ def _sharding_run():
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8])
 def test_sample_ids_match_distributed_sampler(world):
-    """Guards pitfall 2 and the broadcast: at every world/tp size each rank gets exactly the
+    """Guards ezpz pitfall 2 (docs/ezpz_pitfalls.md) and the broadcast: at every world/tp size each rank gets exactly the
     batches torch's DistributedSampler gives its DP replica (drop_last True and False,
     epochs 0 and 1 after set_epoch), TP peers hold byte-identical batches with and without
     the broadcast, and the broadcast delivers the same bytes as loading locally."""
@@ -172,7 +173,7 @@ def test_sample_ids_match_distributed_sampler(world):
 
 
 def _pitfalls_run():
-    """World 4: the seed's pitfalls, each recorded so the ledger can judge it."""
+    """World 4: ezpz's pitfalls (docs/ezpz_pitfalls.md), each recorded so the ledger can judge it."""
     rank = dist.get_rank()
     lay = make_layout(2)
     out = {}
@@ -204,7 +205,7 @@ def _pitfalls_run():
                                         dataset=RankSeeded(), broadcast_within_tp=bc)["dataloader"]
         out[f"rank_seeded_bc{bc}"] = record(dl, lay, publish=False)
     flat = make_layout(1)
-    for drop_last in (False, True):  # 10 samples over 4 replicas: FACTS.md's example
+    for drop_last in (False, True):  # 10 samples over 4 replicas: docs/ezpz_pitfalls.md's example
         dl = get_random_dataset_fsdp_tp(1, 64, 8, dp_group=flat.dp_group, num_samples=10,
                                         drop_last=drop_last, shuffle=False)["dataloader"]
         out[f"drop_last{drop_last}"] = record(dl, flat, publish=False)
@@ -221,7 +222,7 @@ def _pitfalls_run():
 
 
 def test_pitfalls_are_caught_by_the_ledger():
-    """Guards FACTS.md's pitfalls 1, 2 and 4 and step misalignment: dp_group=None warns and
+    """Guards the pitfalls (docs/ezpz_pitfalls.md) 1, 2 and 4 and step misalignment: dp_group=None warns and
     shows as tp_mismatch (a broadcast asked for without tp_group warns too), drop_last=False duplicates samples 0 and 1 across replicas,
     drop_last=True never shows 8 and 9, a rank-seeded dataset differs in bytes between
     TP peers unless broadcast, uneven hand-made shards misalign steps, and the order
@@ -430,7 +431,7 @@ def _stop_run():
 
 
 def test_leader_announces_end_and_errors_so_no_rank_hangs():
-    """Guards pitfall 3 (hang): an IterableDataset, a loader shorter or longer than its
+    """Guards ezpz pitfall 3 (docs/ezpz_pitfalls.md) (hang): an IterableDataset, a loader shorter or longer than its
     len(), a leader exception and an unpicklable batch give the same stop, or a clear
     TPLeaderError naming the leader's global rank, on every TP rank, in both modes."""
     results = ez.launch(_stop_run, world_size=4, timeout=60)

@@ -17,8 +17,8 @@ from torch.utils.data import DistributedSampler
 
 import ezpz_nb as ez
 from ezpz_nb import _dist
+from ezpz_nb.data.groups import layout_table
 from ezpz_nb.examples import common, dp_sharding, step_alignment, tp_broadcast
-from ezpz_nb.groups import layout_table
 from ezpz_nb.ledger import Ledger
 
 WORLD, TP = 4, 2
@@ -65,7 +65,7 @@ def assert_tp_peers_identical(ledger: Ledger) -> None:
 # ------------------------------------------------------------------ dp_sharding
 
 def test_dp_sharding_matches_distributed_sampler_and_writes_one_file_per_rank(cluster, tmp_path):
-    """Guards pitfall 2 (sharding over the world) and the per-rank ledger files that
+    """Guards ezpz pitfall 2 (docs/ezpz_pitfalls.md) (sharding over the world) and the per-rank ledger files that
     a torchrun run leaves for plotting."""
     stale = tmp_path / "rank7.jsonl"  # from an imagined earlier 8-rank run
     stale.write_text("{}\n")
@@ -116,7 +116,7 @@ def test_tp_broadcast_peers_receive_the_leaders_batches(cluster, mode):
 
 
 def test_tp_broadcast_fixes_rank_seeded_data(cluster):
-    """Guards pitfall 1: tokens seeded by rank differ between TP peers unless the
+    """Guards ezpz pitfall 1 (docs/ezpz_pitfalls.md): tokens seeded by rank differ between TP peers unless the
     leader's batch is broadcast."""
     alone = Ledger.from_results(cluster.run(tp_broadcast.run, tp_size=TP, epochs=1,
                                             rank_seeded=True, broadcast=False))
@@ -260,7 +260,7 @@ def test_examples_on_nccl_one_gpu_per_rank(example):
 def test_nccl_tp_broadcast_delivers_cuda_tensors_on_each_peers_gpu():
     def worker():
         from ezpz_nb.data import get_random_dataset_fsdp_tp
-        from ezpz_nb.groups import make_layout
+        from ezpz_nb.data.groups import make_layout
         from ezpz_nb.ledger import batch_digest
 
         layout = make_layout(2)

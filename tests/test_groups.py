@@ -1,4 +1,4 @@
-"""ezpz_nb.groups: the DP x TP layout, checked against the groups gloo really built."""
+"""ezpz_nb.data.groups: the DP x TP layout, checked against the groups gloo really built."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch.distributed as dist
 
 import ezpz_nb as ez
-from ezpz_nb.groups import Layout, layout_table, make_layout, valid_tp_sizes
+from ezpz_nb.data.groups import Layout, layout_table, make_layout, valid_tp_sizes
 
 
 def test_layout_table_puts_tp_innermost():

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Subset
 
 import ezpz_nb as ez
 from ezpz_nb.data import RandomTokenDataset, get_random_dataset_fsdp_tp
-from ezpz_nb.groups import Layout, make_layout
+from ezpz_nb.data.groups import Layout, make_layout
 from ezpz_nb.ledger import Ledger, StepRecord, batch_digest, record
 
 

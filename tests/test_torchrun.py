@@ -155,7 +155,7 @@ def test_run_in_place_gives_every_rank_the_list_launch_would(tmp_path):
         "import atexit, json, os, sys\n"
         "import torch.distributed as dist\n"
         "from ezpz_nb import _dist\nfrom ezpz_nb.examples import common\n"
-        "from ezpz_nb.groups import make_layout\n"
+        "from ezpz_nb.data.groups import make_layout\n"
         "def threads_left():  # runs after ezpz_nb's exit hook: atexit is last in, first out\n"
         "    with open(f'{sys.argv[1]}/left{os.environ[\"RANK\"]}.json', 'w') as f:\n"
         "        json.dump(_dist._gloo_worker_threads(), f)\n"

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ezpz_nb._dist import destroy_distributed, uses_nccl
-from ezpz_nb.broadcast import flatten_batch, unflatten_batch
+from ezpz_nb.data.tree import flatten_batch, unflatten_batch
 from ezpz_nb.launcher.torchrun import (
     BACKENDS,
     TORCHRUN_VARS,

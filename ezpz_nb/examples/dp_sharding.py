@@ -26,6 +26,7 @@ import sys
 from collections.abc import Sequence
 
 from ezpz_nb.data import get_random_dataset_fsdp_tp
+from ezpz_nb.data.groups import make_layout
 from ezpz_nb.examples.common import (
     SEQ_LENGTH,
     VOCAB_SIZE,
@@ -37,7 +38,6 @@ from ezpz_nb.examples.common import (
     prepare_out,
     run_epochs,
 )
-from ezpz_nb.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
 
 __all__ = ["main", "run"]

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
 from ezpz_nb.data import RandomTokenDataset, forward_set_epoch, get_random_dataset_fsdp_tp
+from ezpz_nb.data.groups import make_layout
 from ezpz_nb.examples.common import (
     SEQ_LENGTH,
     VOCAB_SIZE,
@@ -47,7 +48,6 @@ from ezpz_nb.examples.common import (
     ledger_file,
     prepare_out,
 )
-from ezpz_nb.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
 
 __all__ = ["AgreedSteps", "StepTimeoutError", "main", "run"]

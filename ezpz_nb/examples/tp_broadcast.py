@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import torch.distributed as dist
 
 from ezpz_nb.data import RandomTokenDataset, get_random_dataset_fsdp_tp
+from ezpz_nb.data.groups import make_layout
 from ezpz_nb.examples.common import (
     SEQ_LENGTH,
     VOCAB_SIZE,
@@ -41,7 +42,6 @@ from ezpz_nb.examples.common import (
     prepare_out,
     run_epochs,
 )
-from ezpz_nb.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
 
 __all__ = ["main", "run"]

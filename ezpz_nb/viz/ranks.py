@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from ezpz_nb.groups import layout_table
+from ezpz_nb.data.groups import layout_table
 from ezpz_nb.ledger import Ledger
 from ezpz_nb.viz.figure import (
     BLUE,

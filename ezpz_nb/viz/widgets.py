@@ -67,7 +67,7 @@ def explore_rank(
     import warnings
 
     from ezpz_nb.data import DataLayoutWarning, get_random_dataset_fsdp_tp
-    from ezpz_nb.groups import make_layout
+    from ezpz_nb.data.groups import make_layout
     from ezpz_nb.ledger import record
 
     layout = make_layout(tp_size)
@@ -172,7 +172,7 @@ class Explorer:
                  run: bool = True) -> None:
         import ipywidgets as W
 
-        from ezpz_nb.groups import valid_tp_sizes
+        from ezpz_nb.data.groups import valid_tp_sizes
 
         style = {"description_width": "initial"}
         self.controls: dict[str, Any] = {
@@ -229,7 +229,7 @@ class Explorer:
         self._debouncer.poke()
 
     def _sync_tp_choices(self) -> None:
-        from ezpz_nb.groups import valid_tp_sizes
+        from ezpz_nb.data.groups import valid_tp_sizes
 
         tp = self.controls["tp_size"]
         choices = valid_tp_sizes(self.controls["world_size"].value)

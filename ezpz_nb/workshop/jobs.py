@@ -44,7 +44,7 @@ def job_global_sum(fn: Callable, seed: int) -> Any:
 # ----------------------------------------------------------------- 2. group broadcast
 def job_share(fn: Callable) -> Any:
     """Exercise 2: rank ``r`` passes ``[r, r, r]`` and its TP group (tp 2)."""
-    from ezpz_nb.groups import make_layout
+    from ezpz_nb.data.groups import make_layout
 
     lay = make_layout(tp_size=2)
     x = torch.full((3,), float(dist.get_rank()))
@@ -56,7 +56,7 @@ def job_share(fn: Callable) -> Any:
 def job_sampler(fn: Callable, num_samples: int) -> Any:
     """Exercise 3: the indices of the sampler ``fn`` builds, with this rank's DP/TP place."""
     from ezpz_nb.data import RandomTokenDataset
-    from ezpz_nb.groups import make_layout
+    from ezpz_nb.data.groups import make_layout
 
     lay = make_layout(tp_size=2)
     ds = RandomTokenDataset(64, 4, num_samples=num_samples)
@@ -86,7 +86,7 @@ def job_epochs(fn: Callable, epochs: int) -> Any:
 # ----------------------------------------------------------------- 5. TP loader
 def job_tp_loader(fn: Callable) -> Any:
     """Exercise 5: the ledger of one epoch of the loader ``fn`` builds."""
-    from ezpz_nb.groups import make_layout
+    from ezpz_nb.data.groups import make_layout
     from ezpz_nb.ledger import record
 
     lay = make_layout(tp_size=2)
@@ -142,7 +142,7 @@ def batch_spec(batch: dict) -> dict[str, tuple[tuple[int, ...], str]]:
 
 def job_send(fn: Callable, seed: int) -> Any:
     """Exercise 7: per round, the leader's (digest, spec) sent and what this rank got."""
-    from ezpz_nb.groups import make_layout
+    from ezpz_nb.data.groups import make_layout
     from ezpz_nb.ledger import batch_digest
 
     lay = make_layout(tp_size=2)

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 import ezpz_nb as ez
 from ezpz_nb import viz
 from ezpz_nb.data import RandomTokenDataset
-from ezpz_nb.groups import make_layout
+from ezpz_nb.data.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
 
 # %% [markdown]

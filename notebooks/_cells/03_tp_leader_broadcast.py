@@ -33,9 +33,9 @@ from torch.utils.data import Dataset, default_collate
 
 import ezpz_nb as ez
 from ezpz_nb import viz
-from ezpz_nb.broadcast import BatchBroadcaster
 from ezpz_nb.data import RandomTokenDataset, get_random_dataset_fsdp_tp
-from ezpz_nb.groups import make_layout
+from ezpz_nb.data.broadcast import BatchBroadcaster
+from ezpz_nb.data.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
 
 # %% [markdown]

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, IterableDataset
 import ezpz_nb as ez
 from ezpz_nb import viz
 from ezpz_nb.data import TPBroadcastDataLoader, get_random_dataset_fsdp_tp
-from ezpz_nb.groups import make_layout
+from ezpz_nb.data.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
 
 # %% [markdown]

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Subset
 import ezpz_nb as ez
 from ezpz_nb import viz
 from ezpz_nb.data import RandomTokenDataset
-from ezpz_nb.groups import make_layout
+from ezpz_nb.data.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
 from ezpz_nb.viz.widgets import Explorer, Progress, explore_rank
 

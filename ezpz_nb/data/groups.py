@@ -7,7 +7,7 @@ TP peers must hold the *same* batch; DP replicas must hold *different* ones.
 
 Example (inside a rank, e.g. ``ez.launch(fn, world_size=4)``)::
 
-    from ezpz_nb.groups import make_layout
+    from ezpz_nb.data.groups import make_layout
     layout = make_layout(tp_size=2)
     layout.dp_rank, layout.tp_rank   # rank 3 -> (1, 1)
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ezpz_nb._dist import on_teardown
+from ezpz_nb._dist import on_teardown, uses_nccl
 
 __all__ = ["Layout", "layout_table", "make_layout", "release_groups", "valid_tp_sizes"]
 
@@ -105,10 +105,9 @@ def layout_table(world_size: int, tp_size: int) -> list[tuple[int, int, int]]:
 
 
 def _groups_from_mesh(dp_size: int, tp_size: int) -> tuple[Any, Any]:
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    device = "cuda" if "nccl" in str(dist.get_backend()).lower() else "cpu"
+    device = "cuda" if uses_nccl() else "cpu"
     mesh = init_device_mesh(device, (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
     return mesh["dp"].get_group(), mesh["tp"].get_group()
 

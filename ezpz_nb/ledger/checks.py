@@ -1,6 +1,6 @@
 """Checks over a sample ledger: the four ways DP/TP data loading goes wrong.
 
-Each check reads only :class:`~ezpz_nb.ledger.StepRecord` s and answers in plain
+Each check reads only :class:`~ezpz_nb.ledger.records.StepRecord` s and answers in plain
 words, so a learner can read what happened without knowing the code:
 
 * ``step_mismatch``: ranks took different numbers of steps in an epoch (the
@@ -16,10 +16,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ezpz_nb.ledger import StepRecord
+from ezpz_nb.ledger.records import StepRecord
 
 __all__ = ["Problem", "check_records"]
 

@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ezpz_nb.broadcast import BatchBroadcaster
+from ezpz_nb._dist import uses_nccl
+from ezpz_nb.data.broadcast import BatchBroadcaster
 
 __all__ = [
     "DataLayoutWarning",
@@ -151,7 +152,7 @@ def _group_rank(group: Any, name: str) -> int:
     if rank < 0:
         raise ValueError(
             f"global rank {dist.get_rank()} is not a member of the {name} it was given; "
-            f"pass this rank's own group (e.g. layout.{name} from ezpz_nb.groups.make_layout)"
+            f"pass this rank's own group (e.g. layout.{name} from ezpz_nb.data.groups.make_layout)"
         )
     return rank
 
@@ -259,7 +260,7 @@ def _cuda_in_use() -> bool:
     if not torch.cuda.is_available():
         return False
     # Ranks on gloo use the CPU even where a GPU exists.
-    return not _is_dist() or "nccl" in str(dist.get_backend()).lower()
+    return not _is_dist() or uses_nccl()
 
 
 def _worker_context(num_workers: int) -> str | None:
@@ -332,7 +333,7 @@ def get_random_dataset_fsdp_tp(
             warnings.warn(
                 "tp_group was given without dp_group: the sampler shards over the whole world "
                 f"({dist.get_world_size()} ranks), so TP peers get different samples. "
-                "Pass dp_group=layout.dp_group (ezpz_nb.groups.make_layout).",
+                "Pass dp_group=layout.dp_group (ezpz_nb.data.groups.make_layout).",
                 DataLayoutWarning,
                 stacklevel=2,
             )

@@ -1,7 +1,7 @@
 """Send one batch from the TP leader to its peers: one collective per batch.
 
 The wire format (``mode="tensor"``), chosen because on gloo each collective
-costs about 0.3-0.5 ms however small it is (see FACTS.md):
+costs about 0.3-0.5 ms however small it is (see docs/ezpz_pitfalls.md):
 
 * Every step the leader broadcasts one ``uint8`` buffer: a 32-byte header
   (four int64 words) followed by the batch's tensors, each packed at an
@@ -23,7 +23,7 @@ costs about 0.3-0.5 ms however small it is (see FACTS.md):
   flat dict of tensors by keys, dtypes and shapes instead of re-pickling its
   spec, and peers read the header with ``struct``.
 
-``mode="pickle"`` is the seed's path (``broadcast_object_list`` of the whole
+``mode="pickle"`` is ezpz's path (``broadcast_object_list`` of the whole
 batch, two collectives plus pickling), with the same announcements, kept so the
 notebooks can compare the two.
 """
@@ -38,7 +38,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["BatchBroadcaster", "flatten_batch", "unflatten_batch"]
+from ezpz_nb._dist import uses_nccl
+from ezpz_nb.data.tree import flatten_batch, unflatten_batch
+
+__all__ = ["BatchBroadcaster"]
 
 DATA, SPEC, END, ERROR = 1, 2, 3, 4
 _KIND_NAMES = {DATA: "data", SPEC: "data", END: "end", ERROR: "error"}
@@ -52,49 +55,6 @@ _HEADER = struct.Struct("=4q")  # native order: the ranks share one machine's by
 
 def _align(n: int, to: int = 8) -> int:
     return (n + to - 1) // to * to
-
-
-def flatten_batch(batch: Any) -> tuple[Any, list[torch.Tensor]]:
-    """Split a batch into a picklable tree (without tensor data) and its tensors.
-
-    Args:
-        batch: A tensor, or dicts/lists/tuples/namedtuples nesting tensors and
-            other picklable values.
-
-    Returns:
-        ``(tree, tensors)``: ``tree`` holds ``("t", i)`` where tensor ``i`` of
-        ``tensors`` was; every other leaf is kept as ``("o", value)``.
-    """
-    tensors: list[torch.Tensor] = []
-
-    def walk(obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            tensors.append(obj)
-            return ("t", len(tensors) - 1)
-        if isinstance(obj, dict):
-            return ("d", tuple((k, walk(v)) for k, v in obj.items()))
-        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-            return ("n", type(obj), tuple(walk(v) for v in obj))
-        if isinstance(obj, (list, tuple)):
-            return ("l" if isinstance(obj, list) else "u", tuple(walk(v) for v in obj))
-        return ("o", obj)
-
-    return walk(batch), tensors
-
-
-def unflatten_batch(tree: Any, tensors: list[torch.Tensor]) -> Any:
-    """Inverse of :func:`flatten_batch`."""
-    tag = tree[0]
-    if tag == "t":
-        return tensors[tree[1]]
-    if tag == "d":
-        return {k: unflatten_batch(v, tensors) for k, v in tree[1]}
-    if tag == "n":
-        return tree[1](*(unflatten_batch(v, tensors) for v in tree[2]))
-    if tag in ("l", "u"):
-        items = [unflatten_batch(v, tensors) for v in tree[1]]
-        return items if tag == "l" else tuple(items)
-    return tree[1]
 
 
 def _slots(layout: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[list[tuple[int, int]], int]:
@@ -149,7 +109,7 @@ class BatchBroadcaster:
         self._opts = {flag: _broadcast_options(flag) for flag in (False, True)}
         # Tensors travel on the device the backend moves: nccl needs CUDA
         # buffers, gloo is used here with CPU ones.
-        if "nccl" in str(dist.get_backend(group)).lower():
+        if uses_nccl(group):
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")

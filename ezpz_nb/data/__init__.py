@@ -1,0 +1,31 @@
+"""Distributed data loading: the ezpz API, the rank layout, and the TP broadcast.
+
+* :mod:`.distributed`: ``RandomTokenDataset``, ``TPBroadcastDataLoader``,
+  ``get_random_dataset_fsdp_tp`` (the names of ``ezpz.data.distributed``),
+  importable from here;
+* :mod:`.groups`: the DP x TP layout of the ranks (``make_layout``);
+* :mod:`.broadcast`: the packed broadcast of a batch inside a TP group (its wire
+  format), over :mod:`.tree` (a nested batch as tree + tensors).
+
+Nothing here knows about notebooks or the launcher.
+"""
+
+from __future__ import annotations
+
+from ezpz_nb.data.distributed import (
+    DataLayoutWarning,
+    RandomTokenDataset,
+    TPBroadcastDataLoader,
+    TPLeaderError,
+    forward_set_epoch,
+    get_random_dataset_fsdp_tp,
+)
+
+__all__ = [
+    "DataLayoutWarning",
+    "RandomTokenDataset",
+    "TPBroadcastDataLoader",
+    "TPLeaderError",
+    "forward_set_epoch",
+    "get_random_dataset_fsdp_tp",
+]

@@ -1,0 +1,56 @@
+"""Nested batches as a picklable tree plus a flat list of tensors, and back.
+
+The TP broadcast sends the tensors in one buffer and the tree beside them; the
+ledger digests the tensors in this same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["flatten_batch", "unflatten_batch"]
+
+
+def flatten_batch(batch: Any) -> tuple[Any, list[torch.Tensor]]:
+    """Split a batch into a picklable tree (without tensor data) and its tensors.
+
+    Args:
+        batch: A tensor, or dicts/lists/tuples/namedtuples nesting tensors and
+            other picklable values.
+
+    Returns:
+        ``(tree, tensors)``: ``tree`` holds ``("t", i)`` where tensor ``i`` of
+        ``tensors`` was; every other leaf is kept as ``("o", value)``.
+    """
+    tensors: list[torch.Tensor] = []
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            tensors.append(obj)
+            return ("t", len(tensors) - 1)
+        if isinstance(obj, dict):
+            return ("d", tuple((k, walk(v)) for k, v in obj.items()))
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            return ("n", type(obj), tuple(walk(v) for v in obj))
+        if isinstance(obj, (list, tuple)):
+            return ("l" if isinstance(obj, list) else "u", tuple(walk(v) for v in obj))
+        return ("o", obj)
+
+    return walk(batch), tensors
+
+
+def unflatten_batch(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    """Inverse of :func:`flatten_batch`."""
+    tag = tree[0]
+    if tag == "t":
+        return tensors[tree[1]]
+    if tag == "d":
+        return {k: unflatten_batch(v, tensors) for k, v in tree[1]}
+    if tag == "n":
+        return tree[1](*(unflatten_batch(v, tensors) for v in tree[2]))
+    if tag in ("l", "u"):
+        items = [unflatten_batch(v, tensors) for v in tree[1]]
+        return items if tag == "l" else tuple(items)
+    return tree[1]

@@ -1,0 +1,48 @@
+"""The sample ledger: which rank held which samples at which step.
+
+Wrap a loader with :func:`record` on every rank; each step appends one
+:class:`StepRecord` (and publishes it live to the notebook when run by
+``ezpz_nb.launcher``). Gather the records into a :class:`Ledger` and ask it what
+went wrong, in plain words::
+
+    def train(layout_tp):
+        layout = make_layout(layout_tp)
+        loader = get_random_dataset_fsdp_tp(4, 64, 16, dp_group=layout.dp_group,
+                                            tp_group=layout.tp_group)["dataloader"]
+        rec = record(loader, layout)
+        for batch in rec:
+            ...
+        return rec.ledger()
+
+    ledger = Ledger.from_results(ez.launch(train, 2, world_size=4))
+    print(ledger.summary())
+
+Ledger files (``record(..., path=...)``, :meth:`Ledger.save`, :meth:`Ledger.load`)
+are JSON lines, format version 2, one object per line with a ``kind``:
+
+* ``header`` (first line): ``{"ezpz_nb_ledger": 2, "kind": "header",
+  "num_samples": 64, "rank": 3, "world_size": 4, "pid": 1234, "run_id": "..."}``
+  (a file of one rank; :meth:`Ledger.save` of a merged ledger leaves out the
+  per-process keys). ``run_id`` is torchrun's ``TORCHELASTIC_RUN_ID`` when there
+  is one: it tells the files of two runs of one job apart.
+* ``step``: the fields of one :class:`StepRecord`. A recording rank appends
+  and flushes one per step, so a rank that is killed leaves every step it took.
+* ``end``: ``{"kind": "end", "rank": 3, "steps": 32}``, written when the rank
+  finished; a file without one was cut short (``Ledger.complete``).
+
+Readers skip kinds they do not know and keys they do not know, so new kinds
+of line (a loss per step) and new keys (a loader worker id, the coordinates of
+a third parallel dimension) can be added without a new version; the version
+goes up only when an older reader would misread a file. Version 1 files (a
+header without ``kind`` and bare records, written once at the end) still load.
+"""
+
+from __future__ import annotations
+
+from ezpz_nb.ledger.book import Ledger
+from ezpz_nb.ledger.checks import Problem
+from ezpz_nb.ledger.recording import RecordingLoader, record
+from ezpz_nb.ledger.records import FORMAT_VERSION, StepRecord, batch_digest
+
+__all__ = ["FORMAT_VERSION", "Ledger", "Problem", "RecordingLoader", "StepRecord", "batch_digest",
+           "record"]

@@ -1,0 +1,242 @@
+"""All ranks' records in one :class:`Ledger`: load, merge, save, check, summarise."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ezpz_nb.ledger.checks import Problem, check_records
+from ezpz_nb.ledger.records import (
+    FORMAT_VERSION,
+    StepRecord,
+    _end_line,
+    _header,
+    _step_from,
+    _step_line,
+)
+
+__all__ = ["Ledger"]
+
+
+def _read_file(file: Path) -> Ledger:
+    """One ledger file, version 1 or 2; a torn last line (a kill mid-write) is dropped."""
+    text = file.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    objs: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            objs.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1 and not text.endswith("\n"):
+                break  # the write in progress when the process died
+            raise ValueError(f"{file}, line {i + 1}: not a ledger line: {line[:80]!r}") from None
+    head = objs[0] if objs and "ezpz_nb_ledger" in objs[0] else {}
+    version = head.get("ezpz_nb_ledger", 1)
+    if version > FORMAT_VERSION:
+        raise ValueError(f"{file} is a version {version} ledger; this ezpz_nb reads up to "
+                         f"version {FORMAT_VERSION}: upgrade ezpz_nb to read it")
+    recs, ended = [], set()
+    for d in objs:
+        kind = d.get("kind", "header" if "ezpz_nb_ledger" in d else "step")
+        if kind == "step":
+            recs.append(_step_from(d))
+        elif kind == "end":
+            ended.add(d["rank"])
+    complete: dict[int, bool] = {}
+    if version >= 2:  # version 1 files say nothing about how the run ended
+        ranks = {r.rank for r in recs} | ended
+        if "rank" in head:
+            ranks.add(head["rank"])
+        complete = {r: r in ended for r in ranks}
+    return Ledger(recs, head.get("num_samples"), complete)
+
+
+@dataclass
+class Ledger:
+    """All ranks' step records, and checks over them.
+
+    Attributes:
+        records: The :class:`StepRecord` s, in any order.
+        num_samples: Dataset length, if known (needed for the ``never_seen`` check).
+        complete: ``{rank: finished}`` for the ranks whose files were read
+            (:meth:`load`): False when a rank's file has no end record, because
+            the rank was killed or stopped by an error. Empty when unknown.
+    """
+
+    records: list[StepRecord] = field(default_factory=list)
+    num_samples: int | None = None
+    # How a run ended is not what it recorded: two ledgers with the same
+    # records compare equal whether or not they came from files.
+    complete: dict[int, bool] = field(default_factory=dict, compare=False)
+
+    # -------------------------------------------------------------- building
+    @classmethod
+    def from_results(cls, results: Iterable[Any], *, num_samples: int | None = None) -> Ledger:
+        """Merge what the ranks returned from ``ez.launch``/``Cluster.run``.
+
+        Args:
+            results: One item per rank, each a :class:`Ledger` (from
+                :meth:`RecordingLoader.ledger`), a :class:`StepRecord`, or a
+                (nested) list/tuple of them.
+            num_samples: Dataset length; defaults to the largest one the parts know.
+        """
+        records: list[StepRecord] = []
+        sizes: list[int] = []
+        complete: dict[int, bool] = {}
+
+        def take(item: Any) -> None:
+            if isinstance(item, StepRecord):
+                records.append(item)
+            elif isinstance(item, Ledger):
+                records.extend(item.records)
+                if item.num_samples is not None:
+                    sizes.append(item.num_samples)
+                for r, done in item.complete.items():
+                    complete[r] = complete.get(r, True) and done
+            elif isinstance(item, (list, tuple)):
+                for x in item:
+                    take(x)
+            else:
+                raise TypeError(f"expected Ledger, StepRecord or a list of them, got {type(item).__name__}")
+
+        take(list(results))
+        return cls(records, num_samples if num_samples is not None else max(sizes, default=None),
+                   complete)
+
+    @classmethod
+    def from_events(cls, events: Iterable[Any], *, num_samples: int | None = None) -> Ledger:
+        """Rebuild a (possibly partial) ledger from the launcher's published events.
+
+        Args:
+            events: Objects with ``.rank`` and ``.item`` (``RankError.events``,
+                ``HangError.events``); items that are not StepRecords are skipped.
+            num_samples: Dataset length, if known.
+        """
+        return cls([e.item for e in events if isinstance(getattr(e, "item", None), StepRecord)], num_samples)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the ledger as one file (see the module docstring for the format).
+
+        Every rank gets an end record unless :attr:`complete` says it did not
+        finish. Under torchrun, let each rank write its own file as it goes
+        instead (``record(..., path=f"{dir}/rank{rank}.jsonl")``); :meth:`load`
+        merges a folder of them.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        steps: dict[int, int] = dict.fromkeys(self.complete, 0)
+        with path.open("w", encoding="utf-8") as f:
+            f.write(_header(self.num_samples))
+            for r in self.records:
+                f.write(_step_line(r))
+                steps[r.rank] = steps.get(r.rank, 0) + 1
+            for rank, n in sorted(steps.items()):
+                if self.complete.get(rank, True):
+                    f.write(_end_line(rank, n))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Ledger:
+        """Read a ledger file, or merge every ``*.jsonl`` in a folder.
+
+        A file cut short (its rank killed) loads with the steps it holds: a
+        torn last line is dropped, and :attr:`complete` is False for its rank.
+
+        Raises:
+            FileNotFoundError: No such file, or no ``*.jsonl`` in the folder.
+            ValueError: A line other than the last is not JSON, or the file
+                is of a newer format version.
+        """
+        path = Path(path)
+        files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+        if not files:
+            raise FileNotFoundError(f"no *.jsonl ledger files in {path}")
+        return cls.from_results([_read_file(file) for file in files])
+
+    # ------------------------------------------------------------- accessors
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def ranks(self) -> list[int]:
+        """Global ranks that recorded anything, sorted."""
+        return sorted({r.rank for r in self.records})
+
+    def epochs(self) -> list[int]:
+        """Epoch labels present, sorted."""
+        return sorted({r.epoch for r in self.records})
+
+    def layout(self) -> dict[int, tuple[int, int]]:
+        """``{rank: (dp_rank, tp_rank)}`` as recorded."""
+        return {r.rank: (r.dp_rank, r.tp_rank) for r in self.records}
+
+    def last_step(self, rank: int) -> tuple[int, int] | None:
+        """``(epoch, step)`` of the last step ``rank`` recorded, or None if it recorded none."""
+        return max(((r.epoch, r.step) for r in self.records if r.rank == rank), default=None)
+
+    def steps(self, rank: int, epoch: int) -> list[StepRecord]:
+        """The records of ``rank`` in ``epoch``, by step."""
+        return sorted((r for r in self.records if r.rank == rank and r.epoch == epoch), key=lambda r: r.step)
+
+    def sample_ids(self, rank: int, epoch: int) -> list[int]:
+        """Every sample id ``rank`` held in ``epoch``, in step order."""
+        return [i for r in self.steps(rank, epoch) for i in r.sample_ids]
+
+    def sample_matrix(self, epoch: int) -> Any:
+        """Sample ids as a ``(ranks, steps, batch)`` int64 numpy array, -1 where absent.
+
+        Rows follow :meth:`ranks`; ranks with fewer steps or smaller batches are padded.
+        """
+        import numpy as np
+
+        # One pass over the records: plots call this on 64 ranks x 1000 steps.
+        ranks = self.ranks()
+        row = {r: i for i, r in enumerate(ranks)}
+        recs = [r for r in self.records if r.epoch == epoch]
+        n_steps = max((r.step + 1 for r in recs), default=0)
+        width = max((len(r.sample_ids) for r in recs), default=0)
+        out = np.full((len(ranks), n_steps, width), -1, dtype=np.int64)
+        for r in recs:
+            out[row[r.rank], r.step, : len(r.sample_ids)] = r.sample_ids
+        return out
+
+    # ---------------------------------------------------------------- checks
+    def check(self) -> list[Problem]:
+        """Look for the four ways DP/TP data loading goes wrong (see :mod:`ezpz_nb.ledger.checks`).
+
+        Returns:
+            One :class:`~ezpz_nb.ledger.checks.Problem` per kind and epoch found, empty
+            when all is well.
+        """
+        return check_records(self.records, self.num_samples)
+
+    @property
+    def ok(self) -> bool:
+        """True when :meth:`check` finds nothing."""
+        return not self.check()
+
+    def summary(self) -> str:
+        """A few lines: what was recorded and what :meth:`check` found."""
+        ranks = self.ranks()
+        dp = max((r.dp_size for r in self.records), default=0)
+        tp = max((r.tp_size for r in self.records), default=0)
+        lines = [
+            f"Ledger: {len(ranks)} rank(s) (dp {dp} x tp {tp}), epochs {self.epochs()}, "
+            f"{len(self.records)} step records, "
+            f"{len({i for r in self.records for i in r.sample_ids})} distinct samples"
+            + (f" of {self.num_samples}" if self.num_samples is not None else "")
+        ]
+        cut = sorted(r for r, done in self.complete.items() if not done)
+        for r in cut:
+            last = self.last_step(r)
+            where = f"its last step was epoch {last[0]} step {last[1]}" if last else "it took no step"
+            lines.append(f"- incomplete: rank {r} wrote no end record ({where}): it was killed or "
+                         "stopped by an error, see its output")
+        problems = self.check()
+        lines += [f"- {p.kind}: {p.message}" for p in problems] or [
+            "All checks passed on what was recorded." if cut else "All checks passed."]
+        return "\n".join(lines)

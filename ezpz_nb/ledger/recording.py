@@ -1,0 +1,185 @@
+"""Record what a loader yields, step by step, on every rank: :func:`record`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from torch.utils.data import Subset
+
+from ezpz_nb.data.distributed import forward_set_epoch
+from ezpz_nb.data.groups import Layout
+from ezpz_nb.ledger.book import Ledger
+from ezpz_nb.ledger.records import (
+    StepRecord,
+    _end_line,
+    _header,
+    _sample_ids,
+    _step_line,
+    batch_digest,
+)
+
+__all__ = ["RecordingLoader", "record"]
+
+
+def _publish(item: Any) -> None:
+    try:
+        from ezpz_nb.events import publish
+    except ImportError:  # the launcher is optional for recording
+        return
+    publish(item)
+
+
+def _default_layout() -> Layout:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        r, w = dist.get_rank(), dist.get_world_size()
+        return Layout(r, w, r, w, 0, 1)
+    return Layout(0, 1, 0, 1, 0, 1)
+
+
+class RecordingLoader:
+    """Yield a loader's batches unchanged and record one StepRecord per step.
+
+    The epoch label of a pass is the one given by :meth:`set_epoch` (or
+    ``epoch=``) before it; without one, the previous pass's label plus one. So
+    labels count passes even when the sampler's epoch is (wrongly) never set.
+
+    Args:
+        loader: Any iterable of batches (DataLoader, TPBroadcastDataLoader...).
+        layout: This rank's :class:`~ezpz_nb.data.groups.Layout`; ``None`` treats
+            every rank as its own DP replica.
+        epoch: Label of the first pass.
+        ledger_list: Also append each record to this list (e.g. a global that
+            survives a failing ``Cluster.run``).
+        publish: Send each record live to the notebook (``ezpz_nb.events.publish``;
+            a no-op outside a launcher rank).
+        path: Also write this rank's ledger file there as the run goes: the
+            header now, each step as it is taken (flushed), the end record on
+            :meth:`close`. Whatever kills the process, the file keeps the
+            steps taken so far.
+
+    Use it as a context manager to write the end record only when the block
+    finishes without an exception::
+
+        with record(loader, layout, path=f"ledger/rank{layout.rank}.jsonl") as rec:
+            for batch in rec:
+                ...
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        layout: Layout | None = None,
+        *,
+        epoch: int = 0,
+        ledger_list: list[StepRecord] | None = None,
+        publish: bool = True,
+        path: str | Path | None = None,
+    ) -> None:
+        self.loader = loader
+        self.layout = layout if layout is not None else _default_layout()
+        self.records: list[StepRecord] = []
+        self.ledger_list = ledger_list
+        self.publish = publish
+        self._next_epoch: int | None = epoch
+        self._last_epoch = epoch - 1
+        self._file: IO[str] | None = None
+        if path is not None:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("w", encoding="utf-8")
+            self._write(_header(self.num_samples(), rank=self.layout.rank,
+                                world_size=self.layout.world_size, pid=os.getpid(),
+                                run_id=os.environ.get("TORCHELASTIC_RUN_ID")))
+
+    def _write(self, line: str) -> None:
+        if self._file is not None:
+            self._file.write(line)
+            # To the OS at every step: a SIGKILL loses nothing written so far
+            # (the page cache outlives the process; no fsync needed for that).
+            self._file.flush()
+
+    def close(self, *, finished: bool = True) -> None:
+        """Close the ledger file, after an end record if ``finished``; then a no-op."""
+        if self._file is None:
+            return
+        if finished:
+            self._write(_end_line(self.layout.rank, len(self.records)))
+        self._file.close()
+        self._file = None
+
+    def __enter__(self) -> RecordingLoader:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.close(finished=exc_type is None)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Label the next pass ``epoch`` and forward it to the loader or its sampler."""
+        self._next_epoch = epoch
+        forward_set_epoch(self.loader, epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch = self._next_epoch if self._next_epoch is not None else self._last_epoch + 1
+        self._next_epoch, self._last_epoch = None, epoch
+        lay = self.layout
+        for step, batch in enumerate(self.loader):
+            rec = StepRecord(
+                epoch=epoch,
+                step=step,
+                rank=lay.rank,
+                dp_rank=lay.dp_rank,
+                dp_size=lay.dp_size,
+                tp_rank=lay.tp_rank,
+                tp_size=lay.tp_size,
+                sample_ids=_sample_ids(batch),
+                source=getattr(self.loader, "source", "loaded"),
+                digest=batch_digest(batch),
+            )
+            self.records.append(rec)
+            self._write(_step_line(rec))
+            if self.ledger_list is not None:
+                self.ledger_list.append(rec)
+            if self.publish:
+                _publish(rec)
+            yield batch
+
+    def num_samples(self) -> int | None:
+        """Length of the loader's full dataset, if it has one.
+
+        A :class:`~torch.utils.data.Subset` (a hand-made shard) is unwrapped:
+        the ``never_seen`` check counts the samples of the whole dataset, not
+        of this rank's share.
+        """
+        ds = getattr(self.loader, "dataset", None)
+        while isinstance(ds, Subset):
+            ds = ds.dataset
+        try:
+            return len(ds)  # type: ignore[arg-type]
+        except TypeError:  # None, or an IterableDataset without __len__
+            return None
+
+    def ledger(self) -> Ledger:
+        """This rank's records as a :class:`Ledger` (picklable: return it from a rank)."""
+        return Ledger(list(self.records), num_samples=self.num_samples())
+
+
+def record(
+    loader: Iterable[Any],
+    layout: Layout | None = None,
+    *,
+    epoch: int = 0,
+    ledger_list: list[StepRecord] | None = None,
+    publish: bool = True,
+    path: str | Path | None = None,
+) -> RecordingLoader:
+    """Wrap ``loader`` in a :class:`RecordingLoader` (same arguments)."""
+    return RecordingLoader(loader, layout, epoch=epoch, ledger_list=ledger_list, publish=publish,
+                           path=path)
