@@ -1,10 +1,14 @@
 """How fast does a cell get N gloo ranks? ezpz_nb against the bare minimum and the peers.
 
-Prints one table, medians of REPS repetitions, at 2, 4 and 8 ranks:
+Prints one table, medians of REPS repetitions, at 2, 4 and 8 ranks, then a
+scaling table of ezpz alone at 16, 32 and 64 ranks (``--scale``):
 
 * ezpz launch, first call in a fresh process (imports excluded, forkserver start included)
 * ezpz launch, later calls in the same process (cold ranks, warm forkserver)
-* ezpz Cluster.run round trip (warm ranks)
+* ezpz Cluster.run round trip (warm ranks), and the memory (PSS) of one rank
+* ezpz first call in a real Jupyter kernel: the import cell, a 4 s pause (the
+  learner reading), then the launch; with the forkserver warm-up at import (the
+  default) and without it (``EZPZ_NB_WARMUP=0``)
 * bare fork: os-level fork of N processes from this script, FileStore rendezvous,
   one all_reduce, results through a queue: the lower bound for fresh processes
 * accelerate.notebook_launcher and torch.multiprocessing spawn, same job
@@ -17,8 +21,8 @@ its cell, one that fails reads "failed", and the table is still printed. What a
 child leaves running is killed. To see that work, ``EZPZ_NB_BENCH_FAULT=spawn=hang,bare=fail``
 makes those cells' children stall or fail on purpose (the tests do).
 
-    python benchmarks/launch.py [--reps 5] [--sizes 2 4 8] [--no-peers]
-                                [--peers bare accelerate spawn] [--limit 120]
+    python benchmarks/launch.py [--reps 5] [--sizes 2 4 8] [--scale 16 32 64]
+                                [--no-peers] [--peers bare accelerate spawn] [--limit 120]
 """
 
 from __future__ import annotations
@@ -148,12 +152,51 @@ def ezpz(world: int, reps: int) -> dict[str, list[float]]:
         ez.launch(job, world_size=world)
         later.append(time.perf_counter() - t0)
     with ez.Cluster(world) as c:
+        pids = c.run(os.getpid)
         c.run(job)
         for _ in range(max(20, reps)):
             t0 = time.perf_counter()
             c.run(job)
             warm.append(time.perf_counter() - t0)
-    return dict(first=[first], later=later, warm=warm)
+        pss = statistics.mean(_pss_mib(pid) for pid in pids)
+    return dict(first=[first], later=later, warm=warm, pss=[pss])
+
+
+def _pss_mib(pid: int) -> float:
+    """Proportional set size of one process (its share of pages shared with the others)."""
+    import psutil
+
+    return psutil.Process(pid).memory_full_info().pss / 2**20
+
+
+_KERNEL_CODE = """import time
+t0 = time.perf_counter()
+ez.launch(job, world_size={world})
+print("FIRST", time.perf_counter() - t0)"""
+
+
+def kernel_first_call(world: int, warm_up: bool) -> float:
+    """The first launch in a fresh Jupyter kernel, 4 s after ``import ezpz_nb``."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(env=dict(os.environ, EZPZ_NB_WARMUP="1" if warm_up else "0"))
+    kc = km.client()
+    kc.start_channels()
+    out: list[str] = []
+    try:
+        kc.wait_for_ready(timeout=60)
+        prelude = ("import torch, torch.distributed as dist\nimport ezpz_nb as ez\n"
+                   "def job():\n    t = torch.ones(1)\n    dist.all_reduce(t)\n    return t.item()")
+        kc.execute_interactive(prelude, timeout=60)
+        time.sleep(4.0)  # the learner reads the next cell
+        kc.execute_interactive(_KERNEL_CODE.format(world=world), timeout=120,
+                               output_hook=lambda m: out.append(m["content"].get("text", "")))
+    finally:
+        km.shutdown_kernel(now=False)
+        kc.stop_channels()
+    line = next(x for x in "".join(out).splitlines() if x.startswith("FIRST "))
+    return float(line.split()[1])
 
 
 # ------------------------------------------------------------------ cells in children
@@ -176,6 +219,9 @@ def child(name: str, world: int, reps: int) -> None:
         raise SystemExit(f"{name}: failing on purpose (EZPZ_NB_BENCH_FAULT)")
     if name == "ezpz":
         print(json.dumps(ezpz(world, reps)))
+    elif name in ("kernel", "kernel-cold"):
+        print(json.dumps({"times": [kernel_first_call(world, name == "kernel")
+                                    for _ in range(reps)]}))
     else:
         torch.set_num_threads(1)
         print(json.dumps({"times": [PEERS[name](world) for _ in range(reps)]}))
@@ -204,7 +250,12 @@ def main() -> None:
                     help="peer launchers to measure (bare fork is the ratio's base)")
     ap.add_argument("--limit", type=float, default=120.0,
                     help="seconds one cell (all its repetitions) may take before it is 'hung'")
-    ap.add_argument("--child", choices=["ezpz", *sorted(PEERS)], help=argparse.SUPPRESS)
+    ap.add_argument("--scale", type=int, nargs="*", default=[16, 32, 64],
+                    help="world sizes of the ezpz-only scaling table (none: skip it)")
+    ap.add_argument("--kernel-reps", type=int, default=2,
+                    help="fresh kernels per first-call-in-a-kernel cell (0: skip)")
+    ap.add_argument("--child", choices=["ezpz", "kernel", "kernel-cold", *sorted(PEERS)],
+                    help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -232,13 +283,20 @@ def main() -> None:
                 merged.setdefault(k, []).extend(v)
         return {k: med(v) for k, v in merged.items()}
 
+    def kernel_cell(name: str, world: int) -> float | str | None:
+        if args.kernel_reps <= 0:
+            return None
+        got = cell(name, world, args.kernel_reps, args.limit)
+        return got if isinstance(got, str) else med(got["times"])
+
     rows = []
     for world in args.sizes:
         ours = ezpz_cells(world)
         bare = measured("bare", world, args.reps)
         acc = measured("accelerate", world, args.reps)
         spawn = measured("spawn", world, max(1, min(args.reps, 3)))
-        rows.append((world, ours, bare, acc, spawn))
+        kernel = (kernel_cell("kernel", world), kernel_cell("kernel-cold", world))
+        rows.append((world, ours, bare, acc, spawn, kernel))
 
     def ms(x: float | str | None) -> str:
         if x is None or isinstance(x, str):
@@ -249,21 +307,36 @@ def main() -> None:
         ok = isinstance(a, float) and isinstance(b, float)
         return fmt.format(a / b) if ok else "n/a"
 
-    head = ("ranks", "ezpz first call", "ezpz launch", "bare fork", "launch/bare",
-            "notebook_launcher", "launch vs nl", "torch spawn", "Cluster.run warm")
+    def of(ours: dict[str, float] | str, key: str) -> float | str:
+        return ours if isinstance(ours, str) else ours[key]
+
+    head = ("ranks", "ezpz first call", "kernel first call (warm-up / none)", "ezpz launch",
+            "bare fork", "launch/bare", "notebook_launcher", "launch vs nl", "torch spawn",
+            "Cluster.run warm")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    for world, ours, bare, acc, spawn in rows:
-        def of(key: str, ours: dict[str, float] | str = ours) -> float | str:
-            return ours if isinstance(ours, str) else ours[key]
-
-        print(f"| {world} | {ms(of('first'))} | {ms(of('later'))} | {ms(bare)} | "
-              f"{ratio(of('later'), bare, '{:.2f}x')} | {ms(acc)} | "
-              f"{ratio(acc, of('later'), '{:.1f}x faster')} | {ms(spawn)} | {ms(of('warm'))} |")
+    for world, ours, bare, acc, spawn, (kwarm, kcold) in rows:
+        print(f"| {world} | {ms(of(ours, 'first'))} | {ms(kwarm)} / {ms(kcold)} | "
+              f"{ms(of(ours, 'later'))} | {ms(bare)} | "
+              f"{ratio(of(ours, 'later'), bare, '{:.2f}x')} | {ms(acc)} | "
+              f"{ratio(acc, of(ours, 'later'), '{:.1f}x faster')} | {ms(spawn)} | "
+              f"{ms(of(ours, 'warm'))} |")
     print(f"\nmedians of {args.reps} repetitions, each cell in a fresh process limited to "
-          f"{args.limit:g} s; machine: {os.cpu_count()} cores, torch {torch.__version__}. "
-          "Targets: launch within 1.3x of bare fork and 1.5x faster than notebook_launcher; "
-          "first call <= 3 s; warm round trip <= 20 ms.")
+          f"{args.limit:g} s; kernel first call: {args.kernel_reps} fresh kernel(s), the launch "
+          f"4 s after `import ezpz_nb`; machine: {os.cpu_count()} cores, torch "
+          f"{torch.__version__}. Targets: launch within 1.3x of bare fork and 1.5x faster than "
+          "notebook_launcher; first call in a kernel <= 0.3 s; warm round trip <= 20 ms.")
+    if args.scale:
+        print("\n| ranks | ezpz launch | Cluster.run warm | memory per rank (PSS) |")
+        print("|---|---|---|---|")
+        for world in args.scale:
+            got = cell("ezpz", world, max(1, min(args.reps, 3)), args.limit)
+            if isinstance(got, str):
+                print(f"| {world} | {got} | {got} | {got} |")
+                continue
+            print(f"| {world} | {ms(med(got['later']))} | {ms(med(got['warm']))} | "
+                  f"{med(got['pss']):.1f} MiB |")
+        print("\nhow the cost grows with the ranks: ezpz alone, one fresh process per row")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ def test_launch_benchmark_reports_a_hung_and_a_failed_peer_and_finishes():
     tag = new_tag()
     status, out, _ = run_limited(
         [sys.executable, "benchmarks/launch.py", "--reps", "1", "--sizes", "2", "--peers", "bare",
-         "spawn", "--limit", "40"], tag=tag, limit_s=300, cwd=str(ROOT),
+         "spawn", "--limit", "40", "--scale", "--kernel-reps", "0"], tag=tag, limit_s=300,
+        cwd=str(ROOT),
         env=dict(os.environ, EZPZ_NB_BENCH_FAULT="spawn=hang,bare=fail"))
     assert status == 0, out
     row = next(line for line in out.splitlines() if line.startswith("| 2 |"))
