@@ -27,6 +27,7 @@ lab: $(BIN)/.installed
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check ezpz_nb tests benchmarks notebooks setup.py
+	$(BIN)/mypy
 	$(BIN)/python notebooks/_build.py --check
 
 unit: $(BIN)/.installed

@@ -105,7 +105,7 @@ class BatchBroadcaster:
         # dist.broadcast wrapper re-derives the group, the root and the options
         # on every call, about 50 us per step here, a sixth of a small batch's
         # whole broadcast. Root 0 is the leader's rank *in the group*.
-        self._pg = group if group is not None else dist.group.WORLD
+        self._pg: Any = group if group is not None else dist.group.WORLD
         self._opts = {flag: _broadcast_options(flag) for flag in (False, True)}
         # Tensors travel on the device the backend moves: nccl needs CUDA
         # buffers, gloo is used here with CPU ones.
@@ -152,6 +152,7 @@ class BatchBroadcaster:
                 layout = tuple((str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in tensors)
                 spec = pickle.dumps((tree, layout))
                 steady = spec == self._spec
+            assert tensors is not None
             if steady:
                 # Offsets and the header are those of the last spec. Two send
                 # buffers take turns: the broadcast of one is still in flight
@@ -168,6 +169,7 @@ class BatchBroadcaster:
                         for t, (off, nbytes) in zip(tensors, self._slots, strict=True)
                     ]
                     slot = self._ring[self._turn] = [buf, views, None]
+                assert slot is not None
                 buf, views, work = slot
                 if work is not None:
                     work.wait()  # the broadcast that last read this buffer is done
@@ -187,7 +189,7 @@ class BatchBroadcaster:
         if steady:
             # One collective, left running while the caller trains on the batch
             # (collectives on a group run in the order they are issued).
-            slot[2] = self._pg.broadcast([buf], self._opts[True])
+            slot[2] = self._pg.broadcast([buf], self._opts[True])  # type: ignore[index]
             self._turn ^= 1
             return
         # Spec changed: announce it in the buffer size peers expect, then send
@@ -273,8 +275,8 @@ class BatchBroadcaster:
         self._bcast(buf)
         # struct on a numpy view of the header: fewer torch calls than tolist(),
         # which is what a small batch costs (a CUDA header is copied over first).
-        head = buf.numpy() if self.device.type == "cpu" else buf[:HEADER_BYTES].cpu().numpy()
-        kind, a, b, _ = _HEADER.unpack_from(head)
+        words = buf.numpy() if self.device.type == "cpu" else buf[:HEADER_BYTES].cpu().numpy()
+        kind, a, b, _ = _HEADER.unpack_from(words.data)
         if kind == DATA:
             return "data", self._unpack(buf, HEADER_BYTES)
         if kind == END:

@@ -138,7 +138,7 @@ def forward_set_epoch(loader: Any, epoch: int) -> None:
     a ``set_epoch`` on the outermost one reaches the sampler and reshuffles;
     a loader with neither is left alone.
     """
-    target = loader if hasattr(loader, "set_epoch") else getattr(loader, "sampler", None)
+    target: Any = loader if hasattr(loader, "set_epoch") else getattr(loader, "sampler", None)
     if hasattr(target, "set_epoch"):
         target.set_epoch(epoch)
 
@@ -326,7 +326,7 @@ def get_random_dataset_fsdp_tp(
     if dataset is None:
         dataset = RandomTokenDataset(vocab_size, seq_length, num_samples=num_samples)
     use_dist = _is_dist()
-    sampler = None
+    sampler: DistributedSampler | None = None
     generator = None
     if use_dist:
         if tp_group is not None and dp_group is None:
@@ -353,12 +353,12 @@ def get_random_dataset_fsdp_tp(
         )
         shard = len(sampler)
     else:
-        dp_size, shard = 1, len(dataset)
+        dp_size, shard = 1, len(dataset)  # type: ignore[arg-type]
         if shuffle:
             generator = torch.Generator().manual_seed(seed)
     if drop_last and shard < batch_size:
         raise ValueError(
-            f"batch_size={batch_size} is larger than a DP shard ({len(dataset)} samples over "
+            f"batch_size={batch_size} is larger than a DP shard ({len(dataset)} samples over "  # type: ignore[arg-type]
             f"{dp_size} replicas = {shard} each) and drop_last=True: every rank would get zero "
             "batches. Lower batch_size, add samples, or set drop_last=False."
         )

@@ -66,7 +66,7 @@ def _stop_forkserver() -> None:
     import signal
     from multiprocessing import forkserver
 
-    server: Any = forkserver._forkserver  # type: ignore[attr-defined]
+    server: Any = forkserver._forkserver
     pid = getattr(server, "_forkserver_pid", None)
     if pid is None:
         return

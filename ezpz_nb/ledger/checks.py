@@ -83,30 +83,30 @@ def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
         elif len({p.digest for p in peers}) > 1:
             bad_bytes.append((step, dp_rank, peers))
     # Sort only what is reported (by step, then replica), not every group.
-    bad_ids = [(s, ps) for s, _, ps in sorted(bad_ids, key=lambda b: b[:2])]
-    bad_bytes = [(s, ps) for s, _, ps in sorted(bad_bytes, key=lambda b: b[:2])]
+    id_steps = [(s, ps) for s, _, ps in sorted(bad_ids, key=lambda b: b[:2])]
+    byte_steps = [(s, ps) for s, _, ps in sorted(bad_bytes, key=lambda b: b[:2])]
     out = []
-    if bad_ids:
-        step, peers = bad_ids[0]
+    if id_steps:
+        step, peers = id_steps[0]
         eg = "; ".join(f"rank {p.rank} has {_ids(p.sample_ids, 4)}" for p in sorted(peers, key=lambda p: p.rank))
         out.append(Problem(
             "tp_mismatch",
-            f"Epoch {epoch}: TP peers held different samples at {len(bad_ids)} step(s) "
+            f"Epoch {epoch}: TP peers held different samples at {len(id_steps)} step(s) "
             f"(e.g. step {step}: {eg}). TP ranks split one model over one batch, so they "
             "must see the same samples: shard over dp_group, not the whole world.",
-            epoch, ranks=tuple(sorted({p.rank for _, ps in bad_ids for p in ps})),
-            steps=tuple(s for s, _ in bad_ids),
+            epoch, ranks=tuple(sorted({p.rank for _, ps in id_steps for p in ps})),
+            steps=tuple(s for s, _ in id_steps),
         ))
-    if bad_bytes:
-        step, peers = bad_bytes[0]
+    if byte_steps:
+        step, peers = byte_steps[0]
         out.append(Problem(
             "tp_mismatch",
             f"Epoch {epoch}: TP peers held the same sample ids but different bytes at "
-            f"{len(bad_bytes)} step(s) (first at step {step}, ranks "
+            f"{len(byte_steps)} step(s) (first at step {step}, ranks "
             f"{sorted(p.rank for p in peers)}). The dataset is not the same on every rank "
             "(seeded by rank?): make it deterministic per sample, or broadcast within TP.",
-            epoch, ranks=tuple(sorted({p.rank for _, ps in bad_bytes for p in ps})),
-            steps=tuple(s for s, _ in bad_bytes),
+            epoch, ranks=tuple(sorted({p.rank for _, ps in byte_steps for p in ps})),
+            steps=tuple(s for s, _ in byte_steps),
         ))
     return out
 
@@ -118,7 +118,7 @@ def _check_dp(epoch: int, recs: list[StepRecord], num_samples: int | None) -> li
         ranks_by_dp[r.dp_rank].add(r.rank)
         ids_by_dp[r.dp_rank].update(r.sample_ids)
     # A sample counted once per replica that saw it: > 1 means two replicas.
-    replicas = Counter()
+    replicas: Counter[int] = Counter()
     for ids in ids_by_dp.values():
         replicas.update(ids)
     out = []

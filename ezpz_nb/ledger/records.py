@@ -60,7 +60,7 @@ def batch_digest(batch: Any) -> str:
         # same values) give a different digest.
         flat = t.detach().cpu().contiguous().reshape(-1)
         if flat.numel():
-            h.update(flat.view(torch.uint8).numpy())  # buffer protocol: no copy
+            h.update(flat.view(torch.uint8).numpy().data)  # buffer protocol: no copy
     return h.hexdigest()
 
 
