@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from ezpz_nb.ledger.book import Ledger
 from ezpz_nb.ledger.checks import Problem
-from ezpz_nb.ledger.recording import RecordingLoader, record
+from ezpz_nb.ledger.recording import RecordingLoader, record, tag_worker
 from ezpz_nb.ledger.records import FORMAT_VERSION, StepRecord, batch_digest
 
 __all__ = ["FORMAT_VERSION", "Ledger", "Problem", "RecordingLoader", "StepRecord", "batch_digest",
-           "record"]
+           "record", "tag_worker"]
