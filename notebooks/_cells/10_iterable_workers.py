@@ -101,6 +101,7 @@ for s in naive.steps(0, 0)[:4]:
 dup = [p for p in naive.check() if p.kind == "rank_duplicate"]
 assert dup and dup[0].samples == tuple(range(N)), naive.summary()
 assert "workers [0, 1]" in dup[0].message
+assert "dp_duplicate" not in {p.kind for p in naive.check()}  # no sample crossed replicas
 assert [len(naive.steps(r, 0)) for r in (0, 1)] == [8, 8]
 assert {w for s in naive.records for w in s.worker_ids} == {0, 1}
 viz.heatmap(naive)
