@@ -515,3 +515,92 @@ def test_broadcaster_rejects_unknown_mode():
     """Guards a typo silently picking a path: only 'tensor' and 'pickle' exist."""
     with pytest.raises(ValueError, match="mode"):
         BatchBroadcaster(None, mode="tensors")
+
+
+# ------------------------------------------------------------ resume mid-epoch
+
+class _CountingDataset(Dataset):
+    """Sample i is {"index": i}; counts how many samples this process produced."""
+
+    def __init__(self, n):
+        self.n, self.loads = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.loads += 1
+        return {"index": i, "x": torch.full((2,), i)}
+
+
+def _tp_resume_part(stateful, epoch, stop_after, states):
+    """One part of a 2x2 job: resume from states[rank] (None: start), stop after stop_after
+    steps. Returns (sample ids per step, state at the stop, samples loaded, next epoch's ids)."""
+    lay = make_layout(2)
+    ds = _CountingDataset(N)
+    sampler = DistributedSampler(ds, num_replicas=lay.dp_size, rank=lay.dp_rank, shuffle=True,
+                                 seed=SEED, drop_last=True)
+    if stateful:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+            inner = StatefulDataLoader(ds, batch_size=BATCH, sampler=sampler, drop_last=True)
+    else:
+        inner = DataLoader(ds, batch_size=BATCH, sampler=sampler, drop_last=True)
+    loader = TPBroadcastDataLoader(inner, lay.tp_group)
+    if states is not None and states[dist.get_rank()] is not None:
+        loader.load_state_dict(states[dist.get_rank()])
+    loader.set_epoch(epoch)
+    ids, state = [], None
+    for step, batch in enumerate(loader):
+        ids.append(tuple(batch["index"].tolist()))
+        if step + 1 == stop_after:
+            state = loader.state_dict()
+            break
+    loaded = ds.loads
+    loader.set_epoch(epoch + 1)
+    after = [tuple(b["index"].tolist()) for b in loader]  # the resume applies to one epoch only
+    return ids, state, loaded, after
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_tp_broadcast_loader_resumes_mid_epoch_from_the_leaders_state(stateful):
+    """Guards TPBroadcastDataLoader.state_dict/load_state_dict across a restart (two launches,
+    fresh processes): the two parts together give exactly the uninterrupted epoch on every
+    rank; only the leader's state holds the inner loader's (peers' is None) and peers resume
+    with no state at all; a plain DataLoader's leader re-loads the consumed batches (skip),
+    a StatefulDataLoader's does not; the following epoch starts from its beginning."""
+    pytest.importorskip("torchdata")
+    first = ez.launch(_tp_resume_part, stateful, 1, 2, None, world_size=4, timeout=60)
+    states = [state if rank % 2 == 0 else None for rank, (_, state, _, _) in enumerate(first)]
+    second = ez.launch(_tp_resume_part, stateful, 1, None, states, world_size=4, timeout=60)
+    for rank in range(4):
+        whole = expected_batches(N, 2, rank // 2, 1, True)
+        ids, state, loaded, _ = first[rank]
+        assert ids == whole[:2]
+        assert state["steps"] == 2 and state["leader_rank"] == rank - rank % 2
+        assert (state["loader"] is not None) == (stateful and rank % 2 == 0)
+        assert loaded == (2 * BATCH if rank % 2 == 0 else 0)
+        ids2, _, loaded2, after = second[rank]
+        assert ids + ids2 == whole, rank
+        skipped = 0 if stateful else 2 * BATCH
+        assert loaded2 == ((len(whole) - 2) * BATCH + skipped if rank % 2 == 0 else 0)
+        assert after == expected_batches(N, 2, rank // 2, 2, True)
+
+
+def test_tp_broadcast_state_without_distributed_and_bad_states():
+    """Guards the single-process path of state_dict/load_state_dict (skip the consumed
+    batches) and a clear error for something that is not a saved state."""
+    loader = TPBroadcastDataLoader(DataLoader(list(range(6)), batch_size=2))
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert state == {"steps": 1, "leader_rank": 0, "loader": None}
+    fresh = TPBroadcastDataLoader(DataLoader(list(range(6)), batch_size=2))
+    fresh.load_state_dict(state)
+    assert [b.tolist() for b in fresh] == [[2, 3], [4, 5]]
+    assert [b.tolist() for b in fresh] == [[0, 1], [2, 3], [4, 5]]
+    for bad in (None, {"steps": -1}, {"loader": None}, [1]):
+        with pytest.raises(ValueError, match="not a TPBroadcastDataLoader state"):
+            fresh.load_state_dict(bad)

@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, IterableDataset, Subset, get_worker_info
 
 import ezpz_nb as ez
 from ezpz_nb.data import RandomTokenDataset, get_random_dataset_fsdp_tp
 from ezpz_nb.data.groups import Layout, make_layout
-from ezpz_nb.ledger import Ledger, StepRecord, batch_digest, record
+from ezpz_nb.ledger import Ledger, StepRecord, batch_digest, record, tag_worker
 
 
 def rec(rank, step, ids, *, epoch=0, tp=1, world=2, digest=None, source="loaded"):
@@ -264,3 +264,127 @@ def test_partial_ledger_survives_a_hang():
     ledger = Ledger.from_events(info.value.events)
     assert [len(ledger.steps(r, 0)) for r in (0, 1)] == [3, 2]
     assert [p.kind for p in ledger.check()] == ["step_mismatch"]
+
+
+# ------------------------------------------- worker ids, repeats, runs of one job
+
+def test_worker_ids_round_trip_and_default_for_older_files(tmp_path):
+    """Guards the optional worker_ids field: saved and loaded as a tuple; a step line that
+    does not have it (older writers) loads with the default ()."""
+    tagged = StepRecord(0, 0, 0, 0, 1, 0, 1, (4, 5), "loaded", "d", worker_ids=(1, 1))
+    path = Ledger([tagged], num_samples=8).save(tmp_path / "w.jsonl")
+    assert Ledger.load(path).records == [tagged]
+    line = json.loads(path.read_text().splitlines()[1])
+    del line["worker_ids"]
+    path.write_text(json.dumps({"ezpz_nb_ledger": 2, "kind": "header", "num_samples": 8}) + "\n"
+                    + json.dumps(line) + "\n")
+    assert Ledger.load(path).records[0].worker_ids == ()
+    assert rec(0, 0, [1]).worker_ids == ()
+
+
+def test_rank_duplicate_names_the_workers_and_spares_tp_peers():
+    """Guards the duplicated-worker check: a sample seen twice by one rank in an epoch is a
+    rank_duplicate naming the workers when the records carry them; TP peers that share
+    samples, and a repeat in another epoch, are not."""
+    def wrec(rank, step, ids, workers, epoch=0):
+        return StepRecord(epoch, step, rank, rank, 2, 0, 1, tuple(ids), "loaded", "d",
+                          worker_ids=tuple(workers))
+
+    bad = Ledger([wrec(0, 0, [0, 2], [0, 0]), wrec(0, 1, [0, 2], [1, 1]),
+                  wrec(1, 0, [1, 3], [0, 0]), wrec(1, 1, [5, 7], [1, 1])], num_samples=8)
+    (dup,) = [p for p in bad.check() if p.kind == "rank_duplicate"]
+    assert dup.ranks == (0,) and dup.samples == (0, 2)
+    assert "workers [0, 1] of rank 0" in dup.message and "get_worker_info" in dup.message
+    untagged = Ledger([rec(0, 0, [0]), rec(0, 1, [0]), rec(1, 0, [1]), rec(1, 1, [3])])
+    (dup,) = [p for p in untagged.check() if p.kind == "rank_duplicate"]
+    assert "tag_worker" in dup.message and dup.samples == (0,)
+    peers = Ledger([rec(r, 0, [0, 1], tp=2, world=2) for r in (0, 1)], num_samples=2)
+    assert peers.ok
+    epochs = Ledger([rec(r, 0, [r], epoch=e) for r in (0, 1) for e in (0, 1)])
+    assert epochs.ok, epochs.summary()
+
+
+def test_merge_runs_continues_steps_and_catches_what_a_restart_repeats():
+    """Guards Ledger.merge_runs: the later run's steps follow the earlier run's in each epoch
+    (its loader restarted at 0), so a clean resume reads as one clean epoch and a resume
+    that repeats or skips samples is a dp_duplicate / never_seen; completeness comes from
+    the last run that had the rank; the world size may change."""
+    first = Ledger([rec(r, s, [4 * s + r]) for r in (0, 1) for s in (0, 1)], 8, {0: False, 1: False})
+    second = Ledger([rec(r, s, [4 * s + 2 + r]) for r in (0, 1) for s in (0, 1)], 8, {0: True, 1: True})
+    merged = Ledger.merge_runs(first, second)
+    assert merged.ok and merged.num_samples == 8 and merged.complete == {0: True, 1: True}
+    assert [r.step for r in merged.steps(0, 0)] == [0, 1, 2, 3]
+    assert merged.sample_ids(0, 0) == [0, 4, 2, 6]
+    assert first.records[0].step == 0  # the parts are left as they were
+    # A resume that starts the epoch over: rank 0 repeats, rank 1's shard is half missed.
+    again = Ledger([rec(r, 0, [r]) for r in (0, 1)], 8)
+    redo = Ledger.merge_runs(first, again)
+    kinds = {p.kind: p for p in redo.check()}
+    assert set(kinds) == {"rank_duplicate", "never_seen"}
+    assert kinds["rank_duplicate"].samples == (0, 1) and kinds["never_seen"].samples == (2, 3, 6, 7)
+    # Resumed on 4 ranks: steps continue after the 2 the first run took.
+    wider = Ledger([rec(r, 0, [2 + r], world=4) for r in range(4)], 8)
+    grown = Ledger.merge_runs(first, wider)
+    assert {r.step for r in grown.records if r.rank in (2, 3)} == {2}
+    assert Ledger.merge_runs() == Ledger()
+
+
+def test_tag_worker_records_which_worker_made_each_sample():
+    """Guards tag_worker + record: map-style and iterable datasets alike, each sample's
+    worker id reaches StepRecord.worker_ids (-1 without workers); set_epoch and other
+    attributes reach the wrapped dataset; non-dict samples get a clear TypeError."""
+    ds = RandomTokenDataset(32, 4, num_samples=8)
+    tagged = tag_worker(ds)
+    assert len(tagged) == 8 and tagged.seed == ds.seed and tagged[3]["worker_id"] == -1
+    loader = DataLoader(tagged, batch_size=2, num_workers=2, multiprocessing_context="fork")
+    recorder = record(loader, publish=False)
+    list(recorder)
+    assert [r.worker_ids for r in recorder.records] == [(0, 0), (1, 1), (0, 0), (1, 1)]
+    assert recorder.num_samples() == 8
+
+    class Stream(IterableDataset):
+        epoch = 0
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+        def __iter__(self):
+            yield from ({"index": i} for i in range(3))
+
+    stream = tag_worker(Stream())
+    assert isinstance(stream, IterableDataset)
+    stream.set_epoch(5)
+    assert stream.dataset.epoch == 5
+    got = list(record(DataLoader(stream, batch_size=3), publish=False))
+    assert got[0]["worker_id"].tolist() == [-1, -1, -1]
+    with pytest.raises(TypeError, match="dicts.*worker_id"):
+        tag_worker([(1, 2)])[0]
+
+
+def _workers_stream_run(by_worker):
+    class Stream(IterableDataset):
+        def __iter__(self):
+            info = get_worker_info()
+            w, nw = (info.id, info.num_workers) if by_worker else (0, 1)
+            rank, world = dist.get_rank(), dist.get_world_size()
+            yield from ({"index": i} for i in range(rank * nw + w, 12, world * nw))
+
+    loader = DataLoader(tag_worker(Stream()), batch_size=2, num_workers=2,
+                        multiprocessing_context="fork")
+    recorder = record(loader)
+    list(recorder)
+    return recorder.ledger()
+
+
+def test_duplicated_worker_bug_is_caught_on_real_ranks():
+    """Guards issue 15's catch: an IterableDataset sharded over the ranks only, read by 2
+    DataLoader workers per rank, gives every sample twice on its rank; the ledger says so and
+    names workers 0 and 1. Sharded over rank x worker, every sample is seen once."""
+    naive = Ledger.from_results(ez.launch(_workers_stream_run, False, world_size=2, timeout=60),
+                                num_samples=12)
+    (dup,) = [p for p in naive.check() if p.kind == "rank_duplicate"]
+    assert dup.samples == tuple(range(12)) and "workers [0, 1]" in dup.message
+    fixed = Ledger.from_results(ez.launch(_workers_stream_run, True, world_size=2, timeout=60),
+                                num_samples=12)
+    assert fixed.ok, fixed.summary()
+    assert sorted(i for r in fixed.records for i in r.sample_ids) == list(range(12))

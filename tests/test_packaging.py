@@ -51,3 +51,16 @@ def test_pre_commit_hooks_are_local_and_run_what_make_lint_runs():
     for hook in ("ruff", "notebooks"):
         assert hooks[hook]["entry"] in lint, (hook, lint)
     assert hooks["ruff-format"]["entry"] == ".venv/bin/ruff format"
+
+
+def test_notebook_extra_is_in_dev_and_the_library_never_imports_it():
+    """Guards: torchdata (notebook 09) reaches every dev and notebook install, while the
+    library itself does not depend on it (0.11 is its last release, on private DataLoader
+    internals): no module of ezpz_nb imports it."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    notebook = {_name(r) for r in extras["notebook"]}
+    assert "torchdata" in notebook
+    assert notebook <= {_name(r) for r in extras["dev"]}
+    importers = [p.relative_to(ROOT) for p in (ROOT / "ezpz_nb").rglob("*.py")
+                 if re.search(r"^\s*(import|from)\s+torchdata\b", p.read_text(), re.M)]
+    assert importers == []

@@ -13,11 +13,13 @@ Same public names, signatures and return values as ``ezpz.data.distributed``
 * :class:`TPBroadcastDataLoader` has the leader *announce* every step (a
   batch, the end of the epoch, or its exception) instead of peers trusting
   their own ``len()``, so an IterableDataset, a lying ``__len__`` or a failing
-  leader ends the epoch, or raises, on every TP rank: no hang.
+  leader ends the epoch, or raises, on every TP rank: no hang. It can also
+  save and restore its place in an epoch (``state_dict``/``load_state_dict``).
 """
 
 from __future__ import annotations
 
+import itertools
 import operator
 import sys
 import warnings
@@ -201,6 +203,9 @@ class TPBroadcastDataLoader:
             self.is_leader = True
             self.leader_rank = dist.get_rank() if _is_dist() else 0
         self.source = "loaded" if self.is_leader else "received"
+        self._steps = 0  # batches yielded so far in the current epoch
+        self._resume_at = 0  # set by load_state_dict: where the next epoch starts
+        self._resume_loader = False  # the inner loader restored its own place
 
     @property
     def sampler(self) -> Any:
@@ -225,30 +230,77 @@ class TPBroadcastDataLoader:
         # A hint only: the leader's announcements decide when an epoch ends.
         return len(self.dl)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank stands in the epoch, for :meth:`load_state_dict` after a restart.
+
+        No collective: call it on every rank at the same step, between steps,
+        and save each rank's (or only the leader's, see below).
+
+        Returns:
+            ``{"steps": batches yielded so far this epoch, "leader_rank": ...,
+            "loader": the wrapped loader's state_dict() or None}``. Only the
+            leader's state holds the wrapped loader's state (a
+            ``torchdata.stateful_dataloader.StatefulDataLoader`` has one); a
+            peer loads nothing, so ``"loader"`` is None there.
+        """
+        inner = self.dl.state_dict() if self.is_leader and hasattr(self.dl, "state_dict") else None
+        return {"steps": self._steps, "leader_rank": self.leader_rank, "loader": inner}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the next epoch where ``state`` (from :meth:`state_dict`) left off.
+
+        Peers have nothing to restore: after the restart they follow the
+        leader's announcements as always, so any rank's state may be loaded on
+        a peer. On the leader, a saved ``"loader"`` state goes to the wrapped
+        loader's ``load_state_dict`` (it resumes without loading what was
+        consumed). Without one (a plain ``DataLoader``), the leader loads and
+        throws away the first ``"steps"`` batches of the next epoch, as ezpz's
+        fsdp_tp example skips consumed batches: correct, but it pays for loading
+        them. Call ``set_epoch`` with the saved epoch as usual.
+
+        Raises:
+            ValueError: ``state`` is not what :meth:`state_dict` returns.
+        """
+        if not isinstance(state, dict) or not isinstance(state.get("steps"), int) or state["steps"] < 0:
+            raise ValueError(f"not a TPBroadcastDataLoader state (from state_dict()): {state!r:.200}")
+        self._resume_at = state["steps"]
+        self._resume_loader = False
+        if self.is_leader and state.get("loader") is not None and hasattr(self.dl, "load_state_dict"):
+            self.dl.load_state_dict(state["loader"])
+            self._resume_loader = True
+
     def __iter__(self) -> Iterator[Any]:
+        # A restored place applies to the one epoch that follows load_state_dict.
+        self._steps, self._resume_at = self._resume_at, 0
         bc = self._broadcaster
-        if bc is None:  # not distributed, or a TP group of one
-            yield from self.dl
-            return
         if not self.is_leader:
             while True:
-                kind, payload = bc.recv()
+                kind, payload = bc.recv()  # type: ignore[union-attr]  # peers always have one
                 if kind == "end":
                     return
                 if kind == "error":
                     raise TPLeaderError(payload, dist.get_rank())
+                self._steps += 1
                 yield payload
-        it = iter(self.dl)
+        # A restored inner loader starts where it stopped; a plain one starts
+        # the epoch over, so the batches already consumed are loaded and dropped.
+        skip = 0 if self._resume_loader else self._steps
+        self._resume_loader = False
+        it = itertools.islice(iter(self.dl), skip, None)
         while True:
             try:
                 batch = next(it)
             except StopIteration:
-                bc.end()
+                if bc is not None:
+                    bc.end()
                 return
             except Exception as exc:
-                bc.error(exc)
+                if bc is not None:
+                    bc.error(exc)
                 raise
-            bc.send(batch)
+            if bc is not None:
+                bc.send(batch)
+            self._steps += 1
             yield batch
 
     def __repr__(self) -> str:

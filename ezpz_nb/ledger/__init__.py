@@ -35,14 +35,20 @@ of line (a loss per step) and new keys (a loader worker id, the coordinates of
 a third parallel dimension) can be added without a new version; the version
 goes up only when an older reader would misread a file. Version 1 files (a
 header without ``kind`` and bare records, written once at the end) still load.
+A key a file lacks takes its field's default: ``worker_ids`` (the DataLoader
+worker of each sample, see :func:`tag_worker`) was added this way.
+
+:meth:`Ledger.merge_runs` joins the ledgers of one job stopped and resumed
+(notebook 09); the ``rank_duplicate`` check finds a rank that saw a sample
+twice, as when every DataLoader worker yields the same stream (notebook 10).
 """
 
 from __future__ import annotations
 
 from ezpz_nb.ledger.book import Ledger
 from ezpz_nb.ledger.checks import Problem
-from ezpz_nb.ledger.recording import RecordingLoader, record
+from ezpz_nb.ledger.recording import RecordingLoader, record, tag_worker
 from ezpz_nb.ledger.records import FORMAT_VERSION, StepRecord, batch_digest
 
 __all__ = ["FORMAT_VERSION", "Ledger", "Problem", "RecordingLoader", "StepRecord", "batch_digest",
-           "record"]
+           "record", "tag_worker"]

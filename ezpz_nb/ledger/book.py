@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,37 @@ class Ledger:
                    complete)
 
     @classmethod
+    def merge_runs(cls, *runs: Ledger) -> Ledger:
+        """One job that ran in several parts (stopped, then resumed), as one ledger.
+
+        A resumed run's loader starts counting steps at 0 again, so each part's
+        steps in an epoch are moved to follow those that the earlier parts took
+        in that epoch (the most any rank took). Then the checks read the job as
+        one epoch: a sample that the restart repeated is a ``dp_duplicate`` (or
+        a ``rank_duplicate``), one it skipped is ``never_seen``.
+
+        Args:
+            runs: The parts' ledgers, in the order they ran. The world size
+                may differ between them.
+
+        Returns:
+            A new ledger; :attr:`complete` says, for each rank, how the last
+            part that had it ended.
+        """
+        records: list[StepRecord] = []
+        taken: dict[int, int] = {}  # epoch -> steps taken by the parts so far
+        complete: dict[int, bool] = {}
+        sizes = [run.num_samples for run in runs if run.num_samples is not None]
+        for run in runs:
+            shift = dict(taken)
+            for r in run.records:
+                step = r.step + shift.get(r.epoch, 0)
+                records.append(replace(r, step=step))
+                taken[r.epoch] = max(taken.get(r.epoch, 0), step + 1)
+            complete.update(run.complete)
+        return cls(records, max(sizes, default=None), complete)
+
+    @classmethod
     def from_events(cls, events: Iterable[Any], *, num_samples: int | None = None) -> Ledger:
         """Rebuild a (possibly partial) ledger from the launcher's published events.
 
@@ -206,7 +237,7 @@ class Ledger:
 
     # ---------------------------------------------------------------- checks
     def check(self) -> list[Problem]:
-        """Look for the four ways DP/TP data loading goes wrong (see :mod:`ezpz_nb.ledger.checks`).
+        """Look for the ways DP/TP data loading goes wrong (see :mod:`ezpz_nb.ledger.checks`).
 
         Returns:
             One :class:`~ezpz_nb.ledger.checks.Problem` per kind and epoch found, empty

@@ -8,7 +8,9 @@ words, so a learner can read what happened without knowing the code:
 * ``tp_mismatch``: TP peers held different samples, or the same samples with
   different bytes, at a step;
 * ``dp_duplicate``: a sample was seen by two DP replicas in one epoch;
-* ``never_seen``: samples no rank saw in an epoch.
+* ``never_seen``: samples no rank saw in an epoch;
+* ``rank_duplicate``: one rank saw a sample more than once in an epoch (the
+  DataLoader workers of an IterableDataset that all yield the same stream).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ class Problem:
     """One finding of :meth:`~ezpz_nb.ledger.Ledger.check`.
 
     Attributes:
-        kind: ``"dp_duplicate"``, ``"never_seen"``, ``"tp_mismatch"`` or
-            ``"step_mismatch"``.
+        kind: ``"dp_duplicate"``, ``"never_seen"``, ``"tp_mismatch"``,
+            ``"step_mismatch"`` or ``"rank_duplicate"``.
         message: What happened and what it means, in plain words.
         epoch: The epoch it concerns.
         ranks: Global ranks involved.
@@ -148,6 +150,39 @@ def _check_dp(epoch: int, recs: list[StepRecord], num_samples: int | None) -> li
     return out
 
 
+def _check_repeats(epoch: int, recs: list[StepRecord]) -> list[Problem]:
+    # Within one rank, so TP peers (who rightly share every sample) never count.
+    seen: dict[int, Counter[int]] = defaultdict(Counter)
+    workers: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for r in recs:
+        seen[r.rank].update(r.sample_ids)
+        if len(r.worker_ids) == len(r.sample_ids):
+            for i, w in zip(r.sample_ids, r.worker_ids, strict=True):
+                workers[(r.rank, i)].add(w)
+    repeated = {rank: sorted(i for i, n in c.items() if n > 1) for rank, c in seen.items()}
+    repeated = {rank: ids for rank, ids in sorted(repeated.items()) if ids}
+    if not repeated:
+        return []
+    rank, ids = next(iter(repeated.items()))
+    eg = ids[0]
+    by = sorted(workers.get((rank, eg), ()))
+    if len(by) > 1:
+        why = (f"sample {eg} came from DataLoader workers {by} of rank {rank}. Each worker runs "
+               "the IterableDataset's __iter__ on its own copy: shard the stream over "
+               "get_worker_info().id and .num_workers as well as over the ranks.")
+    else:
+        why = (f"e.g. sample {eg} on rank {rank}, {seen[rank][eg]} times. A sampler or stream "
+               "that repeats itself, or workers that all yield the same stream (record the "
+               "worker id with ezpz_nb.ledger.tag_worker to tell).")
+    all_ids = sorted({i for v in repeated.values() for i in v})
+    return [Problem(
+        "rank_duplicate",
+        f"Epoch {epoch}: {len(all_ids)} sample(s) {_ids(all_ids)} were seen more than once by "
+        f"one rank ({why})",
+        epoch, ranks=tuple(repeated), samples=tuple(all_ids),
+    )]
+
+
 def check_records(records: Iterable[StepRecord], num_samples: int | None = None) -> list[Problem]:
     """Run every check, epoch by epoch.
 
@@ -175,4 +210,5 @@ def check_records(records: Iterable[StepRecord], num_samples: int | None = None)
         problems += _check_steps(epoch, recs, ranks)
         problems += _check_tp(epoch, recs)
         problems += _check_dp(epoch, recs, num_samples)
+        problems += _check_repeats(epoch, recs)
     return problems

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from torch.utils.data import Subset
+from torch.utils.data import Dataset, IterableDataset, Subset, get_worker_info
 
 from ezpz_nb.data.distributed import forward_set_epoch
 from ezpz_nb.data.groups import Layout
@@ -18,10 +18,11 @@ from ezpz_nb.ledger.records import (
     _header,
     _sample_ids,
     _step_line,
+    _worker_ids,
     batch_digest,
 )
 
-__all__ = ["RecordingLoader", "record"]
+__all__ = ["RecordingLoader", "record", "tag_worker"]
 
 
 def _publish(item: Any) -> None:
@@ -142,6 +143,7 @@ class RecordingLoader:
                 sample_ids=_sample_ids(batch),
                 source=getattr(self.loader, "source", "loaded"),
                 digest=batch_digest(batch),
+                worker_ids=_worker_ids(batch),
             )
             self.records.append(rec)
             self._write(_step_line(rec))
@@ -183,3 +185,60 @@ def record(
     """Wrap ``loader`` in a :class:`RecordingLoader` (same arguments)."""
     return RecordingLoader(loader, layout, epoch=epoch, ledger_list=ledger_list, publish=publish,
                            path=path)
+
+
+def _tagged(sample: Any) -> Any:
+    if not isinstance(sample, dict):
+        raise TypeError(f"tag_worker needs samples that are dicts (it adds a 'worker_id' key), "
+                        f"got {type(sample).__name__}: return {{'input_ids': ..., 'index': i}}")
+    info = get_worker_info()
+    return {**sample, "worker_id": -1 if info is None else info.id}
+
+
+class _Tagged:
+    """Forwards what the wrapper does not define (``set_epoch``, ``seed``...) to the dataset."""
+
+    dataset: Any
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not yet set (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class _TaggedMap(_Tagged, Dataset):
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: Any) -> Any:
+        return _tagged(self.dataset[index])
+
+
+class _TaggedIterable(_Tagged, IterableDataset):
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[Any]:
+        for sample in self.dataset:
+            yield _tagged(sample)
+
+
+def tag_worker(dataset: Any) -> Dataset:
+    """Wrap ``dataset`` so each sample (a dict) also says which DataLoader worker made it.
+
+    Only the worker process knows its id (``torch.utils.data.get_worker_info()``),
+    so the sample carries it: ``sample["worker_id"]`` is the worker's id, or
+    ``-1`` when the loader has no workers. :func:`record` reads the batch's
+    ``worker_id`` values into :attr:`StepRecord.worker_ids`, and the
+    ``rank_duplicate`` check then names the workers that repeated a sample.
+
+    An :class:`~torch.utils.data.IterableDataset` stays one (same stream, each
+    sample tagged); anything else is treated as map-style (``len`` and ``[i]``).
+    Other attributes (``set_epoch``...) are forwarded to ``dataset``.
+    """
+    if isinstance(dataset, IterableDataset):
+        return _TaggedIterable(dataset)
+    return _TaggedMap(dataset)

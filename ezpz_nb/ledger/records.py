@@ -38,6 +38,10 @@ class StepRecord:
             broadcast from its TP leader).
         digest: Hex blake2b of the bytes of every tensor in the batch, in
             flattened order (dict insertion order, depth first).
+        worker_ids: The DataLoader worker that produced each sample, in batch
+            order (the batch's ``worker_id`` values, see
+            :func:`~ezpz_nb.ledger.tag_worker`); ``-1`` for the loading process
+            itself, ``()`` when the batch does not say.
     """
 
     epoch: int
@@ -50,6 +54,9 @@ class StepRecord:
     sample_ids: tuple[int, ...]
     source: str
     digest: str
+    # Added after format version 2 was out: it has a default, so files and
+    # code that do not know it still load and build records.
+    worker_ids: tuple[int, ...] = ()
 
 
 def batch_digest(batch: Any) -> str:
@@ -64,10 +71,11 @@ def batch_digest(batch: Any) -> str:
     return h.hexdigest()
 
 
-def _sample_ids(batch: Any) -> tuple[int, ...]:
+def _batch_ints(batch: Any, key: str) -> tuple[int, ...]:
+    """The first ``key`` entry found in a (nested) batch, as a tuple of ints."""
     if isinstance(batch, dict):
-        if "index" in batch:
-            ids = batch["index"]
+        if key in batch:
+            ids = batch[key]
             return tuple(int(i) for i in (ids.reshape(-1).tolist() if torch.is_tensor(ids) else ids))
         values: Iterable[Any] = batch.values()
     elif isinstance(batch, (list, tuple)):
@@ -75,10 +83,18 @@ def _sample_ids(batch: Any) -> tuple[int, ...]:
     else:
         return ()
     for v in values:
-        found = _sample_ids(v)
+        found = _batch_ints(v, key)
         if found:
             return found
     return ()
+
+
+def _sample_ids(batch: Any) -> tuple[int, ...]:
+    return _batch_ints(batch, "index")
+
+
+def _worker_ids(batch: Any) -> tuple[int, ...]:
+    return _batch_ints(batch, "worker_id")
 
 
 def _line(obj: dict[str, Any]) -> str:
@@ -102,7 +118,10 @@ _STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
 
 
 def _step_from(d: dict[str, Any]) -> StepRecord:
-    # Keys a newer writer added are skipped (see the module docstring).
-    known = {k: d[k] for k in _STEP_FIELDS}
-    known["sample_ids"] = tuple(known["sample_ids"])
+    # Keys a newer writer added are skipped (see the module docstring); keys
+    # an older writer did not know take their defaults.
+    known = {k: d[k] for k in _STEP_FIELDS if k in d}
+    for k in ("sample_ids", "worker_ids"):
+        if k in known:
+            known[k] = tuple(known[k])
     return StepRecord(**known)
