@@ -196,7 +196,7 @@ assert any(p.kind == "tp_mismatch" for p in seeded.check())
 # <details><summary>Answer</summary>
 #
 # Yes: inside each TP group only the leader's copy is read, and its peer receives exactly those
-# bytes. But that hides the seeding bug, it does not fix it: see the next cell.
+# bytes. But that hides the seeding bug, it does not fix it: see below.
 #
 # </details>
 
