@@ -300,8 +300,10 @@ assert hang.stacks[1].call == "all_reduce"
 # With this environment variable set, every collective first checks that all ranks of the group
 # are making the same call (operation, shapes, dtypes), and raises at once, on every rank, if
 # they are not. It works on gloo and NCCL alike, and costs an extra check per collective: use it
-# to debug, not to train. torch reads it when a process group is created; each rank here starts
-# from this notebook's environment, so setting it in the notebook before `ez.launch` is enough.
+# to debug, not to train. torch reads it when `torch.distributed` is imported and applies it to
+# the process groups made after that; in a script, set it before the program starts
+# (`TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun ...`). Each rank here reads it again from the
+# notebook's environment as it starts, so setting it in the notebook before `ez.launch` is enough.
 #
 # **Predict:** how long does the same mismatched function take to fail now, and what does each
 # rank's error say?
