@@ -1,11 +1,16 @@
 """DP x TP data loading with ezpz's API, without its pitfalls.
 
-Same public names, signatures and return values as ``ezpz.data.distributed``
-(saforem2/ezpz), written here from scratch. What differs, and why:
+The public names and signatures of ``ezpz.data.distributed`` (saforem2/ezpz),
+written here from scratch, with a few extra keyword arguments. One return value
+differs: ezpz's ``RandomTokenDataset`` yields each sample as a raw tensor of
+``seq_length + 1`` tokens; ours yields ``{"input_ids", "labels", "index"}`` so a
+rank (and the sample ledger) can always tell which sample it holds. What else
+differs, and why (docs/ezpz_pitfalls.md lists ezpz's pitfalls):
 
 * :class:`RandomTokenDataset` is generated lazily and deterministically per
   sample index, never seeded by rank: TP peers that load for themselves get
-  the same tokens (ezpz's rank-seeded tokens silently break TP).
+  the same tokens (ezpz's, as of commit 1229a17, ``src/ezpz/data/text.py``, are drawn eagerly
+  from a generator seeded by ``(rank + 1) * 1234`` and silently break TP).
 * :func:`get_random_dataset_fsdp_tp` warns when ``tp_group`` comes without
   ``dp_group`` (the sampler would shard over the whole world), pins memory only
   when CUDA is used, honours ``seed`` without torch.distributed too, and
@@ -97,7 +102,7 @@ class RandomTokenDataset(Dataset):
     Args:
         vocab_size: Tokens are drawn from ``range(vocab_size)``.
         seq_length: Length of ``input_ids`` and ``labels``.
-        num_samples: Number of samples; defaults to ``vocab_size`` (ezpz's length).
+        num_samples: Number of samples; defaults to ``vocab_size`` (the length of ezpz's dataset as of 1229a17).
         seed: Seed of the whole dataset (never a rank).
 
     Each item is ``{"input_ids": int64[seq_length], "labels": int64[seq_length],

@@ -149,7 +149,7 @@ def base_parser(description: str | None) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default="gloo",
                    help="gloo on CPU (default) or nccl with one GPU per rank")
     p.add_argument("--timeout", type=float, default=60.0,
-                   help="collective timeout in seconds (torch's default is 30 min)")
+                   help="collective timeout in seconds (torch's defaults: 30 min on gloo, 10 min on nccl)")
     p.add_argument("--check", action="store_true",
                    help="exit with status 1 if the merged ledger shows a problem")
     p.add_argument("--tp-size", type=int, default=2, help="ranks per tensor-parallel group")

@@ -3,7 +3,7 @@
 Each training step ends in a collective over the DP replicas (the gradient
 all-reduce of DDP or FSDP). If one replica runs out of batches first, it
 leaves the loop while the others wait for it in that collective: with torch's
-default timeout, for 30 minutes.
+default timeout, for 30 minutes on gloo or 10 on NCCL.
 
 ``--uneven`` shards by hand, ``range(dp_rank, num_samples, dp_size)``, as many
 scripts do instead of using ``DistributedSampler``. With the default 65

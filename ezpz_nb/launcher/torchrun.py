@@ -79,8 +79,8 @@ def ensure_distributed(backend: str = "gloo", timeout_s: float | None = None) ->
 
     Args:
         backend: Backend to initialise with when this call does initialise.
-        timeout_s: Collective timeout in seconds; torch's default is 30 minutes,
-            far too long to wait for a teaching example that hangs.
+        timeout_s: Collective timeout in seconds; torch's defaults are 30 minutes on
+            gloo and 10 on nccl, far too long to wait for a teaching example that hangs.
 
     Returns:
         True if this call created the process group (the caller may destroy

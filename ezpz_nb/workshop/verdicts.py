@@ -124,6 +124,14 @@ def _ranks(job: Callable[..., Any], *args: Any, world_size: int = 4,
     return results
 
 
+def _each_returned(got: list[Any], what: str) -> None:
+    """Raise unless every rank's job got something back from the learner's function."""
+    for r, out in enumerate(got):
+        if out is None:
+            raise _wrong(f"rank {r} returned None (the others did not): return {what} on "
+                         "every rank.")
+
+
 def _fresh_seed() -> int:
     """A seed drawn anew for each check, so a learner cannot fit a fixed answer to it.
 

@@ -9,6 +9,8 @@
 # %% [markdown]
 # # 00 · Setup check
 #
+# **Time:** about 10 minutes. Run it before the workshop, on the machine you will use there.
+#
 # Before the tutorial proper, make sure this machine can start real
 # `torch.distributed` ranks from a notebook cell.
 #

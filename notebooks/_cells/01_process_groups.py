@@ -9,8 +9,12 @@
 # %% [markdown]
 # # 01 · Process groups
 #
+# **Time:** about 25 minutes, then exercises 1 and 2 of `05_workshop` (about 10 minutes).
+#
 # Distributed data loading is built from a handful of collective calls. This notebook runs each
-# one on 4 real gloo ranks, so you can see what every rank holds before and after.
+# one on 4 real gloo ranks, so you can see what every rank holds before and after. Before each
+# cell that reveals something, you are asked to predict it; the answer is folded under
+# *Answer*: make your guess first, then open it or run the cell.
 #
 # **Learning goals**
 #
@@ -18,11 +22,15 @@
 # - Use the three collectives data loading needs: `all_reduce`, `broadcast`, `barrier`.
 # - Keep ranks alive between cells with `ez.Cluster` and the `%%ranks` magic.
 # - Build subgroups with `dist.new_group`, and broadcast inside one from the right source.
-# - Recognise a hang: ranks that call different collectives wait for each other forever.
+# - Recognise a hang: ranks that call different collectives wait for each other; find the
+#   mismatch with `TORCH_DISTRIBUTED_DEBUG=DETAIL` and the missing rank with `dist.monitored_barrier`.
 
 # %%
 # %matplotlib inline
+import os
+import re
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -47,9 +55,18 @@ assert ids == [(0, 4), (1, 4), (2, 4), (3, 4)]
 # %% [markdown]
 # ## `all_reduce`: everyone gets the total
 #
-# Rank `r` starts with `[r + 1]`. After `dist.all_reduce` every rank holds the sum
-# 1 + 2 + 3 + 4 = 10. This is how DDP averages gradients, and how ranks agree on a number
-# (for example, how many steps to take, in notebook 04).
+# Rank `r` starts with `[r + 1]`, and `dist.all_reduce` combines the tensors of all ranks. This
+# is how DDP averages gradients, and how ranks agree on a number (for example, how many steps
+# to take, in notebook 04).
+#
+# **Predict:** after the `all_reduce`, what does rank 3 hold? And rank 0?
+#
+# <details><summary>Answer</summary>
+#
+# Both hold 10.0, like every rank: the sum 1 + 2 + 3 + 4, written **in place** into each rank's
+# own tensor. No rank keeps its own value.
+#
+# </details>
 
 # %%
 def all_reduce_demo():
@@ -68,8 +85,17 @@ for rank, (before, after) in enumerate(ez.launch(all_reduce_demo, world_size=4))
 # ## `broadcast`: everyone gets the source's tensor
 #
 # Only rank 0 holds real data; the others hold zeros **of the same shape and dtype**: a
-# receiving rank must allocate the buffer before the data arrives. After the broadcast all 4
-# ranks hold `[0, 1, 2]`. This is the heart of the TP leader broadcast in notebook 03.
+# receiving rank must allocate the buffer before the data arrives. This is the heart of the TP
+# leader broadcast in notebook 03.
+#
+# **Predict:** what does rank 2 return?
+#
+# <details><summary>Answer</summary>
+#
+# `[0.0, 1.0, 2.0]`: rank 0's tensor, copied into the zeros rank 2 allocated. All 4 ranks
+# return it.
+#
+# </details>
 
 # %%
 def broadcast_demo():
@@ -90,7 +116,16 @@ assert received == [[0.0, 1.0, 2.0]] * 4
 # ## `barrier`: nobody leaves until everybody has arrived
 #
 # Rank `r` sleeps `0.2 × r` seconds before the barrier, so rank 3 arrives last. Every rank
-# records when it arrived and when it left: every departure comes after the **last** arrival.
+# records when it arrived and when it left.
+#
+# **Predict:** when does rank 0, the first to arrive, leave?
+#
+# <details><summary>Answer</summary>
+#
+# About 0.6 s after it arrived, when rank 3 arrives: every departure comes after the **last**
+# arrival.
+#
+# </details>
 
 # %%
 def barrier_demo():
@@ -112,8 +147,18 @@ assert all(left >= last_arrival for _, left in times)
 #
 # `ez.launch` starts fresh ranks every time. An `ez.Cluster` keeps them running, so state set in
 # one call (a variable, a DataLoader iterator) is still there in the next one. The `%%ranks`
-# magic runs a whole cell on every rank of the running cluster; inside it, `rank`,
-# `world_size`, `torch` and `dist` are predefined, and the last line's value is printed per rank.
+# magic runs a whole cell on every rank of the running cluster, and the last line's value is
+# printed per rank.
+#
+# A `%%ranks` cell runs in **each rank's own namespace**, not the notebook's:
+#
+# - `rank`, `world_size`, `torch`, `dist` and `ez` are predefined there;
+# - variables a `%%ranks` cell sets stay on that rank, for the next `%%ranks` cells;
+# - the notebook's functions, classes and modules that the cell names travel with it (by value,
+#   as with `ez.launch`), so a helper defined in an ordinary cell can be called;
+# - the notebook's data (numbers, lists, tensors) does not travel: a `%%ranks` cell that uses a
+#   notebook variable raises a `NameError` that says so. Compute data on the ranks, or pass it
+#   as an argument to `ez.launch` or `cluster.run`.
 
 # %%
 # %load_ext ezpz_nb
@@ -126,12 +171,27 @@ dist.all_reduce(total)
 total.item()
 
 # %% [markdown]
-# The variable `total` still exists on every rank, so the next cell can use it: each rank
-# doubles its own copy, and they all print 12.0.
+# The variable `total` still exists on every rank, so the next cell can use it. It calls
+# `double`, a function defined in the ordinary cell below: it travels to the ranks because the
+# cell names it.
+#
+# **Predict:** what does each rank print?
+#
+# <details><summary>Answer</summary>
+#
+# 12.0 on every rank: each rank doubles its own copy of `total`, which the previous cell left
+# at 0 + 1 + 2 + 3 = 6.
+#
+# </details>
+
+# %%
+def double(t):
+    return t * 2
+
 
 # %%
 # %%ranks -n 4
-total *= 2
+total = double(total)
 assert total.item() == 12.0
 total.item()
 
@@ -149,9 +209,17 @@ cluster.close()  # ends the ranks; %%ranks would start new ones when next used
 # 2. `src=` in `broadcast` is a **global** rank. Inside the group `[2, 3]` the first member is
 #    global rank 2; `dist.get_global_rank(group, 0)` finds it.
 #
-# Below, ranks 0 and 1 form one group and ranks 2 and 3 another. An `all_reduce` in each group
-# sums only its members: 0 + 1 = 1 and 2 + 3 = 5. A broadcast from each group's first member
-# gives ranks 0 and 1 the value 0, ranks 2 and 3 the value 2.
+# Below, ranks 0 and 1 form one group and ranks 2 and 3 another. Each rank `all_reduce`s its
+# rank number in its group, then each group broadcasts from its first member.
+#
+# **Predict:** what pair (sum, broadcast value) does rank 3 return?
+#
+# <details><summary>Answer</summary>
+#
+# `(5.0, 2.0)`: the group sum covers only its members, 2 + 3 = 5, and the broadcast comes from
+# the group's first member, global rank 2. Ranks 0 and 1 return `(1.0, 0.0)`.
+#
+# </details>
 
 # %%
 def subgroup_demo():
@@ -177,10 +245,16 @@ assert sub == [(1.0, 0.0), (1.0, 0.0), (5.0, 2.0), (5.0, 2.0)]
 # ## What a hang looks like
 #
 # Collectives match up **by order**: each rank's *n*-th collective call meets the *n*-th call of
-# the others. Below, rank 0 calls `barrier` while rank 1 calls `all_reduce`. Neither can finish.
-# On a real cluster this waits for the default timeout (30 minutes or more) and then dies with
-# an unhelpful message. Here `timeout=3` stops it after 3 seconds, and the `ez.HangError` says
-# where each rank was stuck.
+# the others. Below, rank 0 calls `barrier` while rank 1 calls `all_reduce`.
+#
+# **Predict:** what happens?
+#
+# <details><summary>Answer</summary>
+#
+# On gloo neither call can finish: each rank waits for a partner that never makes the same
+# call. `timeout=3` stops it after 3 seconds, and the `ez.HangError` says where each rank was.
+#
+# </details>
 
 # %%
 def mismatched():
@@ -209,14 +283,114 @@ assert hang.stacks[0].call == "barrier"
 assert hang.stacks[1].call == "all_reduce"
 
 # %% [markdown]
+# ### On a real cluster
+#
+# Without a short timeout, a hang lasts until the collective timeout of the process group:
+# torch's default is **30 minutes on gloo and 10 minutes on NCCL**, the backend of GPU clusters
+# (`dist.init_process_group(timeout=timedelta(...))` changes it). Then the job dies with a
+# message about a timed-out collective that names no line of your code.
+#
+# On NCCL this very mismatch may not hang at all: NCCL implements `barrier()` as an `all_reduce`
+# of a one-element tensor, so rank 0's barrier can pair up with rank 1's one-element
+# `all_reduce`, and both return as if nothing were wrong. The ranks are then out of step, and a
+# later collective fails, or silently mixes up data. Two tools name the problem instead.
+#
+# ### `TORCH_DISTRIBUTED_DEBUG=DETAIL`: name the mismatch
+#
+# With this environment variable set, every collective first checks that all ranks of the group
+# are making the same call (operation, shapes, dtypes), and raises at once, on every rank, if
+# they are not. It works on gloo and NCCL alike, and costs an extra check per collective: use it
+# to debug, not to train. torch reads it when `torch.distributed` is imported and applies it to
+# the process groups made after that; in a script, set it before the program starts
+# (`TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun ...`). Each rank here reads it again from the
+# notebook's environment as it starts, so setting it in the notebook before `ez.launch` is enough.
+#
+# **Predict:** how long does the same mismatched function take to fail now, and what does each
+# rank's error say?
+#
+# <details><summary>Answer</summary>
+#
+# It fails at once, not after the 10 s timeout: each rank raises
+# `Detected mismatch between collectives`, naming its own call (`BARRIER` on rank 0,
+# `ALLREDUCE` on rank 1) and the rank whose call differs.
+#
+# </details>
+
+# %%
+os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+start = time.perf_counter()
+try:
+    ez.launch(mismatched, world_size=2, timeout=10)
+except ez.RankError as err:
+    detail = err
+finally:
+    del os.environ["TORCH_DISTRIBUTED_DEBUG"]  # the later cells run without the checks
+print(f"failed after {time.perf_counter() - start:.1f} s")
+
+for rank, failure in detail.failures.items():
+    own = re.search(r"Rank (\d+) is running collective: CollectiveFingerPrint\("
+                    r"SequenceNumber=\d+,? ?OpType=(\w+)", failure.message)
+    other = re.search(r"but Rank (\d+) is running", failure.message)
+    if own and other:
+        print(f"rank {rank}: mismatch detected: rank {own[1]} runs {own[2]}, "
+              f"but rank {other[1]} runs something else")
+    else:  # another torch version may word it differently
+        print(f"rank {rank}: {failure.message[:200]}")
+    assert "Detected mismatch between collectives" in failure.message
+
+# %% [markdown]
+# ### `dist.monitored_barrier`: name the missing rank
+#
+# A common hang is a rank that never arrives: it ran out of data, or caught an exception and
+# moved on. `dist.monitored_barrier(timeout=...)` is a barrier that rank 0 watches: every other
+# rank checks in with rank 0, and when one has not within the timeout, rank 0 raises an error
+# that names it (`wait_all_ranks=True` names every missing rank, not just the first). It exists
+# on gloo only; in an NCCL job, make a gloo group for it with `dist.new_group(backend="gloo")`
+# and pass `group=`. Put one where all ranks must meet, such as the end of an epoch.
+#
+# Below, rank 3 leaves early; the others call `monitored_barrier` with a 2-second timeout.
+#
+# **Predict:** which ranks raise, and which rank does the error name?
+#
+# <details><summary>Answer</summary>
+#
+# Rank 0 raises `Ranks 3 failed to pass monitoredBarrier`. Ranks 1 and 2 raise too: they did
+# reach the barrier, but rank 0 stopped answering, and their message says to look at rank 0's.
+# Rank 3 returned normally.
+#
+# </details>
+
+# %%
+def check_in():
+    if dist.get_rank() == 3:
+        return "left early"  # e.g. its data ran out
+    dist.monitored_barrier(timeout=timedelta(seconds=2), wait_all_ranks=True)
+    return "passed"
+
+
+try:
+    ez.launch(check_in, world_size=4, timeout=10)
+except ez.RankError as err:
+    missing = err
+for rank, failure in missing.failures.items():
+    print(f"rank {rank}: {failure.message.splitlines()[0]}")
+assert "3 failed to pass monitoredBarrier" in missing.failures[0].message
+assert 3 not in missing.failures
+
+# %% [markdown]
 # ## Summary
 #
 # - `all_reduce` leaves the same combined value on every rank; `broadcast` copies one rank's
 #   tensor into buffers the others allocated; `barrier` holds every rank until the last arrives.
-# - `ez.Cluster` and `%%ranks` keep ranks and their state alive across cells.
+# - `ez.Cluster` and `%%ranks` keep ranks and their state alive across cells; a `%%ranks` cell
+#   runs in each rank's own namespace, where the notebook's functions travel but its data does not.
 # - Subgroups: every rank creates every group; `src=` is a global rank
 #   (`dist.get_global_rank(group, 0)`).
-# - Collectives pair up by call order. Ranks that disagree on the sequence hang; a short
-#   `timeout=` turns the hang into a report of where each rank waits.
+# - Collectives pair up by call order. Ranks that disagree on the sequence hang (for 30 minutes
+#   on gloo, 10 on NCCL, by default) or, on NCCL, may even go on out of step.
+#   `TORCH_DISTRIBUTED_DEBUG=DETAIL` names the mismatched calls; `dist.monitored_barrier` names
+#   the rank that did not arrive.
+#
+# Now do exercises 1 and 2 in `05_workshop.ipynb`.
 #
 # Next: **02 · DP sharding**: giving each data-parallel replica its own samples.

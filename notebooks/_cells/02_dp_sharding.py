@@ -9,6 +9,8 @@
 # %% [markdown]
 # # 02 · Data-parallel sharding
 #
+# **Time:** about 25 minutes, then exercises 3 and 4 of `05_workshop` (about 10 minutes).
+#
 # In data parallelism (DP) every replica trains on **different** samples and the gradients are
 # averaged. Who gets which sample is decided by `torch.utils.data.DistributedSampler`. This
 # notebook runs it on 4 real ranks and records, in a *sample ledger*, which rank held which
@@ -17,7 +19,8 @@
 # **Learning goals**
 #
 # - Shard a dataset over the DP group with `DistributedSampler(num_replicas=, rank=)`.
-# - See what `drop_last=False` (padding with duplicates) and `drop_last=True` (dropped samples) do.
+# - See what the sampler's `drop_last=False` (padding with duplicates) and `drop_last=True`
+#   (dropped samples) do.
 # - See why `sampler.set_epoch(epoch)` must be called every epoch.
 # - See why hand-made sharding (`ds[rank::world]`) hangs training.
 
@@ -40,7 +43,9 @@ from ezpz_nb.ledger import Ledger, record
 # the ledger can tell which sample a rank holds. `record(loader, layout)` wraps the loader and
 # notes, per step, the sample ids of the batch.
 #
-# We start without shuffling, so the assignment is easy to read.
+# We start without shuffling, so the assignment is easy to read. `drop_last` here is the
+# **sampler's** flag: what to do with samples that do not divide over the replicas. (The
+# DataLoader has a `drop_last` of its own, for a short last *batch*; notebook 04 uses it.)
 
 # %%
 def one_epoch(drop_last, shuffle=False, num_samples=10):
@@ -58,13 +63,23 @@ padded = Ledger.from_results(ez.launch(one_epoch, False, world_size=4))
 print(padded.summary())
 
 # %% [markdown]
-# ### `drop_last=False`: padded with duplicates
+# ### The sampler's `drop_last=False`: padded with duplicates
 #
-# 10 samples do not divide over 4 replicas. `DistributedSampler` rounds the shard size **up**
-# (3 each, 12 slots) and fills the two extra slots by repeating the first samples. Rank 2 gets
-# `[2, 6, 0]` and rank 3 gets `[3, 7, 1]`: samples 0 and 1 are trained on twice per epoch. In the
-# heatmap each row is a rank, each column a step, each cell the sample id; the repeats are
-# marked.
+# 10 samples do not divide over 4 replicas. Rank `r` takes every 4th sample starting at `r`.
+#
+# **Predict:** with `drop_last=False`, how many samples does each rank get, and which ones does
+# rank 2 get?
+#
+# <details><summary>Answer</summary>
+#
+# 3 each. `DistributedSampler` rounds the shard size **up** (3 each, 12 slots) and fills the
+# two extra slots by repeating the first samples: rank 2 gets `[2, 6, 0]` and rank 3 gets
+# `[3, 7, 1]`, so samples 0 and 1 are trained on twice per epoch.
+#
+# </details>
+#
+# In the heatmap each row is a rank, each column a step, each cell the sample id; the repeats
+# are marked.
 
 # %%
 for r in padded.ranks():
@@ -75,11 +90,19 @@ assert dup and dup[0].samples == (0, 1)
 viz.heatmap(padded)
 
 # %% [markdown]
-# ### `drop_last=True`: samples dropped
+# ### The sampler's `drop_last=True`: samples dropped
 #
-# Now the shard size is rounded **down** (2 each, 8 slots): samples 8 and 9 are never seen in
-# this epoch. The coverage plot shows, for each sample id, which DP replica saw it; 8 and 9 are
-# marked as never seen.
+# **Predict:** with `drop_last=True`, which samples are never seen this epoch?
+#
+# <details><summary>Answer</summary>
+#
+# 8 and 9. The shard size is rounded **down** (2 each, 8 slots) and the tail is cut off before
+# sharding.
+#
+# </details>
+#
+# The coverage plot shows, for each sample id, which DP replica saw it; 8 and 9 are marked as
+# never seen.
 
 # %%
 dropped = Ledger.from_results(ez.launch(one_epoch, True, world_size=4))
@@ -91,8 +114,8 @@ viz.coverage(dropped)
 
 
 # %% [markdown]
-# Neither is wrong: padding keeps every sample (a few twice), dropping keeps every replica's
-# step count equal with no repeats. With shuffling, *which* samples are repeated or dropped
+# Neither is wrong, and both give every replica the same number of samples: padding keeps every
+# sample (a few twice), dropping keeps none twice. With shuffling, *which* samples are repeated or dropped
 # changes every epoch, so over many epochs nothing is lost for good. That needs `set_epoch`.
 #
 # ## `set_epoch`: forgotten versus called
@@ -101,6 +124,18 @@ viz.coverage(dropped)
 # `seed + epoch`. The epoch is whatever `set_epoch` last set, 0 by default, so if you never call
 # it, every epoch gets **the same** order. Below, 16 samples over 4 replicas for 2 epochs, once
 # without and once with `set_epoch`.
+#
+# **Predict:** without `set_epoch`, does epoch 1 repeat epoch 0 on every rank? With it, could a
+# rank see the same order twice?
+#
+# <details><summary>Answer</summary>
+#
+# Without it, yes: the same seed gives the same permutation, so every rank repeats its order.
+# With it, each epoch uses `seed + epoch`: a new permutation, the same on every rank (so the
+# shards still split the data), different from one epoch to the next. Any numbering works, as
+# long as every rank passes the same number and it changes every epoch.
+#
+# </details>
 
 # %%
 def two_epochs(call_set_epoch):
@@ -145,8 +180,17 @@ viz.heatmap(called)
 #
 # It is tempting to skip the sampler and slice: `dataset[rank::world]`. With 10 samples over 4
 # ranks that gives ranks 0 and 1 **three** samples and ranks 2 and 3 **two**. In training, each
-# step ends with a gradient `all_reduce` (DDP does this for you). At step 3 ranks 0 and 1 call
-# `all_reduce`, but ranks 2 and 3 have run out of data and left the loop, so nobody answers.
+# step ends with a gradient `all_reduce` (DDP does this for you).
+#
+# **Predict:** which ranks hang, and in which call?
+#
+# <details><summary>Answer</summary>
+#
+# Ranks 0 and 1: at their third step they call `all_reduce`, but ranks 2 and 3 have run out of
+# data and left the loop, so nobody answers. The ranks with **more** data are the ones that
+# hang.
+#
+# </details>
 #
 # `timeout=5` turns that hang into an `ez.HangError`; the ledger records published before it
 # still arrive, in `err.events`.
@@ -188,10 +232,12 @@ viz.timeline(partial, error=hang)
 #
 # - `DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank)` gives each DP replica its
 #   own shard; every replica gets the same number of samples.
-# - `drop_last=False` pads the last shard by repeating the first samples (0 and 1 twice here);
-#   `drop_last=True` drops the remainder (8 and 9 here).
+# - The sampler's `drop_last=False` pads the last shards by repeating the first samples (0 and 1
+#   twice here); its `drop_last=True` drops the remainder (8 and 9 here).
 # - Call `sampler.set_epoch(epoch)` before each epoch, or every epoch repeats the same order.
 # - Hand-made `ds[rank::world]` sharding gives uneven step counts: the ranks with more data wait
 #   forever in a collective for ranks that have finished.
+#
+# Now do exercises 3 and 4 in `05_workshop.ipynb`.
 #
 # Next: **03 · TP leader broadcast**: when several ranks must see the *same* batch.

@@ -9,6 +9,9 @@
 # %% [markdown]
 # # 06 · Explore the loading settings live
 #
+# **Time:** about 10 minutes. **Optional**: the last notebook of the core path, to skip when
+# the workshop runs late, or to explore at home.
+#
 # Every picture in this notebook comes from a **real run**: 4 gloo ranks start, build the DP and TP
 # groups, load with `DistributedSampler` (and, when asked, the TP leader broadcast), and record in a
 # *sample ledger* which rank held which sample at which step. Nothing is simulated.
@@ -111,9 +114,17 @@ assert progress.behind() == []
 
 # %% [markdown]
 # Now hand-made sharding, `dataset[rank::world]`: 10 samples over 4 ranks give ranks 0 and 1
-# three batches, ranks 2 and 3 only two. After its last batch a rank leaves; the others wait in
-# their third `all_reduce` for ranks that will never join, until the timeout, set to 3 s for
-# this run, reports a hang.
+# three batches, ranks 2 and 3 only two. The timeout is set to 3 s for this run.
+#
+# **Predict:** which ranks does `progress.behind()` name, and which ranks hang?
+#
+# <details><summary>Answer</summary>
+#
+# `behind()` names ranks 2 and 3: they took 2 steps of 3. But they are not the ones that hang:
+# after their last batch they leave, and ranks 0 and 1 wait in their third `all_reduce` for
+# ranks that will never join, until the timeout reports a hang.
+#
+# </details>
 
 # %%
 def hand_sharded(num_samples=10):
@@ -149,3 +160,13 @@ fig
 # %%
 cluster.close()
 explorer.close()
+
+# %% [markdown]
+# ## Summary
+#
+# - Every figure here came from real ranks: change one setting, predict, and check the picture.
+# - `Progress` shows which ranks fall behind while a run is in flight; the timeline tells the
+#   ranks that stopped early (the cause of a hang) from the ranks that waited for them.
+#
+# This is the end of the core path. For where to go from here (torchrun and Slurm, FSDP2,
+# torchtitan, `StatefulDataLoader`), see *What next* at the end of `05_workshop.ipynb`.
