@@ -38,6 +38,13 @@ class StepRecord:
             broadcast from its TP leader).
         digest: Hex blake2b of the bytes of every tensor in the batch, in
             flattened order (dict insertion order, depth first).
+        cp_rank: Position in the context-parallel group (CP peers hold the
+            same samples, different slices of each sequence); 0 without CP.
+        cp_size: Size of the CP group; 1 without CP.
+        loss: The training loss of this step, when the loop reported one
+            (:meth:`RecordingLoader.log_loss`); ``None`` otherwise.
+
+    The last three have defaults, so files written before they existed load.
     """
 
     epoch: int
@@ -50,6 +57,9 @@ class StepRecord:
     sample_ids: tuple[int, ...]
     source: str
     digest: str
+    cp_rank: int = 0
+    cp_size: int = 1
+    loss: float | None = None
 
 
 def batch_digest(batch: Any) -> str:
@@ -94,6 +104,13 @@ def _step_line(rec: StepRecord) -> str:
     return _line({"kind": "step", **asdict(rec)})
 
 
+def _loss_line(rec: StepRecord) -> str:
+    # A step's line is written when its batch is yielded, before any loss
+    # exists: the loss follows in a line of its own, naming its step.
+    return _line({"kind": "loss", "rank": rec.rank, "epoch": rec.epoch, "step": rec.step,
+                  "loss": rec.loss})
+
+
 def _end_line(rank: int, steps: int) -> str:
     return _line({"kind": "end", "rank": rank, "steps": steps})
 
@@ -102,7 +119,8 @@ _STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
 
 
 def _step_from(d: dict[str, Any]) -> StepRecord:
-    # Keys a newer writer added are skipped (see the module docstring).
-    known = {k: d[k] for k in _STEP_FIELDS}
+    # Keys a newer writer added are skipped, keys an older one did not write
+    # take their defaults (see the module docstring).
+    known = {k: d[k] for k in _STEP_FIELDS if k in d}
     known["sample_ids"] = tuple(known["sample_ids"])
     return StepRecord(**known)
