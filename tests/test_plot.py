@@ -250,7 +250,7 @@ def test_loss_curves_measure_the_gap_to_the_reference():
         viz.loss_curves({"run": [1.0]}, reference="missing")
 
 
-def test_heatmap_labels_cp_positions():
+def test_heatmap_and_timeline_label_cp_positions():
     from ezpz_nb.ledger import StepRecord
 
     recs = [StepRecord(0, 0, r, 0, 1, r % 2, 2, (0,), "loaded", f"d{r // 2}", cp_rank=r // 2, cp_size=2)
@@ -258,3 +258,5 @@ def test_heatmap_labels_cp_positions():
     fig = viz.heatmap(Ledger(recs))
     assert fig.ezpz_data["labels"] == ["r0 (dp0,cp0,tp0)", "r1 (dp0,cp0,tp1)", "r2 (dp0,cp1,tp0)",
                                        "r3 (dp0,cp1,tp1)"]
+    timeline = viz.timeline(Ledger(recs))
+    assert [t.get_text() for t in timeline.axes[0].get_yticklabels()] == fig.ezpz_data["labels"]
