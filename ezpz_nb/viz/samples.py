@@ -176,7 +176,8 @@ def heatmap(ledger: Ledger, epoch: int | None = None) -> Figure:
     axes[0].set_ylabel("global rank (dp, cp, tp)" if cp_ranks(ledger) else "global rank (dp, tp)")
     if image is not None:
         fig.colorbar(image, ax=list(axes), label="sample id", shrink=0.9, fraction=0.04, pad=0.02)
-    fig.suptitle("Which sample each rank held: rows between white lines (one TP group) should match,\n"
+    group = "one DP replica: its CP and TP ranks" if cp_ranks(ledger) else "one TP group"
+    fig.suptitle(f"Which sample each rank held: rows between white lines ({group}) should match,\n"
                  "groups should differ; boxed/x = a sample another slot already had (padding)",
                  fontsize=11)
     fig.ezpz_data = data

@@ -195,7 +195,9 @@ fig, ax = plt.subplots(figsize=(6, 3.2))
 ax.imshow(held, cmap="cividis", vmin=0, vmax=1.3, aspect="auto")
 for rank, pos in positions.items():
     for p in pos:
-        ax.text(p, rank, str(p), ha="center", va="center", fontsize=8, color="white")
+        dark = with_cp.layout()[rank][0] == 0  # cividis is dark at the low end
+        ax.text(p, rank, str(p), ha="center", va="center", fontsize=8,
+                color="white" if dark else "black")
 dp_cp_tp = {r.rank: f"r{r.rank} (dp{r.dp_rank},cp{r.cp_rank},tp{r.tp_rank})" for r in with_cp.records}
 ax.set_yticks(range(8), [dp_cp_tp[r] for r in range(8)], fontsize=8)
 ax.set_xlabel("token position in the sequence")
