@@ -160,7 +160,8 @@ class RecordingLoader:
 
         Call it once per step, after the step's batch was yielded, with a loss
         that is the same on every rank (averaged over the DP replicas) so that
-        any rank's curve is the run's curve.
+        any rank's curve is the run's curve. The record published live at
+        the step (``publish``) went out before the loss existed and has none.
 
         Raises:
             RuntimeError: No step has been taken yet.
