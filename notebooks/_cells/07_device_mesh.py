@@ -166,10 +166,11 @@ def train_with_cp():
 results = ez.launch(train_with_cp, world_size=8, timeout=60)
 with_cp = Ledger.from_results([led for led, _, _ in results])
 positions = {rank: pos for rank, (_, pos, _) in enumerate(results)}
+where = {r.rank: f"dp{r.dp_rank},cp{r.cp_rank},tp{r.tp_rank}" for r in with_cp.records}
 print(with_cp.summary())
 for rank in range(8):
-    print(f"rank {rank}: {with_cp.layout()[rank]} cp {with_cp.records[0].cp_size} -> samples "
-          f"{with_cp.sample_ids(rank, 0)}, positions {positions[rank]}")
+    print(f"rank {rank} ({where[rank]}): samples {with_cp.sample_ids(rank, 0)}, "
+          f"positions of its first sample {positions[rank]}")
 assert with_cp.ok  # CP peers differ in bytes, which is right; TP peers do not
 assert positions[6] == [4, 5, 6, 7] and positions[4] == [0, 1, 2, 3]
 assert with_cp.sample_ids(4, 0) == with_cp.sample_ids(6, 0) != with_cp.sample_ids(0, 0)
@@ -198,8 +199,7 @@ for rank, pos in positions.items():
         dark = with_cp.layout()[rank][0] == 0  # cividis is dark at the low end
         ax.text(p, rank, str(p), ha="center", va="center", fontsize=8,
                 color="white" if dark else "black")
-dp_cp_tp = {r.rank: f"r{r.rank} (dp{r.dp_rank},cp{r.cp_rank},tp{r.tp_rank})" for r in with_cp.records}
-ax.set_yticks(range(8), [dp_cp_tp[r] for r in range(8)], fontsize=8)
+ax.set_yticks(range(8), [f"r{r} ({where[r]})" for r in range(8)], fontsize=8)
 ax.set_xlabel("token position in the sequence")
 ax.set_title("Positions each rank holds of its first sample:\nCP ranks split the sequence, "
              "TP peers hold the same slice", fontsize=10)
