@@ -18,7 +18,7 @@ from torch.utils.data import DistributedSampler
 import ezpz_nb as ez
 from ezpz_nb import _dist
 from ezpz_nb.data.groups import layout_table
-from ezpz_nb.examples import common, dp_sharding, step_alignment, tp_broadcast
+from ezpz_nb.examples import capstone, common, dp_sharding, step_alignment, tp_broadcast
 from ezpz_nb.ledger import Ledger
 
 WORLD, TP = 4, 2
@@ -161,6 +161,59 @@ def test_step_alignment_uneven_raises_on_the_waiting_ranks_instead_of_hanging():
     assert "step_mismatch" in kinds(partial)
 
 
+# ------------------------------------------------------------------- capstone
+
+CAPSTONE = {"num_samples": 64, "batch_size": 8, "epochs": 2}  # 4 steps per epoch
+
+
+def capstone_curve(ledger: Ledger) -> torch.Tensor:
+    return torch.tensor([loss for _, _, loss in ledger.losses()])
+
+
+@pytest.fixture(scope="module")
+def capstone_reference() -> torch.Tensor:
+    return torch.tensor(capstone.reference_losses(dp_size=DP, **CAPSTONE))
+
+
+@pytest.mark.parametrize("reduce", ["avg", "sum", "auto"])
+def test_capstone_fsdp2_x_tp_losses_match_one_process(cluster, capstone_reference, reduce):
+    """Guards the capstone's claim: FSDP2 over dp x TP over tp, fed by the TP broadcast,
+    trains exactly like one process on the same global batches, whichever way FSDP2
+    reduces the gradients (pytorch#162338: gloo's AVG was reported to sum)."""
+    ledger = Ledger.from_results(cluster.run(capstone.run, tp_size=TP, reduce=reduce, **CAPSTONE))
+    assert ledger.ok, ledger.summary()
+    assert_matches_sampler(ledger, 2)  # batches of 8 from the DP sampler, as the reference
+    assert all(ledger.losses(r) == ledger.losses(0) for r in range(WORLD))
+    torch.testing.assert_close(capstone_curve(ledger), capstone_reference, rtol=1e-4, atol=1e-5)
+    assert capstone_reference[-1] < 0.7 * capstone_reference[0]  # the rule is being learnt
+
+
+def test_capstone_avg_probe_agrees_on_every_rank(cluster):
+    assert len(set(cluster.run(capstone.avg_reduces_correctly))) == 1
+
+
+def test_capstone_broken_data_leaves_the_reference_and_the_ledger_says_why(cluster,
+                                                                          capstone_reference):
+    seeded = Ledger.from_results(cluster.run(capstone.run, tp_size=TP, rank_seeded=True,
+                                             broadcast=False, **CAPSTONE))
+    assert kinds(seeded) == {"tp_mismatch"}
+    assert (capstone_curve(seeded) - capstone_reference).abs().max() > 0.01
+    same = Ledger.from_results(cluster.run(capstone.run, tp_size=TP, set_epoch=False, **CAPSTONE))
+    assert_matches_sampler(same, 2, set_epoch=False)
+    gap = (capstone_curve(same) - capstone_reference).abs()
+    assert gap[:4].max() < 1e-5 and gap[4:].max() > 0.01  # parts where epoch 1 starts
+
+
+def test_capstone_rule_dataset_is_the_same_everywhere_and_follows_its_rule():
+    a, b = capstone.RuleTokenDataset(num_samples=8), capstone.RuleTokenDataset(num_samples=8)
+    for i in range(8):
+        assert torch.equal(a[i]["input_ids"], b[i]["input_ids"]) and a[i]["index"] == i
+        assert ((5 * a[i]["input_ids"] + 3) % capstone.VOCAB).tolist() == a[i]["labels"].tolist()
+    assert len({a[i]["input_ids"][0].item() for i in range(8)}) > 1  # random starts
+    with pytest.raises(IndexError):
+        a[8]
+
+
 # ---------------------------------------------------- ensure_distributed, backend
 
 def test_ensure_distributed_does_nothing_inside_a_launched_rank(cluster):
@@ -247,7 +300,7 @@ def _gpu_world() -> tuple[int, int]:
 
 
 @needs_gpu
-@pytest.mark.parametrize("example", [dp_sharding, tp_broadcast, step_alignment])
+@pytest.mark.parametrize("example", [dp_sharding, tp_broadcast, step_alignment, capstone])
 def test_examples_on_nccl_one_gpu_per_rank(example):
     world, tp = _gpu_world()
     ledger = Ledger.from_results(ez.launch(example.run, world_size=world, timeout=120,

@@ -388,3 +388,60 @@ def test_duplicated_worker_bug_is_caught_on_real_ranks():
                                 num_samples=12)
     assert fixed.ok, fixed.summary()
     assert sorted(i for r in fixed.records for i in r.sample_ids) == list(range(12))
+# ------------------------------------------------ a third dimension, the loss
+
+def cp_rec(rank, step, ids, *, dp, cp, tp, cp_size=2, tp_size=2, dp_size=2, digest=None):
+    """A record of a dp x cp x tp run (CP peers share sample ids, not bytes)."""
+    return StepRecord(0, step, rank, dp, dp_size, tp, tp_size, tuple(ids), "loaded",
+                      digest or f"d{ids}-cp{cp}", cp_rank=cp, cp_size=cp_size)
+
+
+def test_cp_peers_share_samples_not_bytes_tp_peers_share_both():
+    """Guards the CP dimension in the checks: CP peers hold different slices (different
+    bytes) of the same samples, which is right; TP peers with different bytes, or CP
+    peers with different samples, are still a tp_mismatch; the world is dp*cp*tp."""
+    good = [cp_rec(d * 4 + c * 2 + t, 0, [d], dp=d, cp=c, tp=t)
+            for d in range(2) for c in range(2) for t in range(2)]
+    ledger = Ledger(good, num_samples=2)
+    assert ledger.ok, ledger.summary()
+    assert "dp 2 x cp 2 x tp 2" in ledger.summary()
+    bad_bytes = [*good[:-1], cp_rec(7, 0, [1], dp=1, cp=1, tp=1, digest="other")]
+    assert [p.kind for p in Ledger(bad_bytes, 2).check()] == ["tp_mismatch"]
+    bad_ids = [*good[:-2], cp_rec(6, 0, [0], dp=1, cp=1, tp=0), cp_rec(7, 0, [0], dp=1, cp=1, tp=1)]
+    assert "tp_mismatch" in {p.kind for p in Ledger(bad_ids, 2).check()}
+    # A rank of the 8-rank world that took no step still counts.
+    assert "step_mismatch" in {p.kind for p in Ledger(good[:-1], 2).check()}
+
+
+def test_losses_round_trip_through_files_and_older_files_get_defaults(tmp_path):
+    """Guards the loss lines and the new fields' defaults: a file written step by step
+    with log_loss gives every step its loss back; a step line without cp_rank,
+    cp_size or loss (an older writer) loads with cp 0 of 1 and no loss."""
+    ds = RandomTokenDataset(10, 4, num_samples=6)
+    path = tmp_path / "rank0.jsonl"
+    with record(DataLoader(ds, batch_size=2), path=path, publish=False) as rec_:
+        with pytest.raises(RuntimeError, match="before the first step"):
+            rec_.log_loss(1.0)
+        for step, _ in enumerate(rec_):
+            rec_.log_loss(3.0 - step)
+    loaded = Ledger.load(path)
+    assert loaded.losses() == [(0, 0, 3.0), (0, 1, 2.0), (0, 2, 1.0)]
+    assert loaded.records == rec_.ledger().records and loaded.complete == {0: True}
+    assert '"kind": "loss"' in path.read_text()
+    saved = Ledger.load(loaded.save(tmp_path / "merged.jsonl"))
+    assert saved.losses() == loaded.losses()
+    old = tmp_path / "old.jsonl"
+    line = {k: v for k, v in loaded.records[0].__dict__.items() if k not in ("cp_rank", "cp_size",
+                                                                            "loss")}
+    old.write_text(json.dumps({"ezpz_nb_ledger": 2, "kind": "header", "num_samples": 6}) + "\n"
+                   + json.dumps({"kind": "step", **line}) + "\n")
+    r = Ledger.load(old).records[0]
+    assert (r.cp_rank, r.cp_size, r.loss) == (0, 1, None)
+
+
+def test_layout_with_cp_pickles_its_numbers():
+    lay = Layout(5, 8, 1, 2, 1, 2, object(), object(), cp_rank=0, cp_size=2)
+    import pickle
+
+    back = pickle.loads(pickle.dumps(lay))
+    assert back == lay and back.dp_group is None and (back.cp_rank, back.cp_size) == (0, 2)

@@ -235,3 +235,28 @@ def test_an_empty_ledger_still_draws():
     assert viz.coverage(empty).ezpz_data["replica"].size == 0
     assert viz.loaded_vs_received(empty).ezpz_data["ranks"] == []
     assert viz.timeline(empty).ezpz_data["ranks"] == []
+
+
+def test_loss_curves_measure_the_gap_to_the_reference():
+    from ezpz_nb.ledger import StepRecord
+
+    recs = [StepRecord(0, s, 0, 0, 1, 0, 1, (s,), "loaded", "d", loss=2.0 - 0.5 * s) for s in range(3)]
+    fig = viz.loss_curves({"run": Ledger(recs), "one process": [2.0, 1.5, 1.25]},
+                          reference="one process")
+    assert fig.ezpz_data["losses"]["run"].tolist() == [2.0, 1.5, 1.0]
+    assert fig.ezpz_data["max_gap"] == {"run": 0.25}
+    assert viz.png_bytes(fig).startswith(b"\x89PNG")
+    with pytest.raises(KeyError, match="reference"):
+        viz.loss_curves({"run": [1.0]}, reference="missing")
+
+
+def test_heatmap_and_timeline_label_cp_positions():
+    from ezpz_nb.ledger import StepRecord
+
+    recs = [StepRecord(0, 0, r, 0, 1, r % 2, 2, (0,), "loaded", f"d{r // 2}", cp_rank=r // 2, cp_size=2)
+            for r in range(4)]
+    fig = viz.heatmap(Ledger(recs))
+    assert fig.ezpz_data["labels"] == ["r0 (dp0,cp0,tp0)", "r1 (dp0,cp0,tp1)", "r2 (dp0,cp1,tp0)",
+                                       "r3 (dp0,cp1,tp1)"]
+    timeline = viz.timeline(Ledger(recs))
+    assert [t.get_text() for t in timeline.axes[0].get_yticklabels()] == fig.ezpz_data["labels"]

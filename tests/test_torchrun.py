@@ -88,6 +88,23 @@ def test_uneven_steps_under_torchrun_fail_with_a_named_error_not_a_hang(tmp_path
     assert "step_mismatch" in {p.kind for p in ledger.check()}
 
 
+def test_capstone_under_torchrun_matches_one_process(tmp_path):
+    """The README's capstone line: FSDP2 x TP under torchrun, ledger files with the loss of
+    every step, equal to the single-process reference."""
+    from ezpz_nb.examples.capstone import reference_losses
+
+    proc = torchrun(4, "capstone", "--out", str(tmp_path), "--num-samples", "64", "--epochs", "1",
+                    "--check")
+    assert proc.returncode == 0, output(proc)
+    assert "All checks passed." in proc.stdout
+    ledger = Ledger.load(tmp_path)
+    assert ledger.ok and ledger.ranks() == [0, 1, 2, 3], ledger.summary()
+    want = torch.tensor(reference_losses(dp_size=2, num_samples=64, epochs=1))
+    for r in range(4):
+        got = torch.tensor([loss for _, _, loss in ledger.losses(r)])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def _running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

@@ -37,8 +37,12 @@ class Layout:
             the data over this one), or ``None`` outside torch.distributed.
         tp_group: Process group of the ranks with the same ``dp_rank`` (they
             must see identical batches), or ``None`` outside torch.distributed.
+        cp_rank: Position in a context-parallel group, for a ``dp x cp x tp``
+            layout built by hand from a DeviceMesh (``make_layout`` builds no
+            CP group: 0).
+        cp_size: Ranks per CP group (1 without CP).
 
-    Pickling a layout (returning it from a rank) drops the two groups.
+    Pickling a layout (returning it from a rank) drops the groups.
     """
 
     rank: int
@@ -51,11 +55,14 @@ class Layout:
     # compare by position and printing one stays readable.
     dp_group: Any = field(default=None, compare=False, repr=False)
     tp_group: Any = field(default=None, compare=False, repr=False)
+    cp_rank: int = 0
+    cp_size: int = 1
 
-    def __reduce__(self) -> tuple[Any, tuple[int, ...]]:
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # A process group handle means nothing in another process: pickling
         # (e.g. returning a layout from a rank to the notebook) keeps the numbers only.
-        return (Layout, (self.rank, self.world_size, self.dp_rank, self.dp_size, self.tp_rank, self.tp_size))
+        return (Layout, (self.rank, self.world_size, self.dp_rank, self.dp_size, self.tp_rank,
+                         self.tp_size, None, None, self.cp_rank, self.cp_size))
 
     @property
     def is_tp_leader(self) -> bool:

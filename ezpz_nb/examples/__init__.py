@@ -10,12 +10,14 @@ Each module has a ``run(...)`` worker that returns the rank's
 
 Modules: :mod:`~ezpz_nb.examples.dp_sharding` (shard over DP, not the world),
 :mod:`~ezpz_nb.examples.tp_broadcast` (the TP leader loads and broadcasts),
-:mod:`~ezpz_nb.examples.step_alignment` (uneven step counts, and two fixes).
+:mod:`~ezpz_nb.examples.step_alignment` (uneven step counts, and two fixes),
+:mod:`~ezpz_nb.examples.capstone` (a tiny language model trained with FSDP2 x TP,
+its losses against one process).
 Submodules are imported on use so ``import ezpz_nb.examples`` stays cheap.
 """
 
 from __future__ import annotations
 
-EXAMPLES = ("dp_sharding", "tp_broadcast", "step_alignment")
+EXAMPLES = ("dp_sharding", "tp_broadcast", "step_alignment", "capstone")
 
 __all__ = ["EXAMPLES"]

@@ -27,12 +27,16 @@ are JSON lines, format version 2, one object per line with a ``kind``:
   is one: it tells the files of two runs of one job apart.
 * ``step``: the fields of one :class:`StepRecord`. A recording rank appends
   and flushes one per step, so a rank that is killed leaves every step it took.
+* ``loss`` (optional): ``{"kind": "loss", "rank": 3, "epoch": 0, "step": 5,
+  "loss": 2.31}``, the loss of that step, written after its step line by
+  :meth:`RecordingLoader.log_loss` (a step's line is written before its loss exists).
 * ``end``: ``{"kind": "end", "rank": 3, "steps": 32}``, written when the rank
   finished; a file without one was cut short (``Ledger.complete``).
 
-Readers skip kinds they do not know and keys they do not know, so new kinds
-of line (a loss per step) and new keys (a loader worker id, the coordinates of
-a third parallel dimension) can be added without a new version; the version
+Readers skip kinds they do not know and keys they do not know, and give keys
+an older writer did not write their defaults, so new kinds of line (``loss``)
+and new keys (``cp_rank``/``cp_size``, the coordinates of a third parallel
+dimension) are added without a new version; the version
 goes up only when an older reader would misread a file. Version 1 files (a
 header without ``kind`` and bare records, written once at the end) still load.
 A key a file lacks takes its field's default: ``worker_ids`` (the DataLoader

@@ -14,6 +14,7 @@ from ezpz_nb.ledger.records import (
     StepRecord,
     _end_line,
     _header,
+    _loss_line,
     _step_from,
     _step_line,
 )
@@ -41,12 +42,17 @@ def _read_file(file: Path) -> Ledger:
         raise ValueError(f"{file} is a version {version} ledger; this ezpz_nb reads up to "
                          f"version {FORMAT_VERSION}: upgrade ezpz_nb to read it")
     recs, ended = [], set()
+    losses: dict[tuple[int, int, int], float] = {}
     for d in objs:
         kind = d.get("kind", "header" if "ezpz_nb_ledger" in d else "step")
         if kind == "step":
             recs.append(_step_from(d))
+        elif kind == "loss" and {"rank", "epoch", "step", "loss"} <= d.keys():
+            losses[(d["rank"], d["epoch"], d["step"])] = d["loss"]
         elif kind == "end":
             ended.add(d["rank"])
+    if losses:
+        recs = [replace(r, loss=losses.get((r.rank, r.epoch, r.step), r.loss)) for r in recs]
     complete: dict[int, bool] = {}
     if version >= 2:  # version 1 files say nothing about how the run ended
         ranks = {r.rank for r in recs} | ended
@@ -165,6 +171,8 @@ class Ledger:
             f.write(_header(self.num_samples))
             for r in self.records:
                 f.write(_step_line(r))
+                if r.loss is not None:
+                    f.write(_loss_line(r))
                 steps[r.rank] = steps.get(r.rank, 0) + 1
             for rank, n in sorted(steps.items()):
                 if self.complete.get(rank, True):
@@ -208,6 +216,19 @@ class Ledger:
     def last_step(self, rank: int) -> tuple[int, int] | None:
         """``(epoch, step)`` of the last step ``rank`` recorded, or None if it recorded none."""
         return max(((r.epoch, r.step) for r in self.records if r.rank == rank), default=None)
+
+    def losses(self, rank: int | None = None) -> list[tuple[int, int, float]]:
+        """``(epoch, step, loss)`` of every step with a loss, in order.
+
+        Args:
+            rank: Whose losses; by default the lowest rank that logged any (a
+                training loop averages the loss over the ranks, so all agree).
+        """
+        logged = [r for r in self.records if r.loss is not None]
+        if rank is None:
+            rank = min((r.rank for r in logged), default=0)
+        return sorted((r.epoch, r.step, float(r.loss)) for r in logged  # type: ignore[arg-type]
+                      if r.rank == rank)
 
     def steps(self, rank: int, epoch: int) -> list[StepRecord]:
         """The records of ``rank`` in ``epoch``, by step."""
@@ -255,8 +276,10 @@ class Ledger:
         ranks = self.ranks()
         dp = max((r.dp_size for r in self.records), default=0)
         tp = max((r.tp_size for r in self.records), default=0)
+        cp = max((r.cp_size for r in self.records), default=1)
+        grid = f"dp {dp} x cp {cp} x tp {tp}" if cp > 1 else f"dp {dp} x tp {tp}"
         lines = [
-            f"Ledger: {len(ranks)} rank(s) (dp {dp} x tp {tp}), epochs {self.epochs()}, "
+            f"Ledger: {len(ranks)} rank(s) ({grid}), epochs {self.epochs()}, "
             f"{len(self.records)} step records, "
             f"{len({i for r in self.records for i in r.sample_ids})} distinct samples"
             + (f" of {self.num_samples}" if self.num_samples is not None else "")

@@ -82,7 +82,9 @@ def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
             continue
         if len({p.sample_ids for p in peers}) > 1:
             bad_ids.append((step, dp_rank, peers))
-        elif len({p.digest for p in peers}) > 1:
+        # CP peers hold the same samples but different slices of them: only
+        # ranks with the same cp_rank (TP peers) must hold the same bytes.
+        elif len({(p.cp_rank, p.digest) for p in peers}) > len({p.cp_rank for p in peers}):
             bad_bytes.append((step, dp_rank, peers))
     # Sort only what is reported (by step, then replica), not every group.
     id_steps = [(s, ps) for s, _, ps in sorted(bad_ids, key=lambda b: b[:2])]
@@ -188,7 +190,7 @@ def check_records(records: Iterable[StepRecord], num_samples: int | None = None)
 
     Args:
         records: Step records of all ranks, in any order. A rank of the
-            layout (``dp_size * tp_size`` ranks) with no record in an epoch
+            layout (``dp_size * cp_size * tp_size`` ranks) with no record in an epoch
             counts as 0 steps there.
         num_samples: Dataset length; without it ``never_seen`` is not checked.
 
@@ -201,7 +203,7 @@ def check_records(records: Iterable[StepRecord], num_samples: int | None = None)
     for r in records:
         by_epoch[r.epoch].append(r)
         ranks.add(r.rank)
-        world = max(world, r.dp_size * r.tp_size)
+        world = max(world, r.dp_size * r.cp_size * r.tp_size)
     # The run's ranks: those that recorded anything plus the world size the
     # layout implies, so a rank that never got a batch still counts (0 steps).
     ranks.update(range(world))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -16,6 +17,7 @@ from ezpz_nb.ledger.records import (
     StepRecord,
     _end_line,
     _header,
+    _loss_line,
     _sample_ids,
     _step_line,
     _worker_ids,
@@ -144,6 +146,8 @@ class RecordingLoader:
                 source=getattr(self.loader, "source", "loaded"),
                 digest=batch_digest(batch),
                 worker_ids=_worker_ids(batch),
+                cp_rank=lay.cp_rank,
+                cp_size=lay.cp_size,
             )
             self.records.append(rec)
             self._write(_step_line(rec))
@@ -152,6 +156,25 @@ class RecordingLoader:
             if self.publish:
                 _publish(rec)
             yield batch
+
+    def log_loss(self, loss: float) -> None:
+        """Attach the loss of the step just taken to its record (and to the file).
+
+        Call it once per step, after the step's batch was yielded, with a loss
+        that is the same on every rank (averaged over the DP replicas) so that
+        any rank's curve is the run's curve. The record published live at
+        the step (``publish``) went out before the loss existed and has none.
+
+        Raises:
+            RuntimeError: No step has been taken yet.
+        """
+        if not self.records:
+            raise RuntimeError("log_loss() before the first step: iterate the loader first")
+        rec = replace(self.records[-1], loss=float(loss))
+        if self.ledger_list is not None and self.ledger_list and self.ledger_list[-1] is self.records[-1]:
+            self.ledger_list[-1] = rec
+        self.records[-1] = rec
+        self._write(_loss_line(rec))
 
     def num_samples(self) -> int | None:
         """Length of the loader's full dataset, if it has one.

@@ -42,6 +42,13 @@ class StepRecord:
             order (the batch's ``worker_id`` values, see
             :func:`~ezpz_nb.ledger.tag_worker`); ``-1`` for the loading process
             itself, ``()`` when the batch does not say.
+        cp_rank: Position in the context-parallel group (CP peers hold the
+            same samples, different slices of each sequence); 0 without CP.
+        cp_size: Size of the CP group; 1 without CP.
+        loss: The training loss of this step, when the loop reported one
+            (:meth:`RecordingLoader.log_loss`); ``None`` otherwise.
+
+    The fields from ``worker_ids`` on have defaults, so older files load.
     """
 
     epoch: int
@@ -57,6 +64,9 @@ class StepRecord:
     # Added after format version 2 was out: it has a default, so files and
     # code that do not know it still load and build records.
     worker_ids: tuple[int, ...] = ()
+    cp_rank: int = 0
+    cp_size: int = 1
+    loss: float | None = None
 
 
 def batch_digest(batch: Any) -> str:
@@ -108,6 +118,13 @@ def _header(num_samples: int | None, **extra: Any) -> str:
 
 def _step_line(rec: StepRecord) -> str:
     return _line({"kind": "step", **asdict(rec)})
+
+
+def _loss_line(rec: StepRecord) -> str:
+    # A step's line is written when its batch is yielded, before any loss
+    # exists: the loss follows in a line of its own, naming its step.
+    return _line({"kind": "loss", "rank": rec.rank, "epoch": rec.epoch, "step": rec.step,
+                  "loss": rec.loss})
 
 
 def _end_line(rank: int, steps: int) -> str:

@@ -8,6 +8,8 @@ it draws kept as plain arrays in ``fig.ezpz_data``:
   (which rank held which samples, and who loaded them);
 * :mod:`.ranks`: :func:`timeline`, :func:`layout` (how far each rank got; the
   dp x tp grid);
+* :mod:`.training`: :func:`loss_curves` (the loss per step of several runs,
+  against a reference run);
 * :mod:`.widgets` and :mod:`.progress`: the live explorer and run progress
   (ipywidgets), imported only on demand.
 
@@ -24,6 +26,7 @@ _WHERE = {
     "coverage": "samples",
     "loaded_vs_received": "samples",
     "repeat_mask": "samples",
+    "loss_curves": "training",
     "timeline": "ranks",
     "layout": "ranks",
     "png_bytes": "figure",

@@ -56,22 +56,38 @@ def new_figure(width: float, height: float, rows: int = 0) -> EzFigure:
     return fig
 
 
-def rank_label(rank: int, dp: int, tp: int) -> str:
-    """``r3 (dp1,tp1)``: how every figure names a rank."""
-    return f"r{rank} (dp{dp},tp{tp})"
+def rank_label(rank: int, dp: int, tp: int, cp: int | None = None) -> str:
+    """``r3 (dp1,tp1)``, or ``r3 (dp0,cp1,tp1)`` with CP: how every figure names a rank."""
+    return f"r{rank} (dp{dp},tp{tp})" if cp is None else f"r{rank} (dp{dp},cp{cp},tp{tp})"
+
+
+def cp_ranks(ledger: Ledger) -> dict[int, int] | None:
+    """``{rank: cp_rank}`` when the run used context parallelism, else None."""
+    if all(r.cp_size == 1 for r in ledger.records):
+        return None
+    return {r.rank: r.cp_rank for r in ledger.records}
 
 
 def rank_rows(ledger: Ledger) -> list[tuple[int, int, int]]:
-    """``(rank, dp_rank, tp_rank)`` per recorded rank, TP groups kept together."""
+    """``(rank, dp_rank, tp_rank)`` per recorded rank, DP replicas kept together
+    (inside one, by CP then TP position: the order of the ranks in the mesh)."""
     pos = ledger.layout()
-    return sorted(((r, *pos[r]) for r in pos), key=lambda x: (x[1], x[2], x[0]))
+    cp = cp_ranks(ledger) or {}
+    return sorted(((r, *pos[r]) for r in pos), key=lambda x: (x[1], cp.get(x[0], 0), x[2], x[0]))
 
 
-def label_rows(ax: Any, rows: list[tuple[int, int, int]]) -> None:
-    """Y tick labels for rank rows, thinned out to at most ~32."""
+def row_labels(ledger: Ledger, rows: list[tuple[int, int, int]]) -> list[str]:
+    """:func:`rank_label` of each row, with its CP position when the run had CP."""
+    cp = cp_ranks(ledger)
+    return [rank_label(*x, cp=None if cp is None else cp[x[0]]) for x in rows]
+
+
+def label_rows(ax: Any, rows: list[tuple[int, int, int]], labels: list[str] | None = None) -> None:
+    """Y tick labels for rank rows (``labels``, else :func:`rank_label`), thinned out to ~32."""
     every = max(1, math.ceil(len(rows) / 32))  # more labels than that are unreadable
     ticks = list(range(0, len(rows), every))
-    ax.set_yticks(ticks, [rank_label(*rows[i]) for i in ticks], fontsize=8 if len(rows) <= 16 else 6)
+    names = labels if labels is not None else [rank_label(*x) for x in rows]
+    ax.set_yticks(ticks, [names[i] for i in ticks], fontsize=8 if len(rows) <= 16 else 6)
 
 
 def group_separators(ax: Any, rows: list[tuple[int, int, int]], color: str = "white") -> None:

@@ -26,6 +26,7 @@ from ezpz_nb.viz.figure import (
     SKY,
     VERMILLION,
     YELLOW,
+    cp_ranks,
     new_figure,
     rank_label,
 )
@@ -142,7 +143,8 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
         if len(ranks) <= 16 and short[k]:
             text = short[k] if len(short[k]) <= 50 else short[k][:49] + "..."
             ax.text(total[k] + max(most, 1) * 0.03, y, text, fontsize=7, va="center")
-    labels = [rank_label(k, *pos[k]) if k in pos else f"r{k} (no steps)" for k in ranks]
+    cp = cp_ranks(ledger) or {}
+    labels = [rank_label(k, *pos[k], cp=cp.get(k)) if k in pos else f"r{k} (no steps)" for k in ranks]
     ax.set_yticks(range(len(ranks)), labels, fontsize=8 if len(ranks) <= 16 else 6)
     ax.set_ylim(len(ranks) - 0.5, -1.0)
     ax.set_xlim(0, max(most, 1) * (1.7 if len(ranks) <= 16 and any(short.values()) else 1.05))

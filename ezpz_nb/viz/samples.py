@@ -38,12 +38,13 @@ from ezpz_nb.viz.figure import (
     MISSING,
     ORANGE,
     VERMILLION,
+    cp_ranks,
     empty_figure,
     group_separators,
     label_rows,
     new_figure,
-    rank_label,
     rank_rows,
+    row_labels,
 )
 
 __all__ = [
@@ -136,7 +137,8 @@ def heatmap(ledger: Ledger, epoch: int | None = None) -> Figure:
     rows = rank_rows(ledger)
     epochs = ledger.epochs() if epoch is None else [epoch]
     dp = np.array([d for _, d, _ in rows], dtype=np.int64)
-    data: dict[str, Any] = {"ranks": [r for r, _, _ in rows], "labels": [rank_label(*x) for x in rows],
+    labels = row_labels(ledger, rows)
+    data: dict[str, Any] = {"ranks": [r for r, _, _ in rows], "labels": labels,
                             "epochs": epochs, "ids": {}, "repeats": {}}
     for e in epochs:
         data["ids"][e] = _epoch_matrix(ledger, e, rows)
@@ -170,11 +172,12 @@ def heatmap(ledger: Ledger, epoch: int | None = None) -> Figure:
         group_separators(ax, rows)
         ax.set_xlabel("step (one column per sample in the batch)" if width > 1 else "step")
         ax.set_title(f"epoch {e}: {int(reps.sum())} repeated cell(s)", fontsize=10)
-    label_rows(axes[0], rows)
-    axes[0].set_ylabel("global rank (dp, tp)")
+    label_rows(axes[0], rows, labels)
+    axes[0].set_ylabel("global rank (dp, cp, tp)" if cp_ranks(ledger) else "global rank (dp, tp)")
     if image is not None:
         fig.colorbar(image, ax=list(axes), label="sample id", shrink=0.9, fraction=0.04, pad=0.02)
-    fig.suptitle("Which sample each rank held: rows between white lines (one TP group) should match,\n"
+    group = "one DP replica: its CP and TP ranks" if cp_ranks(ledger) else "one TP group"
+    fig.suptitle(f"Which sample each rank held: rows between white lines ({group}) should match,\n"
                  "groups should differ; boxed/x = a sample another slot already had (padding)",
                  fontsize=11)
     fig.ezpz_data = data
@@ -262,7 +265,8 @@ def loaded_vs_received(ledger: Ledger) -> Figure:
     ax.barh(y, loaded, color=BLUE, label="loaded itself")
     ax.barh(y, received, left=loaded, color=ORANGE, hatch="//", label="received by broadcast")
     ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)  # rank 0 on top, as in the heatmap
-    label_rows(ax, rows)
+    labels = row_labels(ledger, rows)
+    label_rows(ax, rows, labels)
     group_separators(ax, rows, color=GREY)
     ax.set_xlabel("batches (all epochs)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -271,6 +275,6 @@ def loaded_vs_received(ledger: Ledger) -> Figure:
     loaders = int((loaded > 0).sum())
     fig.suptitle(f"Loaded vs received: {loaders} of {len(rows)} rank(s) ran the loader (did I/O);\n"
                  "with the TP broadcast only the tp0 rank of each TP group should", fontsize=11)
-    fig.ezpz_data = {"ranks": [r for r, _, _ in rows], "labels": [rank_label(*x) for x in rows],
+    fig.ezpz_data = {"ranks": [r for r, _, _ in rows], "labels": labels,
                      "loaded": loaded, "received": received}
     return fig
