@@ -64,6 +64,9 @@ def test_wheel_ships_the_stored_notebooks(wheel):
         assert shipped == [f"ezpz_nb/_notebooks/{p.name}" for p in stored]
         for p in stored:
             assert zf.read(f"ezpz_nb/_notebooks/{p.name}") == p.read_bytes(), p.name
+        # Every subpackage (a wheel listing them by hand once left out launcher/).
+        for init in sorted((ROOT / "ezpz_nb").rglob("__init__.py")):
+            assert init.relative_to(ROOT).as_posix() in zf.namelist()
         # Sources and the build script are the repository's, not the package's.
         assert not [n for n in zf.namelist() if "_cells" in n or n.endswith("_build.py")]
 
@@ -76,16 +79,20 @@ def test_installed_wheel_finds_its_notebooks(wheel, tmp_path):
     assert done.returncode == 0, done.stderr
     away = tmp_path / "elsewhere"  # no notebooks/ in the working directory
     away.mkdir()
-    probe = ("import ezpz_nb, ezpz_nb.tour as t\n"
+    probe = ("import sys, ezpz_nb, ezpz_nb.tour as t\n"
              "print(ezpz_nb.__file__)\n"
+             "print(sorted({m.__file__.split('/ezpz_nb/')[0] for n, m in sys.modules.items()\n"
+             "              if n.startswith('ezpz_nb.') and getattr(m, '__file__', None)}))\n"
              "print(t.default_notebook_dir())\n"
              "print(len(t.find_notebooks(t.default_notebook_dir())))")
     env = {**os.environ, "PYTHONPATH": str(site)}
     done = subprocess.run([sys.executable, "-c", probe], cwd=away, env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
-    package, folder, count = done.stdout.split()
+    package, modules, folder, count = done.stdout.splitlines()
     assert Path(package).parent == site / "ezpz_nb"  # the installed copy, not the checkout
+    # ...and so are its submodules (the checkout's editable install would fill any gap).
+    assert modules == repr([str(site)])
     assert Path(folder) == site / "ezpz_nb" / "_notebooks"
     assert int(count) == len(list(NOTEBOOKS.glob("*.ipynb")))
 
