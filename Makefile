@@ -1,5 +1,5 @@
 # Two entry points, both self-contained on a fresh clone with Python 3.10+ and make:
-#   make lab   -> create .venv, install, open JupyterLab on notebooks/
+#   make lab   -> create .venv, install, open JupyterLab on notebooks/ (ezpz-nb lab)
 #   make test  -> create .venv, install, run lint + unit + multi-process + notebook tests
 PYTHON ?= python3
 VENV   ?= .venv
@@ -19,11 +19,12 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
-# JupyterLab refuses to run as root unless told; containers and CI boxes often are root.
-LAB_FLAGS ?= --ServerApp.ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root,)
+# `ezpz-nb lab` serves notebooks/ on 127.0.0.1 (and allows root: containers and CI
+# boxes often are). LAB_FLAGS go to JupyterLab, e.g. LAB_FLAGS=--no-browser.
+LAB_FLAGS ?=
 
 lab: $(BIN)/.installed
-	$(BIN)/jupyter lab $(LAB_FLAGS) notebooks/
+	$(BIN)/ezpz-nb lab $(LAB_FLAGS)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check ezpz_nb tests benchmarks notebooks setup.py

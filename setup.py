@@ -4,7 +4,7 @@ All metadata is in pyproject.toml. The notebooks stay where people edit and run
 them, ``notebooks/`` at the top of the repository; building the wheel copies the
 stored ``notebooks/*.ipynb`` (and any ``*.md`` beside them) into the package as
 ``ezpz_nb/_notebooks/``, so nothing is committed twice. An editable install
-copies nothing: ``ezpz_nb._resources.notebooks_dir()`` finds ``notebooks/`` in
+copies nothing: ``ezpz_nb.cli.resources.notebooks_dir()`` finds ``notebooks/`` in
 the checkout instead.
 """
 

@@ -1,4 +1,4 @@
-"""Start a throwaway JupyterLab for the browser test, and always take it down again."""
+"""Start a throwaway ``ezpz-nb lab`` for the browser and CLI tests, and always take it down."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ class Lab:
         raise TimeoutError(f"no idle kernel within {timeout:.0f} s; see {self.root / 'lab.log'}")
 
 
-def _wait_up(lab: Lab, timeout: float) -> None:
+def wait_up(lab: Lab, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if lab.proc.poll() is not None:
@@ -103,13 +103,8 @@ def _stop(lab: Lab) -> None:
     psutil.wait_procs(family, timeout=5)
 
 
-@contextmanager
-def jupyterlab(root: Path, timeout: float = 90.0) -> Iterator[Lab]:
-    """Run JupyterLab on 127.0.0.1 (free port, random token) serving ``root``.
-
-    Its config, runtime and settings stay inside ``root``; on exit its kernels
-    are shut down and every process it started is killed, whatever happened.
-    """
+def lab_env(root: Path) -> dict[str, str]:
+    """This environment, with JupyterLab's config, runtime and settings inside ``root``."""
     for rel, value in _SETTINGS.items():
         path = root / ".lab-settings" / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,18 +115,35 @@ def jupyterlab(root: Path, timeout: float = 90.0) -> Iterator[Lab]:
                JUPYTER_RUNTIME_DIR=str(root / ".jupyter-runtime"),
                JUPYTER_CONFIG_DIR=str(root / ".jupyter-config"),
                IPYTHONDIR=str(root / ".ipython"))
+    return env
+
+
+def lab_command(root: Path, port: int, token: str) -> list[str]:
+    """The README's ``ezpz-nb lab DIR`` (as ``python -m ezpz_nb``), quiet and on a known port.
+
+    It copies the notebooks of whichever ezpz_nb is imported into ``root``, so a
+    test run against an installed wheel serves that wheel's notebooks.
+    """
+    return [sys.executable, "-m", "ezpz_nb", "lab", str(root), "--no-browser", "--port", str(port),
+            f"--IdentityProvider.token={token}",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            "--ServerApp.terminals_enabled=False"]
+
+
+@contextmanager
+def jupyterlab(root: Path, timeout: float = 90.0) -> Iterator[Lab]:
+    """Run ``ezpz-nb lab`` on 127.0.0.1 (free port, random token) serving ``root``.
+
+    Its config, runtime and settings stay inside ``root``; on exit its kernels
+    are shut down and every process it started is killed, whatever happened.
+    """
     port, token = free_port(), secrets.token_hex(16)
     log = (root / "lab.log").open("w")
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-           f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           "--ServerApp.terminals_enabled=False", "--allow-root"]  # root in CI containers
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(lab_command(root, port, token), cwd=root, env=lab_env(root),
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     lab = Lab(root, port, token, proc)
     try:
-        _wait_up(lab, timeout)
+        wait_up(lab, timeout)
         yield lab
     finally:
         _stop(lab)

@@ -1,6 +1,6 @@
 """The explorer notebook in a real browser: JupyterLab + headless Chromium, driven by playwright.
 
-Runs every cell of notebooks/06_explorer.ipynb in JupyterLab, drags the
+Runs every cell of 06_explorer.ipynb in JupyterLab (started by ``ezpz-nb lab``), drags the
 explorer's "dataset length" slider one step with the keyboard, and checks that
 the widget and the redrawn plot render; the Progress displays must have drawn
 their bars. A screenshot is kept in test-artifacts/.
@@ -8,7 +8,6 @@ their bars. A screenshot is kept in test-artifacts/.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,8 @@ from _browser_lab import jupyterlab
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parents[1]
-NOTEBOOK = REPO / "notebooks" / "06_explorer.ipynb"
+# Copied into the lab folder by `ezpz-nb lab` from wherever ezpz_nb is installed.
+NOTEBOOK = "06_explorer.ipynb"
 ARTIFACTS = REPO / "test-artifacts"
 
 pytestmark = [
@@ -36,7 +36,6 @@ ALL_CELLS_RUN = """() => {
 
 def test_explorer_notebook_runs_and_redraws_in_chromium(tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
-    shutil.copy(NOTEBOOK, tmp_path / NOTEBOOK.name)
     ARTIFACTS.mkdir(exist_ok=True)
     with jupyterlab(tmp_path) as lab, sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(
@@ -44,7 +43,7 @@ def test_explorer_notebook_runs_and_redraws_in_chromium(tmp_path):
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            page.goto(lab.url(f"lab/tree/{NOTEBOOK.name}"))
+            page.goto(lab.url(f"lab/tree/{NOTEBOOK}"))
             page.wait_for_selector(".jp-NotebookPanel .jp-CodeCell", timeout=60_000)
             lab.wait_kernel_idle(timeout=60)
             page.get_by_role("menuitem", name="Run", exact=True).click()

@@ -13,8 +13,8 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
-from ezpz_nb.__main__ import main
-from ezpz_nb.tour import find_notebooks, run_tour
+from ezpz_nb.cli import main
+from ezpz_nb.cli.tour import find_notebooks, run_tour
 
 PLOT = """%matplotlib inline
 import matplotlib.pyplot as plt

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import ezpz_nb._resources as resources
+import ezpz_nb.cli.resources as resources
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -79,7 +79,7 @@ def test_installed_wheel_finds_its_notebooks(wheel, tmp_path):
     assert done.returncode == 0, done.stderr
     away = tmp_path / "elsewhere"  # no notebooks/ in the working directory
     away.mkdir()
-    probe = ("import sys, ezpz_nb, ezpz_nb.tour as t\n"
+    probe = ("import sys, ezpz_nb, ezpz_nb.cli.tour as t\n"
              "print(ezpz_nb.__file__)\n"
              "print(sorted({m.__file__.split('/ezpz_nb/')[0] for n, m in sys.modules.items()\n"
              "              if n.startswith('ezpz_nb.') and getattr(m, '__file__', None)}))\n"

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ezpz_nb._resources import notebooks_dir
+from ezpz_nb.cli.resources import notebooks_dir
 
 __all__ = ["TourStop", "find_notebooks", "run_notebook", "run_tour"]
 
