@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -12,7 +13,17 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+; 3.10 has no TOML reade
 
 ROOT = Path(__file__).resolve().parent.parent
 # conda-forge names that differ from PyPI's
-CONDA_TO_PYPI = {"pytorch": "torch"}
+CONDA_TO_PYPI = {"pytorch": "torch", "pytorch-cpu": "torch"}
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _conda_names(path: Path) -> set[str]:
+    env = yaml.safe_load(path.read_text())
+    return {CONDA_TO_PYPI.get(_name(d), _name(d))
+            for d in env["dependencies"] if isinstance(d, str)} - {"python", "pip"}
 
 
 def _name(req: str) -> str:
@@ -21,14 +32,34 @@ def _name(req: str) -> str:
 
 def test_environment_yml_matches_pyproject():
     """Guards: conda users get the same packages as pip users."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = _pyproject()
     pip_names = {_name(r) for r in project["dependencies"]}
     pip_names |= {_name(r) for r in project["optional-dependencies"]["dev"]}
-    env = yaml.safe_load((ROOT / "environment.yml").read_text())
-    conda_names = {CONDA_TO_PYPI.get(_name(d), _name(d))
-                   for d in env["dependencies"] if isinstance(d, str)}
-    conda_names -= {"python", "pip"}
-    assert conda_names == pip_names
+    assert _conda_names(ROOT / "environment.yml") == pip_names
+
+
+def test_binder_gets_the_runtime_dependencies_and_installs_the_checkout():
+    """Guards: Binder's image has what the notebooks need (no dev tools), a pinned Python,
+    and installs ezpz_nb in postBuild (repo2docker runs environment.yml before the
+    repository is there, so a `pip: -e .` entry would break the build)."""
+    path = ROOT / "binder" / "environment.yml"
+    assert _conda_names(path) == {_name(r) for r in _pyproject()["dependencies"]}
+    deps = yaml.safe_load(path.read_text())["dependencies"]
+    assert not [d for d in deps if not isinstance(d, str)], "no pip: section in Binder's file"
+    assert [d for d in deps if re.fullmatch(r"python=3\.\d+", d)], "pin Python: python=3.X"
+    post = ROOT / "binder" / "postBuild"
+    assert os.access(post, os.X_OK), "repo2docker runs postBuild only when it is executable"
+    lines = [ln for ln in post.read_text().splitlines() if ln and not ln.startswith("#")]
+    assert lines[0] == "set -euo pipefail"
+    assert re.fullmatch(r"python -m pip install (--no-cache-dir )?\.", lines[-1])
+
+
+def test_colab_cell_installs_from_the_project_url():
+    """Guards: notebook 00 installs ezpz_nb from the address in the package metadata."""
+    url = _pyproject()["urls"]["Repository"]
+    source = (ROOT / "notebooks" / "_cells" / "00_setup_check.py").read_text()
+    assert f'REPOSITORY = "{url}"' in source
+    assert 'f"git+{REPOSITORY}"' in source
 
 
 def test_ci_runs_the_readme_test_command():

@@ -21,28 +21,48 @@
 # - Run your first collective, `all_reduce`, and know what a correct result looks like.
 # - Know what to do when one of these checks fails.
 #
-# Every cell below ends with an `assert`: if a check fails, the cell stops with an error that
+# Every check below ends with an `assert`: if a check fails, the cell stops with an error that
 # says which one.
+
+# %% [markdown]
+# On Colab, or any Jupyter where ezpz_nb is not installed, the next cell installs it from the
+# project's repository first (it takes a minute). Where ezpz_nb is installed it does nothing.
+
+# %%
+import importlib.util
+import subprocess
+import sys
+
+# The project's repository (pyproject.toml's Project-URL); OWNER is a placeholder until the
+# repository is published.
+REPOSITORY = "https://github.com/OWNER/ezpz_nb"
+
+if importlib.util.find_spec("ezpz_nb") is None:
+    if "/OWNER/" in REPOSITORY:
+        raise RuntimeError("ezpz_nb is not installed here and this notebook does not know the "
+                           "repository's address yet: set REPOSITORY above to it, or install "
+                           "ezpz_nb from its wheel (pip install ezpz_nb-*.whl)")
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", f"git+{REPOSITORY}"])
+
+# %% [markdown]
+# ## Is this machine ready?
+#
+# The same checks as `ezpz-nb doctor` in a terminal: versions, cores, gloo on the loopback
+# interface, a 4-rank launch and its time, the Jupyter kernel, the widget frontend and the free
+# memory. A line marked `FAIL` says what to do.
 
 # %%
 # %matplotlib inline
-import sys
-
-import matplotlib
 import torch
 import torch.distributed as dist
 
 import ezpz_nb as ez
+from ezpz_nb.cli.doctor import run_checks
 
-print(f"Python     {sys.version.split()[0]}")
-print(f"PyTorch    {torch.__version__}")
-print(f"matplotlib {matplotlib.__version__}")
-print(f"ezpz_nb    {ez.__version__}")
-print(f"gloo       {'available' if dist.is_gloo_available() else 'MISSING'}")
+report = run_checks()
+print(report)
 
-assert sys.version_info >= (3, 10), "this tutorial needs Python 3.10 or newer"
-assert dist.is_available(), "this PyTorch build has no torch.distributed"
-assert dist.is_gloo_available(), "this PyTorch build has no gloo backend"
+assert report.ok, report.verdict
 
 
 # %% [markdown]
@@ -98,7 +118,8 @@ viz.layout(4, 2)
 #
 # | Symptom | What to do |
 # |---|---|
-# | `ModuleNotFoundError: ezpz_nb` | Start JupyterLab with `make lab` from the repository root, or select the kernel of the `.venv` it created. |
+# | A `FAIL` line above | Do what its `what to do` says, then run the cell again; `ezpz-nb doctor` in a terminal runs the same checks. |
+# | `ModuleNotFoundError: ezpz_nb` | Start JupyterLab with `make lab` from the repository root (or `ezpz-nb lab` where ezpz_nb is installed), or select the kernel of the `.venv` it created. |
 # | `gloo MISSING` | Install an official PyTorch wheel (`pip install torch`); some builds leave gloo out. |
 # | `No such kernel named python3` | `.venv/bin/python -m ipykernel install --sys-prefix --name python3` |
 # | `ez.HangError` in the hello cell | Another program may hold the loopback interface busy; re-run the cell. If it persists, set `GLOO_SOCKET_IFNAME` to your loopback device (`lo` on Linux, `lo0` on macOS). |
