@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 NBTIMEOUT ?= 120
 
-.PHONY: lab test lint unit notebooks bench soak browser tour clean gpu-check
+.PHONY: lab test lint unit notebooks wheel-test bench soak browser tour clean gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,13 @@ notebooks: $(BIN)/.installed
 	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-kernel=python3 --nbmake-timeout=$(NBTIMEOUT) .
 
 test: lint unit notebooks
+
+# The wheel as a participant installs it: built as the README says, installed into a
+# fresh venv in a temporary folder outside the repository, its notebooks copied out
+# with `ezpz-nb notebooks DIR` and all run under nbmake from DIR. .ci/run runs it after
+# `make test` (which checks a quick version: tests/test_wheel.py).
+wheel-test: $(BIN)/.installed
+	$(BIN)/python tests/_wheel.py --python $(PYTHON) --torch "$(TORCH)" --timeout $(NBTIMEOUT)
 
 bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/launch.py

@@ -69,6 +69,17 @@ def test_ci_runs_the_readme_test_command():
     first = readme.split("```")[1]
     assert "make test" in first and "make lab" in first
     assert re.search(r"^make test$", ci, re.M)
+    # The wheel test comes after the README's command, never instead of it.
+    assert re.search(r"^make test$[\s\S]*^make wheel-test$", ci, re.M)
+
+
+def test_github_workflow_runs_the_ci_script():
+    """Guards: GitHub runs .ci/run (the README's test command), nothing hand-picked."""
+    flow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    runs = [step["run"] for job in flow["jobs"].values() for step in job["steps"]
+            if "run" in step]
+    assert runs == [".ci/run"]
+    assert os.access(ROOT / ".ci" / "run", os.X_OK)
 
 
 def test_pre_commit_hooks_are_local_and_run_what_make_lint_runs():

@@ -10,48 +10,35 @@ checkout.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from _wheel import build_wheel, copy_checkout, pip_wheel
 
 import ezpz_nb.cli.resources as resources
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-# Everything of the checkout but what is local to it (environments, caches, build output).
-LOCAL = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "__pycache__",
-                               ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", "tour",
-                               "test-artifacts", "_notebooks")
-
-
-def _pip_wheel(src: Path, out: Path) -> subprocess.CompletedProcess:
-    """The README's `pip wheel . --no-deps -w dist`, run in ``src``.
-
-    Plus --no-build-isolation: the venv's setuptools (a dev extra) builds it, so the
-    test does not download build requirements.
-    """
-    return subprocess.run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps",
-                           "--no-build-isolation", "-w", str(out)],
-                          cwd=src, capture_output=True, text=True, timeout=240)
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """A wheel built, as a user would, from a copy of this checkout.
+    """A wheel built, as a user would, from a copy of this checkout."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
-    A copy, because building writes build/ and *.egg-info beside the sources.
-    """
-    tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    shutil.copytree(ROOT, src, ignore=LOCAL)
-    done = _pip_wheel(src, tmp / "dist")
+
+@pytest.fixture(scope="module")
+def site(wheel, tmp_path_factory) -> Path:
+    """The wheel installed without its dependencies (this venv has them) into a folder."""
+    site = tmp_path_factory.mktemp("site")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
+                           "--target", str(site), str(wheel)], capture_output=True, text=True,
+                          timeout=240)
     assert done.returncode == 0, done.stderr
-    (found,) = (tmp / "dist").glob("ezpz_nb-*.whl")
-    return found
+    return site
 
 
 def test_wheel_ships_the_stored_notebooks(wheel):
@@ -71,12 +58,7 @@ def test_wheel_ships_the_stored_notebooks(wheel):
         assert not [n for n in zf.namelist() if "_cells" in n or n.endswith("_build.py")]
 
 
-def test_installed_wheel_finds_its_notebooks(wheel, tmp_path):
-    site = tmp_path / "site"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
-                           "--target", str(site), str(wheel)], capture_output=True, text=True,
-                          timeout=240)
-    assert done.returncode == 0, done.stderr
+def test_installed_wheel_finds_its_notebooks(site, tmp_path):
     away = tmp_path / "elsewhere"  # no notebooks/ in the working directory
     away.mkdir()
     probe = ("import sys, ezpz_nb, ezpz_nb.cli.tour as t\n"
@@ -98,11 +80,10 @@ def test_installed_wheel_finds_its_notebooks(wheel, tmp_path):
 
 
 def test_wheel_build_without_notebooks_fails_and_says_why(tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(ROOT, src, ignore=LOCAL)
+    src = copy_checkout(tmp_path / "src")
     for nb in (src / "notebooks").glob("*.ipynb"):
         nb.unlink()
-    done = _pip_wheel(src, tmp_path / "dist")
+    done = pip_wheel(src, tmp_path / "dist")
     assert done.returncode != 0
     assert "no notebooks in" in done.stdout + done.stderr
     assert not list(tmp_path.glob("dist/*.whl"))
@@ -117,3 +98,26 @@ def test_missing_notebooks_are_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(resources, "_PACKAGE", tmp_path / "ezpz_nb")
     with pytest.raises(FileNotFoundError, match="reinstall ezpz_nb"):
         resources.notebooks_dir()
+
+
+def test_installed_wheel_runs_its_tutorial_away_from_the_repository(site, tmp_path, short_tmp):
+    """The quick version of `make wheel-test` (which uses a fresh venv and runs them all)."""
+    away = tmp_path / "participant"
+    away.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site), "TMPDIR": short_tmp}
+    cli = [sys.executable, "-m", "ezpz_nb"]
+    done = subprocess.run([*cli, "doctor"], cwd=away, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"at {site / 'ezpz_nb'}, {len(list(NOTEBOOKS.glob('*.ipynb')))} notebooks" in done.stdout
+    done = subprocess.run([*cli, "notebooks", "tutorial"], cwd=away, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    tutorial = away / "tutorial"
+    assert sorted(p.name for p in tutorial.iterdir()) == sorted(
+        p.name for p in NOTEBOOKS.glob("*.ipynb"))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--nbmake", "--nbmake-timeout=120", "00_setup_check.ipynb"],
+                          cwd=tutorial, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout

@@ -1,0 +1,139 @@
+"""The tutorial as a participant gets it from the wheel, far from this checkout.
+
+``make wheel-test`` runs this file: it builds the wheel the way the README says,
+installs it with its dependencies into a fresh virtual environment in a temporary
+folder outside the repository, and there runs ``ezpz-nb doctor``, copies the
+notebooks out with ``ezpz-nb notebooks DIR`` and runs every one of them under
+nbmake from DIR, then a one-notebook ``ezpz-nb tour``. It prints how long each
+step took. ``tests/test_wheel.py`` uses its helpers to build the wheel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Everything of the checkout but what is local to it (environments, caches, build output).
+LOCAL = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "__pycache__",
+                               ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", "tour",
+                               "test-artifacts", "_notebooks")
+# What a course repository's CI adds to run notebooks (the wheel does not depend on them).
+TEST_TOOLS = ("pytest>=7.4", "nbmake>=1.5")
+
+
+def copy_checkout(dest: Path) -> Path:
+    """A copy of this checkout's sources: building writes build/ and *.egg-info beside them."""
+    shutil.copytree(ROOT, dest, ignore=LOCAL)
+    return dest
+
+
+def pip_wheel(src: Path, out: Path) -> subprocess.CompletedProcess:
+    """The README's ``pip wheel . --no-deps -w dist``, run in ``src``.
+
+    Plus --no-build-isolation: this environment's setuptools (a dev extra) builds
+    it, so no build requirement is downloaded.
+    """
+    return subprocess.run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps",
+                           "--no-build-isolation", "-w", str(out)],
+                          cwd=src, capture_output=True, text=True, timeout=240)
+
+
+def build_wheel(work: Path) -> Path:
+    """Build the wheel from a copy of this checkout under ``work``; its path."""
+    done = pip_wheel(copy_checkout(work / "src"), work / "dist")
+    if done.returncode != 0:
+        raise RuntimeError(f"pip wheel failed:\n{done.stdout}\n{done.stderr}")
+    (wheel,) = (work / "dist").glob("ezpz_nb-*.whl")
+    return wheel
+
+
+def outside_env(bin_dir: Path) -> dict[str, str]:
+    """This environment without a trace of the checkout's: only ``bin_dir``'s Python is seen."""
+    drop = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTEST_", "JUPYTER")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(bin_dir.parent)
+    return env
+
+
+class Steps:
+    """Runs commands one after the other, stops at the first failure, times each."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.times: list[tuple[str, float]] = []
+
+    def run(self, name: str, cmd: list[str], cwd: Path, timeout: float) -> None:
+        print(f"\n== {name}: {' '.join(cmd)}  (in {cwd})", flush=True)
+        start = time.monotonic()
+        done = subprocess.run(cmd, cwd=cwd, env=self.env, timeout=timeout)
+        self.times.append((name, time.monotonic() - start))
+        if done.returncode != 0:
+            raise SystemExit(f"wheel test: {name} failed (exit status {done.returncode})")
+
+    def table(self) -> str:
+        rows = [f"  {name:<28} {seconds:7.1f} s" for name, seconds in self.times]
+        total = sum(s for _, s in self.times)
+        return "\n".join(["step                             time", *rows,
+                          f"  {'total':<28} {total:7.1f} s"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``make wheel-test``: build, install outside the repository, run every notebook."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--python", default="python3", help="Python that makes the venv")
+    parser.add_argument("--torch", default="torch==2.13.0", help="torch requirement to install")
+    parser.add_argument("--timeout", type=int, default=120, help="seconds one cell may take")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="ezpz_nb-wheel-test-"))
+    if ROOT in work.resolve().parents:
+        raise SystemExit(f"wheel test: {work} must be outside the repository; set TMPDIR")
+    try:
+        start = time.monotonic()
+        wheel = build_wheel(work)
+        build_s = time.monotonic() - start
+        print(f"built {wheel.name} in {build_s:.1f} s", flush=True)
+        venv = work / "venv"
+        subprocess.run([args.python, "-m", "venv", str(venv)], check=True, timeout=240)
+        py, bin_dir = str(venv / "bin" / "python"), venv / "bin"
+        steps = Steps(outside_env(bin_dir))
+        steps.times.append(("build the wheel", build_s))
+        home = work / "participant"  # the participant's own folder, not the checkout
+        home.mkdir()
+        steps.run("install torch", [py, "-m", "pip", "install", "-q", args.torch], home, 900)
+        steps.run("install the wheel", [py, "-m", "pip", "install", "-q", str(wheel),
+                                        *TEST_TOOLS], home, 900)
+        steps.run("ezpz-nb doctor", [str(bin_dir / "ezpz-nb"), "doctor"], home, 120)
+        steps.run("ezpz-nb notebooks DIR", [str(bin_dir / "ezpz-nb"), "notebooks", "tutorial"],
+                  home, 120)
+        nbs = home / "tutorial"
+        shipped = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+        got = sorted(p.name for p in nbs.glob("*.ipynb"))
+        if got != shipped:
+            raise SystemExit(f"wheel test: ezpz-nb notebooks gave {got}, expected {shipped}")
+        steps.run("nbmake, every notebook", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                             "--nbmake", f"--nbmake-timeout={args.timeout}",
+                                             "."], nbs, 1800)
+        steps.run("ezpz-nb tour 00", [str(bin_dir / "ezpz-nb"), "tour", "00", "--out",
+                                      str(home / "tour")], home, 300)
+        print("\nwheel test passed: the installed wheel's notebooks all ran outside the "
+              f"repository\n{steps.table()}", flush=True)
+        return 0
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
