@@ -51,6 +51,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/broadcast.py
 	$(BIN)/python benchmarks/plot_speed.py
 	$(BIN)/python benchmarks/notebooks.py
+	$(BIN)/python benchmarks/doctor.py
 
 # Every example under torchrun 15 times per TP size (1 and 2), plus launches and
 # Cluster lifecycles in one process: failures, exit codes and leftovers in one table.
