@@ -26,6 +26,9 @@ LOCAL = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "
                                "test-artifacts", "_notebooks")
 # What a course repository's CI adds to run notebooks (the wheel does not depend on them).
 TEST_TOOLS = ("pytest>=7.4", "nbmake>=1.5")
+# The README's course-CI steps, run here against the built wheel.
+DOCTOR = ("ezpz-nb", "doctor")
+NBMAKE = ("pytest", "--nbmake")  # then --nbmake-timeout=S and the folder
 
 
 def copy_checkout(dest: Path) -> Path:
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         steps.run("install torch", [py, "-m", "pip", "install", "-q", args.torch], home, 900)
         steps.run("install the wheel", [py, "-m", "pip", "install", "-q", str(wheel),
                                         *TEST_TOOLS], home, 900)
-        steps.run("ezpz-nb doctor", [str(bin_dir / "ezpz-nb"), "doctor"], home, 120)
+        steps.run("ezpz-nb doctor", [str(bin_dir / DOCTOR[0]), *DOCTOR[1:]], home, 120)
         steps.run("ezpz-nb notebooks DIR", [str(bin_dir / "ezpz-nb"), "notebooks", "tutorial"],
                   home, 120)
         nbs = home / "tutorial"
@@ -120,9 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         got = sorted(p.name for p in nbs.glob("*.ipynb"))
         if got != shipped:
             raise SystemExit(f"wheel test: ezpz-nb notebooks gave {got}, expected {shipped}")
-        steps.run("nbmake, every notebook", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                             "--nbmake", f"--nbmake-timeout={args.timeout}",
-                                             "."], nbs, 1800)
+        steps.run("nbmake, every notebook", [str(bin_dir / NBMAKE[0]), *NBMAKE[1:],
+                                             f"--nbmake-timeout={args.timeout}", "."], nbs, 1800)
         steps.run("ezpz-nb tour 00", [str(bin_dir / "ezpz-nb"), "tour", "00", "--out",
                                       str(home / "tour")], home, 300)
         print("\nwheel test passed: the installed wheel's notebooks all ran outside the "

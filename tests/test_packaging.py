@@ -106,3 +106,19 @@ def test_notebook_extra_is_in_dev_and_the_library_never_imports_it():
     importers = [p.relative_to(ROOT) for p in (ROOT / "ezpz_nb").rglob("*.py")
                  if re.search(r"^\s*(import|from)\s+torchdata\b", p.read_text(), re.M)]
     assert importers == []
+
+
+def test_readme_course_ci_workflow_is_what_the_wheel_test_runs():
+    """Guards: the workflow the README gives course repositories is valid YAML and runs
+    the steps that `make wheel-test` (tests/_wheel.py) runs against the built wheel."""
+    from _wheel import DOCTOR, NBMAKE, TEST_TOOLS
+
+    readme = (ROOT / "README.md").read_text()
+    snippet = readme.split("## Notebooks of your own", 1)[1].split("```yaml", 1)[1]
+    flow = yaml.safe_load(snippet.split("```", 1)[0])
+    runs = [step["run"] for job in flow["jobs"].values() for step in job["steps"]
+            if "run" in step]
+    tools = " ".join(_name(t) for t in TEST_TOOLS)
+    assert re.fullmatch(rf"pip install \S+\.whl {tools}", runs[-3])
+    assert runs[-2] == " ".join(DOCTOR)
+    assert re.fullmatch(rf"cd notebooks && {' '.join(NBMAKE)} --nbmake-timeout=\d+ \.", runs[-1])
