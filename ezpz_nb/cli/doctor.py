@@ -215,11 +215,16 @@ def _describe(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _launch_name(world_size: int) -> str:
+    # The first launch (2 ranks) answers "does gloo work here?"; the second times the usual 4.
+    return "gloo on loopback" if world_size == 2 else f"{world_size}-rank launch"
+
+
 def _launch(world_size: int, timeout: float) -> tuple[Check, list[int]]:
     """Launch ``world_size`` ranks that all_reduce; a check and each rank's memory."""
     from ezpz_nb.launcher import launch
 
-    name = "gloo on loopback" if world_size == 2 else f"{world_size}-rank launch"
+    name = _launch_name(world_size)
     start = time.monotonic()
     try:
         results = launch(_hello, world_size=world_size, timeout=timeout)
@@ -329,13 +334,14 @@ def available_memory() -> int | None:
 def check_memory(rank_bytes: list[int], available: int | None) -> Check:
     """Enough free memory for :data:`NOTEBOOK_RANKS` ranks of the size just measured."""
     gib = 1024**3
+    if not rank_bytes:
+        free = "" if available is None else f"{available / gib:.1f} GiB free; "
+        return Check("memory", None, f"{free}rank size unknown (no launch succeeded)",
+                     "fix the launch first")
+    need = NOTEBOOK_RANKS * max(rank_bytes) + _rank_memory()  # the ranks and this kernel
     if available is None:
         return Check("memory", None, "could not read the free memory here",
-                     f"make sure about {NOTEBOOK_RANKS} x 0.3 GiB is free")
-    if not rank_bytes:
-        return Check("memory", None, f"{available / gib:.1f} GiB free; rank size unknown "
-                     "(the launch failed)", "fix the launch first")
-    need = NOTEBOOK_RANKS * max(rank_bytes) + _rank_memory()  # the ranks and this kernel
+                     f"make sure about {need / gib:.1f} GiB is free for {NOTEBOOK_RANKS} ranks")
     detail = (f"{available / gib:.1f} GiB free, {NOTEBOOK_RANKS} ranks need about "
               f"{need / gib:.1f} GiB")
     if available < need:
@@ -394,7 +400,9 @@ def run_checks(echo: Callable[[str], None] | None = None, *,
     for check in (check_python, check_ezpz_nb, check_torch, check_ipywidgets, check_cores):
         add(check())
     rank_bytes: list[int] = []
-    if report.ok:
+    # Ranks need a working torch (and this ezpz_nb); without them the launch would only
+    # repeat the failure above.
+    if all(c.ok for c in report.checks if c.name in ("ezpz_nb", "torch")):
         # Ranks that hang give HangError after `timeout`; the thread keeps the budget
         # even if starting them hangs (the start waits longer than the run timeout).
         for world_size in (2, 4):
@@ -402,8 +410,8 @@ def run_checks(echo: Callable[[str], None] | None = None, *,
             done, result = _in_thread(lambda w=world_size, t=left: _launch(w, max(t, 1.0)),
                                       left)
             if not done:
-                add(Check("gloo on loopback" if world_size == 2 else f"{world_size}-rank launch",
-                          False, f"no answer within {max(left, 0):.1f} s", launch_fix()))
+                add(Check(_launch_name(world_size), False,
+                          f"no answer within {max(left, 0):.1f} s", launch_fix()))
                 break
             check, rank_bytes = result
             add(check)
