@@ -27,7 +27,7 @@ LOCAL = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "
 # What a course repository's CI adds to run notebooks (the wheel does not depend on them).
 TEST_TOOLS = ("pytest>=7.4", "nbmake>=1.5")
 # The README's course-CI steps, run here against the built wheel.
-DOCTOR = ("ezpz-nb", "doctor")
+DOCTOR = ("ezpz-nb", "doctor", "--budget", "60")  # a shared runner may be slow
 NBMAKE = ("pytest", "--nbmake")  # then --nbmake-timeout=S and the folder
 
 

@@ -106,7 +106,7 @@ def test_installed_wheel_runs_its_tutorial_away_from_the_repository(site, tmp_pa
     away.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site), "TMPDIR": short_tmp}
     cli = [sys.executable, "-m", "ezpz_nb"]
-    done = subprocess.run([*cli, "doctor"], cwd=away, env=env, capture_output=True, text=True,
+    done = subprocess.run([*cli, "doctor", "--budget", "120"], cwd=away, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"at {site / 'ezpz_nb'}, {len(list(NOTEBOOKS.glob('*.ipynb')))} notebooks" in done.stdout
