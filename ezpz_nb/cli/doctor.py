@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -413,8 +414,7 @@ def run_checks(echo: Callable[[str], None] | None = None, *, started: float | No
         # even if starting them hangs (the start waits longer than the run timeout).
         for world_size in (2, 4):
             left = deadline - time.monotonic()
-            done, result = _in_thread(lambda w=world_size, t=left: _launch(w, max(t, 1.0)),
-                                      left)
+            done, result = _in_thread(partial(_launch, world_size, max(left, 1.0)), left)
             if not done:
                 add(Check(_launch_name(world_size), False,
                           f"no answer within {max(left, 0):.1f} s", _slow_fix(budget)))
