@@ -114,8 +114,9 @@ def test_installed_wheel_runs_its_tutorial_away_from_the_repository(site, tmp_pa
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     tutorial = away / "tutorial"
+    # Every notebook and the workshop kit beside them (CHEATSHEET.md, INSTRUCTOR.md).
     assert sorted(p.name for p in tutorial.iterdir()) == sorted(
-        p.name for p in NOTEBOOKS.glob("*.ipynb"))
+        p.name for pattern in ("*.ipynb", "*.md") for p in NOTEBOOKS.glob(pattern))
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "--nbmake", "--nbmake-timeout=120", "00_setup_check.ipynb"],
                           cwd=tutorial, env=env, capture_output=True, text=True, timeout=300)
