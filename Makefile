@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 NBTIMEOUT ?= 120
 
-.PHONY: lab test lint unit notebooks wheel-test bench soak browser tour clean gpu-check
+.PHONY: lab test lint format unit notebooks wheel-test bench soak browser tour clean gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,7 @@ lab: $(BIN)/.installed
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check ezpz_nb tests benchmarks notebooks setup.py
+	$(BIN)/ruff format --check ezpz_nb tests benchmarks notebooks setup.py
 	$(BIN)/mypy
 	$(BIN)/python notebooks/_build.py --check
 
@@ -36,6 +37,11 @@ unit: $(BIN)/.installed
 
 notebooks: $(BIN)/.installed
 	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-kernel=python3 --nbmake-timeout=$(NBTIMEOUT) .
+
+# Rewrites the code in ruff's style; then rebuild the notebooks from their sources.
+format: $(BIN)/.installed
+	$(BIN)/ruff format ezpz_nb tests benchmarks notebooks setup.py
+	$(BIN)/python notebooks/_build.py
 
 test: lint unit notebooks
 

@@ -27,8 +27,10 @@ class BuildPyWithNotebooks(build_py):
         found = sorted(p for pattern in PATTERNS for p in SOURCE.glob(pattern))
         if not any(p.suffix == ".ipynb" for p in found):
             # A wheel without its notebooks would install fine and fail later, far away.
-            raise FileNotFoundError(f"no notebooks in {SOURCE}: build from a checkout or an "
-                                    "sdist of ezpz_nb, which hold notebooks/")
+            raise FileNotFoundError(
+                f"no notebooks in {SOURCE}: build from a checkout or an "
+                "sdist of ezpz_nb, which hold notebooks/"
+            )
         return found
 
     def run(self) -> None:

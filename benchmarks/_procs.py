@@ -61,8 +61,14 @@ def kill_tagged(tag: str) -> int:
     return len(pids)
 
 
-def run_limited(cmd: Sequence[str], *, tag: str, limit_s: float, env: dict[str, str] | None = None,
-                cwd: str | None = None) -> tuple[int | str, str, float]:
+def run_limited(
+    cmd: Sequence[str],
+    *,
+    tag: str,
+    limit_s: float,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> tuple[int | str, str, float]:
     """Run ``cmd`` (with ``tag`` in its environment) for at most ``limit_s`` seconds.
 
     Only ``cmd`` itself is waited for: a process it left behind (still holding
@@ -75,8 +81,14 @@ def run_limited(cmd: Sequence[str], *, tag: str, limit_s: float, env: dict[str, 
     """
     start = time.monotonic()
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(list(cmd), env=tagged_env(tag, env), cwd=cwd, text=True,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            list(cmd),
+            env=tagged_env(tag, env),
+            cwd=cwd,
+            text=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             status: int | str = proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:

@@ -74,7 +74,7 @@ def _bench_rank(shapes: list[tuple[int, int]], blocks: int, per_block: int) -> d
         # Interleave the methods block by block (rotating their order) so
         # that load from other processes falls on all of them alike.
         for i in range(blocks):
-            names = list(steps)[i % len(steps):] + list(steps)[: i % len(steps)]
+            names = list(steps)[i % len(steps) :] + list(steps)[: i % len(steps)]
             for name in names:
                 step, ts = steps[name], times[name]
                 dist.barrier()
@@ -128,8 +128,9 @@ def main() -> None:
 
     rows = []
     for tp in args.tp:
-        results = ez.launch(_bench_rank, SHAPES, args.blocks, args.per_block, world_size=tp,
-                            timeout=600, threads=1)
+        results = ez.launch(
+            _bench_rank, SHAPES, args.blocks, args.per_block, world_size=tp, timeout=600, threads=1
+        )
         for b, s in SHAPES:
             med = {}
             for name in ("ours", "pickle", "bound", "raw"):
@@ -137,23 +138,31 @@ def main() -> None:
                 med[name] = max(statistics.median(r[(b, s, name)]) for r in results) * 1e3
             rows.append((tp, f"{b}x{s}", results[0][(b, s, "bytes")], med))
 
-    head = (f"{'tp':>3} {'batch':>8} {'bytes':>9} {'ours ms':>8} {'pickle ms':>10} {'bound ms':>9} "
-            f"{'raw ms':>7} {'ours/bound':>11} {'ours/raw':>9} {'pickle/ours':>12}")
+    head = (
+        f"{'tp':>3} {'batch':>8} {'bytes':>9} {'ours ms':>8} {'pickle ms':>10} {'bound ms':>9} "
+        f"{'raw ms':>7} {'ours/bound':>11} {'ours/raw':>9} {'pickle/ours':>12}"
+    )
     print(head)
     print("-" * len(head))
     for tp, shape, nbytes, m in rows:
-        print(f"{tp:>3} {shape:>8} {nbytes:>9} {m['ours']:>8.3f} {m['pickle']:>10.3f} {m['bound']:>9.3f} "
-              f"{m['raw']:>7.3f} {m['ours'] / m['bound']:>10.2f}x {m['ours'] / m['raw']:>8.2f}x "
-              f"{m['pickle'] / m['ours']:>11.2f}x")
-    print(f"(per-batch median over {args.blocks * args.per_block} batches per rank, slowest rank; "
-          "gloo, loopback, 1 intra-op thread per rank)")
+        print(
+            f"{tp:>3} {shape:>8} {nbytes:>9} {m['ours']:>8.3f} {m['pickle']:>10.3f} {m['bound']:>9.3f} "
+            f"{m['raw']:>7.3f} {m['ours'] / m['bound']:>10.2f}x {m['ours'] / m['raw']:>8.2f}x "
+            f"{m['pickle'] / m['ours']:>11.2f}x"
+        )
+    print(
+        f"(per-batch median over {args.blocks * args.per_block} batches per rank, slowest rank; "
+        "gloo, loopback, 1 intra-op thread per rank)"
+    )
 
     n, seq, batch = 10**6, 2048, 32
     mem = ez.launch(_memory_rank, n, seq, batch, world_size=1, timeout=300, threads=1)[0]
     eager = n * (seq + 1) * 8
-    print(f"\nRandomTokenDataset({n:.0e} samples x {seq} tokens): peak RSS +{mem['built'] / 2**20:.1f} MiB "
-          f"to build; +{mem['read'] / 2**20:.1f} MiB after DistributedSampler setup and reading "
-          f"10 batches of {batch}x{seq} (an eager dataset would hold {eager / 2**30:.1f} GiB)")
+    print(
+        f"\nRandomTokenDataset({n:.0e} samples x {seq} tokens): peak RSS +{mem['built'] / 2**20:.1f} MiB "
+        f"to build; +{mem['read'] / 2**20:.1f} MiB after DistributedSampler setup and reading "
+        f"10 batches of {batch}x{seq} (an eager dataset would hold {eager / 2**30:.1f} GiB)"
+    )
 
 
 if __name__ == "__main__":

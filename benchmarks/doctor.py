@@ -53,8 +53,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     cols = ["first line", "2 ranks done", "4 ranks done", "verdict", "doctor says", "exit"]
-    print(f"ezpz-nb doctor, seconds from the command's start (budget for the verdict: "
-          f"{BUDGET_S:.0f} s)")
+    print(
+        f"ezpz-nb doctor, seconds from the command's start (budget for the verdict: "
+        f"{BUDGET_S:.0f} s)"
+    )
     print(f"{'run':>4} " + " ".join(f"{c:>13}" for c in cols) + "  verdict")
     for i in range(args.runs):
         marks = one_run()

@@ -53,9 +53,9 @@ def job() -> float:
 
 # ------------------------------------------------------------------ bare fork
 
+
 def _bare_rank(rank: int, world: int, store: str, q) -> None:
-    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
     q.put((rank, job()))
     dist.destroy_process_group()
 
@@ -67,8 +67,10 @@ def bare_fork(world: int) -> float:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         q = ctx.SimpleQueue()
-        procs = [ctx.Process(target=_bare_rank, args=(r, world, os.path.join(tmp, "s"), q))
-                 for r in range(world)]
+        procs = [
+            ctx.Process(target=_bare_rank, args=(r, world, os.path.join(tmp, "s"), q))
+            for r in range(world)
+        ]
         for p in procs:
             p.start()
         results = dict(q.get() for _ in range(world))
@@ -80,6 +82,7 @@ def bare_fork(world: int) -> float:
 
 # ------------------------------------------------------------------ torch spawn
 
+
 def _spawn_rank(rank: int, world: int, store: str, q) -> None:
     _bare_rank(rank, world, store, q)
 
@@ -90,8 +93,13 @@ def torch_spawn(world: int) -> float:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         q = tmp_mp.get_context("spawn").SimpleQueue()
-        ctx = tmp_mp.start_processes(_spawn_rank, args=(world, os.path.join(tmp, "s"), q),
-                                     nprocs=world, start_method="spawn", join=False)
+        ctx = tmp_mp.start_processes(
+            _spawn_rank,
+            args=(world, os.path.join(tmp, "s"), q),
+            nprocs=world,
+            start_method="spawn",
+            join=False,
+        )
         results = [q.get() for _ in range(world)]
         ctx.join()
     assert len(results) == world
@@ -99,6 +107,7 @@ def torch_spawn(world: int) -> float:
 
 
 # ------------------------------------------------------------------ accelerate
+
 
 def _acc_rank(q) -> None:
     dist.init_process_group("gloo")
@@ -132,12 +141,16 @@ def ensure_accelerate() -> bool:
         return True
     print("installing accelerate for this benchmark only...", file=sys.stderr)
     pin = f"torch=={torch.__version__.split('+')[0]}"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "accelerate", pin],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "accelerate", pin],
+        capture_output=True,
+        text=True,
+    )
     return proc.returncode == 0
 
 
 # ------------------------------------------------------------------ ezpz_nb
+
 
 def ezpz(world: int, reps: int) -> dict[str, list[float]]:
     """First launch, later launches and warm Cluster.run round trips, in this process."""
@@ -186,12 +199,17 @@ def kernel_first_call(world: int, warm_up: bool) -> float:
     out: list[str] = []
     try:
         kc.wait_for_ready(timeout=60)
-        prelude = ("import torch, torch.distributed as dist\nimport ezpz_nb as ez\n"
-                   "def job():\n    t = torch.ones(1)\n    dist.all_reduce(t)\n    return t.item()")
+        prelude = (
+            "import torch, torch.distributed as dist\nimport ezpz_nb as ez\n"
+            "def job():\n    t = torch.ones(1)\n    dist.all_reduce(t)\n    return t.item()"
+        )
         kc.execute_interactive(prelude, timeout=60)
         time.sleep(4.0)  # the learner reads the next cell
-        kc.execute_interactive(_KERNEL_CODE.format(world=world), timeout=120,
-                               output_hook=lambda m: out.append(m["content"].get("text", "")))
+        kc.execute_interactive(
+            _KERNEL_CODE.format(world=world),
+            timeout=120,
+            output_hook=lambda m: out.append(m["content"].get("text", "")),
+        )
     finally:
         km.shutdown_kernel(now=False)
         kc.stop_channels()
@@ -202,7 +220,10 @@ def kernel_first_call(world: int, warm_up: bool) -> float:
 # ------------------------------------------------------------------ cells in children
 
 PEERS: dict[str, Callable[[int], float]] = {
-    "bare": bare_fork, "accelerate": accelerate_launcher, "spawn": torch_spawn}
+    "bare": bare_fork,
+    "accelerate": accelerate_launcher,
+    "spawn": torch_spawn,
+}
 
 
 def _injected_fault(name: str) -> str | None:
@@ -220,8 +241,9 @@ def child(name: str, world: int, reps: int) -> None:
     if name == "ezpz":
         print(json.dumps(ezpz(world, reps)))
     elif name in ("kernel", "kernel-cold"):
-        print(json.dumps({"times": [kernel_first_call(world, name == "kernel")
-                                    for _ in range(reps)]}))
+        print(
+            json.dumps({"times": [kernel_first_call(world, name == "kernel") for _ in range(reps)]})
+        )
     else:
         torch.set_num_threads(1)
         print(json.dumps({"times": [PEERS[name](world) for _ in range(reps)]}))
@@ -230,13 +252,24 @@ def child(name: str, world: int, reps: int) -> None:
 def cell(name: str, world: int, reps: int, limit_s: float) -> dict[str, Any] | str:
     """One measurement in a fresh child: its times, or "hung" / "failed"."""
     tag = new_tag()
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", name, "--world", str(world),
-           "--reps", str(reps)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        name,
+        "--world",
+        str(world),
+        "--reps",
+        str(reps),
+    ]
     status, out, _ = run_limited(cmd, tag=tag, limit_s=limit_s)
     kill_tagged(tag)  # ranks a launcher left behind must not slow the next cell
     if status != 0:
-        print(f"{name} at {world} ranks: {status if status == 'hung' else f'exit {status}'}"
-              f"\n{out[-2000:]}", file=sys.stderr)
+        print(
+            f"{name} at {world} ranks: {status if status == 'hung' else f'exit {status}'}"
+            f"\n{out[-2000:]}",
+            file=sys.stderr,
+        )
         return "hung" if status == "hung" else "failed"
     return json.loads(out.strip().splitlines()[-1])
 
@@ -246,16 +279,35 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--no-peers", action="store_true", help="skip accelerate and spawn")
-    ap.add_argument("--peers", nargs="+", choices=sorted(PEERS), default=sorted(PEERS),
-                    help="peer launchers to measure (bare fork is the ratio's base)")
-    ap.add_argument("--limit", type=float, default=120.0,
-                    help="seconds one cell (all its repetitions) may take before it is 'hung'")
-    ap.add_argument("--scale", type=int, nargs="*", default=[16, 32, 64],
-                    help="world sizes of the ezpz-only scaling table (none: skip it)")
-    ap.add_argument("--kernel-reps", type=int, default=2,
-                    help="fresh kernels per first-call-in-a-kernel cell (0: skip)")
-    ap.add_argument("--child", choices=["ezpz", "kernel", "kernel-cold", *sorted(PEERS)],
-                    help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--peers",
+        nargs="+",
+        choices=sorted(PEERS),
+        default=sorted(PEERS),
+        help="peer launchers to measure (bare fork is the ratio's base)",
+    )
+    ap.add_argument(
+        "--limit",
+        type=float,
+        default=120.0,
+        help="seconds one cell (all its repetitions) may take before it is 'hung'",
+    )
+    ap.add_argument(
+        "--scale",
+        type=int,
+        nargs="*",
+        default=[16, 32, 64],
+        help="world sizes of the ezpz-only scaling table (none: skip it)",
+    )
+    ap.add_argument(
+        "--kernel-reps",
+        type=int,
+        default=2,
+        help="fresh kernels per first-call-in-a-kernel cell (0: skip)",
+    )
+    ap.add_argument(
+        "--child", choices=["ezpz", "kernel", "kernel-cold", *sorted(PEERS)], help=argparse.SUPPRESS
+    )
     ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -310,22 +362,35 @@ def main() -> None:
     def of(ours: dict[str, float] | str, key: str) -> float | str:
         return ours if isinstance(ours, str) else ours[key]
 
-    head = ("ranks", "ezpz first call", "kernel first call (warm-up / none)", "ezpz launch",
-            "bare fork", "launch/bare", "notebook_launcher", "launch vs nl", "torch spawn",
-            "Cluster.run warm")
+    head = (
+        "ranks",
+        "ezpz first call",
+        "kernel first call (warm-up / none)",
+        "ezpz launch",
+        "bare fork",
+        "launch/bare",
+        "notebook_launcher",
+        "launch vs nl",
+        "torch spawn",
+        "Cluster.run warm",
+    )
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for world, ours, bare, acc, spawn, (kwarm, kcold) in rows:
-        print(f"| {world} | {ms(of(ours, 'first'))} | {ms(kwarm)} / {ms(kcold)} | "
-              f"{ms(of(ours, 'later'))} | {ms(bare)} | "
-              f"{ratio(of(ours, 'later'), bare, '{:.2f}x')} | {ms(acc)} | "
-              f"{ratio(acc, of(ours, 'later'), '{:.1f}x faster')} | {ms(spawn)} | "
-              f"{ms(of(ours, 'warm'))} |")
-    print(f"\nmedians of {args.reps} repetitions, each cell in a fresh process limited to "
-          f"{args.limit:g} s; kernel first call: {args.kernel_reps} fresh kernel(s), the launch "
-          f"4 s after `import ezpz_nb`; machine: {os.cpu_count()} cores, torch "
-          f"{torch.__version__}. Targets: launch within 1.3x of bare fork and 1.5x faster than "
-          "notebook_launcher; first call in a kernel <= 0.3 s; warm round trip <= 20 ms.")
+        print(
+            f"| {world} | {ms(of(ours, 'first'))} | {ms(kwarm)} / {ms(kcold)} | "
+            f"{ms(of(ours, 'later'))} | {ms(bare)} | "
+            f"{ratio(of(ours, 'later'), bare, '{:.2f}x')} | {ms(acc)} | "
+            f"{ratio(acc, of(ours, 'later'), '{:.1f}x faster')} | {ms(spawn)} | "
+            f"{ms(of(ours, 'warm'))} |"
+        )
+    print(
+        f"\nmedians of {args.reps} repetitions, each cell in a fresh process limited to "
+        f"{args.limit:g} s; kernel first call: {args.kernel_reps} fresh kernel(s), the launch "
+        f"4 s after `import ezpz_nb`; machine: {os.cpu_count()} cores, torch "
+        f"{torch.__version__}. Targets: launch within 1.3x of bare fork and 1.5x faster than "
+        "notebook_launcher; first call in a kernel <= 0.3 s; warm round trip <= 20 ms."
+    )
     if args.scale:
         print("\n| ranks | ezpz launch | Cluster.run warm | memory per rank (PSS) |")
         print("|---|---|---|---|")
@@ -334,8 +399,10 @@ def main() -> None:
             if isinstance(got, str):
                 print(f"| {world} | {got} | {got} | {got} |")
                 continue
-            print(f"| {world} | {ms(med(got['later']))} | {ms(med(got['warm']))} | "
-                  f"{med(got['pss']):.1f} MiB |")
+            print(
+                f"| {world} | {ms(med(got['later']))} | {ms(med(got['warm']))} | "
+                f"{med(got['pss']):.1f} MiB |"
+            )
         print("\nhow the cost grows with the ranks: ezpz alone, one fresh process per row")
 
 

@@ -29,9 +29,19 @@ def run(folder: Path, timeout: float) -> tuple[list[tuple[str, float, str]], flo
     """Run nbmake over ``folder``; return ``([(name, seconds, outcome)], wall, returncode)``."""
     with tempfile.TemporaryDirectory(prefix="ezpz_nb-nbbench-") as tmp:
         report = Path(tmp) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbmake",
-               "--nbmake-kernel=python3", f"--nbmake-timeout={int(timeout)}",
-               f"--junitxml={report}", "."]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--nbmake",
+            "--nbmake-kernel=python3",
+            f"--nbmake-timeout={int(timeout)}",
+            f"--junitxml={report}",
+            ".",
+        ]
         start = time.monotonic()
         done = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)
         wall = time.monotonic() - start

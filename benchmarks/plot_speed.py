@@ -32,9 +32,20 @@ def build_ledger(world: int, tp: int, steps: int, batch: int, epochs: int) -> Le
             sampler.set_epoch(epoch)
             ids = list(sampler)
             for s in range(steps):
-                records.append(StepRecord(epoch, s, rank, dp, dp_size, t, tp,
-                                          tuple(ids[s * batch:(s + 1) * batch]),
-                                          "loaded" if t == 0 else "received", ""))
+                records.append(
+                    StepRecord(
+                        epoch,
+                        s,
+                        rank,
+                        dp,
+                        dp_size,
+                        t,
+                        tp,
+                        tuple(ids[s * batch : (s + 1) * batch]),
+                        "loaded" if t == 0 else "received",
+                        "",
+                    )
+                )
     return Ledger(records, num_samples=n)
 
 
@@ -48,8 +59,10 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=1)
     a = p.parse_args()
     ledger = build_ledger(a.ranks, a.tp, a.steps, a.batch, a.epochs)
-    print(f"{a.ranks} ranks (tp {a.tp}) x {a.steps} steps x batch {a.batch} x {a.epochs} epoch(s): "
-          f"{len(ledger)} records")
+    print(
+        f"{a.ranks} ranks (tp {a.tp}) x {a.steps} steps x batch {a.batch} x {a.epochs} epoch(s): "
+        f"{len(ledger)} records"
+    )
     # CPU time too: on a shared machine wall time mostly measures the neighbours.
     print("| figure | build (s) | render PNG (s) | total wall (s) | total CPU (s) |")
     print("|---|---|---|---|---|")

@@ -62,8 +62,15 @@ class Row:
     def failures(self) -> int:
         return sum(n for code, n in self.codes.items() if code != 0)
 
-    def add(self, code: int | str, seconds: float, procs: int, temp: int, log: str = "",
-            exiting: int = 0) -> None:
+    def add(
+        self,
+        code: int | str,
+        seconds: float,
+        procs: int,
+        temp: int,
+        log: str = "",
+        exiting: int = 0,
+    ) -> None:
         self.codes[code] += 1
         self.seconds.append(seconds)
         self.procs_exiting += exiting
@@ -107,8 +114,14 @@ def torchrun_once(target: list[str], nproc: int, limit_s: float, row: Row) -> st
     tmp = tempfile.mkdtemp(prefix="ezpz-soak-")
     out = tempfile.mkdtemp(prefix="ezpz-soak-out-")  # the ledger, outside the counted TMPDIR
     try:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={nproc}", *(a.replace("{out}", out) for a in target)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            *(a.replace("{out}", out) for a in target),
+        ]
         env = dict(os.environ, TMPDIR=tmp)
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(k, None)
@@ -116,8 +129,10 @@ def torchrun_once(target: list[str], nproc: int, limit_s: float, row: Row) -> st
         exiting, procs, temp, elastic = _leftovers(tmp, tag)
         row.add(code, secs, procs, temp, log, exiting)
         row.torchelastic_left += elastic
-        return (f"exit {code} in {secs:.1f} s, left {procs} processes (+{exiting} exiting), "
-                f"{temp} temp entries")
+        return (
+            f"exit {code} in {secs:.1f} s, left {procs} processes (+{exiting} exiting), "
+            f"{temp} temp entries"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
@@ -176,13 +191,19 @@ def notebook_process(runs: int, nproc: int, limit_s: float) -> list[Row]:
     """``runs`` launches and Cluster lifecycles in one process, then that process's exit."""
     tag = new_tag()
     tmp = tempfile.mkdtemp(prefix="ezpz-soak-nb-")
-    rows = {"launch": Row(f"ez.launch, {nproc} ranks"),
-            "cluster": Row(f"Cluster lifecycle, {nproc} ranks")}
+    rows = {
+        "launch": Row(f"ez.launch, {nproc} ranks"),
+        "cluster": Row(f"Cluster lifecycle, {nproc} ranks"),
+    }
     exit_row = Row("notebook-like process exit")
     try:
-        code, log, secs = run_limited([sys.executable, "-c", NOTEBOOK, str(runs), str(nproc)],
-                                      tag=tag, limit_s=limit_s, env=dict(os.environ, TMPDIR=tmp),
-                                      cwd=str(ROOT))
+        code, log, secs = run_limited(
+            [sys.executable, "-c", NOTEBOOK, str(runs), str(nproc)],
+            tag=tag,
+            limit_s=limit_s,
+            env=dict(os.environ, TMPDIR=tmp),
+            cwd=str(ROOT),
+        )
         for line in log.splitlines():
             if line.startswith("{"):
                 d = json.loads(line)
@@ -195,35 +216,66 @@ def notebook_process(runs: int, nproc: int, limit_s: float) -> list[Row]:
 
 
 def table(rows: list[Row]) -> str:
-    head = ("run", "runs", "failures", "exit codes seen", "leftover processes",
-            "leftover temp entries", "still exiting at end", "torchelastic_* dirs", "median s")
+    head = (
+        "run",
+        "runs",
+        "failures",
+        "exit codes seen",
+        "leftover processes",
+        "leftover temp entries",
+        "still exiting at end",
+        "torchelastic_* dirs",
+        "median s",
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        codes = ", ".join(f"{c}: {n}" for c, n in sorted(r.codes.items(), key=lambda kv: str(kv[0])))
+        codes = ", ".join(
+            f"{c}: {n}" for c, n in sorted(r.codes.items(), key=lambda kv: str(kv[0]))
+        )
         med = f"{statistics.median(r.seconds):.2f}" if r.seconds else "-"
         elastic = str(r.torchelastic_left) if r.what.startswith("torchrun") else "-"
-        lines.append(f"| {r.what} | {r.runs} | {r.failures} | {codes or '-'} | {r.procs_left} | "
-                     f"{r.temp_left} | {r.procs_exiting} | {elastic} | {med} |")
+        lines.append(
+            f"| {r.what} | {r.runs} | {r.failures} | {codes or '-'} | {r.procs_left} | "
+            f"{r.temp_left} | {r.procs_exiting} | {elastic} | {med} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=15, help="runs per example and TP size, and "
-                    "launches and Cluster lifecycles in the notebook-like process")
+    ap.add_argument(
+        "--runs",
+        type=int,
+        default=15,
+        help="runs per example and TP size, and "
+        "launches and Cluster lifecycles in the notebook-like process",
+    )
     ap.add_argument("--tp-sizes", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--nproc", type=int, default=4, help="ranks per run")
     ap.add_argument("--examples", nargs="+", choices=EXAMPLES, default=list(EXAMPLES))
-    ap.add_argument("--limit", type=float, default=180.0,
-                    help="seconds one torchrun may take before it counts as hung")
-    ap.add_argument("--no-notebook", action="store_true",
-                    help="skip the launches in a notebook-like process")
-    ap.add_argument("--no-snippet", action="store_true",
-                    help="skip the README's ez.launch snippet under torchrun")
+    ap.add_argument(
+        "--limit",
+        type=float,
+        default=180.0,
+        help="seconds one torchrun may take before it counts as hung",
+    )
+    ap.add_argument(
+        "--no-notebook", action="store_true", help="skip the launches in a notebook-like process"
+    )
+    ap.add_argument(
+        "--no-snippet",
+        action="store_true",
+        help="skip the README's ez.launch snippet under torchrun",
+    )
     args = ap.parse_args(argv)
-    jobs = [(f"torchrun {example} --tp-size {tp}",
-             ["-m", f"ezpz_nb.examples.{example}", "--out", "{out}", "--tp-size", str(tp)])
-            for example in args.examples for tp in args.tp_sizes]
+    jobs = [
+        (
+            f"torchrun {example} --tp-size {tp}",
+            ["-m", f"ezpz_nb.examples.{example}", "--out", "{out}", "--tp-size", str(tp)],
+        )
+        for example in args.examples
+        for tp in args.tp_sizes
+    ]
     with tempfile.TemporaryDirectory(prefix="ezpz-soak-script-") as scripts:
         if not args.no_snippet:
             script = Path(scripts) / "readme_snippet.py"
@@ -240,9 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         rows += notebook_process(args.runs, args.nproc, args.limit + 30.0 * args.runs)
     examples = [r for r in rows if r.what.startswith("torchrun") and "snippet" not in r.what]
     print(table(rows))
-    print(f"\ntorchrun examples: {sum(r.failures for r in examples)} failures in "
-          f"{sum(r.runs for r in examples)} runs; machine: {os.cpu_count()} cores; "
-          f"{args.nproc} processes per run")
+    print(
+        f"\ntorchrun examples: {sum(r.failures for r in examples)} failures in "
+        f"{sum(r.runs for r in examples)} runs; machine: {os.cpu_count()} cores; "
+        f"{args.nproc} processes per run"
+    )
     bad = [r for r in rows if r.failures or r.procs_left or r.temp_left]
     for r in bad:
         if r.first_failure:

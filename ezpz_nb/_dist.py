@@ -82,8 +82,12 @@ def destroy_distributed() -> int:
     gc.collect()
     left = _gloo_worker_threads()
     if left:
-        print(f"ezpz_nb: {left} gloo worker thread(s) outlive destroy_process_group(): "
-              "something still refers to a process group (a Layout or a loader kept in "
-              "a global?), and such a thread can abort this process as it exits. Drop "
-              "those references before the end.", file=sys.stderr, flush=True)
+        print(
+            f"ezpz_nb: {left} gloo worker thread(s) outlive destroy_process_group(): "
+            "something still refers to a process group (a Layout or a loader kept in "
+            "a global?), and such a thread can abort this process as it exits. Drop "
+            "those references before the end.",
+            file=sys.stderr,
+            flush=True,
+        )
     return left

@@ -68,12 +68,13 @@ def check_pairs(source: nbformat.NotebookNode, name: str) -> None:
     for run in runs:
         k = len(run) // 2
         if run != [VARIANTS[0]] * k + [VARIANTS[1]] * k:
-            raise ValueError(f"{name}: tagged cells {run} are not k {VARIANTS[0]!r} cells "
-                             f"followed by k {VARIANTS[1]!r} cells")
+            raise ValueError(
+                f"{name}: tagged cells {run} are not k {VARIANTS[0]!r} cells "
+                f"followed by k {VARIANTS[1]!r} cells"
+            )
 
 
-def to_notebook(source: nbformat.NotebookNode, variant: str | None = None
-                ) -> nbformat.NotebookNode:
+def to_notebook(source: nbformat.NotebookNode, variant: str | None = None) -> nbformat.NotebookNode:
     """The clean notebook of one variant (``None``: a source without variants)."""
     nb = new_notebook()
     nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": dict(LANGUAGE_INFO)}
@@ -148,10 +149,17 @@ def _stored(folder: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     """Write (or with ``--check``, compare and check) the notebooks; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a notebook is stale or not clean")
-    parser.add_argument("--out", type=Path, default=HERE,
-                        help="folder of the notebooks (default: next to this script)")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if a notebook is stale or not clean",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=HERE,
+        help="folder of the notebooks (default: next to this script)",
+    )
     args = parser.parse_args(argv)
     out: Path = args.out
     stale = []
@@ -173,12 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     for f, problems in unclean.items():
         print(f"{f}: " + "; ".join(problems))
     if stale:
-        print("stale (edit notebooks/_cells/, then run notebooks/_build.py): "
-              + ", ".join(stale), file=sys.stderr)
+        print(
+            "stale (edit notebooks/_cells/, then run notebooks/_build.py): " + ", ".join(stale),
+            file=sys.stderr,
+        )
     if unclean:
-        print(f"{len(unclean)} of {len(found)} notebook(s) not clean: clear outputs and set the "
-              f"kernel to {KERNEL_NAME!r} (or regenerate them with notebooks/_build.py).",
-              file=sys.stderr)
+        print(
+            f"{len(unclean)} of {len(found)} notebook(s) not clean: clear outputs and set the "
+            f"kernel to {KERNEL_NAME!r} (or regenerate them with notebooks/_build.py).",
+            file=sys.stderr,
+        )
     if stale or unclean:
         return 1
     print(f"{len(found)} notebook(s) up to date and clean")

@@ -22,9 +22,13 @@ import psutil
 # sees what a learner sees without popups or virtualised cells.
 _SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {
-        "windowingMode": "none", "autoStartDefaultKernel": True},
+        "windowingMode": "none",
+        "autoStartDefaultKernel": True,
+    },
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
-        "fetchNews": "false", "checkForUpdates": False},
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    },
 }
 
 
@@ -67,14 +71,17 @@ def wait_up(lab: Lab, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if lab.proc.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited with code {lab.proc.returncode}; see "
-                               f"{lab.root / 'lab.log'}")
+            raise RuntimeError(
+                f"JupyterLab exited with code {lab.proc.returncode}; see {lab.root / 'lab.log'}"
+            )
         try:
             lab.api("status")
             return
         except OSError:
             time.sleep(0.3)
-    raise TimeoutError(f"JupyterLab did not answer within {timeout:.0f} s; see {lab.root / 'lab.log'}")
+    raise TimeoutError(
+        f"JupyterLab did not answer within {timeout:.0f} s; see {lab.root / 'lab.log'}"
+    )
 
 
 def _stop(lab: Lab) -> None:
@@ -110,11 +117,13 @@ def lab_env(root: Path) -> dict[str, str]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(value))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "JUPYTER"))}
-    env.update(JUPYTERLAB_SETTINGS_DIR=str(root / ".lab-settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(root / ".lab-workspaces"),
-               JUPYTER_RUNTIME_DIR=str(root / ".jupyter-runtime"),
-               JUPYTER_CONFIG_DIR=str(root / ".jupyter-config"),
-               IPYTHONDIR=str(root / ".ipython"))
+    env.update(
+        JUPYTERLAB_SETTINGS_DIR=str(root / ".lab-settings"),
+        JUPYTERLAB_WORKSPACES_DIR=str(root / ".lab-workspaces"),
+        JUPYTER_RUNTIME_DIR=str(root / ".jupyter-runtime"),
+        JUPYTER_CONFIG_DIR=str(root / ".jupyter-config"),
+        IPYTHONDIR=str(root / ".ipython"),
+    )
     return env
 
 
@@ -124,10 +133,19 @@ def lab_command(root: Path, port: int, token: str) -> list[str]:
     It copies the notebooks of whichever ezpz_nb is imported into ``root``, so a
     test run against an installed wheel serves that wheel's notebooks.
     """
-    return [sys.executable, "-m", "ezpz_nb", "lab", str(root), "--no-browser", "--port", str(port),
-            f"--IdentityProvider.token={token}",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-            "--ServerApp.terminals_enabled=False"]
+    return [
+        sys.executable,
+        "-m",
+        "ezpz_nb",
+        "lab",
+        str(root),
+        "--no-browser",
+        "--port",
+        str(port),
+        f"--IdentityProvider.token={token}",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--ServerApp.terminals_enabled=False",
+    ]
 
 
 @contextmanager
@@ -139,8 +157,14 @@ def jupyterlab(root: Path, timeout: float = 90.0) -> Iterator[Lab]:
     """
     port, token = free_port(), secrets.token_hex(16)
     log = (root / "lab.log").open("w")
-    proc = subprocess.Popen(lab_command(root, port, token), cwd=root, env=lab_env(root),
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        lab_command(root, port, token),
+        cwd=root,
+        env=lab_env(root),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     lab = Lab(root, port, token, proc)
     try:
         wait_up(lab, timeout)

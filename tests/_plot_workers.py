@@ -18,8 +18,9 @@ def stop_early(bad_rank: int, steps_before: int, hang: bool = False) -> object:
     ledger (published live) shows exactly where ``bad_rank`` stopped.
     """
     layout = make_layout(1)
-    loader = get_random_dataset_fsdp_tp(1, 64, 4, num_samples=24, dp_group=layout.dp_group,
-                                        drop_last=True)["dataloader"]
+    loader = get_random_dataset_fsdp_tp(
+        1, 64, 4, num_samples=24, dp_group=layout.dp_group, drop_last=True
+    )["dataloader"]
     rec = record(loader, layout)
     for step, _ in enumerate(rec):
         if dist.get_rank() == bad_rank and step + 1 == steps_before:

@@ -21,9 +21,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # Everything of the checkout but what is local to it (environments, caches, build output).
-LOCAL = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "__pycache__",
-                               ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", "tour",
-                               "test-artifacts", "_notebooks")
+LOCAL = shutil.ignore_patterns(
+    ".venv",
+    ".git",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".ipynb_checkpoints",
+    "tour",
+    "test-artifacts",
+    "_notebooks",
+)
 # What a course repository's CI adds to run notebooks (the wheel does not depend on them).
 TEST_TOOLS = ("pytest>=7.4", "nbmake>=1.5")
 # The README's course-CI steps, run here against the built wheel.
@@ -43,9 +54,23 @@ def pip_wheel(src: Path, out: Path) -> subprocess.CompletedProcess:
     Plus --no-build-isolation: this environment's setuptools (a dev extra) builds
     it, so no build requirement is downloaded.
     """
-    return subprocess.run([sys.executable, "-m", "pip", "wheel", ".", "--no-deps",
-                           "--no-build-isolation", "-w", str(out)],
-                          cwd=src, capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            ".",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+        ],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def build_wheel(work: Path) -> Path:
@@ -84,8 +109,9 @@ class Steps:
     def table(self) -> str:
         rows = [f"  {name:<28} {seconds:7.1f} s" for name, seconds in self.times]
         total = sum(s for _, s in self.times)
-        return "\n".join(["step                             time", *rows,
-                          f"  {'total':<28} {total:7.1f} s"])
+        return "\n".join(
+            ["step                             time", *rows, f"  {'total':<28} {total:7.1f} s"]
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,22 +139,38 @@ def main(argv: list[str] | None = None) -> int:
         home = work / "participant"  # the participant's own folder, not the checkout
         home.mkdir()
         steps.run("install torch", [py, "-m", "pip", "install", "-q", args.torch], home, 900)
-        steps.run("install the wheel", [py, "-m", "pip", "install", "-q", str(wheel),
-                                        *TEST_TOOLS], home, 900)
+        steps.run(
+            "install the wheel",
+            [py, "-m", "pip", "install", "-q", str(wheel), *TEST_TOOLS],
+            home,
+            900,
+        )
         steps.run("ezpz-nb doctor", [str(bin_dir / DOCTOR[0]), *DOCTOR[1:]], home, 120)
-        steps.run("ezpz-nb notebooks DIR", [str(bin_dir / "ezpz-nb"), "notebooks", "tutorial"],
-                  home, 120)
+        steps.run(
+            "ezpz-nb notebooks DIR", [str(bin_dir / "ezpz-nb"), "notebooks", "tutorial"], home, 120
+        )
         nbs = home / "tutorial"
         shipped = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
         got = sorted(p.name for p in nbs.glob("*.ipynb"))
         if got != shipped:
             raise SystemExit(f"wheel test: ezpz-nb notebooks gave {got}, expected {shipped}")
-        steps.run("nbmake, every notebook", [str(bin_dir / NBMAKE[0]), *NBMAKE[1:],
-                                             f"--nbmake-timeout={args.timeout}", "."], nbs, 1800)
-        steps.run("ezpz-nb tour 00", [str(bin_dir / "ezpz-nb"), "tour", "00", "--out",
-                                      str(home / "tour")], home, 300)
-        print("\nwheel test passed: the installed wheel's notebooks all ran outside the "
-              f"repository\n{steps.table()}", flush=True)
+        steps.run(
+            "nbmake, every notebook",
+            [str(bin_dir / NBMAKE[0]), *NBMAKE[1:], f"--nbmake-timeout={args.timeout}", "."],
+            nbs,
+            1800,
+        )
+        steps.run(
+            "ezpz-nb tour 00",
+            [str(bin_dir / "ezpz-nb"), "tour", "00", "--out", str(home / "tour")],
+            home,
+            300,
+        )
+        print(
+            "\nwheel test passed: the installed wheel's notebooks all ran outside the "
+            f"repository\n{steps.table()}",
+            flush=True,
+        )
         return 0
     finally:
         if args.keep:

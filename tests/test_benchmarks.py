@@ -22,11 +22,18 @@ def test_short_soak_every_run_exits_zero_and_leaves_nothing():
     lifecycles in one process; any non-zero exit, leftover process or temporary entry
     fails."""
     tag = new_tag()
-    status, out, _ = run_limited([sys.executable, "benchmarks/soak.py", "--runs", "3",
-                                  "--tp-sizes", "2"], tag=tag, limit_s=1100, cwd=str(ROOT))
+    status, out, _ = run_limited(
+        [sys.executable, "benchmarks/soak.py", "--runs", "3", "--tp-sizes", "2"],
+        tag=tag,
+        limit_s=1100,
+        cwd=str(ROOT),
+    )
     assert status == 0, out[-6000:]
-    rows = [line for line in out.splitlines()
-            if line.startswith(("| torchrun", "| ez.", "| Cluster", "| notebook"))]
+    rows = [
+        line
+        for line in out.splitlines()
+        if line.startswith(("| torchrun", "| ez.", "| Cluster", "| notebook"))
+    ]
     assert len(rows) == 3 + 1 + 3, out
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
@@ -41,10 +48,27 @@ def test_launch_benchmark_reports_a_hung_and_a_failed_peer_and_finishes():
     measured, the table is printed, and nothing of the stalled child is left."""
     tag = new_tag()
     status, out, _ = run_limited(
-        [sys.executable, "benchmarks/launch.py", "--reps", "1", "--sizes", "2", "--peers", "bare",
-         "spawn", "--limit", "40", "--scale", "--kernel-reps", "0"], tag=tag, limit_s=300,
+        [
+            sys.executable,
+            "benchmarks/launch.py",
+            "--reps",
+            "1",
+            "--sizes",
+            "2",
+            "--peers",
+            "bare",
+            "spawn",
+            "--limit",
+            "40",
+            "--scale",
+            "--kernel-reps",
+            "0",
+        ],
+        tag=tag,
+        limit_s=300,
         cwd=str(ROOT),
-        env=dict(os.environ, EZPZ_NB_BENCH_FAULT="spawn=hang,bare=fail"))
+        env=dict(os.environ, EZPZ_NB_BENCH_FAULT="spawn=hang,bare=fail"),
+    )
     assert status == 0, out
     row = next(line for line in out.splitlines() if line.startswith("| 2 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]

@@ -21,8 +21,11 @@ ARTIFACTS = REPO / "test-artifacts"
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
-                       "(apt-get install -y chromium chromium-driver)"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="needs Debian's chromium at /usr/bin/chromium "
+        "(apt-get install -y chromium chromium-driver)",
+    ),
 ]
 
 
@@ -39,8 +42,10 @@ def test_explorer_notebook_runs_and_redraws_in_chromium(tmp_path):
     ARTIFACTS.mkdir(exist_ok=True)
     with jupyterlab(tmp_path) as lab, sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
             page.goto(lab.url(f"lab/tree/{NOTEBOOK}"))
@@ -49,8 +54,10 @@ def test_explorer_notebook_runs_and_redraws_in_chromium(tmp_path):
             page.get_by_role("menuitem", name="Run", exact=True).click()
             page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
             page.wait_for_function(ALL_CELLS_RUN, timeout=90_000)
-            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
-                                  ":has-text('Traceback')")
+            errors = page.locator(
+                ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
+                ":has-text('Traceback')"
+            )
             assert errors.count() == 0, errors.first.inner_text()
 
             # Both Progress displays drew one bar per rank (widget mode: a frontend is
@@ -79,14 +86,17 @@ def test_explorer_notebook_runs_and_redraws_in_chromium(tmp_path):
             page.keyboard.press("ArrowRight")
             page.wait_for_function(
                 "([el, old]) => el.innerText.startsWith('run ') && el.innerText !== old",
-                arg=[status.element_handle(), first_status], timeout=60_000)
+                arg=[status.element_handle(), first_status],
+                timeout=60_000,
+            )
             assert slider.locator(".widget-readout").inner_text().strip() == "12"
             plots.first.wait_for(timeout=30_000)
             assert plots.count() == 2
             after = plots.first.get_attribute("src")
             assert after and after != before, "the heatmap was not redrawn"
-            assert page.evaluate("(img) => img.complete && img.naturalWidth > 100",
-                                 plots.first.element_handle())
+            assert page.evaluate(
+                "(img) => img.complete && img.naturalWidth > 100", plots.first.element_handle()
+            )
             explorer.screenshot(path=str(ARTIFACTS / "explorer.png"))
             page.screenshot(path=str(ARTIFACTS / "explorer-page.png"), full_page=False)
         except BaseException:

@@ -108,10 +108,21 @@ print("RESULTS " + json.dumps(results))
 
 
 def _check(results: dict) -> None:
-    names = {"two helpers", "chain of three", "mutual recursion", "recursive helper",
-             "class calling helpers", "decorator from the cell", "partial", "dataclass",
-             "lambda in a global", "globals kept between runs", "method writing a global",
-             "...read by a function", "redefined helper"}
+    names = {
+        "two helpers",
+        "chain of three",
+        "mutual recursion",
+        "recursive helper",
+        "class calling helpers",
+        "decorator from the cell",
+        "partial",
+        "dataclass",
+        "lambda in a global",
+        "globals kept between runs",
+        "method writing a global",
+        "...read by a function",
+        "redefined helper",
+    }
     assert set(results) == names
     for name, (local, remote) in results.items():
         if isinstance(local, list):
@@ -125,11 +136,16 @@ def test_shapes_in_a_plain_script(tmp_path, short_tmp):
     """The same shapes from a script's __main__ (what `python script.py` pickles by value)."""
     script = tmp_path / "shapes.py"
     script.write_text("import json\n" + "\n".join(SHAPES) + "\n" + RUNNER)
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=240, env=dict(os.environ, TMPDIR=short_tmp))
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ, TMPDIR=short_tmp),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(x for x in out.stdout.splitlines() if x.startswith("RESULTS "))
-    _check(json.loads(line[len("RESULTS "):]))
+    _check(json.loads(line[len("RESULTS ") :]))
     assert os.listdir(short_tmp) == []
 
 
@@ -185,7 +201,7 @@ def test_shapes_in_a_kernel(kernel):
         assert "Error" not in text, text
     text, _ = kernel(RUNNER)
     line = next(x for x in text.splitlines() if x.startswith("RESULTS "))
-    _check(json.loads(line[len("RESULTS "):]))
+    _check(json.loads(line[len("RESULTS ") :]))
 
 
 def test_ranks_cells_call_notebook_helpers(kernel):
@@ -206,8 +222,11 @@ def test_progress_bar_updates_live_in_one_display_per_rank(kernel):
     in place while it runs, ending on the last text; not one glued line at the end."""
     kernel("import ezpz_nb as ez")
     text, msgs = kernel(BAR)
-    shown = [(m["msg_type"], m["content"]["data"]["text/plain"]) for m in msgs
-             if m["msg_type"] in ("display_data", "update_display_data")]
+    shown = [
+        (m["msg_type"], m["content"]["data"]["text/plain"])
+        for m in msgs
+        if m["msg_type"] in ("display_data", "update_display_data")
+    ]
     for r in (0, 1):
         mine = [t for _, t in shown if t.startswith(f"[rank {r}] ")]
         # Several distinct states arrived one by one (live), in order, ending on the last.
@@ -249,8 +268,9 @@ def _script_end():
 def test_pasted_init_process_group_runs_and_a_wrong_rank_explains_itself():
     import torch.distributed as dist
 
-    assert ez.launch(lambda: _init_process(dist.get_rank(), 3, _sum_ranks),
-                     world_size=3) == [3.0] * 3
+    assert (
+        ez.launch(lambda: _init_process(dist.get_rank(), 3, _sum_ranks), world_size=3) == [3.0] * 3
+    )
     with pytest.raises(ez.RankError) as info:
         ez.launch(lambda: _init_process(0, 2, _sum_ranks), world_size=2)
     msg = str(info.value)
@@ -296,9 +316,13 @@ def cluster():
         yield c
 
 
-graphs = st.integers(min_value=1, max_value=6).flatmap(lambda n: st.lists(
-    st.tuples(st.integers(-9, 9), st.lists(st.integers(0, n - 1), max_size=3)),
-    min_size=n, max_size=n))
+graphs = st.integers(min_value=1, max_value=6).flatmap(
+    lambda n: st.lists(
+        st.tuples(st.integers(-9, 9), st.lists(st.integers(0, n - 1), max_size=3)),
+        min_size=n,
+        max_size=n,
+    )
+)
 
 
 def _graph_source(graph: list[tuple[int, list[int]]]) -> str:
@@ -307,8 +331,9 @@ def _graph_source(graph: list[tuple[int, list[int]]]) -> str:
     parts = []
     for i, (const, callees) in enumerate(graph):
         calls = " + ".join(f"{k + 2} * f{j}(d - 1)" for k, j in enumerate(callees)) or "0"
-        parts.append(f"def f{i}(d):\n    if d <= 0:\n        return {const}\n"
-                     f"    return {const} + {calls}\n")
+        parts.append(
+            f"def f{i}(d):\n    if d <= 0:\n        return {const}\n    return {const} + {calls}\n"
+        )
     return "\n".join(parts)
 
 

@@ -34,14 +34,26 @@ EZPZ_NB = Path(sys.executable).with_name("ezpz-nb")  # the script pip installs
 # Tests never depend on wall-clock time: the doctor gets a budget that a machine busy
 # with other tests still meets (benchmarks/doctor.py measures the default one).
 BUDGET = ("--budget", "120")
-CHECKS = ["python", "ezpz_nb", "torch", "ipywidgets", "cores", "gloo on loopback", "4-rank launch",
-          "jupyter kernel", "widget frontend", "memory"]
+CHECKS = [
+    "python",
+    "ezpz_nb",
+    "torch",
+    "ipywidgets",
+    "cores",
+    "gloo on loopback",
+    "4-rank launch",
+    "jupyter kernel",
+    "widget frontend",
+    "memory",
+]
 
 
-def _ezpz_nb(*args: str, cwd: Path, env: dict[str, str] | None = None,
-             timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([str(EZPZ_NB), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def _ezpz_nb(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(EZPZ_NB), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _left_behind(marker: str) -> list[str]:
@@ -62,7 +74,8 @@ def test_doctor_passes_here_with_one_verdict_line(tmp_path, short_tmp):
     lines = done.stdout.strip().splitlines()
     assert re.fullmatch(r"ezpz-nb doctor: READY: 10 checks passed.* \(\d+\.\d s\)", lines[-1])
     assert [ln.split()[1] for ln in lines[1:-1] if ln.startswith("  ok")] == [
-        c.split()[0] for c in CHECKS]
+        c.split()[0] for c in CHECKS
+    ]
     assert "4 ranks, all_reduce correct" in done.stdout
     # The ranks, the forkserver and their folders went with the command.
     assert os.listdir(short_tmp) == []
@@ -89,14 +102,23 @@ def test_doctor_finds_a_python3_kernel_of_another_python(tmp_path):
     spec = tmp_path / "jupyter" / "kernels" / "python3"
     spec.mkdir(parents=True)
     other = sys.base_prefix + "/bin/python3"  # the interpreter the venv was made from
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [other, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3", "language": "python"}))
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [other, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3",
+                "language": "python",
+            }
+        )
+    )
     env = {**os.environ, "JUPYTER_PATH": str(tmp_path / "jupyter")}
     done = _ezpz_nb("doctor", *BUDGET, cwd=tmp_path, env=env)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert re.search(rf"FAIL  jupyter kernel +python3 runs {re.escape(other)}, which lacks: "
-                     r"ezpz_nb", done.stdout)
+    assert re.search(
+        rf"FAIL  jupyter kernel +python3 runs {re.escape(other)}, which lacks: "
+        r"ezpz_nb",
+        done.stdout,
+    )
     assert f"the python3 kernel found first ({spec})" in done.stdout
     assert "NOT READY: 1 of 10 checks failed (jupyter kernel)" in done.stdout
 
@@ -204,8 +226,14 @@ def test_lab_serves_the_notebooks_and_stops_cleanly(tmp_path):
     (startup / "00-ezpz.py").write_text("import ezpz_nb\n")
     port, token = free_port(), secrets.token_hex(16)
     log = (root / "lab.log").open("w")
-    proc = subprocess.Popen(lab_command(root, port, token), cwd=tmp_path, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        lab_command(root, port, token),
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     lab = Lab(root, port, token, proc)
     family: list[psutil.Process] = []
     try:
@@ -214,8 +242,11 @@ def test_lab_serves_the_notebooks_and_stops_cleanly(tmp_path):
             assert resp.status == 200
         listed = {item["name"] for item in lab.api("contents")["content"]}
         assert {p.name for p in shipped_files()} <= listed
-        listening = [c.laddr for c in psutil.Process(proc.pid).net_connections("inet")
-                     if c.status == psutil.CONN_LISTEN]
+        listening = [
+            c.laddr
+            for c in psutil.Process(proc.pid).net_connections("inet")
+            if c.status == psutil.CONN_LISTEN
+        ]
         assert listening and {a.ip for a in listening} == {"127.0.0.1"}
         assert {a.port for a in listening} == {port}
 
@@ -250,9 +281,14 @@ def test_make_lab_serves_the_checkout_notebooks(tmp_path):
     port, token = free_port(), secrets.token_hex(16)
     flags = f"--no-browser --port {port} --IdentityProvider.token={token}"
     log = (tmp_path / "lab.log").open("w")
-    proc = subprocess.Popen(["make", "-s", "lab", f"LAB_FLAGS={flags}"], cwd=ROOT,
-                            env=lab_env(tmp_path), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        ["make", "-s", "lab", f"LAB_FLAGS={flags}"],
+        cwd=ROOT,
+        env=lab_env(tmp_path),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     lab = Lab(tmp_path, port, token, proc)
     try:
         wait_up(lab, timeout=90)
@@ -272,7 +308,9 @@ def test_make_lab_serves_the_checkout_notebooks(tmp_path):
     assert "ezpz-nb lab: serving " + str(ROOT / "notebooks") in (tmp_path / "lab.log").read_text()
 
 
-@pytest.mark.parametrize("argv", [["notebooks"], ["doctor", "--bogus"], ["doctor", "--budget", "0"]])
+@pytest.mark.parametrize(
+    "argv", [["notebooks"], ["doctor", "--bogus"], ["doctor", "--budget", "0"]]
+)
 def test_bad_command_lines_are_usage_errors(argv, tmp_path):
     done = _ezpz_nb(*argv, cwd=tmp_path)
     assert done.returncode == 2 and "usage: ezpz-nb" in done.stderr

@@ -34,15 +34,22 @@ N, BATCH, SEED = 23, 2, 1234  # 23 does not divide over 2, 4 or 8 replicas: padd
 
 def expected_batches(n, dp_size, dp_rank, epoch, drop_last, batch=BATCH, seed=SEED):
     """What torch's own DistributedSampler + DataLoader batching give this replica."""
-    s = DistributedSampler(list(range(n)), num_replicas=dp_size, rank=dp_rank, shuffle=True,
-                           seed=seed, drop_last=drop_last)
+    s = DistributedSampler(
+        list(range(n)),
+        num_replicas=dp_size,
+        rank=dp_rank,
+        shuffle=True,
+        seed=seed,
+        drop_last=drop_last,
+    )
     s.set_epoch(epoch)
     idx = list(s)
-    out = [tuple(idx[i:i + batch]) for i in range(0, len(idx), batch)]
+    out = [tuple(idx[i : i + batch]) for i in range(0, len(idx), batch)]
     return [b for b in out if len(b) == batch] if drop_last else out
 
 
 # --------------------------------------------------------------- single process
+
 
 def test_random_token_dataset_is_deterministic_lazy_and_shifted():
     """Guards ezpz pitfall 1 (docs/ezpz_pitfalls.md) (rank-seeded tokens) and eager generation: a sample depends
@@ -65,10 +72,15 @@ def test_random_token_dataset_is_deterministic_lazy_and_shifted():
         a[50]
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(vocab_size=0, seq_length=4), dict(vocab_size=4, seq_length=0),
-    dict(vocab_size=4, seq_length=4, num_samples=0), dict(vocab_size=2.5, seq_length=4),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(vocab_size=0, seq_length=4),
+        dict(vocab_size=4, seq_length=0),
+        dict(vocab_size=4, seq_length=4, num_samples=0),
+        dict(vocab_size=2.5, seq_length=4),
+    ],
+)
 def test_random_token_dataset_rejects_bad_sizes(kwargs):
     """Guards against silently empty or nonsensical datasets: sizes below 1 raise ValueError."""
     with pytest.raises(ValueError, match="must be an int >= 1"):
@@ -78,6 +90,7 @@ def test_random_token_dataset_rejects_bad_sizes(kwargs):
 def test_non_distributed_path_honours_seed_and_skips_pin_memory():
     """Guards ezpz pitfall 5 (docs/ezpz_pitfalls.md) (pin_memory warning on CPU) and the seed being ignored without
     torch.distributed: same seed, same order; other seed, other order; no warnings."""
+
     def order(seed):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -107,7 +120,11 @@ Point = collections.namedtuple("Point", "x y")
 
 def test_flatten_roundtrip_keeps_structure():
     """Guards the broadcast's tree encoding: nesting, namedtuples and plain leaves survive."""
-    batch = {"a": [torch.ones(2), (torch.zeros(1, dtype=torch.int8), "s")], "p": Point(1, torch.arange(3)), "n": None}
+    batch = {
+        "a": [torch.ones(2), (torch.zeros(1, dtype=torch.int8), "s")],
+        "p": Point(1, torch.arange(3)),
+        "n": None,
+    }
     tree, tensors = flatten_batch(batch)
     assert len(tensors) == 3
     back = unflatten_batch(tree, tensors)
@@ -116,6 +133,7 @@ def test_flatten_roundtrip_keeps_structure():
 
 
 # ------------------------------------------------------------------- multi-rank
+
 
 def _sharding_run():
     """On every rank: for each tp size, with and without broadcast and drop_last, two epochs."""
@@ -128,8 +146,15 @@ def _sharding_run():
         for bc in (False, True):
             for drop_last in (True, False):
                 dl = get_random_dataset_fsdp_tp(
-                    BATCH, 64, 8, dp_group=lay.dp_group, tp_group=lay.tp_group,
-                    broadcast_within_tp=bc, drop_last=drop_last, seed=SEED, num_samples=N,
+                    BATCH,
+                    64,
+                    8,
+                    dp_group=lay.dp_group,
+                    tp_group=lay.tp_group,
+                    broadcast_within_tp=bc,
+                    drop_last=drop_last,
+                    seed=SEED,
+                    num_samples=N,
                 )["dataloader"]
                 rec = record(dl, lay, publish=False)
                 for epoch in (0, 1):
@@ -179,13 +204,16 @@ def _pitfalls_run():
     out = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        dl = get_random_dataset_fsdp_tp(2, 64, 8, tp_group=lay.tp_group, num_samples=16)["dataloader"]
+        dl = get_random_dataset_fsdp_tp(2, 64, 8, tp_group=lay.tp_group, num_samples=16)[
+            "dataloader"
+        ]
         get_random_dataset_fsdp_tp(2, 64, 8, dp_group=lay.dp_group, broadcast_within_tp=True)
     out["warned"] = [(w.category.__name__, str(w.message)) for w in caught]
     out["no_dp_group"] = record(dl, lay, publish=False)
     # No set_epoch: the order repeats; with set_epoch it changes.
-    dl = get_random_dataset_fsdp_tp(2, 64, 8, dp_group=lay.dp_group, tp_group=lay.tp_group,
-                                    num_samples=16)["dataloader"]
+    dl = get_random_dataset_fsdp_tp(
+        2, 64, 8, dp_group=lay.dp_group, tp_group=lay.tp_group, num_samples=16
+    )["dataloader"]
     out["orders"] = [[b["index"].tolist() for b in dl] for _ in range(2)]
     dl.sampler.set_epoch(1)
     out["orders"].append([b["index"].tolist() for b in dl])
@@ -201,13 +229,21 @@ def _pitfalls_run():
             return {"input_ids": torch.randint(0, 64, (8,), generator=g), "index": i}
 
     for bc in (False, True):
-        dl = get_random_dataset_fsdp_tp(2, 64, 8, dp_group=lay.dp_group, tp_group=lay.tp_group,
-                                        dataset=RankSeeded(), broadcast_within_tp=bc)["dataloader"]
+        dl = get_random_dataset_fsdp_tp(
+            2,
+            64,
+            8,
+            dp_group=lay.dp_group,
+            tp_group=lay.tp_group,
+            dataset=RankSeeded(),
+            broadcast_within_tp=bc,
+        )["dataloader"]
         out[f"rank_seeded_bc{bc}"] = record(dl, lay, publish=False)
     flat = make_layout(1)
     for drop_last in (False, True):  # 10 samples over 4 replicas: docs/ezpz_pitfalls.md's example
-        dl = get_random_dataset_fsdp_tp(1, 64, 8, dp_group=flat.dp_group, num_samples=10,
-                                        drop_last=drop_last, shuffle=False)["dataloader"]
+        dl = get_random_dataset_fsdp_tp(
+            1, 64, 8, dp_group=flat.dp_group, num_samples=10, drop_last=drop_last, shuffle=False
+        )["dataloader"]
         out[f"drop_last{drop_last}"] = record(dl, flat, publish=False)
     # Hand-made sharding ds[r::w]: 10 samples give ranks 0-1 three samples, 2-3 two.
     ds = RandomTokenDataset(64, 8, num_samples=10)
@@ -261,27 +297,47 @@ class MixedLoader:
         self.batches = []
         for i in range(9):
             n = 3 if i < 4 else 1 + i % 3  # steady for 4 steps, then shapes change
-            self.batches.append({
-                "ids": torch.arange(n * 4, dtype=torch.int64).reshape(n, 4) + i,
-                "x": [torch.full((n,), i / 3, dtype=torch.float32), torch.tensor(i, dtype=torch.bfloat16)],
-                "mask": (torch.arange(n) % 2).bool(),
-                "small": (torch.tensor([i], dtype=torch.int8), torch.zeros(0, 2, dtype=torch.float64)),
-                "strided": torch.arange(12.0).reshape(3, 4).t()[:, i % 3],
-                "meta": {"step": i, "name": f"b{i // 5}", "none": None},
-                "point": Point(i, torch.tensor([i, i], dtype=torch.int16)),
-                "complex": torch.full((2,), complex(i, -i), dtype=torch.complex128),  # 16-byte items
-            })
+            self.batches.append(
+                {
+                    "ids": torch.arange(n * 4, dtype=torch.int64).reshape(n, 4) + i,
+                    "x": [
+                        torch.full((n,), i / 3, dtype=torch.float32),
+                        torch.tensor(i, dtype=torch.bfloat16),
+                    ],
+                    "mask": (torch.arange(n) % 2).bool(),
+                    "small": (
+                        torch.tensor([i], dtype=torch.int8),
+                        torch.zeros(0, 2, dtype=torch.float64),
+                    ),
+                    "strided": torch.arange(12.0).reshape(3, 4).t()[:, i % 3],
+                    "meta": {"step": i, "name": f"b{i // 5}", "none": None},
+                    "point": Point(i, torch.tensor([i, i], dtype=torch.int16)),
+                    "complex": torch.full(
+                        (2,), complex(i, -i), dtype=torch.complex128
+                    ),  # 16-byte items
+                }
+            )
+
         # Flat dicts of tensors take the leader's shortcut past flattening and
         # pickling. Each of these differs from the one before in a way the shortcut
         # must notice (shape, dtype, a plain leaf, key order, a key's name) or must
         # pass through intact (requires_grad; a subclass, which takes the long way).
         def flat(n, dtype=torch.int64, ids=None):
-            return {"input_ids": torch.arange(n, dtype=dtype) if ids is None else ids, "index": torch.tensor([n])}
+            return {
+                "input_ids": torch.arange(n, dtype=dtype) if ids is None else ids,
+                "index": torch.tensor([n]),
+            }
 
         self.batches += [
-            flat(4), flat(4), flat(5), flat(5, torch.int32),  # steady, then a shape, then a dtype
+            flat(4),
+            flat(4),
+            flat(5),
+            flat(5, torch.int32),  # steady, then a shape, then a dtype
             {"input_ids": torch.arange(5, dtype=torch.int32), "index": 5},  # a plain leaf
-            {"index": torch.tensor([5]), "input_ids": torch.arange(5, dtype=torch.int32)},  # key order
+            {
+                "index": torch.tensor([5]),
+                "input_ids": torch.arange(5, dtype=torch.int32),
+            },  # key order
             {"index": torch.tensor([5]), "ids": torch.arange(5, dtype=torch.int32)},  # a key's name
             flat(5, ids=torch.ones(5, requires_grad=True)),
             flat(5, ids=torch.nn.Parameter(torch.full((5,), 2.0))),  # a Tensor subclass
@@ -304,8 +360,9 @@ def _broadcast_run(mode):
         dl._broadcaster._bcast = lambda buf: (calls.__setitem__(0, calls[0] + 1), inner(buf))
     got = list(dl)  # keep every batch: a reused receive buffer would overwrite earlier ones
     # A steady second pass: same shapes every step.
-    steady = TPBroadcastDataLoader([{"a": torch.ones(4, 4) * i} for i in range(6)], dist.group.WORLD,
-                                   mode=mode)
+    steady = TPBroadcastDataLoader(
+        [{"a": torch.ones(4, 4) * i} for i in range(6)], dist.group.WORLD, mode=mode
+    )
     before = calls[0]
     if steady._broadcaster is not None:
         inner2 = steady._broadcaster._bcast
@@ -322,13 +379,19 @@ def _broadcast_run(mode):
         list(steady)
     finally:
         broadcast.flatten_batch = real_flatten
-    return {"batches": got, "source": dl.source, "steady_calls": calls[0] - before,
-            "flattened": flattened[0]}
+    return {
+        "batches": got,
+        "source": dl.source,
+        "steady_calls": calls[0] - before,
+        "flattened": flattened[0],
+    }
 
 
 def _same(a, b):
     if torch.is_tensor(a):
-        return torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return (
+            torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        )
     if isinstance(a, dict):
         return isinstance(b, dict) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
@@ -361,8 +424,9 @@ def _no_tp_group_run():
 def test_no_tp_group_means_every_rank_loads_its_own_data():
     """Guards tp_group=None as in ezpz (every rank is its own leader): reading None as the
     world group would make rank 0 broadcast, and every DP replica train on its batches."""
-    for rank, (leader, source, alone, got) in enumerate(ez.launch(_no_tp_group_run, world_size=2,
-                                                                  timeout=60)):
+    for rank, (leader, source, alone, got) in enumerate(
+        ez.launch(_no_tp_group_run, world_size=2, timeout=60)
+    ):
         assert (leader, source, alone) == (True, "loaded", True)
         assert got == [[rank, step] for step in range(3)]
 
@@ -448,16 +512,29 @@ def test_leader_announces_end_and_errors_so_no_rank_hangs():
                 assert unp[0] != "ok" and unp[1] == [None]
             else:
                 kind, steps, leader_rank, error_type, message = fail
-                assert (kind, steps, leader_rank, error_type) == ("TPLeaderError", [[0], [1]], leader, "KeyError")
+                assert (kind, steps, leader_rank, error_type) == (
+                    "TPLeaderError",
+                    [[0], [1]],
+                    leader,
+                    "KeyError",
+                )
                 assert f"global rank {leader}" in message and "corrupt shard at step 2" in message
                 assert unp[0] == "TPLeaderError" and unp[1] == [None]
 
 
 def _workers_run():
     lay = make_layout(2)
-    out = get_random_dataset_fsdp_tp(2, 64, 8, dp_group=lay.dp_group, tp_group=lay.tp_group,
-                                     broadcast_within_tp=True, num_workers=2, seed=SEED,
-                                     num_samples=N)
+    out = get_random_dataset_fsdp_tp(
+        2,
+        64,
+        8,
+        dp_group=lay.dp_group,
+        tp_group=lay.tp_group,
+        broadcast_within_tp=True,
+        num_workers=2,
+        seed=SEED,
+        num_samples=N,
+    )
     rec = record(out["dataloader"], lay, publish=False)
     for epoch in (0, 1):
         rec.set_epoch(epoch)
@@ -490,8 +567,14 @@ def _bad_input_run():
         except ValueError as e:
             errors[name] = str(e)
 
-    catch("big_batch", lambda: get_random_dataset_fsdp_tp(6, 64, 8, dp_group=lay.dp_group, num_samples=10))
-    catch("not_member", lambda: get_random_dataset_fsdp_tp(1, 64, 8, dp_group=lay.dp_group, tp_group=g01))
+    catch(
+        "big_batch",
+        lambda: get_random_dataset_fsdp_tp(6, 64, 8, dp_group=lay.dp_group, num_samples=10),
+    )
+    catch(
+        "not_member",
+        lambda: get_random_dataset_fsdp_tp(1, 64, 8, dp_group=lay.dp_group, tp_group=g01),
+    )
     catch("wrapper_not_member", lambda: TPBroadcastDataLoader([], g01))
     catch("tp3", lambda: make_layout(3))
     return rank, errors
@@ -519,6 +602,7 @@ def test_broadcaster_rejects_unknown_mode():
 
 # ------------------------------------------------------------ resume mid-epoch
 
+
 class _CountingDataset(Dataset):
     """Sample i is {"index": i}; counts how many samples this process produced."""
 
@@ -538,8 +622,9 @@ def _tp_resume_part(stateful, epoch, stop_after, states):
     steps. Returns (sample ids per step, state at the stop, samples loaded, next epoch's ids)."""
     lay = make_layout(2)
     ds = _CountingDataset(N)
-    sampler = DistributedSampler(ds, num_replicas=lay.dp_size, rank=lay.dp_rank, shuffle=True,
-                                 seed=SEED, drop_last=True)
+    sampler = DistributedSampler(
+        ds, num_replicas=lay.dp_size, rank=lay.dp_rank, shuffle=True, seed=SEED, drop_last=True
+    )
     if stateful:
         from torchdata.stateful_dataloader import StatefulDataLoader
 

@@ -33,11 +33,20 @@ def cluster():
         yield c
 
 
-def sampler_ids(dp_rank: int, epoch: int, *, n: int = N, dp: int = DP, drop_last: bool = True,
-                batch: int = BATCH, seed: int = SEED) -> list[int]:
+def sampler_ids(
+    dp_rank: int,
+    epoch: int,
+    *,
+    n: int = N,
+    dp: int = DP,
+    drop_last: bool = True,
+    batch: int = BATCH,
+    seed: int = SEED,
+) -> list[int]:
     """The ids torch's DistributedSampler + DataLoader batching give a replica in an epoch."""
-    s = DistributedSampler(list(range(n)), num_replicas=dp, rank=dp_rank, shuffle=True,
-                           seed=seed, drop_last=drop_last)
+    s = DistributedSampler(
+        list(range(n)), num_replicas=dp, rank=dp_rank, shuffle=True, seed=seed, drop_last=drop_last
+    )
     s.set_epoch(epoch)
     ids = list(s)
     full = len(ids) // batch * batch if drop_last else len(ids)
@@ -64,13 +73,15 @@ def assert_tp_peers_identical(ledger: Ledger) -> None:
 
 # ------------------------------------------------------------------ dp_sharding
 
+
 def test_dp_sharding_matches_distributed_sampler_and_writes_one_file_per_rank(cluster, tmp_path):
     """Guards ezpz pitfall 2 (docs/ezpz_pitfalls.md) (sharding over the world) and the per-rank ledger files that
     a torchrun run leaves for plotting."""
     stale = tmp_path / "rank7.jsonl"  # from an imagined earlier 8-rank run
     stale.write_text("{}\n")
-    ledger = Ledger.from_results(cluster.run(dp_sharding.run, tp_size=TP, epochs=2,
-                                             out=str(tmp_path)))
+    ledger = Ledger.from_results(
+        cluster.run(dp_sharding.run, tp_size=TP, epochs=2, out=str(tmp_path))
+    )
     assert ledger.ok, ledger.summary()
     assert ledger.ranks() == list(range(WORLD))
     assert_matches_sampler(ledger, 2)
@@ -83,28 +94,33 @@ def test_dp_sharding_matches_distributed_sampler_and_writes_one_file_per_rank(cl
 
 
 def test_dp_sharding_without_set_epoch_repeats_the_first_order(cluster):
-    ledger = Ledger.from_results(cluster.run(dp_sharding.run, tp_size=TP, epochs=2,
-                                             set_epoch=False))
+    ledger = Ledger.from_results(
+        cluster.run(dp_sharding.run, tp_size=TP, epochs=2, set_epoch=False)
+    )
     assert ledger.epochs() == [0, 1]
     assert_matches_sampler(ledger, 2, set_epoch=False)
 
 
 def test_dp_sharding_over_the_world_is_flagged_as_tp_mismatch(cluster):
-    ledger = Ledger.from_results(cluster.run(dp_sharding.run, tp_size=TP, epochs=1,
-                                             shard_over="world"))
+    ledger = Ledger.from_results(
+        cluster.run(dp_sharding.run, tp_size=TP, epochs=1, shard_over="world")
+    )
     assert kinds(ledger) == {"tp_mismatch"}
 
 
 def test_dp_sharding_padding_shows_duplicates(cluster):
-    ledger = Ledger.from_results(cluster.run(dp_sharding.run, tp_size=TP, epochs=1,
-                                             num_samples=11, batch_size=2, drop_last=False))
+    ledger = Ledger.from_results(
+        cluster.run(
+            dp_sharding.run, tp_size=TP, epochs=1, num_samples=11, batch_size=2, drop_last=False
+        )
+    )
     assert kinds(ledger) == {"dp_duplicate"}
     for rank, dp_rank, _ in layout_table(WORLD, TP):
-        assert ledger.sample_ids(rank, 0) == sampler_ids(dp_rank, 0, n=11, batch=2,
-                                                         drop_last=False)
+        assert ledger.sample_ids(rank, 0) == sampler_ids(dp_rank, 0, n=11, batch=2, drop_last=False)
 
 
 # ----------------------------------------------------------------- tp_broadcast
+
 
 @pytest.mark.parametrize("mode", ["tensor", "pickle"])
 def test_tp_broadcast_peers_receive_the_leaders_batches(cluster, mode):
@@ -118,15 +134,18 @@ def test_tp_broadcast_peers_receive_the_leaders_batches(cluster, mode):
 def test_tp_broadcast_fixes_rank_seeded_data(cluster):
     """Guards ezpz pitfall 1 (docs/ezpz_pitfalls.md): tokens seeded by rank differ between TP peers unless the
     leader's batch is broadcast."""
-    alone = Ledger.from_results(cluster.run(tp_broadcast.run, tp_size=TP, epochs=1,
-                                            rank_seeded=True, broadcast=False))
+    alone = Ledger.from_results(
+        cluster.run(tp_broadcast.run, tp_size=TP, epochs=1, rank_seeded=True, broadcast=False)
+    )
     assert kinds(alone) == {"tp_mismatch"}
-    sent = Ledger.from_results(cluster.run(tp_broadcast.run, tp_size=TP, epochs=1,
-                                           rank_seeded=True, broadcast=True))
+    sent = Ledger.from_results(
+        cluster.run(tp_broadcast.run, tp_size=TP, epochs=1, rank_seeded=True, broadcast=True)
+    )
     assert sent.ok, sent.summary()
 
 
 # --------------------------------------------------------------- step_alignment
+
 
 def hand_made_steps(dp_rank: int, n: int = 65, dp: int = DP, batch: int = BATCH) -> int:
     return math.ceil(len(range(dp_rank, n, dp)) / batch)
@@ -134,8 +153,9 @@ def hand_made_steps(dp_rank: int, n: int = 65, dp: int = DP, batch: int = BATCH)
 
 def test_step_alignment_sampler_and_guard_keep_every_rank_in_step(cluster):
     sampler = Ledger.from_results(cluster.run(step_alignment.run, tp_size=TP))
-    guarded = Ledger.from_results(cluster.run(step_alignment.run, tp_size=TP, uneven=True,
-                                              guard=True))
+    guarded = Ledger.from_results(
+        cluster.run(step_alignment.run, tp_size=TP, uneven=True, guard=True)
+    )
     assert "step_mismatch" not in kinds(sampler) | kinds(guarded)
     fewest = min(hand_made_steps(d) for d in range(DP))
     assert {len(guarded.steps(r, 0)) for r in range(WORLD)} == {fewest}
@@ -146,8 +166,14 @@ def test_step_alignment_sampler_and_guard_keep_every_rank_in_step(cluster):
 
 def test_step_alignment_uneven_raises_on_the_waiting_ranks_instead_of_hanging():
     with pytest.raises(ez.RankError) as info:
-        ez.launch(step_alignment.run, world_size=WORLD, timeout=60, tp_size=TP, uneven=True,
-                  step_timeout=2.0)
+        ez.launch(
+            step_alignment.run,
+            world_size=WORLD,
+            timeout=60,
+            tp_size=TP,
+            uneven=True,
+            step_timeout=2.0,
+        )
     err = info.value
     longest = max(hand_made_steps(d) for d in range(DP))
     waiting = {r for r, d, _ in layout_table(WORLD, TP) if hand_made_steps(d) == longest}
@@ -192,10 +218,12 @@ def test_capstone_avg_probe_agrees_on_every_rank(cluster):
     assert len(set(cluster.run(capstone.avg_reduces_correctly))) == 1
 
 
-def test_capstone_broken_data_leaves_the_reference_and_the_ledger_says_why(cluster,
-                                                                          capstone_reference):
-    seeded = Ledger.from_results(cluster.run(capstone.run, tp_size=TP, rank_seeded=True,
-                                             broadcast=False, **CAPSTONE))
+def test_capstone_broken_data_leaves_the_reference_and_the_ledger_says_why(
+    cluster, capstone_reference
+):
+    seeded = Ledger.from_results(
+        cluster.run(capstone.run, tp_size=TP, rank_seeded=True, broadcast=False, **CAPSTONE)
+    )
     assert kinds(seeded) == {"tp_mismatch"}
     assert (capstone_curve(seeded) - capstone_reference).abs().max() > 0.01
     same = Ledger.from_results(cluster.run(capstone.run, tp_size=TP, set_epoch=False, **CAPSTONE))
@@ -216,6 +244,7 @@ def test_capstone_rule_dataset_is_the_same_everywhere_and_follows_its_rule():
 
 # ---------------------------------------------------- ensure_distributed, backend
 
+
 def test_ensure_distributed_does_nothing_inside_a_launched_rank(cluster):
     def probe():
         return common.ensure_distributed(), dist.get_world_size(), str(common.device())
@@ -232,8 +261,14 @@ def _free_port() -> int:
 @pytest.fixture
 def one_process_torchrun_env(monkeypatch):
     """The environment torchrun gives a world of one process, and cleanup after."""
-    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}.items():
+    for k, v in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }.items():
         monkeypatch.setenv(k, v)
     yield
     if dist.is_initialized():
@@ -294,6 +329,7 @@ def test_nccl_without_gpu_is_a_clear_error_before_init(one_process_torchrun_env)
 
 # ------------------------------------------------------------------------ GPUs
 
+
 def _gpu_world() -> tuple[int, int]:
     world = min(WORLD, torch.cuda.device_count())
     return world, (TP if world % TP == 0 else 1)
@@ -303,13 +339,16 @@ def _gpu_world() -> tuple[int, int]:
 @pytest.mark.parametrize("example", [dp_sharding, tp_broadcast, step_alignment, capstone])
 def test_examples_on_nccl_one_gpu_per_rank(example):
     world, tp = _gpu_world()
-    ledger = Ledger.from_results(ez.launch(example.run, world_size=world, timeout=120,
-                                           backend="nccl", tp_size=tp))
+    ledger = Ledger.from_results(
+        ez.launch(example.run, world_size=world, timeout=120, backend="nccl", tp_size=tp)
+    )
     assert ledger.ranks() == list(range(world))
     assert "step_mismatch" not in kinds(ledger) and "tp_mismatch" not in kinds(ledger)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL: one per rank)")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL: one per rank)"
+)
 def test_nccl_tp_broadcast_delivers_cuda_tensors_on_each_peers_gpu():
     def worker():
         from ezpz_nb.data import get_random_dataset_fsdp_tp
@@ -317,12 +356,17 @@ def test_nccl_tp_broadcast_delivers_cuda_tensors_on_each_peers_gpu():
         from ezpz_nb.ledger import batch_digest
 
         layout = make_layout(2)
-        dl = get_random_dataset_fsdp_tp(BATCH, common.VOCAB_SIZE, common.SEQ_LENGTH,
-                                        dp_group=layout.dp_group, tp_group=layout.tp_group,
-                                        broadcast_within_tp=True, num_samples=32)["dataloader"]
+        dl = get_random_dataset_fsdp_tp(
+            BATCH,
+            common.VOCAB_SIZE,
+            common.SEQ_LENGTH,
+            dp_group=layout.dp_group,
+            tp_group=layout.tp_group,
+            broadcast_within_tp=True,
+            num_samples=32,
+        )["dataloader"]
         return [(str(b["input_ids"].device), batch_digest(b)) for b in dl]
 
     leader, peer = ez.launch(worker, world_size=2, timeout=120, backend="nccl")
     assert [d for _, d in leader] == [d for _, d in peer]
     assert {dev for dev, _ in peer} == {"cuda:1"}
-

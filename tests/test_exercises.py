@@ -78,15 +78,21 @@ def share_over_world(x, group):
 
 
 def sampler_right(dataset, layout):
-    return DistributedSampler(dataset, num_replicas=layout.dp_size, rank=layout.dp_rank,
-                              shuffle=True, drop_last=True, seed=0)
+    return DistributedSampler(
+        dataset,
+        num_replicas=layout.dp_size,
+        rank=layout.dp_rank,
+        shuffle=True,
+        drop_last=True,
+        seed=0,
+    )
 
 
 def sampler_as_blocks_of_a_permutation(dataset, layout):
     # Unusual but right: a plain list, contiguous blocks of one shared permutation.
     per = len(dataset) // layout.dp_size
     perm = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(5)).tolist()
-    return perm[layout.dp_rank * per:(layout.dp_rank + 1) * per]
+    return perm[layout.dp_rank * per : (layout.dp_rank + 1) * per]
 
 
 def sampler_strided(dataset, layout):
@@ -99,8 +105,9 @@ def sampler_padded(dataset, layout):
 
 
 def sampler_unshuffled(dataset, layout):
-    return DistributedSampler(dataset, num_replicas=layout.dp_size, rank=layout.dp_rank,
-                              shuffle=False, drop_last=True)
+    return DistributedSampler(
+        dataset, num_replicas=layout.dp_size, rank=layout.dp_rank, shuffle=False, drop_last=True
+    )
 
 
 def sampler_over_world(dataset, layout):
@@ -209,7 +216,7 @@ def steps_materialized(stream, train_step):
     batches = list(stream)  # the endless stream never ends: a hang
     n = torch.tensor(len(batches))
     dist.all_reduce(n, op=dist.ReduceOp.MIN)
-    for b in batches[:int(n)]:
+    for b in batches[: int(n)]:
         train_step(b)
     return int(n)
 
@@ -314,36 +321,64 @@ def peers_load_and_discard(loader, group):
 
 CASES = [
     # (checker, right solutions, [(wrong solution, phrase its message must contain)])
-    (ex.check_global_sum, [sum_in_place, sum_by_gather], [
-        (lambda x: x, "its own input"),
-        # The right answer for the documented inputs, hard-coded: the second call fails.
-        (lambda x: torch.tensor([10.0, 60.0]), "second call")]),
-    (ex.check_share_from_leader, [share_right, share_by_group_src, share_by_masked_sum], [
-        (share_leader_rank_number, "expected its group leader's values"),
-        (share_nothing, "received nothing"),
-        (share_from_global_zero, "not part of group"),
-        (share_over_world, "rank 0's values")]),
-    (ex.check_make_sampler, [sampler_right, sampler_as_blocks_of_a_permutation], [
-        (sampler_strided, "[14, 13] samples"),
-        (sampler_padded, "drop_last=True drops"),
-        (sampler_unshuffled, "ascending order"),
-        (sampler_over_world, "TP peers disagree"),
-        (sampler_same_rank, "rank=layout.dp_rank")]),
-    (ex.check_run_epochs, [epochs_right, epochs_from_one], [
-        (epochs_no_set_epoch, "set_epoch"),
-        (epochs_shuffled_afterwards, "its loader yielded"),
-        (epochs_per_rank_seed, "TP peers")]),
-    (ex.check_send_batch, [send_as_object, send_shapes_then_tensors], [
-        (send_nothing, "returned None"),
-        (send_flattened_to_peers, "with shape"),
-        (send_bytes_as_uint8, "dtype torch.uint8")]),
-    (ex.check_leader_batches, [leader_announces, leader_sends_whole_epoch,
-                               leader_flag_then_tensors], [
-        (everyone_loads, "read its dataset"),
-        (peers_load_and_discard, "read its dataset")]),
-    (ex.check_steps_over_stream, [steps_min, steps_by_gathered_flags], [
-        (steps_by_len, "has no len()"),
-        (steps_one_short, "returned 0")]),
+    (
+        ex.check_global_sum,
+        [sum_in_place, sum_by_gather],
+        [
+            (lambda x: x, "its own input"),
+            # The right answer for the documented inputs, hard-coded: the second call fails.
+            (lambda x: torch.tensor([10.0, 60.0]), "second call"),
+        ],
+    ),
+    (
+        ex.check_share_from_leader,
+        [share_right, share_by_group_src, share_by_masked_sum],
+        [
+            (share_leader_rank_number, "expected its group leader's values"),
+            (share_nothing, "received nothing"),
+            (share_from_global_zero, "not part of group"),
+            (share_over_world, "rank 0's values"),
+        ],
+    ),
+    (
+        ex.check_make_sampler,
+        [sampler_right, sampler_as_blocks_of_a_permutation],
+        [
+            (sampler_strided, "[14, 13] samples"),
+            (sampler_padded, "drop_last=True drops"),
+            (sampler_unshuffled, "ascending order"),
+            (sampler_over_world, "TP peers disagree"),
+            (sampler_same_rank, "rank=layout.dp_rank"),
+        ],
+    ),
+    (
+        ex.check_run_epochs,
+        [epochs_right, epochs_from_one],
+        [
+            (epochs_no_set_epoch, "set_epoch"),
+            (epochs_shuffled_afterwards, "its loader yielded"),
+            (epochs_per_rank_seed, "TP peers"),
+        ],
+    ),
+    (
+        ex.check_send_batch,
+        [send_as_object, send_shapes_then_tensors],
+        [
+            (send_nothing, "returned None"),
+            (send_flattened_to_peers, "with shape"),
+            (send_bytes_as_uint8, "dtype torch.uint8"),
+        ],
+    ),
+    (
+        ex.check_leader_batches,
+        [leader_announces, leader_sends_whole_epoch, leader_flag_then_tensors],
+        [(everyone_loads, "read its dataset"), (peers_load_and_discard, "read its dataset")],
+    ),
+    (
+        ex.check_steps_over_stream,
+        [steps_min, steps_by_gathered_flags],
+        [(steps_by_len, "has no len()"), (steps_one_short, "returned 0")],
+    ),
 ]
 IDS = [c[0].__name__ for c in CASES]
 
@@ -376,15 +411,19 @@ def test_none_everywhere_is_not_done():
     assert ex.check_global_sum(returns_none).status == "not done"
 
 
-@pytest.mark.parametrize("checker,fn", [
-    (ex.check_send_batch, send_only_on_leader),
-    # ezpz's peers count their own len(): the first round claims more batches than come.
-    (ex.check_leader_batches, peers_count_len),
-    # Each rank stops when its own stream ends: the others wait in train_step's all-reduce.
-    (ex.check_steps_over_stream, steps_local),
-    # Reading an endless stream to its end never finishes.
-    (ex.check_steps_over_stream, steps_materialized),
-], ids=["send_only_on_leader", "peers_count_len", "steps_local", "steps_materialized"])
+@pytest.mark.parametrize(
+    "checker,fn",
+    [
+        (ex.check_send_batch, send_only_on_leader),
+        # ezpz's peers count their own len(): the first round claims more batches than come.
+        (ex.check_leader_batches, peers_count_len),
+        # Each rank stops when its own stream ends: the others wait in train_step's all-reduce.
+        (ex.check_steps_over_stream, steps_local),
+        # Reading an endless stream to its end never finishes.
+        (ex.check_steps_over_stream, steps_materialized),
+    ],
+    ids=["send_only_on_leader", "peers_count_len", "steps_local", "steps_materialized"],
+)
 def test_hang_is_reported_with_stacks(checker, fn):
     result = checker(fn, timeout=8)
     assert result.status == "wrong"

@@ -42,8 +42,13 @@ def _groups_run():
             dp_members = [None] * lay.dp_size
             dist.all_gather_object(tp_members, rank, group=lay.tp_group)
             dist.all_gather_object(dp_members, rank, group=lay.dp_group)
-            out[(tp, mesh)] = (lay, tp_members, dp_members,
-                               dist.get_rank(lay.tp_group), dist.get_rank(lay.dp_group))
+            out[(tp, mesh)] = (
+                lay,
+                tp_members,
+                dp_members,
+                dist.get_rank(lay.tp_group),
+                dist.get_rank(lay.dp_group),
+            )
     out["cached"] = make_layout(2).tp_group is make_layout(2).tp_group
     try:
         make_layout(3)
@@ -65,7 +70,12 @@ def test_groups_built_in_ranks_match_the_table():
             for mesh in (True, False):
                 lay, tp_members, dp_members, tp_rank, dp_rank = res[(tp, mesh)]
                 _, want_dp, want_tp = table[rank]
-                assert (lay.rank, lay.world_size, lay.tp_size, lay.dp_size) == (rank, 4, tp, 4 // tp)
+                assert (lay.rank, lay.world_size, lay.tp_size, lay.dp_size) == (
+                    rank,
+                    4,
+                    tp,
+                    4 // tp,
+                )
                 assert (lay.dp_rank, lay.tp_rank) == (want_dp, want_tp) == (dp_rank, tp_rank)
                 assert tp_members == [r for r, d, _ in table if d == want_dp]
                 assert dp_members == [r for r, _, t in table if t == want_tp]

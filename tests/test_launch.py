@@ -112,6 +112,7 @@ def test_threads_default_and_override():
 
 def test_output_is_prefixed_whole_lines(capfd):
     """Guards: rank output reaches the caller, per rank in order, never mid-line mixed."""
+
     def chatty():
         r = dist.get_rank()
         for i in range(50):
@@ -135,6 +136,7 @@ def test_output_is_prefixed_whole_lines(capfd):
 
 def test_rank_error_names_rank_and_traceback_and_next_launch_works():
     """Guards: one rank raising ends the run quickly with its traceback, others stopped."""
+
     def boom():
         if dist.get_rank() == 1:
             raise ValueError("bad shard on purpose")
@@ -155,6 +157,7 @@ def test_rank_error_names_rank_and_traceback_and_next_launch_works():
 
 def test_hang_reports_where_each_rank_is():
     """Guards: mismatched collectives raise HangError naming each rank's call and line."""
+
     def mismatched():
         if dist.get_rank() == 0:
             dist.barrier()
@@ -175,6 +178,7 @@ def test_hang_reports_where_each_rank_is():
 
 def test_fewer_steps_on_one_rank_is_reported_as_finished():
     """Guards: the classic uneven-steps hang shows which rank left early."""
+
     def uneven():
         steps = 3 if dist.get_rank() == 0 else 2
         for _ in range(steps):
@@ -188,6 +192,7 @@ def test_fewer_steps_on_one_rank_is_reported_as_finished():
 
 def test_killed_rank_is_reported_with_signal():
     """Guards: a rank killed from outside (OOM killer) is detected, not waited for."""
+
     def die():
         if dist.get_rank() == 1:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -215,16 +220,19 @@ def test_unpicklable_return_names_rank_and_type():
     assert info.value.failures[0].kind == "unpicklable"
 
 
-@pytest.mark.parametrize("kwargs,exc,msg", [
-    (dict(world_size=0), ValueError, "between 1 and"),
-    (dict(world_size=10_000), ValueError, "between 1 and"),
-    (dict(world_size=2.0), TypeError, "must be an int"),
-    (dict(world_size=True), TypeError, "must be an int"),
-    (dict(world_size=2, timeout=0), ValueError, "timeout"),
-    (dict(world_size=2, timeout=-1), ValueError, "timeout"),
-    (dict(world_size=2, start_method="thread"), ValueError, "start_method"),
-    (dict(world_size=2, backend="mpi"), ValueError, "backend"),
-])
+@pytest.mark.parametrize(
+    "kwargs,exc,msg",
+    [
+        (dict(world_size=0), ValueError, "between 1 and"),
+        (dict(world_size=10_000), ValueError, "between 1 and"),
+        (dict(world_size=2.0), TypeError, "must be an int"),
+        (dict(world_size=True), TypeError, "must be an int"),
+        (dict(world_size=2, timeout=0), ValueError, "timeout"),
+        (dict(world_size=2, timeout=-1), ValueError, "timeout"),
+        (dict(world_size=2, start_method="thread"), ValueError, "start_method"),
+        (dict(world_size=2, backend="mpi"), ValueError, "backend"),
+    ],
+)
 def test_bad_input_is_rejected_before_start(kwargs, exc, msg):
     """Guards: bad input gets a clear error and no process starts."""
     with pytest.raises(exc, match=msg):
@@ -247,6 +255,7 @@ def test_nccl_without_gpu_is_clear():
 
 def test_fifty_launches_leak_nothing():
     """Guards: no process, file or descriptor survives a run, even many in a row."""
+
     def job():  # by value: a module-level function here would make every rank import
         # this test module (and pytest): seconds per launch on a busy machine
         t = torch.tensor([float(dist.get_rank())])
@@ -263,6 +272,7 @@ def test_fifty_launches_leak_nothing():
 
 def test_cluster_keeps_state_and_two_run_at_once():
     """Guards: state survives between runs; two clusters never collide (no fixed ports)."""
+
     def step():
         g = globals()
         g["n"] = g.get("n", 0) + 1
@@ -349,8 +359,13 @@ SCRIPT = textwrap.dedent("""
 def _script(tmp_path, short_tmp, mode):
     path = tmp_path / "script.py"
     path.write_text(SCRIPT)
-    return subprocess.run([sys.executable, str(path), mode], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, TMPDIR=short_tmp))
+    return subprocess.run(
+        [sys.executable, str(path), mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TMPDIR=short_tmp),
+    )
 
 
 def test_plain_script_without_main_guard(tmp_path, short_tmp):
@@ -380,8 +395,9 @@ def test_ranks_exit_when_the_kernel_dies(tmp_path, short_tmp):
 def test_start_methods(method):
     """Guards: every start method runs local functions (spawn is macOS/Windows' default)."""
     offset = 5
-    out = ez.launch(lambda: dist.get_rank() + offset, world_size=2, start_method=method,
-                    timeout=120)
+    out = ez.launch(
+        lambda: dist.get_rank() + offset, world_size=2, start_method=method, timeout=120
+    )
     assert out == [5, 6]
 
 
@@ -389,12 +405,25 @@ def test_launch_under_torchrun_uses_its_ranks(tmp_path, short_tmp):
     """Guards: notebook code calling ez.launch runs unchanged under torchrun."""
     path = tmp_path / "job.py"
     # One write per rank: two ranks share the pipe, and print() may write in pieces.
-    path.write_text("import sys, torch.distributed as dist, ezpz_nb as ez\n"
-                    "r = ez.launch(lambda: dist.get_rank() * 2, world_size=2)\n"
-                    "sys.stdout.write(f'result {r}\\n')\n")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node=2", str(path)], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, TMPDIR=short_tmp))
+    path.write_text(
+        "import sys, torch.distributed as dist, ezpz_nb as ez\n"
+        "r = ez.launch(lambda: dist.get_rank() * 2, world_size=2)\n"
+        "sys.stdout.write(f'result {r}\\n')\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TMPDIR=short_tmp),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("result [0, 2]") == 2
 
@@ -432,4 +461,5 @@ def test_nccl_one_gpu_per_rank():
         return dist.get_backend(), torch.cuda.current_device(), t.item()
 
     assert ez.launch(on_gpu, world_size=n, backend="nccl") == [
-        ("nccl", r, float(n)) for r in range(n)]
+        ("nccl", r, float(n)) for r in range(n)
+    ]

@@ -68,8 +68,9 @@ def test_launcher_in_a_notebook(tmp_path):
     errors, the %%ranks magic, and no rank left once the kernel is gone."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
-    client = NotebookClient(nb, kernel_name="python3", timeout=120,
-                            resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(
+        nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()
 
     def text(i: int) -> str:
@@ -101,11 +102,14 @@ def test_launcher_in_a_notebook(tmp_path):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("code", [
-    "pass",  # imported only: the forkserver warmed up, and no launch ever came
-    "ez.launch(lambda: 1, world_size=2)",  # one-shot: only the forkserver and tracker stay
-    "c = ez.Cluster(2); c.run(lambda: 1)",  # a cluster the notebook never closed
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "pass",  # imported only: the forkserver warmed up, and no launch ever came
+        "ez.launch(lambda: 1, world_size=2)",  # one-shot: only the forkserver and tracker stay
+        "c = ez.Cluster(2); c.run(lambda: 1)",  # a cluster the notebook never closed
+    ],
+)
 def test_graceful_kernel_shutdown_runs_exit_handlers_and_leaves_nothing(code, short_tmp):
     """Guards Jupyter's normal shutdown (nbmake, JupyterLab): ipykernel waits for every child
     in its process group; multiprocessing's forkserver and resource tracker used to keep it
@@ -121,7 +125,9 @@ def test_graceful_kernel_shutdown_runs_exit_handlers_and_leaves_nothing(code, sh
         marker = os.path.join(short_tmp, "exit-handlers-ran")
         reply = kc.execute_interactive(
             f"import atexit, ezpz_nb as ez\n{code}\natexit.register(open, {marker!r}, 'w')",
-            timeout=120, output_hook=lambda msg: None)
+            timeout=120,
+            output_hook=lambda msg: None,
+        )
         assert reply["content"]["status"] == "ok", reply["content"]
     finally:
         km.shutdown_kernel(now=False)  # what nbclient does after the last cell
@@ -149,12 +155,14 @@ def test_import_in_a_kernel_warms_the_forkserver_and_env_set_later_still_counts(
 
     try:
         kc.wait_for_ready(timeout=60)
-        code = (f"import os, ezpz_nb as ez\nprint('warm', {_FORKSERVER_PID} is not None)\n"
-                "os.environ['TORCH_DISTRIBUTED_DEBUG'] = 'DETAIL'\n"
-                "os.environ['EZPZ_SET_LATER'] = 'yes'\n"
-                "import torch.distributed as dist\n"
-                "print('ranks', ez.launch(lambda: (str(dist.get_debug_level()),"
-                " os.environ['EZPZ_SET_LATER']), world_size=2))")
+        code = (
+            f"import os, ezpz_nb as ez\nprint('warm', {_FORKSERVER_PID} is not None)\n"
+            "os.environ['TORCH_DISTRIBUTED_DEBUG'] = 'DETAIL'\n"
+            "os.environ['EZPZ_SET_LATER'] = 'yes'\n"
+            "import torch.distributed as dist\n"
+            "print('ranks', ez.launch(lambda: (str(dist.get_debug_level()),"
+            " os.environ['EZPZ_SET_LATER']), world_size=2))"
+        )
         reply = kc.execute_interactive(code, timeout=120, output_hook=hook)
         assert reply["content"]["status"] == "ok", reply["content"]
     finally:
@@ -171,8 +179,12 @@ def test_no_warm_up_in_a_plain_script(short_tmp):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", f"import ezpz_nb; print({_FORKSERVER_PID})"],
-                         capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, TMPDIR=short_tmp))
+    out = subprocess.run(
+        [sys.executable, "-c", f"import ezpz_nb; print({_FORKSERVER_PID})"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TMPDIR=short_tmp),
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "None"

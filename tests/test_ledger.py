@@ -18,16 +18,30 @@ from ezpz_nb.ledger import Ledger, StepRecord, batch_digest, record, tag_worker
 
 def rec(rank, step, ids, *, epoch=0, tp=1, world=2, digest=None, source="loaded"):
     """A hand-made record for rank ``rank`` in a world of ``world`` with TP size ``tp``."""
-    return StepRecord(epoch, step, rank, rank // tp, world // tp, rank % tp, tp, tuple(ids), source,
-                      digest or f"d{tuple(ids)}")
+    return StepRecord(
+        epoch,
+        step,
+        rank,
+        rank // tp,
+        world // tp,
+        rank % tp,
+        tp,
+        tuple(ids),
+        source,
+        digest or f"d{tuple(ids)}",
+    )
 
 
 # --------------------------------------------------------------- single process
 
+
 def test_clean_ledger_passes_every_check():
     """Guards false alarms: disjoint DP shards, identical TP peers, equal step counts."""
-    recs = [rec(r, s, [2 * s + r // 2 * 4, 2 * s + 1 + r // 2 * 4], tp=2, world=4)
-            for r in range(4) for s in range(2)]
+    recs = [
+        rec(r, s, [2 * s + r // 2 * 4, 2 * s + 1 + r // 2 * 4], tp=2, world=4)
+        for r in range(4)
+        for s in range(2)
+    ]
     ledger = Ledger(recs, num_samples=8)
     assert ledger.check() == [] and ledger.ok
     assert "All checks passed" in ledger.summary() and "dp 2 x tp 2" in ledger.summary()
@@ -52,7 +66,9 @@ def test_each_problem_kind_in_plain_words():
     assert p.kind == "tp_mismatch" and p.steps == (0,) and "different samples" in p.message
     tp_bytes = Ledger([rec(0, 0, [0], tp=2, digest="a"), rec(1, 0, [0], tp=2, digest="b")])
     (p,) = tp_bytes.check()
-    assert p.kind == "tp_mismatch" and "different bytes" in p.message and "seeded by rank" in p.message
+    assert (
+        p.kind == "tp_mismatch" and "different bytes" in p.message and "seeded by rank" in p.message
+    )
 
     steps = Ledger([rec(0, 0, [0]), rec(0, 1, [2]), rec(1, 0, [1])])
     (p,) = steps.check()
@@ -87,8 +103,15 @@ def test_num_samples_of_a_hand_made_shard_is_the_whole_dataset():
 
 def test_checks_are_per_epoch():
     """Guards mixing epochs: the same sample in two epochs is not a duplicate."""
-    ledger = Ledger([rec(0, 0, [0], epoch=0), rec(1, 0, [1], epoch=0),
-                     rec(0, 0, [1], epoch=1), rec(1, 0, [0], epoch=1)], num_samples=2)
+    ledger = Ledger(
+        [
+            rec(0, 0, [0], epoch=0),
+            rec(1, 0, [1], epoch=0),
+            rec(0, 0, [1], epoch=1),
+            rec(1, 0, [0], epoch=1),
+        ],
+        num_samples=2,
+    )
     assert ledger.ok and ledger.epochs() == [0, 1]
 
 
@@ -107,9 +130,13 @@ def test_save_and_load_one_file_and_a_folder_of_ranks(tmp_path):
     whole = Ledger(recs, num_samples=6)
     assert Ledger.load(whole.save(tmp_path / "all.jsonl")) == whole
     for r in range(2):
-        Ledger([x for x in recs if x.rank == r], num_samples=6).save(tmp_path / "run" / f"rank{r}.jsonl")
+        Ledger([x for x in recs if x.rank == r], num_samples=6).save(
+            tmp_path / "run" / f"rank{r}.jsonl"
+        )
     merged = Ledger.load(tmp_path / "run")
-    assert sorted(merged.records, key=lambda x: (x.rank, x.step)) == recs and merged.num_samples == 6
+    assert (
+        sorted(merged.records, key=lambda x: (x.rank, x.step)) == recs and merged.num_samples == 6
+    )
     first = json.loads((tmp_path / "run" / "rank0.jsonl").read_text().splitlines()[1])
     assert first["sample_ids"] == [0] and first["source"] == "loaded"
     with pytest.raises(FileNotFoundError):
@@ -133,7 +160,9 @@ def test_recorder_writes_its_file_step_by_step_and_an_end_record_when_done(tmp_p
                     raise RuntimeError("boom")
     cut = Ledger.load(path)
     assert len(cut) == 2 and cut.complete == {0: False} and cut.num_samples == 6
-    assert "incomplete: rank 0 wrote no end record (its last step was epoch 0 step 1)" in cut.summary()
+    assert (
+        "incomplete: rank 0 wrote no end record (its last step was epoch 0 step 1)" in cut.summary()
+    )
     assert "never_seen" in cut.summary()  # the checks still run on what was recorded
 
     with record(DataLoader(ds, batch_size=2), publish=False, path=path) as recorder:
@@ -166,16 +195,33 @@ def test_older_and_newer_ledger_files(tmp_path):
     a higher version is refused with what to do."""
     r0 = rec(0, 0, [0])
     v1 = tmp_path / "v1.jsonl"
-    v1.write_text(json.dumps({"ezpz_nb_ledger": 1, "num_samples": 4}) + "\n"
-                  + json.dumps({**r0.__dict__, "sample_ids": [0]}) + "\n")
+    v1.write_text(
+        json.dumps({"ezpz_nb_ledger": 1, "num_samples": 4})
+        + "\n"
+        + json.dumps({**r0.__dict__, "sample_ids": [0]})
+        + "\n"
+    )
     old = Ledger.load(v1)
     assert old.records == [r0] and old.num_samples == 4 and old.complete == {}
     extended = tmp_path / "v2.jsonl"
-    extended.write_text("\n".join(json.dumps(d) for d in [
-        {"ezpz_nb_ledger": 2, "kind": "header", "num_samples": 4, "rank": 0, "mesh": [2, 2, 2]},
-        {"kind": "step", **r0.__dict__, "sample_ids": [0], "worker": 1, "pp_rank": 0},
-        {"kind": "loss", "rank": 0, "epoch": 0, "step": 0, "value": 2.5},
-        {"kind": "end", "rank": 0, "steps": 1}]) + "\n")
+    extended.write_text(
+        "\n".join(
+            json.dumps(d)
+            for d in [
+                {
+                    "ezpz_nb_ledger": 2,
+                    "kind": "header",
+                    "num_samples": 4,
+                    "rank": 0,
+                    "mesh": [2, 2, 2],
+                },
+                {"kind": "step", **r0.__dict__, "sample_ids": [0], "worker": 1, "pp_rank": 0},
+                {"kind": "loss", "rank": 0, "epoch": 0, "step": 0, "value": 2.5},
+                {"kind": "end", "rank": 0, "steps": 1},
+            ]
+        )
+        + "\n"
+    )
     new = Ledger.load(extended)
     assert new.records == [r0] and new.complete == {0: True}
     future = tmp_path / "v9.jsonl"
@@ -192,8 +238,11 @@ def test_from_results_and_from_events_shapes():
     assert Ledger.from_results([[a], [[b]]], num_samples=2).num_samples == 2
     with pytest.raises(TypeError, match="expected Ledger"):
         Ledger.from_results([{"x": 1}])
-    events = [SimpleNamespace(rank=0, item=a), SimpleNamespace(rank=0, item="hello"),
-              SimpleNamespace(rank=1, item=b)]
+    events = [
+        SimpleNamespace(rank=0, item=a),
+        SimpleNamespace(rank=0, item="hello"),
+        SimpleNamespace(rank=1, item=b),
+    ]
     assert Ledger.from_events(events).records == [a, b]
 
 
@@ -204,7 +253,9 @@ def test_recorder_in_one_process_counts_passes_and_digests_bytes():
     batches = list(DataLoader(ds, batch_size=2))
     recorder = record(DataLoader(ds, batch_size=2), epoch=3, publish=False)
     got = list(recorder)
-    assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got, batches, strict=True))
+    assert all(
+        torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(got, batches, strict=True)
+    )
     list(recorder)
     recorder.set_epoch(7)
     list(recorder)
@@ -219,10 +270,18 @@ def test_recorder_in_one_process_counts_passes_and_digests_bytes():
 
 # ------------------------------------------------------------------- multi-rank
 
+
 def _recorded_run():
     lay = make_layout(2)
-    dl = get_random_dataset_fsdp_tp(2, 64, 8, dp_group=lay.dp_group, tp_group=lay.tp_group,
-                                    broadcast_within_tp=True, num_samples=12)["dataloader"]
+    dl = get_random_dataset_fsdp_tp(
+        2,
+        64,
+        8,
+        dp_group=lay.dp_group,
+        tp_group=lay.tp_group,
+        broadcast_within_tp=True,
+        num_samples=12,
+    )["dataloader"]
     recorder = record(dl, lay)
     for epoch in (0, 1):
         recorder.set_epoch(epoch)
@@ -241,7 +300,11 @@ def test_records_come_back_as_results_and_as_live_events():
     assert ledger.ok, ledger.summary()
     assert sorted(live.records, key=repr) == sorted(ledger.records, key=repr)
     assert {(r.rank, r.source) for r in ledger.records} == {
-        (0, "loaded"), (1, "received"), (2, "loaded"), (3, "received")}
+        (0, "loaded"),
+        (1, "received"),
+        (2, "loaded"),
+        (3, "received"),
+    }
     assert len(ledger.records) == 4 * 2 * 3  # 4 ranks, 2 epochs, 12 / 2 replicas / batch 2
 
 
@@ -268,6 +331,7 @@ def test_partial_ledger_survives_a_hang():
 
 # ------------------------------------------- worker ids, repeats, runs of one job
 
+
 def test_worker_ids_round_trip_and_default_for_older_files(tmp_path):
     """Guards the optional worker_ids field: saved and loaded as a tuple; a step line that
     does not have it (older writers) loads with the default ()."""
@@ -276,8 +340,12 @@ def test_worker_ids_round_trip_and_default_for_older_files(tmp_path):
     assert Ledger.load(path).records == [tagged]
     line = json.loads(path.read_text().splitlines()[1])
     del line["worker_ids"]
-    path.write_text(json.dumps({"ezpz_nb_ledger": 2, "kind": "header", "num_samples": 8}) + "\n"
-                    + json.dumps(line) + "\n")
+    path.write_text(
+        json.dumps({"ezpz_nb_ledger": 2, "kind": "header", "num_samples": 8})
+        + "\n"
+        + json.dumps(line)
+        + "\n"
+    )
     assert Ledger.load(path).records[0].worker_ids == ()
     assert rec(0, 0, [1]).worker_ids == ()
 
@@ -286,12 +354,21 @@ def test_rank_duplicate_names_the_workers_and_spares_tp_peers():
     """Guards the duplicated-worker check: a sample seen twice by one rank in an epoch is a
     rank_duplicate naming the workers when the records carry them; TP peers that share
     samples, and a repeat in another epoch, are not."""
-    def wrec(rank, step, ids, workers, epoch=0):
-        return StepRecord(epoch, step, rank, rank, 2, 0, 1, tuple(ids), "loaded", "d",
-                          worker_ids=tuple(workers))
 
-    bad = Ledger([wrec(0, 0, [0, 2], [0, 0]), wrec(0, 1, [0, 2], [1, 1]),
-                  wrec(1, 0, [1, 3], [0, 0]), wrec(1, 1, [5, 7], [1, 1])], num_samples=8)
+    def wrec(rank, step, ids, workers, epoch=0):
+        return StepRecord(
+            epoch, step, rank, rank, 2, 0, 1, tuple(ids), "loaded", "d", worker_ids=tuple(workers)
+        )
+
+    bad = Ledger(
+        [
+            wrec(0, 0, [0, 2], [0, 0]),
+            wrec(0, 1, [0, 2], [1, 1]),
+            wrec(1, 0, [1, 3], [0, 0]),
+            wrec(1, 1, [5, 7], [1, 1]),
+        ],
+        num_samples=8,
+    )
     (dup,) = [p for p in bad.check() if p.kind == "rank_duplicate"]
     assert dup.ranks == (0,) and dup.samples == (0, 2)
     assert "workers [0, 1] of rank 0" in dup.message and "get_worker_info" in dup.message
@@ -309,8 +386,12 @@ def test_merge_runs_continues_steps_and_catches_what_a_restart_repeats():
     (its loader restarted at 0), so a clean resume reads as one clean epoch and a resume
     that repeats or skips samples is a dp_duplicate / never_seen; completeness comes from
     the last run that had the rank; the world size may change."""
-    first = Ledger([rec(r, s, [4 * s + r]) for r in (0, 1) for s in (0, 1)], 8, {0: False, 1: False})
-    second = Ledger([rec(r, s, [4 * s + 2 + r]) for r in (0, 1) for s in (0, 1)], 8, {0: True, 1: True})
+    first = Ledger(
+        [rec(r, s, [4 * s + r]) for r in (0, 1) for s in (0, 1)], 8, {0: False, 1: False}
+    )
+    second = Ledger(
+        [rec(r, s, [4 * s + 2 + r]) for r in (0, 1) for s in (0, 1)], 8, {0: True, 1: True}
+    )
     merged = Ledger.merge_runs(first, second)
     assert merged.ok and merged.num_samples == 8 and merged.complete == {0: True, 1: True}
     assert [r.step for r in merged.steps(0, 0)] == [0, 1, 2, 3]
@@ -369,8 +450,9 @@ def _workers_stream_run(by_worker):
             rank, world = dist.get_rank(), dist.get_world_size()
             yield from ({"index": i} for i in range(rank * nw + w, 12, world * nw))
 
-    loader = DataLoader(tag_worker(Stream()), batch_size=2, num_workers=2,
-                        multiprocessing_context="fork")
+    loader = DataLoader(
+        tag_worker(Stream()), batch_size=2, num_workers=2, multiprocessing_context="fork"
+    )
     recorder = record(loader)
     list(recorder)
     return recorder.ledger()
@@ -380,28 +462,49 @@ def test_duplicated_worker_bug_is_caught_on_real_ranks():
     """Guards issue 15's catch: an IterableDataset sharded over the ranks only, read by 2
     DataLoader workers per rank, gives every sample twice on its rank; the ledger says so and
     names workers 0 and 1. Sharded over rank x worker, every sample is seen once."""
-    naive = Ledger.from_results(ez.launch(_workers_stream_run, False, world_size=2, timeout=60),
-                                num_samples=12)
+    naive = Ledger.from_results(
+        ez.launch(_workers_stream_run, False, world_size=2, timeout=60), num_samples=12
+    )
     (dup,) = [p for p in naive.check() if p.kind == "rank_duplicate"]
     assert dup.samples == tuple(range(12)) and "workers [0, 1]" in dup.message
-    fixed = Ledger.from_results(ez.launch(_workers_stream_run, True, world_size=2, timeout=60),
-                                num_samples=12)
+    fixed = Ledger.from_results(
+        ez.launch(_workers_stream_run, True, world_size=2, timeout=60), num_samples=12
+    )
     assert fixed.ok, fixed.summary()
     assert sorted(i for r in fixed.records for i in r.sample_ids) == list(range(12))
+
+
 # ------------------------------------------------ a third dimension, the loss
+
 
 def cp_rec(rank, step, ids, *, dp, cp, tp, cp_size=2, tp_size=2, dp_size=2, digest=None):
     """A record of a dp x cp x tp run (CP peers share sample ids, not bytes)."""
-    return StepRecord(0, step, rank, dp, dp_size, tp, tp_size, tuple(ids), "loaded",
-                      digest or f"d{ids}-cp{cp}", cp_rank=cp, cp_size=cp_size)
+    return StepRecord(
+        0,
+        step,
+        rank,
+        dp,
+        dp_size,
+        tp,
+        tp_size,
+        tuple(ids),
+        "loaded",
+        digest or f"d{ids}-cp{cp}",
+        cp_rank=cp,
+        cp_size=cp_size,
+    )
 
 
 def test_cp_peers_share_samples_not_bytes_tp_peers_share_both():
     """Guards the CP dimension in the checks: CP peers hold different slices (different
     bytes) of the same samples, which is right; TP peers with different bytes, or CP
     peers with different samples, are still a tp_mismatch; the world is dp*cp*tp."""
-    good = [cp_rec(d * 4 + c * 2 + t, 0, [d], dp=d, cp=c, tp=t)
-            for d in range(2) for c in range(2) for t in range(2)]
+    good = [
+        cp_rec(d * 4 + c * 2 + t, 0, [d], dp=d, cp=c, tp=t)
+        for d in range(2)
+        for c in range(2)
+        for t in range(2)
+    ]
     ledger = Ledger(good, num_samples=2)
     assert ledger.ok, ledger.summary()
     assert "dp 2 x cp 2 x tp 2" in ledger.summary()
@@ -431,10 +534,17 @@ def test_losses_round_trip_through_files_and_older_files_get_defaults(tmp_path):
     saved = Ledger.load(loaded.save(tmp_path / "merged.jsonl"))
     assert saved.losses() == loaded.losses()
     old = tmp_path / "old.jsonl"
-    line = {k: v for k, v in loaded.records[0].__dict__.items() if k not in ("cp_rank", "cp_size",
-                                                                            "loss")}
-    old.write_text(json.dumps({"ezpz_nb_ledger": 2, "kind": "header", "num_samples": 6}) + "\n"
-                   + json.dumps({"kind": "step", **line}) + "\n")
+    line = {
+        k: v
+        for k, v in loaded.records[0].__dict__.items()
+        if k not in ("cp_rank", "cp_size", "loss")
+    }
+    old.write_text(
+        json.dumps({"ezpz_nb_ledger": 2, "kind": "header", "num_samples": 6})
+        + "\n"
+        + json.dumps({"kind": "step", **line})
+        + "\n"
+    )
     r = Ledger.load(old).records[0]
     assert (r.cp_rank, r.cp_size, r.loss) == (0, 1, None)
 

@@ -28,10 +28,12 @@ _spec.loader.exec_module(build)
 notebook_problems = build.notebook_problems
 
 
-def _write(path: Path, *, kernel: str = "python3", output: bool = False,
-           count: int | None = None) -> Path:
-    nb = new_notebook(metadata={"kernelspec": {"name": kernel, "display_name": kernel,
-                                               "language": "python"}})
+def _write(
+    path: Path, *, kernel: str = "python3", output: bool = False, count: int | None = None
+) -> Path:
+    nb = new_notebook(
+        metadata={"kernelspec": {"name": kernel, "display_name": kernel, "language": "python"}}
+    )
     cell = new_code_cell("print(1)")
     cell.execution_count = count
     if output:
@@ -49,19 +51,21 @@ def test_every_tutorial_notebook_is_clean():
 
 
 def test_generated_notebooks_match_their_sources():
-    done = subprocess.run([sys.executable, str(NOTEBOOKS / "_build.py"), "--check"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(NOTEBOOKS / "_build.py"), "--check"], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
 
 
 def test_problems_are_named(tmp_path):
     assert notebook_problems(_write(tmp_path / "ok.ipynb")) == []
-    assert any("kernelspec" in p for p in
-               notebook_problems(_write(tmp_path / "k.ipynb", kernel="myenv")))
-    assert any("outputs" in p for p in
-               notebook_problems(_write(tmp_path / "o.ipynb", output=True)))
-    assert any("execution counts" in p for p in
-               notebook_problems(_write(tmp_path / "c.ipynb", count=3)))
+    assert any(
+        "kernelspec" in p for p in notebook_problems(_write(tmp_path / "k.ipynb", kernel="myenv"))
+    )
+    assert any("outputs" in p for p in notebook_problems(_write(tmp_path / "o.ipynb", output=True)))
+    assert any(
+        "execution counts" in p for p in notebook_problems(_write(tmp_path / "c.ipynb", count=3))
+    )
     bad = tmp_path / "broken.ipynb"
     bad.write_text("{not json")
     assert notebook_problems(bad)
@@ -146,8 +150,9 @@ def test_unpaired_variant_cells_are_refused(tmp_path):
 
 def test_workshop_and_solutions_line_up():
     """The stored pair has the same cells at the same places; only variant cells differ."""
-    work, sol = (nbformat.read(NOTEBOOKS / f"05_workshop{s}.ipynb", as_version=4)
-                 for s in ("", "_solutions"))
+    work, sol = (
+        nbformat.read(NOTEBOOKS / f"05_workshop{s}.ipynb", as_version=4) for s in ("", "_solutions")
+    )
     assert [(c.id, c.cell_type) for c in work.cells] == [(c.id, c.cell_type) for c in sol.cells]
     differ = [c.id for c, d in zip(work.cells, sol.cells, strict=True) if c.source != d.source]
     # Title and summary, and per exercise its function and its checker call.

@@ -22,8 +22,9 @@ def _pyproject() -> dict:
 
 def _conda_names(path: Path) -> set[str]:
     env = yaml.safe_load(path.read_text())
-    return {CONDA_TO_PYPI.get(_name(d), _name(d))
-            for d in env["dependencies"] if isinstance(d, str)} - {"python", "pip"}
+    return {
+        CONDA_TO_PYPI.get(_name(d), _name(d)) for d in env["dependencies"] if isinstance(d, str)
+    } - {"python", "pip"}
 
 
 def _name(req: str) -> str:
@@ -76,8 +77,7 @@ def test_ci_runs_the_readme_test_command():
 def test_github_workflow_runs_the_ci_script():
     """Guards: GitHub runs .ci/run (the README's test command), nothing hand-picked."""
     flow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
-    runs = [step["run"] for job in flow["jobs"].values() for step in job["steps"]
-            if "run" in step]
+    runs = [step["run"] for job in flow["jobs"].values() for step in job["steps"] if "run" in step]
     assert runs == [".ci/run"]
     assert os.access(ROOT / ".ci" / "run", os.X_OK)
 
@@ -99,12 +99,17 @@ def test_notebook_extra_is_in_dev_and_the_library_never_imports_it():
     """Guards: torchdata (notebook 09) reaches every dev and notebook install, while the
     library itself does not depend on it (0.11 is its last release, on private DataLoader
     internals): no module of ezpz_nb imports it."""
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     notebook = {_name(r) for r in extras["notebook"]}
     assert "torchdata" in notebook
     assert notebook <= {_name(r) for r in extras["dev"]}
-    importers = [p.relative_to(ROOT) for p in (ROOT / "ezpz_nb").rglob("*.py")
-                 if re.search(r"^\s*(import|from)\s+torchdata\b", p.read_text(), re.M)]
+    importers = [
+        p.relative_to(ROOT)
+        for p in (ROOT / "ezpz_nb").rglob("*.py")
+        if re.search(r"^\s*(import|from)\s+torchdata\b", p.read_text(), re.M)
+    ]
     assert importers == []
 
 
@@ -116,8 +121,7 @@ def test_readme_course_ci_workflow_is_what_the_wheel_test_runs():
     readme = (ROOT / "README.md").read_text()
     snippet = readme.split("## Notebooks of your own", 1)[1].split("```yaml", 1)[1]
     flow = yaml.safe_load(snippet.split("```", 1)[0])
-    runs = [step["run"] for job in flow["jobs"].values() for step in job["steps"]
-            if "run" in step]
+    runs = [step["run"] for job in flow["jobs"].values() for step in job["steps"] if "run" in step]
     tools = " ".join(_name(t) for t in TEST_TOOLS)
     assert re.fullmatch(rf"pip install \S+\.whl {tools}", runs[-3])
     assert runs[-2] == " ".join(DOCTOR)

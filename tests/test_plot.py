@@ -33,10 +33,12 @@ def padded(cluster) -> tuple[Ledger, dict]:
     return Ledger.from_results(cluster.run(explore_rank, **cfg)), cfg
 
 
-def sampler_indices(n: int, dp_size: int, dp: int, epoch: int, drop_last: bool,
-                    shuffle: bool = True) -> list[int]:
-    s = DistributedSampler(range(n), num_replicas=dp_size, rank=dp, shuffle=shuffle, seed=SEED,
-                           drop_last=drop_last)
+def sampler_indices(
+    n: int, dp_size: int, dp: int, epoch: int, drop_last: bool, shuffle: bool = True
+) -> list[int]:
+    s = DistributedSampler(
+        range(n), num_replicas=dp_size, rank=dp, shuffle=shuffle, seed=SEED, drop_last=drop_last
+    )
     s.set_epoch(epoch)
     return list(s)
 
@@ -87,8 +89,11 @@ def test_heatmap_marks_exactly_where_distributed_sampler_pads(padded):
 
 
 def test_heatmap_without_set_epoch_shows_the_same_order_twice(cluster):
-    ledger = Ledger.from_results(cluster.run(explore_rank, tp_size=1, num_samples=8, epochs=2,
-                                             set_epoch=False, broadcast=False))
+    ledger = Ledger.from_results(
+        cluster.run(
+            explore_rank, tp_size=1, num_samples=8, epochs=2, set_epoch=False, broadcast=False
+        )
+    )
     fig = viz.heatmap(ledger)
     ids = fig.ezpz_data["ids"]
     np.testing.assert_array_equal(ids[0], ids[1])
@@ -109,8 +114,17 @@ def test_coverage_marks_duplicates_and_never_seen(cluster, padded):
             for i in set(sampler_indices(11, 2, dp, e, drop_last=False)) - padded_ids:
                 assert rep["replica"][row, i] == dp
 
-    dropped = Ledger.from_results(cluster.run(explore_rank, tp_size=1, num_samples=10, batch_size=2,
-                                              drop_last=True, epochs=1, broadcast=False))
+    dropped = Ledger.from_results(
+        cluster.run(
+            explore_rank,
+            tp_size=1,
+            num_samples=10,
+            batch_size=2,
+            drop_last=True,
+            epochs=1,
+            broadcast=False,
+        )
+    )
     rep = viz.coverage(dropped).ezpz_data
     seen = set()
     for dp in range(WORLD):
@@ -126,7 +140,9 @@ def test_loaded_vs_received_counts_leader_io(cluster, padded):
     steps = {r: len([x for x in ledger.records if x.rank == r]) for r in ledger.ranks()}
     for rank, (_, _dp, tp) in zip(data["ranks"], layout_table(WORLD, 2), strict=True):
         i = data["ranks"].index(rank)
-        assert (data["loaded"][i], data["received"][i]) == ((steps[rank], 0) if tp == 0 else (0, steps[rank]))
+        assert (data["loaded"][i], data["received"][i]) == (
+            (steps[rank], 0) if tp == 0 else (0, steps[rank])
+        )
 
     alone = Ledger.from_results(cluster.run(explore_rank, tp_size=2, broadcast=False, epochs=1))
     data = viz.loaded_vs_received(alone).ezpz_data
@@ -198,8 +214,9 @@ def test_timeline_names_ranks_that_left_without_fewer_steps():
     data = viz.timeline(Ledger.from_events(err.events), err).ezpz_data
     assert data["total"] == {0: 3, 1: 3}
     assert data["verdict"] == {"finished": [0], "hung": [1]}
-    assert data["title"].endswith("rank 0 finished while the others waited; "
-                                  "rank 1 hung, waiting in barrier()")
+    assert data["title"].endswith(
+        "rank 0 finished while the others waited; rank 1 hung, waiting in barrier()"
+    )
 
 
 def test_timeline_without_error_flags_short_ranks(padded):
@@ -207,7 +224,9 @@ def test_timeline_without_error_flags_short_ranks(padded):
     data = viz.timeline(ledger).ezpz_data
     assert set(data["status"].values()) == {"ok"} and data["verdict"] == {}
     assert data["title"].endswith("all ranks took the same steps")
-    cut = Ledger([r for r in ledger.records if not (r.rank == 2 and r.epoch == 1)], ledger.num_samples)
+    cut = Ledger(
+        [r for r in ledger.records if not (r.rank == 2 and r.epoch == 1)], ledger.num_samples
+    )
     data = viz.timeline(cut).ezpz_data
     assert data["status"][2] == "short" and data["total"][2] < data["total"][0]
     assert data["verdict"] == {"short": [2]} and "rank 2 finished early" in data["title"]
@@ -240,9 +259,12 @@ def test_an_empty_ledger_still_draws():
 def test_loss_curves_measure_the_gap_to_the_reference():
     from ezpz_nb.ledger import StepRecord
 
-    recs = [StepRecord(0, s, 0, 0, 1, 0, 1, (s,), "loaded", "d", loss=2.0 - 0.5 * s) for s in range(3)]
-    fig = viz.loss_curves({"run": Ledger(recs), "one process": [2.0, 1.5, 1.25]},
-                          reference="one process")
+    recs = [
+        StepRecord(0, s, 0, 0, 1, 0, 1, (s,), "loaded", "d", loss=2.0 - 0.5 * s) for s in range(3)
+    ]
+    fig = viz.loss_curves(
+        {"run": Ledger(recs), "one process": [2.0, 1.5, 1.25]}, reference="one process"
+    )
     assert fig.ezpz_data["losses"]["run"].tolist() == [2.0, 1.5, 1.0]
     assert fig.ezpz_data["max_gap"] == {"run": 0.25}
     assert viz.png_bytes(fig).startswith(b"\x89PNG")
@@ -253,10 +275,16 @@ def test_loss_curves_measure_the_gap_to_the_reference():
 def test_heatmap_and_timeline_label_cp_positions():
     from ezpz_nb.ledger import StepRecord
 
-    recs = [StepRecord(0, 0, r, 0, 1, r % 2, 2, (0,), "loaded", f"d{r // 2}", cp_rank=r // 2, cp_size=2)
-            for r in range(4)]
+    recs = [
+        StepRecord(0, 0, r, 0, 1, r % 2, 2, (0,), "loaded", f"d{r // 2}", cp_rank=r // 2, cp_size=2)
+        for r in range(4)
+    ]
     fig = viz.heatmap(Ledger(recs))
-    assert fig.ezpz_data["labels"] == ["r0 (dp0,cp0,tp0)", "r1 (dp0,cp0,tp1)", "r2 (dp0,cp1,tp0)",
-                                       "r3 (dp0,cp1,tp1)"]
+    assert fig.ezpz_data["labels"] == [
+        "r0 (dp0,cp0,tp0)",
+        "r1 (dp0,cp0,tp1)",
+        "r2 (dp0,cp1,tp0)",
+        "r3 (dp0,cp1,tp1)",
+    ]
     timeline = viz.timeline(Ledger(recs))
     assert [t.get_text() for t in timeline.axes[0].get_yticklabels()] == fig.ezpz_data["labels"]

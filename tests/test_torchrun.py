@@ -36,8 +36,15 @@ def torchrun_cmd(nproc: int, module: str, *args: str) -> tuple[list[str], dict[s
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)  # torchrun sets its own; stale ones from a caller must not leak in
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}", *target, *args], env
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        *target,
+        *args,
+    ], env
 
 
 def torchrun(nproc: int, module: str, *args: str) -> subprocess.CompletedProcess:
@@ -45,8 +52,14 @@ def torchrun(nproc: int, module: str, *args: str) -> subprocess.CompletedProcess
     cmd, env = torchrun_cmd(nproc, module, *args)
     # torchrun leaves a torchelastic_* folder in TMPDIR: give it one we remove.
     with tempfile.TemporaryDirectory(prefix="ezpz-tr", dir="/tmp") as tmp:
-        return subprocess.run(cmd, cwd=ROOT, env=dict(env, TMPDIR=tmp), capture_output=True,
-                              text=True, timeout=LIMIT_S)
+        return subprocess.run(
+            cmd,
+            cwd=ROOT,
+            env=dict(env, TMPDIR=tmp),
+            capture_output=True,
+            text=True,
+            timeout=LIMIT_S,
+        )
 
 
 def output(proc: subprocess.CompletedProcess) -> str:
@@ -79,8 +92,19 @@ def test_tp_broadcast_under_torchrun_leaves_a_sound_ledger_per_rank(tmp_path):
 def test_uneven_steps_under_torchrun_fail_with_a_named_error_not_a_hang(tmp_path):
     """Guards the 30-minute hang: one replica with fewer batches must end the job
     with an error naming the mismatch, and leave the partial ledgers behind."""
-    proc = torchrun(2, "step_alignment", "--out", str(tmp_path), "--tp-size", "1",
-                    "--uneven", "--step-timeout", "3", "--timeout", "30")
+    proc = torchrun(
+        2,
+        "step_alignment",
+        "--out",
+        str(tmp_path),
+        "--tp-size",
+        "1",
+        "--uneven",
+        "--step-timeout",
+        "3",
+        "--timeout",
+        "30",
+    )
     assert proc.returncode != 0, output(proc)
     assert "StepTimeoutError" in proc.stdout + proc.stderr, output(proc)
     ledger = Ledger.load(tmp_path)
@@ -93,8 +117,9 @@ def test_capstone_under_torchrun_matches_one_process(tmp_path):
     every step, equal to the single-process reference."""
     from ezpz_nb.examples.capstone import reference_losses
 
-    proc = torchrun(4, "capstone", "--out", str(tmp_path), "--num-samples", "64", "--epochs", "1",
-                    "--check")
+    proc = torchrun(
+        4, "capstone", "--out", str(tmp_path), "--num-samples", "64", "--epochs", "1", "--check"
+    )
     assert proc.returncode == 0, output(proc)
     assert "All checks passed." in proc.stdout
     ledger = Ledger.load(tmp_path)
@@ -127,13 +152,30 @@ def test_a_rank_killed_mid_epoch_ends_the_job_and_every_rank_keeps_its_steps(tmp
     timeout = 5
     out = tmp_path / "ledger"
     # Far more steps than the test waits for: no rank can finish before the kill.
-    cmd, env = torchrun_cmd(4, "tp_broadcast", "--out", str(out), "--tp-size", "2",
-                            "--num-samples", "200000", "--epochs", "3",
-                            "--timeout", str(timeout))
+    cmd, env = torchrun_cmd(
+        4,
+        "tp_broadcast",
+        "--out",
+        str(out),
+        "--tp-size",
+        "2",
+        "--num-samples",
+        "200000",
+        "--epochs",
+        "3",
+        "--timeout",
+        str(timeout),
+    )
     victim = out / "rank2.jsonl"
     with tempfile.TemporaryDirectory(prefix="ezpz-tr", dir="/tmp") as tmp:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(env, TMPDIR=tmp), text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=dict(env, TMPDIR=tmp),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + LIMIT_S
             while _steps_on_disk(victim) < 3 and proc.poll() is None:
@@ -155,9 +197,13 @@ def test_a_rank_killed_mid_epoch_ends_the_job_and_every_rank_keeps_its_steps(tmp
     assert ledger.complete == {0: False, 1: False, 2: False, 3: False}, ledger.summary()
     for r in range(4):
         assert ledger.last_step(r) is not None, ledger.summary()
-        assert f"incomplete: rank {r} wrote no end record (its last step was epoch" in ledger.summary()
+        assert (
+            f"incomplete: rank {r} wrote no end record (its last step was epoch" in ledger.summary()
+        )
     # Nothing of the job is left running (a zombie waiting for its reaper is gone).
-    pids = [json.loads((out / f"rank{r}.jsonl").read_text().splitlines()[0])["pid"] for r in range(4)]
+    pids = [
+        json.loads((out / f"rank{r}.jsonl").read_text().splitlines()[0])["pid"] for r in range(4)
+    ]
     left = [p for p in pids if _running(p)]
     assert not left, left
 
@@ -196,8 +242,17 @@ def test_run_in_place_gives_every_rank_the_list_launch_would(tmp_path):
 def test_tp_broadcast_under_torchrun_on_nccl(tmp_path):
     nproc = min(4, torch.cuda.device_count())
     tp = 2 if nproc % 2 == 0 else 1
-    proc = torchrun(nproc, "tp_broadcast", "--backend", "nccl", "--tp-size", str(tp),
-                    "--out", str(tmp_path), "--check")
+    proc = torchrun(
+        nproc,
+        "tp_broadcast",
+        "--backend",
+        "nccl",
+        "--tp-size",
+        str(tp),
+        "--out",
+        str(tmp_path),
+        "--check",
+    )
     assert proc.returncode == 0, output(proc)
     ledger = Ledger.load(tmp_path)
     assert ledger.ok and ledger.ranks() == list(range(nproc)), ledger.summary()

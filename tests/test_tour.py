@@ -27,8 +27,11 @@ plt.show()"""
 
 
 def _notebook(path: Path, *sources: str) -> Path:
-    nb = new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                               "language": "python"}})
+    nb = new_notebook(
+        metadata={
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}
+        }
+    )
     nb.cells = [new_code_cell(s) for s in sources]
     nbformat.write(nb, path)
     return path
@@ -37,8 +40,12 @@ def _notebook(path: Path, *sources: str) -> Path:
 def test_tour_writes_copies_and_figures(tmp_path, capsys):
     src = tmp_path / "nbs"
     src.mkdir()
-    _notebook(src / "a_plots.ipynb", "import os\nprint(os.getcwd())", PLOT,
-              "print(os.environ.get('EZPZ_NB_PLAIN'))")
+    _notebook(
+        src / "a_plots.ipynb",
+        "import os\nprint(os.getcwd())",
+        PLOT,
+        "print(os.environ.get('EZPZ_NB_PLAIN'))",
+    )
     _notebook(src / "b_fails.ipynb", "x = 1", "raise ValueError('boom')", "print('never')")
     _notebook(src / "_private.ipynb", "print('skipped')")
     out = tmp_path / "out"

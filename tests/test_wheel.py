@@ -34,9 +34,22 @@ def wheel(tmp_path_factory) -> Path:
 def site(wheel, tmp_path_factory) -> Path:
     """The wheel installed without its dependencies (this venv has them) into a folder."""
     site = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
-                           "--target", str(site), str(wheel)], capture_output=True, text=True,
-                          timeout=240)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr
     return site
 
@@ -61,15 +74,23 @@ def test_wheel_ships_the_stored_notebooks(wheel):
 def test_installed_wheel_finds_its_notebooks(site, tmp_path):
     away = tmp_path / "elsewhere"  # no notebooks/ in the working directory
     away.mkdir()
-    probe = ("import sys, ezpz_nb, ezpz_nb.cli.tour as t\n"
-             "print(ezpz_nb.__file__)\n"
-             "print(sorted({m.__file__.split('/ezpz_nb/')[0] for n, m in sys.modules.items()\n"
-             "              if n.startswith('ezpz_nb.') and getattr(m, '__file__', None)}))\n"
-             "print(t.default_notebook_dir())\n"
-             "print(len(t.find_notebooks(t.default_notebook_dir())))")
+    probe = (
+        "import sys, ezpz_nb, ezpz_nb.cli.tour as t\n"
+        "print(ezpz_nb.__file__)\n"
+        "print(sorted({m.__file__.split('/ezpz_nb/')[0] for n, m in sys.modules.items()\n"
+        "              if n.startswith('ezpz_nb.') and getattr(m, '__file__', None)}))\n"
+        "print(t.default_notebook_dir())\n"
+        "print(len(t.find_notebooks(t.default_notebook_dir())))"
+    )
     env = {**os.environ, "PYTHONPATH": str(site)}
-    done = subprocess.run([sys.executable, "-c", probe], cwd=away, env=env,
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=away,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr
     package, modules, folder, count = done.stdout.splitlines()
     assert Path(package).parent == site / "ezpz_nb"  # the installed copy, not the checkout
@@ -106,19 +127,47 @@ def test_installed_wheel_runs_its_tutorial_away_from_the_repository(site, tmp_pa
     away.mkdir()
     env = {**os.environ, "PYTHONPATH": str(site), "TMPDIR": short_tmp}
     cli = [sys.executable, "-m", "ezpz_nb"]
-    done = subprocess.run([*cli, "doctor", "--budget", "120"], cwd=away, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [*cli, "doctor", "--budget", "120"],
+        cwd=away,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"at {site / 'ezpz_nb'}, {len(list(NOTEBOOKS.glob('*.ipynb')))} notebooks" in done.stdout
-    done = subprocess.run([*cli, "notebooks", "tutorial"], cwd=away, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [*cli, "notebooks", "tutorial"],
+        cwd=away,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     tutorial = away / "tutorial"
     # Every notebook and the workshop kit beside them (CHEATSHEET.md, INSTRUCTOR.md).
     assert sorted(p.name for p in tutorial.iterdir()) == sorted(
-        p.name for pattern in ("*.ipynb", "*.md") for p in NOTEBOOKS.glob(pattern))
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "--nbmake", "--nbmake-timeout=120", "00_setup_check.ipynb"],
-                          cwd=tutorial, env=env, capture_output=True, text=True, timeout=300)
+        p.name for pattern in ("*.ipynb", "*.md") for p in NOTEBOOKS.glob(pattern)
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--nbmake",
+            "--nbmake-timeout=120",
+            "00_setup_check.ipynb",
+        ],
+        cwd=tutorial,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout

@@ -22,46 +22,70 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ezpz-nb", description="ezpz_nb: distributed data "
-                                     "loading, taught with real gloo ranks.")
+    parser = argparse.ArgumentParser(
+        prog="ezpz-nb",
+        description="ezpz_nb: distributed data loading, taught with real gloo ranks.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    doctor = sub.add_parser("doctor", help="check this machine before a workshop (seconds)",
-                            description="Check Python, torch, ipywidgets, cores, gloo on "
-                            "loopback, a 4-rank launch, the Jupyter kernel, the widget "
-                            "frontend and free memory. Exit status 1 when something must be "
-                            "fixed.")
-    doctor.add_argument("--budget", type=float, default=None, metavar="S",
-                        help="seconds until the verdict (default: 10); a busy or slow "
-                        "machine, or a shared CI runner, may need 60")
+    doctor = sub.add_parser(
+        "doctor",
+        help="check this machine before a workshop (seconds)",
+        description="Check Python, torch, ipywidgets, cores, gloo on "
+        "loopback, a 4-rank launch, the Jupyter kernel, the widget "
+        "frontend and free memory. Exit status 1 when something must be "
+        "fixed.",
+    )
+    doctor.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds until the verdict (default: 10); a busy or slow "
+        "machine, or a shared CI runner, may need 60",
+    )
 
-    nbs = sub.add_parser("notebooks", help="copy the tutorial notebooks into a folder",
-                         description="Copy the tutorial notebooks into DIR (created if "
-                         "missing). Files already there are skipped and listed.")
+    nbs = sub.add_parser(
+        "notebooks",
+        help="copy the tutorial notebooks into a folder",
+        description="Copy the tutorial notebooks into DIR (created if "
+        "missing). Files already there are skipped and listed.",
+    )
     nbs.add_argument("dir", help="folder to copy them into")
     nbs.add_argument("--force", action="store_true", help="overwrite files already there")
 
-    lab = sub.add_parser("lab", help="open the tutorial in JupyterLab (127.0.0.1)",
-                         description="Run JupyterLab on 127.0.0.1 on the tutorial notebooks. "
-                         "Installed from a wheel, the notebooks are first copied into DIR "
-                         "(default ./ezpz_nb_notebooks), keeping files already there; in a "
-                         "checkout notebooks/ is served as it is. Other options go to "
-                         "JupyterLab (e.g. --IdentityProvider.token=...).")
+    lab = sub.add_parser(
+        "lab",
+        help="open the tutorial in JupyterLab (127.0.0.1)",
+        description="Run JupyterLab on 127.0.0.1 on the tutorial notebooks. "
+        "Installed from a wheel, the notebooks are first copied into DIR "
+        "(default ./ezpz_nb_notebooks), keeping files already there; in a "
+        "checkout notebooks/ is served as it is. Other options go to "
+        "JupyterLab (e.g. --IdentityProvider.token=...).",
+    )
     lab.add_argument("dir", nargs="?", default=None, help="working folder for the notebooks")
     lab.add_argument("--port", type=int, default=None, help="port (default: JupyterLab's)")
     lab.add_argument("--no-browser", action="store_true", help="do not open a browser")
 
-    tour = sub.add_parser("tour", help="run the notebooks headless and save their figures",
-                          description="Execute the tutorial notebooks, write the executed "
-                          "copies and every figure as PNG, and print where they are.")
-    tour.add_argument("names", nargs="*",
-                      help="only notebooks whose file name contains one of these (e.g. 02)")
+    tour = sub.add_parser(
+        "tour",
+        help="run the notebooks headless and save their figures",
+        description="Execute the tutorial notebooks, write the executed "
+        "copies and every figure as PNG, and print where they are.",
+    )
+    tour.add_argument(
+        "names", nargs="*", help="only notebooks whose file name contains one of these (e.g. 02)"
+    )
     tour.add_argument("--out", default="tour", help="output folder (default: ./tour)")
-    tour.add_argument("--notebooks", default=None,
-                      help="folder holding the notebooks (default: ./notebooks, else "
-                      "the ones installed with ezpz_nb)")
-    tour.add_argument("--timeout", type=float, default=120.0,
-                      help="seconds one cell may take (default: 120)")
+    tour.add_argument(
+        "--notebooks",
+        default=None,
+        help="folder holding the notebooks (default: ./notebooks, else "
+        "the ones installed with ezpz_nb)",
+    )
+    tour.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds one cell may take (default: 120)"
+    )
     tour.add_argument("--kernel", default="python3", help="kernel name (default: python3)")
     return parser
 
@@ -70,8 +94,9 @@ def _tour(args: argparse.Namespace) -> int:
     from ezpz_nb.cli.tour import run_tour
 
     try:
-        stops = run_tour(args.out, args.notebooks, args.names, timeout=args.timeout,
-                         kernel=args.kernel)
+        stops = run_tour(
+            args.out, args.notebooks, args.names, timeout=args.timeout, kernel=args.kernel
+        )
     except FileNotFoundError as exc:
         print(f"ezpz-nb tour: {exc}", file=sys.stderr)
         return 2

@@ -87,9 +87,11 @@ class Report:
         warned = [c.name for c in self.checks if c.ok is None]
         took = f"{self.seconds:.1f} s"
         if failed:
-            return (f"ezpz-nb doctor: NOT READY: {len(failed)} of {len(self.checks)} checks "
-                    f"failed ({', '.join(failed)}); do what each FAIL line says, then run "
-                    f"ezpz-nb doctor again ({took})")
+            return (
+                f"ezpz-nb doctor: NOT READY: {len(failed)} of {len(self.checks)} checks "
+                f"failed ({', '.join(failed)}); do what each FAIL line says, then run "
+                f"ezpz-nb doctor again ({took})"
+            )
         note = f", {len(warned)} warning(s) ({', '.join(warned)})" if warned else ""
         return f"ezpz-nb doctor: READY: {len(self.checks)} checks passed{note} ({took})"
 
@@ -117,8 +119,12 @@ def check_python() -> Check:
     """Python 3.10 or newer."""
     found = sys.version.split()[0]
     if sys.version_info[:2] < PYTHON_MIN:
-        return Check("python", False, f"{found} at {sys.executable}",
-                     "install Python 3.10 or newer and install ezpz_nb with it")
+        return Check(
+            "python",
+            False,
+            f"{found} at {sys.executable}",
+            "install Python 3.10 or newer and install ezpz_nb with it",
+        )
     return Check("python", True, f"{found} at {sys.executable}")
 
 
@@ -134,8 +140,12 @@ def check_ezpz_nb() -> Check:
     except FileNotFoundError:
         count = 0
     if not count:
-        return Check("ezpz_nb", False, f"{where}, without its notebooks",
-                     "reinstall ezpz_nb from its wheel (it carries the notebooks)")
+        return Check(
+            "ezpz_nb",
+            False,
+            f"{where}, without its notebooks",
+            "reinstall ezpz_nb from its wheel (it carries the notebooks)",
+        )
     return Check("ezpz_nb", True, f"{where}, {count} notebooks")
 
 
@@ -198,10 +208,14 @@ def launch_fix() -> str:
     named = os.environ.get("GLOO_SOCKET_IFNAME")
     device = "lo0" if sys.platform == "darwin" else "lo"
     if named and named != device:
-        return (f"GLOO_SOCKET_IFNAME is set to {named!r}: unset it, or set it to {device!r} "
-                "(the loopback device), and check again")
-    return ("check that nothing (a firewall, a VPN client) blocks connections on 127.0.0.1 "
-            f"and that the loopback device {device!r} is up; the error says more")
+        return (
+            f"GLOO_SOCKET_IFNAME is set to {named!r}: unset it, or set it to {device!r} "
+            "(the loopback device), and check again"
+        )
+    return (
+        "check that nothing (a firewall, a VPN client) blocks connections on 127.0.0.1 "
+        f"and that the loopback device {device!r} is up; the error says more"
+    )
 
 
 def _describe(exc: BaseException, limit: int = 300) -> str:
@@ -214,7 +228,7 @@ def _describe(exc: BaseException, limit: int = 300) -> str:
     else:
         lines = str(exc).strip().splitlines()
         text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _launch_name(world_size: int) -> str:
@@ -235,10 +249,13 @@ def _launch(world_size: int, timeout: float) -> tuple[Check, list[int]]:
     took = time.monotonic() - start
     want = float(sum(range(world_size)))
     if any(total != want for total, _ in results):
-        return Check(name, False, f"all_reduce gave {[t for t, _ in results]}, not {want}",
-                     launch_fix()), []
-    return (Check(name, True, f"{world_size} ranks, all_reduce correct, {took:.2f} s"),
-            [mem for _, mem in results])
+        return Check(
+            name, False, f"all_reduce gave {[t for t, _ in results]}, not {want}", launch_fix()
+        ), []
+    return (
+        Check(name, True, f"{world_size} ranks, all_reduce correct, {took:.2f} s"),
+        [mem for _, mem in results],
+    )
 
 
 def start_kernel_check() -> Callable[[float], Check]:
@@ -249,8 +266,10 @@ def start_kernel_check() -> Callable[[float], Check]:
     A ``python3`` kernel of another Python (e.g. in ``~/.local/share/jupyter``)
     shadows the one installed with ezpz_nb: the notebooks then fail on import.
     """
-    fix = (f"{sys.executable} -m ipykernel install "
-           f"{'--sys-prefix' if sys.prefix != sys.base_prefix else '--user'} --name python3")
+    fix = (
+        f"{sys.executable} -m ipykernel install "
+        f"{'--sys-prefix' if sys.prefix != sys.base_prefix else '--user'} --name python3"
+    )
 
     def now(check: Check) -> Callable[[float], Check]:
         return lambda wait: check
@@ -258,8 +277,14 @@ def start_kernel_check() -> Callable[[float], Check]:
     try:
         from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
     except ImportError:
-        return now(Check("jupyter kernel", False, "jupyter_client is not installed",
-                         f"{_PIP} ipykernel jupyterlab"))
+        return now(
+            Check(
+                "jupyter kernel",
+                False,
+                "jupyter_client is not installed",
+                f"{_PIP} ipykernel jupyterlab",
+            )
+        )
     try:
         spec = KernelSpecManager().get_kernel_spec("python3")
     except NoSuchKernel:
@@ -271,13 +296,16 @@ def start_kernel_check() -> Callable[[float], Check]:
         python = sys.executable
     # Without the working folder on sys.path: in a checkout it holds ezpz_nb/, which
     # the kernel (started in the notebooks' folder) would not see.
-    probe = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
-             "import importlib.util as u; "
-             "missing = [m for m in ('ezpz_nb', 'ipykernel') if u.find_spec(m) is None]; "
-             "print(' '.join(missing)); sys.exit(1 if missing else 0)")
+    probe = (
+        "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+        "import importlib.util as u; "
+        "missing = [m for m in ('ezpz_nb', 'ipykernel') if u.find_spec(m) is None]; "
+        "print(' '.join(missing)); sys.exit(1 if missing else 0)"
+    )
     try:
-        proc = subprocess.Popen([python, "-c", probe], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [python, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
     except OSError as exc:
         return now(Check("jupyter kernel", False, f"python3 runs {python}: {exc}", fix))
 
@@ -288,14 +316,22 @@ def start_kernel_check() -> Callable[[float], Check]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            return Check("jupyter kernel", None, f"python3 runs {python}, which did not "
-                         f"answer within {wait:.1f} s", "run ezpz-nb doctor again")
+            return Check(
+                "jupyter kernel",
+                None,
+                f"python3 runs {python}, which did not answer within {wait:.1f} s",
+                "run ezpz-nb doctor again",
+            )
         if proc.returncode != 0:
             missing = out.strip() or f"exit status {proc.returncode}"
-            return Check("jupyter kernel", False, f"python3 runs {python}, which lacks: "
-                         f"{missing}", f"the python3 kernel found first ({spec.resource_dir}) "
-                         f"belongs to another Python: remove that folder, or install ezpz_nb "
-                         f"(it brings ipykernel) into {python}")
+            return Check(
+                "jupyter kernel",
+                False,
+                f"python3 runs {python}, which lacks: {missing}",
+                f"the python3 kernel found first ({spec.resource_dir}) "
+                f"belongs to another Python: remove that folder, or install ezpz_nb "
+                f"(it brings ipykernel) into {python}",
+            )
         return Check("jupyter kernel", True, f"python3 runs {python}")
 
     return finish
@@ -312,8 +348,9 @@ def check_widget_frontend() -> Check:
     for folder in jupyter_path("labextensions"):
         if (Path(folder) / WIDGET_EXTENSION / "package.json").is_file():
             return Check("widget frontend", True, f"JupyterLab {lab.detail}, {WIDGET_EXTENSION}")
-    return Check("widget frontend", False, f"JupyterLab {lab.detail} without {WIDGET_EXTENSION}",
-                 fix)
+    return Check(
+        "widget frontend", False, f"JupyterLab {lab.detail} without {WIDGET_EXTENSION}", fix
+    )
 
 
 def available_memory() -> int | None:
@@ -339,25 +376,34 @@ def check_memory(rank_bytes: list[int], available: int | None) -> Check:
     gib = 1024**3
     if not rank_bytes:
         free = "" if available is None else f"{available / gib:.1f} GiB free; "
-        return Check("memory", None, f"{free}rank size unknown (no launch succeeded)",
-                     "fix the launch first")
+        return Check(
+            "memory", None, f"{free}rank size unknown (no launch succeeded)", "fix the launch first"
+        )
     need = NOTEBOOK_RANKS * max(rank_bytes) + _rank_memory()  # the ranks and this kernel
     if available is None:
-        return Check("memory", None, "could not read the free memory here",
-                     f"make sure about {need / gib:.1f} GiB is free for {NOTEBOOK_RANKS} ranks")
-    detail = (f"{available / gib:.1f} GiB free, {NOTEBOOK_RANKS} ranks need about "
-              f"{need / gib:.1f} GiB")
+        return Check(
+            "memory",
+            None,
+            "could not read the free memory here",
+            f"make sure about {need / gib:.1f} GiB is free for {NOTEBOOK_RANKS} ranks",
+        )
+    detail = (
+        f"{available / gib:.1f} GiB free, {NOTEBOOK_RANKS} ranks need about {need / gib:.1f} GiB"
+    )
     if available < need:
-        return Check("memory", False, detail, "close other programs (browsers, IDEs) "
-                     "and run ezpz-nb doctor again")
+        return Check(
+            "memory",
+            False,
+            detail,
+            "close other programs (browsers, IDEs) and run ezpz-nb doctor again",
+        )
     return Check("memory", True, detail)
 
 
 def _in_thread(fn: Callable[[], Any], wait: float) -> tuple[bool, Any]:
     """Run ``fn`` in a daemon thread; (finished, result) after at most ``wait`` seconds."""
     box: list[Any] = []
-    thread = threading.Thread(target=lambda: box.append(fn()), daemon=True,
-                              name="ezpz-nb-doctor")
+    thread = threading.Thread(target=lambda: box.append(fn()), daemon=True, name="ezpz-nb-doctor")
     thread.start()
     thread.join(max(wait, 0.0))
     return bool(box), (box[0] if box else None)
@@ -379,8 +425,12 @@ def process_age() -> float:
         return 0.0
 
 
-def run_checks(echo: Callable[[str], None] | None = None, *, started: float | None = None,
-               budget: float = BUDGET_S) -> Report:
+def run_checks(
+    echo: Callable[[str], None] | None = None,
+    *,
+    started: float | None = None,
+    budget: float = BUDGET_S,
+) -> Report:
     """Run every check; the report's verdict is ready within ``budget`` seconds.
 
     Args:
@@ -416,8 +466,14 @@ def run_checks(echo: Callable[[str], None] | None = None, *, started: float | No
             left = deadline - time.monotonic()
             done, result = _in_thread(partial(_launch, world_size, max(left, 1.0)), left)
             if not done:
-                add(Check(_launch_name(world_size), False,
-                          f"no answer within {max(left, 0):.1f} s", _slow_fix(budget)))
+                add(
+                    Check(
+                        _launch_name(world_size),
+                        False,
+                        f"no answer within {max(left, 0):.1f} s",
+                        _slow_fix(budget),
+                    )
+                )
                 break
             check, rank_bytes = result
             add(check)
@@ -431,10 +487,12 @@ def run_checks(echo: Callable[[str], None] | None = None, *, started: float | No
 
 
 def _slow_fix(budget: float) -> str:
-    return (f"this machine may only be busy or slow (the first launch imports torch in a "
-            f"helper process): close other programs, or allow more time with "
-            f"ezpz-nb doctor --budget {max(60, int(budget) * 3)}; if the ranks still do "
-            f"not answer, {launch_fix()}")
+    return (
+        f"this machine may only be busy or slow (the first launch imports torch in a "
+        f"helper process): close other programs, or allow more time with "
+        f"ezpz-nb doctor --budget {max(60, int(budget) * 3)}; if the ranks still do "
+        f"not answer, {launch_fix()}"
+    )
 
 
 def main(budget: float = BUDGET_S) -> int:
@@ -445,7 +503,6 @@ def main(budget: float = BUDGET_S) -> int:
     """
     started = time.monotonic() - process_age()
     print("ezpz-nb doctor: checking this machine for the ezpz_nb notebooks", flush=True)
-    report = run_checks(echo=lambda line: print(line, flush=True), started=started,
-                        budget=budget)
+    report = run_checks(echo=lambda line: print(line, flush=True), started=started, budget=budget)
     print(report.verdict, flush=True)
     return 0 if report.ok else 1

@@ -43,8 +43,13 @@ def lab_folder(folder: str | Path | None = None) -> tuple[Path, NotebookCopy | N
     return folder.resolve(), copy_notebooks(folder, source=source)
 
 
-def jupyter_args(folder: Path, *, port: int | None = None, open_browser: bool = True,
-                 extra: list[str] | None = None) -> list[str]:
+def jupyter_args(
+    folder: Path,
+    *,
+    port: int | None = None,
+    open_browser: bool = True,
+    extra: list[str] | None = None,
+) -> list[str]:
     """The ``jupyter lab`` options: loopback only, ``folder`` as root, root allowed."""
     args = ["--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={folder}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -57,8 +62,13 @@ def jupyter_args(folder: Path, *, port: int | None = None, open_browser: bool = 
     return args + list(extra or [])
 
 
-def run_lab(folder: str | Path | None = None, *, port: int | None = None,
-            open_browser: bool = True, extra: list[str] | None = None) -> int:
+def run_lab(
+    folder: str | Path | None = None,
+    *,
+    port: int | None = None,
+    open_browser: bool = True,
+    extra: list[str] | None = None,
+) -> int:
     """Copy the notebooks if needed, then run JupyterLab on them until it is stopped.
 
     On POSIX this process becomes the server (``exec``): Ctrl-C or SIGTERM reach
@@ -72,8 +82,12 @@ def run_lab(folder: str | Path | None = None, *, port: int | None = None,
     if copy is not None and (copy.copied or copy.overwritten or copy.skipped):
         print(copy.report(), flush=True)
     print(f"ezpz-nb lab: serving {where} on 127.0.0.1", flush=True)
-    cmd = [sys.executable, "-m", "jupyterlab",
-           *jupyter_args(where, port=port, open_browser=open_browser, extra=extra)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        *jupyter_args(where, port=port, open_browser=open_browser, extra=extra),
+    ]
     if os.name == "posix":
         sys.stderr.flush()
         os.execv(sys.executable, cmd)

@@ -39,13 +39,16 @@ class NotebookCopy:
         """A few lines for the terminal: what was copied, what was skipped and why."""
         lines = []
         if self.copied or self.overwritten:
-            lines.append(f"copied {len(self.copied) + len(self.overwritten)} file(s) to "
-                         f"{self.dest}:")
+            lines.append(
+                f"copied {len(self.copied) + len(self.overwritten)} file(s) to {self.dest}:"
+            )
             lines += [f"  {name}" for name in self.copied]
             lines += [f"  {name} (overwritten)" for name in self.overwritten]
         if self.skipped:
-            lines.append(f"skipped {len(self.skipped)} file(s) already in {self.dest} "
-                         "(your edits are kept; --force overwrites them):")
+            lines.append(
+                f"skipped {len(self.skipped)} file(s) already in {self.dest} "
+                "(your edits are kept; --force overwrites them):"
+            )
             lines += [f"  {name}" for name in self.skipped]
         return "\n".join(lines)
 
@@ -53,12 +56,14 @@ class NotebookCopy:
 def shipped_files(source: Path | None = None) -> list[Path]:
     """The notebooks (and notes beside them) that ship with ezpz_nb, in name order."""
     folder = notebooks_dir() if source is None else source
-    return sorted(p for pattern in PATTERNS for p in folder.glob(pattern)
-                  if not p.name.startswith("_"))
+    return sorted(
+        p for pattern in PATTERNS for p in folder.glob(pattern) if not p.name.startswith("_")
+    )
 
 
-def copy_notebooks(dest: str | Path, *, force: bool = False,
-                   source: Path | None = None) -> NotebookCopy:
+def copy_notebooks(
+    dest: str | Path, *, force: bool = False, source: Path | None = None
+) -> NotebookCopy:
     """Copy the tutorial notebooks into ``dest`` (created if missing).
 
     Args:

@@ -25,9 +25,11 @@ def notebooks_dir() -> Path:
     for folder in (_PACKAGE / _PACKAGED, _PACKAGE.parent / "notebooks"):
         if folder.is_dir():
             return folder
-    raise FileNotFoundError(f"the tutorial notebooks are neither in {_PACKAGE / _PACKAGED} "
-                            f"nor in {_PACKAGE.parent / 'notebooks'}; reinstall ezpz_nb from "
-                            "its wheel or use a checkout of the repository")
+    raise FileNotFoundError(
+        f"the tutorial notebooks are neither in {_PACKAGE / _PACKAGED} "
+        f"nor in {_PACKAGE.parent / 'notebooks'}; reinstall ezpz_nb from "
+        "its wheel or use a checkout of the repository"
+    )
 
 
 def is_packaged(folder: Path) -> bool:

@@ -72,18 +72,22 @@ def _write_figures(nb: dict, folder: Path) -> list[Path]:
     """Save every ``image/png`` output of an executed notebook; return the paths."""
     paths = []
     for i, cell in enumerate(nb.get("cells", [])):
-        pngs = [o["data"]["image/png"] for o in cell.get("outputs", [])
-                if "image/png" in o.get("data", {})]
+        pngs = [
+            o["data"]["image/png"]
+            for o in cell.get("outputs", [])
+            if "image/png" in o.get("data", {})
+        ]
         for k, png in enumerate(pngs):
             folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"cell{i:02d}" f"{'' if len(pngs) == 1 else f'_{k}'}.png"
+            path = folder / f"cell{i:02d}{'' if len(pngs) == 1 else f'_{k}'}.png"
             path.write_bytes(base64.b64decode(png))
             paths.append(path)
     return paths
 
 
-def run_notebook(path: str | Path, out_dir: str | Path, *, timeout: float = 120.0,
-                 kernel: str = "python3") -> TourStop:
+def run_notebook(
+    path: str | Path, out_dir: str | Path, *, timeout: float = 120.0, kernel: str = "python3"
+) -> TourStop:
     """Execute one notebook and write its executed copy and figures under ``out_dir``.
 
     Cells run with the notebook's own folder as working directory, as in
@@ -108,8 +112,9 @@ def run_notebook(path: str | Path, out_dir: str | Path, *, timeout: float = 120.
     path, out = Path(path), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel,
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name=kernel, resources={"metadata": {"path": str(path.parent)}}
+    )
     # Plain text progress: the executed copy is read as a file, where a widget
     # (which needs a live frontend) would show nothing. The kernel gets this
     # process's environment plus the switch that ezpz_nb.viz.progress reads.
@@ -130,9 +135,15 @@ def run_notebook(path: str | Path, out_dir: str | Path, *, timeout: float = 120.
     return TourStop(path, executed, figures, seconds, error)
 
 
-def run_tour(out_dir: str | Path = "tour", notebooks: str | Path | None = None,
-             only: Iterable[str] = (), *, timeout: float = 120.0,
-             kernel: str = "python3", echo: bool = True) -> list[TourStop]:
+def run_tour(
+    out_dir: str | Path = "tour",
+    notebooks: str | Path | None = None,
+    only: Iterable[str] = (),
+    *,
+    timeout: float = 120.0,
+    kernel: str = "python3",
+    echo: bool = True,
+) -> list[TourStop]:
     """Run every tutorial notebook; print where the executed copies and figures are.
 
     Args:
@@ -149,8 +160,9 @@ def run_tour(out_dir: str | Path = "tour", notebooks: str | Path | None = None,
     folder = Path(notebooks) if notebooks is not None else default_notebook_dir()
     paths = find_notebooks(folder, only)
     if not paths:
-        raise FileNotFoundError(f"no notebooks found in {folder}"
-                                + (f" matching {list(only)}" if only else ""))
+        raise FileNotFoundError(
+            f"no notebooks found in {folder}" + (f" matching {list(only)}" if only else "")
+        )
     stops = []
     for p in paths:
         if echo:

@@ -149,7 +149,9 @@ class BatchBroadcaster:
             steady = tensors is not None
             if not steady:
                 tree, tensors = flatten_batch(batch)
-                layout = tuple((str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in tensors)
+                layout = tuple(
+                    (str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in tensors
+                )
                 spec = pickle.dumps((tree, layout))
                 steady = spec == self._spec
             assert tensors is not None
@@ -159,7 +161,9 @@ class BatchBroadcaster:
                 # while the next batch is packed into the other.
                 slot = self._ring[self._turn]
                 if slot is None:
-                    buf = torch.empty(HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device)
+                    buf = torch.empty(
+                        HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device
+                    )
                     self._header(buf, DATA, self._payload_nbytes)
                     payload = buf[HEADER_BYTES:]
                     # Typed views into the buffer, made once: each step is then one
@@ -219,8 +223,13 @@ class BatchBroadcaster:
         tensors = []
         for (key, value), (k, dtype, shape) in zip(batch.items(), expected, strict=True):
             # type(key): 1, 1.0 and True are equal keys but pickle differently.
-            if (key != k or type(key) is not type(k) or type(value) is not torch.Tensor
-                    or value.dtype != dtype or value.shape != shape):
+            if (
+                key != k
+                or type(key) is not type(k)
+                or type(value) is not torch.Tensor
+                or value.dtype != dtype
+                or value.shape != shape
+            ):
                 return None
             tensors.append(value)
         return tensors
@@ -271,7 +280,9 @@ class BatchBroadcaster:
             return _KIND_NAMES[kind], payload
         # A new buffer every step: the previous batch's tensors are views into
         # the previous buffer and may still be in use by the caller.
-        buf = torch.empty(HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device)
+        buf = torch.empty(
+            HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device
+        )
         self._bcast(buf)
         # struct on a numpy view of the header: fewer torch calls than tolist(),
         # which is what a small batch costs (a CUDA header is copied over first).
@@ -305,11 +316,15 @@ class BatchBroadcaster:
 
     def _announce(self, kind: int, a: int = 0, b: int = 0) -> None:
         # Sized like a data step so peers, who cannot know what comes, match it.
-        buf = torch.zeros(HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device)
+        buf = torch.zeros(
+            HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device
+        )
         self._header(buf, kind, a, b)
         self._bcast(buf)
 
-    def _pack(self, payload: torch.Tensor, tensors: list[torch.Tensor], slots: list[tuple[int, int]]) -> None:
+    def _pack(
+        self, payload: torch.Tensor, tensors: list[torch.Tensor], slots: list[tuple[int, int]]
+    ) -> None:
         for t, (off, nbytes) in zip(tensors, slots, strict=True):
             # copy_ converts device and layout (non-contiguous, 0-d) in one pass.
             payload[off : off + nbytes].view(t.dtype).view(t.shape).copy_(t.detach())

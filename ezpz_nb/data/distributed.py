@@ -115,7 +115,9 @@ class RandomTokenDataset(Dataset):
     ) -> None:
         self.vocab_size = _positive_int("vocab_size", vocab_size)
         self.seq_length = _positive_int("seq_length", seq_length)
-        self.num_samples = vocab_size if num_samples is None else _positive_int("num_samples", num_samples)
+        self.num_samples = (
+            vocab_size if num_samples is None else _positive_int("num_samples", num_samples)
+        )
         self.seed = operator.index(seed)
 
     def __len__(self) -> int:
@@ -266,11 +268,21 @@ class TPBroadcastDataLoader:
         Raises:
             ValueError: ``state`` is not what :meth:`state_dict` returns.
         """
-        if not isinstance(state, dict) or not isinstance(state.get("steps"), int) or state["steps"] < 0:
-            raise ValueError(f"not a TPBroadcastDataLoader state (from state_dict()): {state!r:.200}")
+        if (
+            not isinstance(state, dict)
+            or not isinstance(state.get("steps"), int)
+            or state["steps"] < 0
+        ):
+            raise ValueError(
+                f"not a TPBroadcastDataLoader state (from state_dict()): {state!r:.200}"
+            )
         self._resume_at = state["steps"]
         self._resume_loader = False
-        if self.is_leader and state.get("loader") is not None and hasattr(self.dl, "load_state_dict"):
+        if (
+            self.is_leader
+            and state.get("loader") is not None
+            and hasattr(self.dl, "load_state_dict")
+        ):
             self.dl.load_state_dict(state["loader"])
             self._resume_loader = True
 
@@ -406,7 +418,12 @@ def get_random_dataset_fsdp_tp(
         dp_rank, dp_size = _group_rank(dp_group, "dp_group"), dist.get_world_size(dp_group)
         # Shard over DP replicas only (not the global world): TP peers share a shard.
         sampler = DistributedSampler(
-            dataset, num_replicas=dp_size, rank=dp_rank, shuffle=shuffle, drop_last=drop_last, seed=seed
+            dataset,
+            num_replicas=dp_size,
+            rank=dp_rank,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            seed=seed,
         )
         shard = len(sampler)
     else:

@@ -61,8 +61,21 @@ class Layout:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # A process group handle means nothing in another process: pickling
         # (e.g. returning a layout from a rank to the notebook) keeps the numbers only.
-        return (Layout, (self.rank, self.world_size, self.dp_rank, self.dp_size, self.tp_rank,
-                         self.tp_size, None, None, self.cp_rank, self.cp_size))
+        return (
+            Layout,
+            (
+                self.rank,
+                self.world_size,
+                self.dp_rank,
+                self.dp_size,
+                self.tp_rank,
+                self.tp_size,
+                None,
+                None,
+                self.cp_rank,
+                self.cp_size,
+            ),
+        )
 
     @property
     def is_tp_leader(self) -> bool:

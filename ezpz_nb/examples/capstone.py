@@ -65,8 +65,15 @@ from ezpz_nb.examples.common import (
 )
 from ezpz_nb.ledger import Ledger, record
 
-__all__ = ["REDUCE", "RuleTokenDataset", "TinyLM", "avg_reduces_correctly", "main",
-           "reference_losses", "run"]
+__all__ = [
+    "REDUCE",
+    "RuleTokenDataset",
+    "TinyLM",
+    "avg_reduces_correctly",
+    "main",
+    "reference_losses",
+    "run",
+]
 
 VOCAB = 32
 SEQ = 16
@@ -85,8 +92,14 @@ class RuleTokenDataset(Dataset):
     Items are ``{"input_ids", "labels", "index"}`` as in ``RandomTokenDataset``.
     """
 
-    def __init__(self, vocab_size: int = VOCAB, seq_length: int = SEQ, *, num_samples: int = 256,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        vocab_size: int = VOCAB,
+        seq_length: int = SEQ,
+        *,
+        num_samples: int = 256,
+        seed: int = 0,
+    ) -> None:
         self.vocab_size, self.seq_length = vocab_size, seq_length
         self.num_samples, self.seed = num_samples, seed
 
@@ -116,8 +129,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         # -1, not the head count: after ColwiseParallel a rank holds only its heads.
-        q, k, v = (w(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-                   for w in (self.wq, self.wk, self.wv))
+        q, k, v = (
+            w(x).view(b, t, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
+        )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
@@ -139,8 +153,9 @@ class Block(nn.Module):
 class TinyLM(nn.Module):
     """Token + position embeddings, ``layers`` blocks, a final norm and an output head."""
 
-    def __init__(self, vocab: int = VOCAB, seq: int = SEQ, dim: int = 32, heads: int = 4,
-                 layers: int = 2) -> None:
+    def __init__(
+        self, vocab: int = VOCAB, seq: int = SEQ, dim: int = 32, heads: int = 4, layers: int = 2
+    ) -> None:
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
@@ -191,9 +206,14 @@ def _parallelize(model: TinyLM, layout: Layout, mesh: Any, force_sum: bool) -> T
     )
 
     if layout.tp_size > 1:
-        plan = {"attn.wq": ColwiseParallel(), "attn.wk": ColwiseParallel(),
-                "attn.wv": ColwiseParallel(), "attn.wo": RowwiseParallel(),
-                "w1": ColwiseParallel(), "w2": RowwiseParallel()}
+        plan = {
+            "attn.wq": ColwiseParallel(),
+            "attn.wk": ColwiseParallel(),
+            "attn.wv": ColwiseParallel(),
+            "attn.wo": RowwiseParallel(),
+            "w1": ColwiseParallel(),
+            "w2": RowwiseParallel(),
+        }
         for block in model.blocks:
             parallelize_module(block, mesh["tp"], plan)
     for block in model.blocks:
@@ -260,20 +280,31 @@ def run(
     layout = make_layout(tp_size)
     dev = device()
     mesh = init_device_mesh(dev.type, (layout.dp_size, tp_size), mesh_dim_names=("dp", "tp"))
-    force_sum = reduce == "sum" or (reduce == "auto" and not avg_reduces_correctly(mesh.get_group("dp")))
+    force_sum = reduce == "sum" or (
+        reduce == "auto" and not avg_reduces_correctly(mesh.get_group("dp"))
+    )
     model = _parallelize(_new_model(model_seed).to(dev), layout, mesh, force_sum)
     opt = _optimizer(model, lr)
     dataset = RuleTokenDataset(num_samples=num_samples, seed=dist.get_rank() if rank_seeded else 0)
     dp_group = mesh.get_group("dp")
     built = get_random_dataset_fsdp_tp(
-        batch_size, VOCAB, SEQ, dataset=dataset, seed=seed,
-        dp_group=dp_group if shard_over == "dp" else None, tp_group=mesh.get_group("tp"),
+        batch_size,
+        VOCAB,
+        SEQ,
+        dataset=dataset,
+        seed=seed,
+        dp_group=dp_group if shard_over == "dp" else None,
+        tp_group=mesh.get_group("tp"),
         broadcast_within_tp=broadcast,
     )
-    with record(built["dataloader"], layout, path=ledger_file(out)) as rec, warnings.catch_warnings():
+    with (
+        record(built["dataloader"], layout, path=ledger_file(out)) as rec,
+        warnings.catch_warnings(),
+    ):
         # FSDP2 itself still calls the collective torch 2.13 renamed: not the learner's concern.
-        warnings.filterwarnings("ignore", message=".*reduce_scatter_tensor.* is deprecated",
-                                category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=".*reduce_scatter_tensor.* is deprecated", category=FutureWarning
+        )
         for epoch in range(epochs):
             if set_epoch:
                 rec.set_epoch(epoch)
@@ -315,14 +346,25 @@ def reference_losses(
         torch.set_num_threads(threads)
 
 
-def _reference(dp_size: int, num_samples: int, batch_size: int, epochs: int, lr: float,
-               model_seed: int, seed: int) -> list[float]:
+def _reference(
+    dp_size: int,
+    num_samples: int,
+    batch_size: int,
+    epochs: int,
+    lr: float,
+    model_seed: int,
+    seed: int,
+) -> list[float]:
     dataset = RuleTokenDataset(num_samples=num_samples, seed=0)
     model = _new_model(model_seed)
     opt = _optimizer(model, lr)
     losses = []
-    samplers = [DistributedSampler(dataset, num_replicas=dp_size, rank=d, shuffle=True, seed=seed,
-                                   drop_last=True) for d in range(dp_size)]
+    samplers = [
+        DistributedSampler(
+            dataset, num_replicas=dp_size, rank=d, shuffle=True, seed=seed, drop_last=True
+        )
+        for d in range(dp_size)
+    ]
     for epoch in range(epochs):
         loaders = []
         for s in samplers:
@@ -343,13 +385,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = base_parser(__doc__)
     p.set_defaults(num_samples=256, batch_size=8, epochs=3)
     p.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate")
-    p.add_argument("--shard-over", choices=SHARD_OVER, default="dp",
-                   help="group the sampler shards over (world: the pitfall)")
+    p.add_argument(
+        "--shard-over",
+        choices=SHARD_OVER,
+        default="dp",
+        help="group the sampler shards over (world: the pitfall)",
+    )
     add_switch(p, "rank-seeded", False, "seed each rank's dataset by its rank (the pitfall)")
     add_switch(p, "broadcast", True, "TP leader loads and broadcasts (else every rank loads)")
     add_switch(p, "set-epoch", True, "reshuffle each epoch with set_epoch")
-    p.add_argument("--reduce", choices=REDUCE, default="auto",
-                   help="FSDP2 gradient reduction: avg, sum (+ explicit divide) or auto")
+    p.add_argument(
+        "--reduce",
+        choices=REDUCE,
+        default="auto",
+        help="FSDP2 gradient reduction: avg, sum (+ explicit divide) or auto",
+    )
     p.add_argument("--model-seed", type=int, default=0, help="seed of the initial weights")
     return cli_main(run, p, argv)
 

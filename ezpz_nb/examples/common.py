@@ -132,8 +132,9 @@ def ledger_file(out: str | Path | None) -> Path | None:
 
 def add_switch(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
     """Add ``--name`` / ``--no-name`` for a boolean worker parameter."""
-    parser.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=default,
-                        help=help)
+    parser.add_argument(
+        f"--{name}", action=argparse.BooleanOptionalAction, default=default, help=help
+    )
 
 
 def base_parser(description: str | None) -> argparse.ArgumentParser:
@@ -142,16 +143,29 @@ def base_parser(description: str | None) -> argparse.ArgumentParser:
     Each one adds its own on top; the names match the worker's parameters
     (``--tp-size`` is ``tp_size``), so :func:`cli_main` can pass them through.
     """
-    p = argparse.ArgumentParser(description=description,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=None,
-                   help="folder for the ledger files, one per rank (rank{r}.jsonl)")
-    p.add_argument("--backend", choices=BACKENDS, default="gloo",
-                   help="gloo on CPU (default) or nccl with one GPU per rank")
-    p.add_argument("--timeout", type=float, default=60.0,
-                   help="collective timeout in seconds (torch's defaults: 30 min on gloo, 10 min on nccl)")
-    p.add_argument("--check", action="store_true",
-                   help="exit with status 1 if the merged ledger shows a problem")
+    p = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--out", default=None, help="folder for the ledger files, one per rank (rank{r}.jsonl)"
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="gloo",
+        help="gloo on CPU (default) or nccl with one GPU per rank",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="collective timeout in seconds (torch's defaults: 30 min on gloo, 10 min on nccl)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit with status 1 if the merged ledger shows a problem",
+    )
     p.add_argument("--tp-size", type=int, default=2, help="ranks per tensor-parallel group")
     p.add_argument("--num-samples", type=int, default=64, help="dataset length")
     p.add_argument("--batch-size", type=int, default=4, help="samples per batch per DP replica")
@@ -163,8 +177,9 @@ def base_parser(description: str | None) -> argparse.ArgumentParser:
 _LAUNCH_ONLY = ("backend", "timeout", "check")
 
 
-def cli_main(run: Callable[..., Ledger], parser: argparse.ArgumentParser,
-             argv: Sequence[str] | None = None) -> int:
+def cli_main(
+    run: Callable[..., Ledger], parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
+) -> int:
     """Parse options, join torchrun's group, run the worker, report on rank 0.
 
     Every rank writes its own ledger file (when ``--out`` is given); rank 0 also
@@ -206,7 +221,10 @@ def _run_and_report(run: Callable[..., Ledger], args: argparse.Namespace) -> int
     merged = Ledger.from_results(parts)
     print(merged.summary(), flush=True)
     if args.out is not None:
-        print(f"Ledger files in {args.out}/ (one per rank); in a notebook: "
-              f"Ledger.load({str(args.out)!r})", flush=True)
+        print(
+            f"Ledger files in {args.out}/ (one per rank); in a notebook: "
+            f"Ledger.load({str(args.out)!r})",
+            flush=True,
+        )
     # One failing process is enough for torchrun to report the job failed.
     return 1 if args.check and merged.check() else 0

@@ -81,10 +81,14 @@ def run(
     prepare_out(out)
     layout = make_layout(tp_size)
     built = get_random_dataset_fsdp_tp(
-        batch_size, VOCAB_SIZE, SEQ_LENGTH,
+        batch_size,
+        VOCAB_SIZE,
+        SEQ_LENGTH,
         dp_group=layout.dp_group if shard_over == "dp" else None,
         tp_group=layout.tp_group,
-        drop_last=drop_last, seed=seed, num_samples=num_samples,
+        drop_last=drop_last,
+        seed=seed,
+        num_samples=num_samples,
     )
     # The file grows step by step: after an error, or a kill, it still shows how far
     # this rank got; the end record says it finished.
@@ -98,8 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = base_parser(__doc__)
     add_switch(p, "drop-last", True, "drop what does not divide evenly (else pad with repeats)")
     add_switch(p, "set-epoch", True, "reshuffle each epoch with set_epoch")
-    p.add_argument("--shard-over", choices=SHARD_OVER, default="dp",
-                   help="group the sampler shards over (world: the pitfall)")
+    p.add_argument(
+        "--shard-over",
+        choices=SHARD_OVER,
+        default="dp",
+        help="group the sampler shards over (world: the pitfall)",
+    )
     return cli_main(run, p, argv)
 
 

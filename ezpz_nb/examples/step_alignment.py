@@ -166,8 +166,14 @@ def run(
         loader: Any = _hand_made_shard(dataset, layout.dp_rank, layout.dp_size, batch_size)
     else:
         loader = get_random_dataset_fsdp_tp(
-            batch_size, VOCAB_SIZE, SEQ_LENGTH, dp_group=layout.dp_group,
-            tp_group=layout.tp_group, drop_last=drop_last, seed=seed, dataset=dataset,
+            batch_size,
+            VOCAB_SIZE,
+            SEQ_LENGTH,
+            dp_group=layout.dp_group,
+            tp_group=layout.tp_group,
+            drop_last=drop_last,
+            seed=seed,
+            dataset=dataset,
         )["dataloader"]
     if guard:
         loader = AgreedSteps(loader)
@@ -189,8 +195,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_switch(p, "uneven", False, "shard by hand, range(dp_rank, N, dp_size): uneven steps")
     add_switch(p, "guard", False, "agree on every step (one MIN all_reduce per step)")
     add_switch(p, "drop-last", True, "sampler: drop the remainder (else pad with repeats)")
-    p.add_argument("--step-timeout", type=float, default=10.0,
-                   help="seconds a step's all_reduce may wait before it is an error")
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a step's all_reduce may wait before it is an error",
+    )
     return cli_main(run, p, argv)
 
 

@@ -90,13 +90,20 @@ def run(
     prepare_out(out)
     layout = make_layout(tp_size)
     # Seeding by rank is the pitfall on show; seed 0 is what every rank would share.
-    dataset = RandomTokenDataset(VOCAB_SIZE, SEQ_LENGTH, num_samples=num_samples,
-                                 seed=dist.get_rank() if rank_seeded else 0)
+    dataset = RandomTokenDataset(
+        VOCAB_SIZE, SEQ_LENGTH, num_samples=num_samples, seed=dist.get_rank() if rank_seeded else 0
+    )
     built = get_random_dataset_fsdp_tp(
-        batch_size, VOCAB_SIZE, SEQ_LENGTH,
-        dp_group=layout.dp_group, tp_group=layout.tp_group,
-        broadcast_within_tp=broadcast, broadcast=mode,
-        drop_last=drop_last, seed=seed, dataset=dataset,
+        batch_size,
+        VOCAB_SIZE,
+        SEQ_LENGTH,
+        dp_group=layout.dp_group,
+        tp_group=layout.tp_group,
+        broadcast_within_tp=broadcast,
+        broadcast=mode,
+        drop_last=drop_last,
+        seed=seed,
+        dataset=dataset,
     )
     with record(built["dataloader"], layout, path=ledger_file(out)) as rec:
         run_epochs(rec, epochs, set_epoch=set_epoch)
@@ -107,8 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point (see the module docstring)."""
     p = base_parser(__doc__)
     add_switch(p, "broadcast", True, "TP leader loads and broadcasts (else every rank loads)")
-    p.add_argument("--mode", choices=MODES, default="tensor",
-                   help="tensor: one packed broadcast per batch; pickle: broadcast_object_list")
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="tensor",
+        help="tensor: one packed broadcast per batch; pickle: broadcast_object_list",
+    )
     add_switch(p, "rank-seeded", False, "seed each rank's dataset by its rank (the pitfall)")
     add_switch(p, "drop-last", True, "drop what does not divide evenly (else pad with repeats)")
     add_switch(p, "set-epoch", True, "reshuffle each epoch with set_epoch")

@@ -100,8 +100,15 @@ class Cluster:
         [0, 1]
     """
 
-    def __init__(self, world_size: int = 2, timeout: float = 60.0, *, threads: int | None = None,
-                 start_method: str | None = None, backend: str = "gloo"):
+    def __init__(
+        self,
+        world_size: int = 2,
+        timeout: float = 60.0,
+        *,
+        threads: int | None = None,
+        start_method: str | None = None,
+        backend: str = "gloo",
+    ):
         check_args(world_size, timeout, threads, start_method, backend)
         self.world_size = world_size
         self.timeout = float(timeout)
@@ -123,8 +130,11 @@ class Cluster:
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
-        ctx = _forkserver() if self.start_method == "forkserver" else mp.get_context(
-            self.start_method)
+        ctx = (
+            _forkserver()
+            if self.start_method == "forkserver"
+            else mp.get_context(self.start_method)
+        )
         self._tmp = tempfile.mkdtemp(prefix="ezpz_nb-")
         self._cleanup_dirs: tuple[str, ...] = (self._tmp,)
         if self.start_method == "forkserver":
@@ -139,9 +149,12 @@ class Cluster:
         _LIVE[self._serial] = self
         on_kernel_shutdown(_close_all)
         env = dict(os.environ)
-        env.update(GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", loopback()),
-                   WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size),
-                   OMP_NUM_THREADS=str(self.threads))
+        env.update(
+            GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", loopback()),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_WORLD_SIZE=str(self.world_size),
+            OMP_NUM_THREADS=str(self.threads),
+        )
         if self.backend == "gloo":
             env["CUDA_VISIBLE_DEVICES"] = ""  # CPU-only unless asked: no CUDA init cost
         env.pop("MASTER_ADDR", None)  # ranks use our FileStore, not an outer launcher's
@@ -158,18 +171,31 @@ class Cluster:
     def _start_rank(self, ctx: Any, r: int, env: dict[str, str]) -> None:
         assert self._tmp is not None
         cfg = _rank.RankConfig(
-            rank=r, world_size=self.world_size, store_path=os.path.join(self._tmp, "store"),
-            dump_path=os.path.join(self._tmp, f"stack{r}.txt"), threads=self.threads,
-            backend=self.backend, pg_timeout=self.timeout + 60.0, env=env, cwd=os.getcwd(),
-            sys_path=list(sys.path), parent_pid=os.getpid(), cleanup_dirs=self._cleanup_dirs)
+            rank=r,
+            world_size=self.world_size,
+            store_path=os.path.join(self._tmp, "store"),
+            dump_path=os.path.join(self._tmp, f"stack{r}.txt"),
+            threads=self.threads,
+            backend=self.backend,
+            pg_timeout=self.timeout + 60.0,
+            env=env,
+            cwd=os.getcwd(),
+            sys_path=list(sys.path),
+            parent_pid=os.getpid(),
+            cleanup_dirs=self._cleanup_dirs,
+        )
         # Pipes are made just before each rank starts so a forked rank never
         # inherits another rank's write ends (that would hide EOF on death).
         conn, child_conn = ctx.Pipe()
         out_r, out_w = ctx.Pipe(duplex=False)
         err_r, err_w = ctx.Pipe(duplex=False)
         life_r, life_w = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_rank.main, args=(cfg, child_conn, out_w, err_w, life_r),
-                           name=f"ezpz_nb-rank{r}", daemon=False)
+        proc = ctx.Process(
+            target=_rank.main,
+            args=(cfg, child_conn, out_w, err_w, life_r),
+            name=f"ezpz_nb-rank{r}",
+            daemon=False,
+        )
         with main_hidden(self.start_method):
             proc.start()
         for c in (child_conn, out_w, err_w, life_r):
@@ -264,8 +290,11 @@ class Cluster:
         """
         job = dumps_job(fn, args, kwargs)
         if self._closed:
-            print(f"[ezpz_nb] starting {self.world_size} fresh ranks (the previous ones "
-                  "were stopped; state on them is gone)", file=sys.stderr)
+            print(
+                f"[ezpz_nb] starting {self.world_size} fresh ranks (the previous ones "
+                "were stopped; state on them is gone)",
+                file=sys.stderr,
+            )
             self._start()
         self.events = []
         msg = wire.command(wire.Run(job))
@@ -305,8 +334,11 @@ class Cluster:
             limit = grace_end if grace_end is not None else deadline
             if now >= limit:
                 break
-            watch = [self._conns[r] for r in pending] + [
-                s for s, r in sentinels.items() if r in pending] + self._output.fds
+            watch = (
+                [self._conns[r] for r in pending]
+                + [s for s, r in sentinels.items() if r in pending]
+                + self._output.fds
+            )
             ready = wait(watch, timeout=min(0.1, limit - now))
             for obj in ready:
                 if isinstance(obj, int) and self._output.owns(obj):
@@ -340,8 +372,11 @@ class Cluster:
             if pending or died or what == "start":
                 self._kill()
             keep = not self._closed and not self._one_shot
-            raise RankError(failures, self.events,
-                            note="The ranks are still up; their state is kept." if keep else "")
+            raise RankError(
+                failures,
+                self.events,
+                note="The ranks are still up; their state is kept." if keep else "",
+            )
         if pending:
             stacks = self._stacks(pending)
             self._kill()
@@ -376,9 +411,12 @@ class Cluster:
             return RankFailure(r, "exception", header.split(":")[0], header + where, tb)
         if isinstance(msg, wire.Unpicklable):
             return RankFailure(
-                r, "unpicklable", "PicklingError",
+                r,
+                "unpicklable",
+                "PicklingError",
                 f"its {msg.what} could not be sent back to the notebook ({msg.why}); return "
-                "plain data (numbers, lists, dicts, tensors) instead")
+                "plain data (numbers, lists, dicts, tensors) instead",
+            )
         raise TypeError(f"unexpected message from rank {r}: {msg!r}")
 
     def _death(self, r: int) -> RankFailure:
@@ -387,8 +425,12 @@ class Cluster:
         code = proc.exitcode
         if code is not None and code < 0:
             return RankFailure(r, "signal", "", f"killed by {signal_name(-code)}", signal=-code)
-        return RankFailure(r, "exit", "", f"exited with code {code} without replying "
-                           "(os._exit or sys.exit in a worker thread?)")
+        return RankFailure(
+            r,
+            "exit",
+            "",
+            f"exited with code {code} without replying (os._exit or sys.exit in a worker thread?)",
+        )
 
     def _stacks(self, pending: set[int]) -> dict[int, RankStack]:
         """Ask each blocked rank for its Python stack (faulthandler on SIGUSR1)."""
@@ -416,9 +458,17 @@ class Cluster:
             stacks[r] = stack_from_frames(r, frames) if frames else RankStack(r, "unknown")
         return stacks
 
-def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: float = 60.0,
-           threads: int | None = None, start_method: str | None = None,
-           backend: str = "gloo", **kwargs: Any) -> list[Any]:
+
+def launch(
+    fn: Callable[..., Any],
+    *args: Any,
+    world_size: int = 2,
+    timeout: float = 60.0,
+    threads: int | None = None,
+    start_method: str | None = None,
+    backend: str = "gloo",
+    **kwargs: Any,
+) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh ranks and return their results.
 
     torch.distributed is initialised in every rank (``dist.get_rank()``,
@@ -439,12 +489,16 @@ def launch(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout: flo
         # Under torchrun (or srun/mpiexec around it) the ranks already exist: run
         # here and gather, so notebook code gives the same list on a cluster.
         if int(os.environ["WORLD_SIZE"]) != world_size:
-            warnings.warn(f"launch(world_size={world_size}) under torchrun uses torchrun's "
-                          f"WORLD_SIZE={os.environ['WORLD_SIZE']}", stacklevel=2)
+            warnings.warn(
+                f"launch(world_size={world_size}) under torchrun uses torchrun's "
+                f"WORLD_SIZE={os.environ['WORLD_SIZE']}",
+                stacklevel=2,
+            )
         return run_in_place(fn, *args, backend=backend, timeout_s=timeout, **kwargs)
     dumps_job(fn, args, kwargs)  # fail on unpicklable input before starting anything
-    cluster = Cluster(world_size, timeout, threads=threads, start_method=start_method,
-                      backend=backend)
+    cluster = Cluster(
+        world_size, timeout, threads=threads, start_method=start_method, backend=backend
+    )
     cluster._one_shot = True
     try:
         return cluster.run(fn, *args, **kwargs)

@@ -77,8 +77,12 @@ class RankError(EzpzError, RuntimeError):
         events: Items the ranks published before the failure, in arrival order.
     """
 
-    def __init__(self, failures: dict[int, RankFailure], events: list[RankEvent] | None = None,
-                 note: str = ""):
+    def __init__(
+        self,
+        failures: dict[int, RankFailure],
+        events: list[RankEvent] | None = None,
+        note: str = "",
+    ):
         self.failures = dict(sorted(failures.items()))
         self.events = list(events or [])
         self.note = note
@@ -93,11 +97,12 @@ class RankError(EzpzError, RuntimeError):
         primary = [f for f in self.failures.values() if f.kind != "stopped"]
         stopped = [f.rank for f in self.failures.values() if f.kind == "stopped"]
         who = ", ".join(str(f.rank) for f in primary) or "?"
-        lines = [f"rank {who} failed: " + "; ".join(
-            f"rank {f.rank}: {f.message}" for f in primary)]
+        lines = [f"rank {who} failed: " + "; ".join(f"rank {f.rank}: {f.message}" for f in primary)]
         if stopped:
-            lines.append(f"ranks {stopped} were still running (probably waiting in a collective "
-                         "for the failed rank) and were stopped.")
+            lines.append(
+                f"ranks {stopped} were still running (probably waiting in a collective "
+                "for the failed rank) and were stopped."
+            )
         if self.note:
             lines.append(self.note)
         for f in primary:
@@ -130,8 +135,10 @@ class RankStack:
     def describe(self) -> str:
         """One line such as ``rank 0: barrier() at line 9 of the cell``."""
         if self.state == "finished":
-            return (f"rank {self.rank}: finished its function; the others are waiting "
-                    "for it in a call it never made")
+            return (
+                f"rank {self.rank}: finished its function; the others are waiting "
+                "for it in a call it never made"
+            )
         if self.state == "unknown" or not self.frames:
             return f"rank {self.rank}: stack unavailable"
         call = f"{self.call}()" if self.call else "running Python code"
@@ -149,16 +156,21 @@ class HangError(EzpzError, TimeoutError):
         events: Items the ranks published before the timeout, in arrival order.
     """
 
-    def __init__(self, stacks: dict[int, RankStack], timeout: float,
-                 events: list[RankEvent] | None = None):
+    def __init__(
+        self, stacks: dict[int, RankStack], timeout: float, events: list[RankEvent] | None = None
+    ):
         self.stacks = dict(sorted(stacks.items()))
         self.timeout = timeout
         self.events = list(events or [])
-        lines = [f"ranks did not finish within {timeout:g} s; this usually means they called "
-                 "different collectives or a different number of them. Where each rank was:"]
+        lines = [
+            f"ranks did not finish within {timeout:g} s; this usually means they called "
+            "different collectives or a different number of them. Where each rank was:"
+        ]
         lines += ["  " + s.describe() for s in self.stacks.values()]
-        lines.append("All ranks were stopped. Make every rank make the same collective calls "
-                     "in the same order (or raise `timeout=` if the work is just slow).")
+        lines.append(
+            "All ranks were stopped. Make every rank make the same collective calls "
+            "in the same order (or raise `timeout=` if the work is just slow)."
+        )
         super().__init__("\n".join(lines))
 
 
@@ -178,8 +190,12 @@ def is_library(filename: str) -> bool:
     path = os.path.realpath(filename)
     if path.startswith(_EXAMPLES):
         return False
-    return (f"{os.sep}torch{os.sep}" in path or path.startswith(_STDLIB)
-            or path.startswith(_PKG) or "site-packages" in path)
+    return (
+        f"{os.sep}torch{os.sep}" in path
+        or path.startswith(_STDLIB)
+        or path.startswith(_PKG)
+        or "site-packages" in path
+    )
 
 
 def _is_torch(filename: str) -> bool:
@@ -293,5 +309,11 @@ def stack_from_frames(rank: int, frames: list[Frame]) -> RankStack:
         fname, lineno, _, line = frames[user_idx]
         where = describe_location(fname, lineno)
         source = fill_line(fname, lineno, line)
-    return RankStack(rank=rank, state="blocked", call=call, where=where, source=source or "",
-                     frames=tuple(frames))
+    return RankStack(
+        rank=rank,
+        state="blocked",
+        call=call,
+        where=where,
+        source=source or "",
+        frames=tuple(frames),
+    )

@@ -18,7 +18,11 @@ import sys
 
 # Only in the forkserver itself (started as ``python -c "from
 # multiprocessing.forkserver import main; ..."``), should anything else import this.
-if sys.argv == ["-c"] and "multiprocessing.forkserver" in sys.modules and os.getpgrp() != os.getpid():
+if (
+    sys.argv == ["-c"]
+    and "multiprocessing.forkserver" in sys.modules
+    and os.getpgrp() != os.getpid()
+):
     try:
         os.setpgrp()
     except OSError:  # not allowed here (e.g. a session leader): keep the old behaviour

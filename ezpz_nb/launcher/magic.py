@@ -29,10 +29,20 @@ _OWN: Cluster | None = None  # the cluster the magic started, if any
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="%%ranks", add_help=False)
-    p.add_argument("-n", "--world-size", type=int, default=None,
-                   help="number of ranks (default: the running cluster's, else 2)")
-    p.add_argument("-t", "--timeout", type=float, default=None,
-                   help="seconds before HangError (default: the cluster's own, 60 for a new one)")
+    p.add_argument(
+        "-n",
+        "--world-size",
+        type=int,
+        default=None,
+        help="number of ranks (default: the running cluster's, else 2)",
+    )
+    p.add_argument(
+        "-t",
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds before HangError (default: the cluster's own, 60 for a new one)",
+    )
     p.add_argument("--restart", action="store_true", help="start fresh ranks")
     return p
 
@@ -99,8 +109,9 @@ def ranks(line: str, cell: str) -> None:
     try:
         opts = _parser().parse_args(shlex.split(line))
     except SystemExit:
-        raise ValueError(f"%%ranks: cannot parse {line!r}; usage: %%ranks [-n N] [-t SECONDS] "
-                         "[--restart]") from None
+        raise ValueError(
+            f"%%ranks: cannot parse {line!r}; usage: %%ranks [-n N] [-t SECONDS] [--restart]"
+        ) from None
     shipped, data = notebook_names(cell, _user_ns())
     cluster = get_cluster(opts.world_size, opts.timeout, opts.restart)
     filename = f"<ranks-cell-{next(_COUNTER)}>"
@@ -111,8 +122,9 @@ def ranks(line: str, cell: str) -> None:
         hint = _data_hint(exc, data)
         if not hint:
             raise
-        raise RankError(exc.failures, exc.events, note="\n".join(filter(None, [exc.note, hint]))
-                        ) from None
+        raise RankError(
+            exc.failures, exc.events, note="\n".join(filter(None, [exc.note, hint]))
+        ) from None
     for r, value in enumerate(results):
         if value is not None:
             print(f"[rank {r}] Out: {value!r}")
@@ -146,8 +158,7 @@ def notebook_names(source: str, user_ns: dict[str, Any]) -> tuple[dict[str, Any]
         tree = ast.parse(source)
     except SyntaxError:
         return {}, set()  # the ranks report it, with the cell's line
-    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
-            and isinstance(n.ctx, ast.Load)}
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     shipped, data = {}, set()
     for name in sorted(read - _RANK_NAMES):
         if name.startswith("_") or name not in user_ns:
@@ -167,20 +178,27 @@ def notebook_names(source: str, user_ns: dict[str, Any]) -> tuple[dict[str, Any]
                 raise TypeError(
                     f"%%ranks: the cell uses {name!r} from the notebook, which cannot be sent "
                     f"to the ranks ({type(exc).__name__}: {exc}). Define it in a %%ranks cell "
-                    "instead, or make what it refers to picklable.") from exc
+                    "instead, or make what it refers to picklable."
+                ) from exc
         raise
     return shipped, data
 
 
 def _data_hint(exc: RankError, data: set[str]) -> str:
-    missing = sorted(name for name in data for f in exc.failures.values()
-                     if f"name '{name}' is not defined" in f.message)
+    missing = sorted(
+        name
+        for name in data
+        for f in exc.failures.values()
+        if f"name '{name}' is not defined" in f.message
+    )
     if not missing:
         return ""
     names = ", ".join(dict.fromkeys(missing))
-    return (f"{names}: set in the notebook, but %%ranks cells run in each rank's own namespace, "
-            "where only the notebook's functions, classes and modules arrive. Set the value in "
-            "a %%ranks cell, or compute it inside a function of the notebook.")
+    return (
+        f"{names}: set in the notebook, but %%ranks cells run in each rank's own namespace, "
+        "where only the notebook's functions, classes and modules arrive. Set the value in "
+        "a %%ranks cell, or compute it inside a function of the notebook."
+    )
 
 
 def register(ipython: Any) -> None:

@@ -76,8 +76,11 @@ def _send(conn: Any, msg: ToNotebook) -> None:
         data = dumps(msg)
     except Exception as exc:  # the return value (or exception) cannot travel
         kind = type(msg[0])
-        name = kind.__qualname__ if kind.__module__ == "builtins" else (
-            f"{kind.__module__}.{kind.__qualname__}")
+        name = (
+            kind.__qualname__
+            if kind.__module__ == "builtins"
+            else (f"{kind.__module__}.{kind.__qualname__}")
+        )
         what = f"return value (a {name})" if isinstance(msg, Ok) else type(msg).__name__
         data = pickle.dumps(Unpicklable(what, f"{type(exc).__name__}: {exc}"))
     with _SEND_LOCK:
@@ -97,9 +100,11 @@ def _exception_chain(exc: BaseException, ours: bool = False) -> Chain:
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        frames = [(f.filename, f.lineno or 0, f.name, f.line or "")
-                  for f in traceback.extract_tb(cur.__traceback__)
-                  if ours or f.filename != __file__]
+        frames = [
+            (f.filename, f.lineno or 0, f.name, f.line or "")
+            for f in traceback.extract_tb(cur.__traceback__)
+            if ours or f.filename != __file__
+        ]
         header = "".join(traceback.format_exception_only(type(cur), cur)).rstrip()
         if cur.__cause__ is not None:
             link, nxt = _CAUSE, cur.__cause__
@@ -114,9 +119,11 @@ def _exception_chain(exc: BaseException, ours: bool = False) -> Chain:
 
 
 #: Said with a failure outside the user's function (loading the job, rejoining the group).
-_OUR_FAULT = ("ezpz_nb failed on this rank before your function ran (while loading the job "
-              "or preparing the process group): a bug in ezpz_nb, or an object in the job "
-              "that cannot be rebuilt on the ranks. The traceback shows where.")
+_OUR_FAULT = (
+    "ezpz_nb failed on this rank before your function ran (while loading the job "
+    "or preparing the process group): a bug in ezpz_nb, or an object in the job "
+    "that cannot be rebuilt on the ranks. The traceback shows where."
+)
 
 _CAUSE = "The above exception was the direct cause of the following exception:"
 _CONTEXT = "During handling of the above exception, another exception occurred:"
@@ -127,6 +134,7 @@ def _watch_parent(lifeline: Any, parent_pid: int, dirs: tuple[str, ...]) -> None
 
     The notebook normally removes the run's folders; when it died, the ranks do.
     """
+
     def gone() -> bool:
         return os.getppid() != parent_pid and not _parent_alive(parent_pid)
 
@@ -190,8 +198,12 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     # should start its own children (DataLoader workers) like any script would, not
     # through a forkserver or spawn that re-imports torch for every worker.
     multiprocessing.set_start_method(None, force=True)
-    threading.Thread(target=_watch_parent, args=(lifeline, cfg.parent_pid, cfg.cleanup_dirs), daemon=True,
-                     name="ezpz_nb-lifeline").start()
+    threading.Thread(
+        target=_watch_parent,
+        args=(lifeline, cfg.parent_pid, cfg.cleanup_dirs),
+        daemon=True,
+        name="ezpz_nb-lifeline",
+    ).start()
     dump = open(cfg.dump_path, "w")  # noqa: SIM115 - must stay open for faulthandler
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     torch.set_num_threads(cfg.threads)

@@ -57,8 +57,13 @@ def _init() -> None:
         # still in the file and would be read as this group's.
         store = dist.PrefixStore(f"ezpz_nb-regroup-{_Group.generation}", store)
     _Group.generation += 1
-    _REAL_INIT(_Group.backend, store=store, rank=_Group.rank, world_size=_Group.world_size,
-               timeout=_Group.timeout)
+    _REAL_INIT(
+        _Group.backend,
+        store=store,
+        rank=_Group.rank,
+        world_size=_Group.world_size,
+        timeout=_Group.timeout,
+    )
 
 
 def rejoin_if_destroyed() -> None:
@@ -70,15 +75,24 @@ def rejoin_if_destroyed() -> None:
     if dist.is_initialized():
         return
     if _Group.rank == 0:
-        print("[ezpz_nb] the last run called dist.destroy_process_group(); made a new group "
-              "for this run. In a notebook the launcher owns the group: no need to destroy it.",
-              file=sys.stderr)
+        print(
+            "[ezpz_nb] the last run called dist.destroy_process_group(); made a new group "
+            "for this run. In a notebook the launcher owns the group: no need to destroy it.",
+            file=sys.stderr,
+        )
     _init()
 
 
-def _init_process_group(backend: Any = None, init_method: str | None = None, timeout: Any = None,
-                        world_size: int = -1, rank: int = -1, store: Any = None,
-                        *args: Any, **kwargs: Any) -> None:
+def _init_process_group(
+    backend: Any = None,
+    init_method: str | None = None,
+    timeout: Any = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    *args: Any,
+    **kwargs: Any,
+) -> None:
     """``dist.init_process_group`` on a launcher rank: the group is already made.
 
     A call asking for this rank's own place (or leaving rank and world size out) is
@@ -93,17 +107,23 @@ def _init_process_group(backend: Any = None, init_method: str | None = None, tim
         raise RuntimeError(
             f"dist.init_process_group({backend!r}): ezpz_nb already joined this rank to a "
             f"{_Group.backend} group ({ours}). Start the ranks with that backend instead "
-            f"(ez.launch(..., backend={wanted_backend!r})) and remove this call.")
+            f"(ez.launch(..., backend={wanted_backend!r})) and remove this call."
+        )
     if (rank not in (-1, None) and rank != _Group.rank) or (
-            world_size not in (-1, None) and world_size != _Group.world_size):
+        world_size not in (-1, None) and world_size != _Group.world_size
+    ):
         raise RuntimeError(
             f"dist.init_process_group(rank={rank}, world_size={world_size}): ezpz_nb already "
             f"placed this process as {ours}. Pass rank=dist.get_rank() and "
-            "world_size=dist.get_world_size(), or remove the call: the group exists.")
+            "world_size=dist.get_world_size(), or remove the call: the group exists."
+        )
     if not dist.is_initialized():  # destroyed earlier in this same run
         _init()
         return
     if not _Group.noted and _Group.rank == 0:
         _Group.noted = True
-        print(f"[ezpz_nb] dist.init_process_group(): the ranks are already in a {_Group.backend} "
-              "group (made by the launcher); the call was skipped.", file=sys.stderr)
+        print(
+            f"[ezpz_nb] dist.init_process_group(): the ranks are already in a {_Group.backend} "
+            "group (made by the launcher); the call was skipped.",
+            file=sys.stderr,
+        )

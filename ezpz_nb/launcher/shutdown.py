@@ -99,7 +99,8 @@ def _release_resource_tracker() -> None:
 
     tracker: Any = resource_tracker._resource_tracker
     if multiprocessing.active_children() or not all(
-            hasattr(tracker, name) for name in ("_lock", "_fd", "_pid")):
+        hasattr(tracker, name) for name in ("_lock", "_fd", "_pid")
+    ):
         return
     if not tracker._lock.acquire(timeout=1.0):
         return

@@ -39,20 +39,26 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def check_args(world_size: Any, timeout: Any, threads: Any, start_method: Any, backend: Any) -> None:
+def check_args(
+    world_size: Any, timeout: Any, threads: Any, start_method: Any, backend: Any
+) -> None:
     """Reject bad input before any process starts."""
     if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int, got {type(world_size).__name__}: "
-                        f"pass e.g. world_size=4")
+        raise TypeError(
+            f"world_size must be an int, got {type(world_size).__name__}: pass e.g. world_size=4"
+        )
     if not 1 <= world_size <= MAX_WORLD_SIZE:
-        raise ValueError(f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {world_size}: "
-                         "on one machine, 2-8 ranks show everything this tutorial teaches")
+        raise ValueError(
+            f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {world_size}: "
+            "on one machine, 2-8 ranks show everything this tutorial teaches"
+        )
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
     if not timeout > 0 or timeout != timeout or timeout == float("inf"):
         raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads < 1):
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
         raise ValueError(f"threads must be a positive int or None, got {threads!r}")
     if start_method is not None and start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
@@ -65,9 +71,11 @@ def check_args(world_size: Any, timeout: Any, threads: Any, start_method: Any, b
 
         if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
             have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            raise ValueError(f"backend='nccl' needs one CUDA GPU per rank: asked for "
-                             f"{world_size} ranks, this machine has {have} GPU(s). "
-                             "Use backend='gloo' (the default) on CPU.")
+            raise ValueError(
+                f"backend='nccl' needs one CUDA GPU per rank: asked for "
+                f"{world_size} ranks, this machine has {have} GPU(s). "
+                "Use backend='gloo' (the default) on CPU."
+            )
 
 
 @contextlib.contextmanager
@@ -82,7 +90,9 @@ def main_hidden(start_method: str) -> Iterator[None]:
     if start_method == "fork" or main is None:
         yield
         return
-    saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    saved: dict[str, Any] = {
+        k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__
+    }
     main.__dict__.pop("__file__", None)
     main.__dict__["__spec__"] = None
     try:
@@ -95,8 +105,10 @@ def main_hidden(start_method: str) -> Iterator[None]:
 def dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
     """Pickle a job for the ranks, or say which part cannot travel and what to do."""
     if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}: pass the function "
-                        "itself, not its result (launch(f), not launch(f()))")
+        raise TypeError(
+            f"fn must be callable, got {type(fn).__name__}: pass the function "
+            "itself, not its result (launch(f), not launch(f()))"
+        )
     try:
         return _dumps((fn, args, kwargs))
     except Exception as exc:
@@ -128,5 +140,4 @@ def should_warm_up() -> bool:
 
     if os.environ.get("EZPZ_NB_WARMUP", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
-    return (default_start_method() == "forkserver" and not in_torchrun_env()
-            and in_jupyter_kernel())
+    return default_start_method() == "forkserver" and not in_torchrun_env() and in_jupyter_kernel()

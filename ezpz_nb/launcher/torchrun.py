@@ -121,8 +121,13 @@ def in_torchrun_env() -> bool:
     return all(v in os.environ for v in TORCHRUN_VARS)
 
 
-def run_in_place(fn: Callable[..., Any], *args: Any, backend: str = "gloo",
-                 timeout_s: float | None = None, **kwargs: Any) -> list[Any]:
+def run_in_place(
+    fn: Callable[..., Any],
+    *args: Any,
+    backend: str = "gloo",
+    timeout_s: float | None = None,
+    **kwargs: Any,
+) -> list[Any]:
     """``ez.launch``'s contract for a process torchrun already started.
 
     Joins the group (:func:`ensure_distributed`), runs ``fn`` in this process

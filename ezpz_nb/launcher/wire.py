@@ -87,8 +87,9 @@ def _code_keep_filename(code: types.CodeType) -> tuple:
 
 class _Pickler(cloudpickle.Pickler):
     if hasattr(cloudpickle.cloudpickle, "_code_reduce"):
-        dispatch_table = ChainMap({types.CodeType: _code_keep_filename},
-                                  cloudpickle.Pickler.dispatch_table)
+        dispatch_table = ChainMap(
+            {types.CodeType: _code_keep_filename}, cloudpickle.Pickler.dispatch_table
+        )
 
 
 def dumps(obj: Any) -> bytes:

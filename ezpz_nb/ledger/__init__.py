@@ -54,5 +54,13 @@ from ezpz_nb.ledger.checks import Problem
 from ezpz_nb.ledger.recording import RecordingLoader, record, tag_worker
 from ezpz_nb.ledger.records import FORMAT_VERSION, StepRecord, batch_digest
 
-__all__ = ["FORMAT_VERSION", "Ledger", "Problem", "RecordingLoader", "StepRecord", "batch_digest",
-           "record", "tag_worker"]
+__all__ = [
+    "FORMAT_VERSION",
+    "Ledger",
+    "Problem",
+    "RecordingLoader",
+    "StepRecord",
+    "batch_digest",
+    "record",
+    "tag_worker",
+]

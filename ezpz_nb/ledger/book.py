@@ -39,8 +39,10 @@ def _read_file(file: Path) -> Ledger:
     head = objs[0] if objs and "ezpz_nb_ledger" in objs[0] else {}
     version = head.get("ezpz_nb_ledger", 1)
     if version > FORMAT_VERSION:
-        raise ValueError(f"{file} is a version {version} ledger; this ezpz_nb reads up to "
-                         f"version {FORMAT_VERSION}: upgrade ezpz_nb to read it")
+        raise ValueError(
+            f"{file} is a version {version} ledger; this ezpz_nb reads up to "
+            f"version {FORMAT_VERSION}: upgrade ezpz_nb to read it"
+        )
     recs, ended = [], set()
     losses: dict[tuple[int, int, int], float] = {}
     for d in objs:
@@ -108,11 +110,14 @@ class Ledger:
                 for x in item:
                     take(x)
             else:
-                raise TypeError(f"expected Ledger, StepRecord or a list of them, got {type(item).__name__}")
+                raise TypeError(
+                    f"expected Ledger, StepRecord or a list of them, got {type(item).__name__}"
+                )
 
         take(list(results))
-        return cls(records, num_samples if num_samples is not None else max(sizes, default=None),
-                   complete)
+        return cls(
+            records, num_samples if num_samples is not None else max(sizes, default=None), complete
+        )
 
     @classmethod
     def merge_runs(cls, *runs: Ledger) -> Ledger:
@@ -154,7 +159,10 @@ class Ledger:
                 ``HangError.events``); items that are not StepRecords are skipped.
             num_samples: Dataset length, if known.
         """
-        return cls([e.item for e in events if isinstance(getattr(e, "item", None), StepRecord)], num_samples)
+        return cls(
+            [e.item for e in events if isinstance(getattr(e, "item", None), StepRecord)],
+            num_samples,
+        )
 
     def save(self, path: str | Path) -> Path:
         """Write the ledger as one file (see the module docstring for the format).
@@ -227,12 +235,17 @@ class Ledger:
         logged = [r for r in self.records if r.loss is not None]
         if rank is None:
             rank = min((r.rank for r in logged), default=0)
-        return sorted((r.epoch, r.step, float(r.loss)) for r in logged  # type: ignore[arg-type]
-                      if r.rank == rank)
+        return sorted(
+            (r.epoch, r.step, float(r.loss))
+            for r in logged  # type: ignore[arg-type]
+            if r.rank == rank
+        )
 
     def steps(self, rank: int, epoch: int) -> list[StepRecord]:
         """The records of ``rank`` in ``epoch``, by step."""
-        return sorted((r for r in self.records if r.rank == rank and r.epoch == epoch), key=lambda r: r.step)
+        return sorted(
+            (r for r in self.records if r.rank == rank and r.epoch == epoch), key=lambda r: r.step
+        )
 
     def sample_ids(self, rank: int, epoch: int) -> list[int]:
         """Every sample id ``rank`` held in ``epoch``, in step order."""
@@ -287,10 +300,15 @@ class Ledger:
         cut = sorted(r for r, done in self.complete.items() if not done)
         for r in cut:
             last = self.last_step(r)
-            where = f"its last step was epoch {last[0]} step {last[1]}" if last else "it took no step"
-            lines.append(f"- incomplete: rank {r} wrote no end record ({where}): it was killed or "
-                         "stopped by an error, see its output")
+            where = (
+                f"its last step was epoch {last[0]} step {last[1]}" if last else "it took no step"
+            )
+            lines.append(
+                f"- incomplete: rank {r} wrote no end record ({where}): it was killed or "
+                "stopped by an error, see its output"
+            )
         problems = self.check()
         lines += [f"- {p.kind}: {p.message}" for p in problems] or [
-            "All checks passed on what was recorded." if cut else "All checks passed."]
+            "All checks passed on what was recorded." if cut else "All checks passed."
+        ]
         return "\n".join(lines)

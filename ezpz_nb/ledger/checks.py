@@ -64,12 +64,15 @@ def _check_steps(epoch: int, recs: list[StepRecord], ranks: set[int]) -> list[Pr
     for rank, n in sorted(counts.items()):
         by_count[n].append(rank)
     parts = "; ".join(f"ranks {v} took {n}" for n, v in sorted(by_count.items()))
-    return [Problem(
-        "step_mismatch",
-        f"Epoch {epoch}: ranks took different numbers of steps ({parts}). The ranks with "
-        "fewer steps finish first and the others wait in their next collective: a hang.",
-        epoch, ranks=tuple(sorted(counts)),
-    )]
+    return [
+        Problem(
+            "step_mismatch",
+            f"Epoch {epoch}: ranks took different numbers of steps ({parts}). The ranks with "
+            "fewer steps finish first and the others wait in their next collective: a hang.",
+            epoch,
+            ranks=tuple(sorted(counts)),
+        )
+    ]
 
 
 def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
@@ -92,26 +95,35 @@ def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
     out = []
     if id_steps:
         step, peers = id_steps[0]
-        eg = "; ".join(f"rank {p.rank} has {_ids(p.sample_ids, 4)}" for p in sorted(peers, key=lambda p: p.rank))
-        out.append(Problem(
-            "tp_mismatch",
-            f"Epoch {epoch}: TP peers held different samples at {len(id_steps)} step(s) "
-            f"(e.g. step {step}: {eg}). TP ranks split one model over one batch, so they "
-            "must see the same samples: shard over dp_group, not the whole world.",
-            epoch, ranks=tuple(sorted({p.rank for _, ps in id_steps for p in ps})),
-            steps=tuple(s for s, _ in id_steps),
-        ))
+        eg = "; ".join(
+            f"rank {p.rank} has {_ids(p.sample_ids, 4)}"
+            for p in sorted(peers, key=lambda p: p.rank)
+        )
+        out.append(
+            Problem(
+                "tp_mismatch",
+                f"Epoch {epoch}: TP peers held different samples at {len(id_steps)} step(s) "
+                f"(e.g. step {step}: {eg}). TP ranks split one model over one batch, so they "
+                "must see the same samples: shard over dp_group, not the whole world.",
+                epoch,
+                ranks=tuple(sorted({p.rank for _, ps in id_steps for p in ps})),
+                steps=tuple(s for s, _ in id_steps),
+            )
+        )
     if byte_steps:
         step, peers = byte_steps[0]
-        out.append(Problem(
-            "tp_mismatch",
-            f"Epoch {epoch}: TP peers held the same sample ids but different bytes at "
-            f"{len(byte_steps)} step(s) (first at step {step}, ranks "
-            f"{sorted(p.rank for p in peers)}). The dataset is not the same on every rank "
-            "(seeded by rank?): make it deterministic per sample, or broadcast within TP.",
-            epoch, ranks=tuple(sorted({p.rank for _, ps in byte_steps for p in ps})),
-            steps=tuple(s for s, _ in byte_steps),
-        ))
+        out.append(
+            Problem(
+                "tp_mismatch",
+                f"Epoch {epoch}: TP peers held the same sample ids but different bytes at "
+                f"{len(byte_steps)} step(s) (first at step {step}, ranks "
+                f"{sorted(p.rank for p in peers)}). The dataset is not the same on every rank "
+                "(seeded by rank?): make it deterministic per sample, or broadcast within TP.",
+                epoch,
+                ranks=tuple(sorted({p.rank for _, ps in byte_steps for p in ps})),
+                steps=tuple(s for s, _ in byte_steps),
+            )
+        )
     return out
 
 
@@ -130,25 +142,31 @@ def _check_dp(epoch: int, recs: list[StepRecord], num_samples: int | None) -> li
     if dups:
         eg = dups[0]
         seen_by = {eg: {d for d, ids in ids_by_dp.items() if eg in ids}}
-        out.append(Problem(
-            "dp_duplicate",
-            f"Epoch {epoch}: {len(dups)} sample(s) {_ids(dups)} were seen by more than one DP "
-            f"replica (e.g. sample {eg} by DP ranks {sorted(seen_by[eg])}). Their gradients "
-            "count twice; with drop_last=False DistributedSampler pads the last shard by "
-            "repeating the first samples.",
-            epoch, ranks=tuple(sorted({x for d in seen_by[eg] for x in ranks_by_dp[d]})),
-            samples=tuple(dups),
-        ))
+        out.append(
+            Problem(
+                "dp_duplicate",
+                f"Epoch {epoch}: {len(dups)} sample(s) {_ids(dups)} were seen by more than one DP "
+                f"replica (e.g. sample {eg} by DP ranks {sorted(seen_by[eg])}). Their gradients "
+                "count twice; with drop_last=False DistributedSampler pads the last shard by "
+                "repeating the first samples.",
+                epoch,
+                ranks=tuple(sorted({x for d in seen_by[eg] for x in ranks_by_dp[d]})),
+                samples=tuple(dups),
+            )
+        )
     if num_samples is not None:
         never = sorted(set(range(num_samples)).difference(replicas))
         if never:
-            out.append(Problem(
-                "never_seen",
-                f"Epoch {epoch}: {len(never)} of {num_samples} sample(s) {_ids(never)} were "
-                "never seen by any rank. drop_last=True drops the samples that do not divide "
-                "evenly over the DP replicas and the last partial batch (or the epoch was cut short).",
-                epoch, samples=tuple(never),
-            ))
+            out.append(
+                Problem(
+                    "never_seen",
+                    f"Epoch {epoch}: {len(never)} of {num_samples} sample(s) {_ids(never)} were "
+                    "never seen by any rank. drop_last=True drops the samples that do not divide "
+                    "evenly over the DP replicas and the last partial batch (or the epoch was cut short).",
+                    epoch,
+                    samples=tuple(never),
+                )
+            )
     return out
 
 
@@ -169,20 +187,28 @@ def _check_repeats(epoch: int, recs: list[StepRecord]) -> list[Problem]:
     eg = ids[0]
     by = sorted(workers.get((rank, eg), ()))
     if len(by) > 1:
-        why = (f"sample {eg} came from DataLoader workers {by} of rank {rank}. Each worker runs "
-               "the IterableDataset's __iter__ on its own copy: shard the stream over "
-               "get_worker_info().id and .num_workers as well as over the ranks.")
+        why = (
+            f"sample {eg} came from DataLoader workers {by} of rank {rank}. Each worker runs "
+            "the IterableDataset's __iter__ on its own copy: shard the stream over "
+            "get_worker_info().id and .num_workers as well as over the ranks."
+        )
     else:
-        why = (f"e.g. sample {eg} on rank {rank}, {seen[rank][eg]} times. A sampler or stream "
-               "that repeats itself, or workers that all yield the same stream (record the "
-               "worker id with ezpz_nb.ledger.tag_worker to tell).")
+        why = (
+            f"e.g. sample {eg} on rank {rank}, {seen[rank][eg]} times. A sampler or stream "
+            "that repeats itself, or workers that all yield the same stream (record the "
+            "worker id with ezpz_nb.ledger.tag_worker to tell)."
+        )
     all_ids = sorted({i for v in repeated.values() for i in v})
-    return [Problem(
-        "rank_duplicate",
-        f"Epoch {epoch}: {len(all_ids)} sample(s) {_ids(all_ids)} were seen more than once by "
-        f"one rank ({why})",
-        epoch, ranks=tuple(repeated), samples=tuple(all_ids),
-    )]
+    return [
+        Problem(
+            "rank_duplicate",
+            f"Epoch {epoch}: {len(all_ids)} sample(s) {_ids(all_ids)} were seen more than once by "
+            f"one rank ({why})",
+            epoch,
+            ranks=tuple(repeated),
+            samples=tuple(all_ids),
+        )
+    ]
 
 
 def check_records(records: Iterable[StepRecord], num_samples: int | None = None) -> list[Problem]:

@@ -95,9 +95,15 @@ class RecordingLoader:
             path = Path(path)
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("w", encoding="utf-8")
-            self._write(_header(self.num_samples(), rank=self.layout.rank,
-                                world_size=self.layout.world_size, pid=os.getpid(),
-                                run_id=os.environ.get("TORCHELASTIC_RUN_ID")))
+            self._write(
+                _header(
+                    self.num_samples(),
+                    rank=self.layout.rank,
+                    world_size=self.layout.world_size,
+                    pid=os.getpid(),
+                    run_id=os.environ.get("TORCHELASTIC_RUN_ID"),
+                )
+            )
 
     def _write(self, line: str) -> None:
         if self._file is not None:
@@ -171,7 +177,11 @@ class RecordingLoader:
         if not self.records:
             raise RuntimeError("log_loss() before the first step: iterate the loader first")
         rec = replace(self.records[-1], loss=float(loss))
-        if self.ledger_list is not None and self.ledger_list and self.ledger_list[-1] is self.records[-1]:
+        if (
+            self.ledger_list is not None
+            and self.ledger_list
+            and self.ledger_list[-1] is self.records[-1]
+        ):
             self.ledger_list[-1] = rec
         self.records[-1] = rec
         self._write(_loss_line(rec))
@@ -206,14 +216,17 @@ def record(
     path: str | Path | None = None,
 ) -> RecordingLoader:
     """Wrap ``loader`` in a :class:`RecordingLoader` (same arguments)."""
-    return RecordingLoader(loader, layout, epoch=epoch, ledger_list=ledger_list, publish=publish,
-                           path=path)
+    return RecordingLoader(
+        loader, layout, epoch=epoch, ledger_list=ledger_list, publish=publish, path=path
+    )
 
 
 def _tagged(sample: Any) -> Any:
     if not isinstance(sample, dict):
-        raise TypeError(f"tag_worker needs samples that are dicts (it adds a 'worker_id' key), "
-                        f"got {type(sample).__name__}: return {{'input_ids': ..., 'index': i}}")
+        raise TypeError(
+            f"tag_worker needs samples that are dicts (it adds a 'worker_id' key), "
+            f"got {type(sample).__name__}: return {{'input_ids': ..., 'index': i}}"
+        )
     info = get_worker_info()
     return {**sample, "worker_id": -1 if info is None else info.id}
 

@@ -86,7 +86,9 @@ def _batch_ints(batch: Any, key: str) -> tuple[int, ...]:
     if isinstance(batch, dict):
         if key in batch:
             ids = batch[key]
-            return tuple(int(i) for i in (ids.reshape(-1).tolist() if torch.is_tensor(ids) else ids))
+            return tuple(
+                int(i) for i in (ids.reshape(-1).tolist() if torch.is_tensor(ids) else ids)
+            )
         values: Iterable[Any] = batch.values()
     elif isinstance(batch, (list, tuple)):
         values = batch
@@ -112,8 +114,9 @@ def _line(obj: dict[str, Any]) -> str:
 
 
 def _header(num_samples: int | None, **extra: Any) -> str:
-    return _line({"ezpz_nb_ledger": FORMAT_VERSION, "kind": "header", "num_samples": num_samples,
-                  **extra})
+    return _line(
+        {"ezpz_nb_ledger": FORMAT_VERSION, "kind": "header", "num_samples": num_samples, **extra}
+    )
 
 
 def _step_line(rec: StepRecord) -> str:
@@ -123,8 +126,9 @@ def _step_line(rec: StepRecord) -> str:
 def _loss_line(rec: StepRecord) -> str:
     # A step's line is written when its batch is yielded, before any loss
     # exists: the loss follows in a line of its own, naming its step.
-    return _line({"kind": "loss", "rank": rec.rank, "epoch": rec.epoch, "step": rec.step,
-                  "loss": rec.loss})
+    return _line(
+        {"kind": "loss", "rank": rec.rank, "epoch": rec.epoch, "step": rec.step, "loss": rec.loss}
+    )
 
 
 def _end_line(rank: int, steps: int) -> str:

@@ -48,8 +48,9 @@ def new_figure(width: float, height: float, rows: int = 0) -> EzFigure:
     # Constrained layout measures every tick label before drawing: worth it for
     # small figures, but it doubles the render time of a 64-rank one.
     big = rows > 24
-    fig = EzFigure(figsize=(min(width, 20.0), min(height, 14.0)),
-                   layout=None if big else "constrained")
+    fig = EzFigure(
+        figsize=(min(width, 20.0), min(height, 14.0)), layout=None if big else "constrained"
+    )
     if big:
         fig.subplots_adjust(left=0.13, right=0.9, top=0.9, bottom=0.08, wspace=0.05)
     FigureCanvasAgg(fig)  # a canvas makes savefig/print_png work without pyplot

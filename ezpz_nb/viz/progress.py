@@ -50,8 +50,15 @@ class Progress:
         ...     c.run(train)
     """
 
-    def __init__(self, source: Any, total: int | None = None, *, mode: str = "auto",
-                 interval: float = 0.5, stream: Any = None) -> None:
+    def __init__(
+        self,
+        source: Any,
+        total: int | None = None,
+        *,
+        mode: str = "auto",
+        interval: float = 0.5,
+        stream: Any = None,
+    ) -> None:
         if mode not in ("auto", "widget", "text"):
             raise ValueError(f"mode must be 'auto', 'widget' or 'text', got {mode!r}")
         self.cluster = None if isinstance(source, int) else source
@@ -79,8 +86,10 @@ class Progress:
         self._bars = [W.IntProgress(0, min=0, max=most, bar_style="info") for _ in self.steps]
         self._labels = [W.Label(f"r{r}") for r in self.steps]
         self._counts = [W.Label("0") for _ in self.steps]
-        rows = [W.HBox([lab, bar, n]) for lab, bar, n in zip(self._labels, self._bars, self._counts,
-                                                              strict=True)]
+        rows = [
+            W.HBox([lab, bar, n])
+            for lab, bar, n in zip(self._labels, self._bars, self._counts, strict=True)
+        ]
         self.widget = W.VBox(rows)
         self.widget.add_class("ezpz-progress")
         display(self.widget)
@@ -108,7 +117,9 @@ class Progress:
     def text(self) -> str:
         """One line: steps done per rank (``/total`` when known)."""
         of = f"/{self.total}" if self.total else ""
-        return "steps: " + "  ".join(f"{self._label(r)} {n}{of}" for r, n in sorted(self.steps.items()))
+        return "steps: " + "  ".join(
+            f"{self._label(r)} {n}{of}" for r, n in sorted(self.steps.items())
+        )
 
     def _draw(self) -> None:
         if self.mode == "text":
@@ -139,8 +150,10 @@ class Progress:
                 self._bars[r].bar_style = "danger"
         elif late:
             for r in late:
-                print(f"{self._label(r)} stopped after {self.steps[r]} of {most} steps",
-                      file=self.stream or sys.stdout)
+                print(
+                    f"{self._label(r)} stopped after {self.steps[r]} of {most} steps",
+                    file=self.stream or sys.stdout,
+                )
 
     def __enter__(self) -> Progress:
         return self

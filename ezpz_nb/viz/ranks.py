@@ -129,8 +129,9 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
         width = max(steps[e].values(), default=0)
         for y, k in enumerate(ranks):
             if steps[e][k]:
-                ax.broken_barh([(start, steps[e][k])], (y - 0.35, 0.7),
-                               color=BLUE if i % 2 == 0 else SKY)
+                ax.broken_barh(
+                    [(start, steps[e][k])], (y - 0.35, 0.7), color=BLUE if i % 2 == 0 else SKY
+                )
         if i:
             ax.axvline(start, color=GREY, linestyle=":", linewidth=1)
         ax.text(start, -0.7, f"epoch {e}", fontsize=8, va="bottom")
@@ -138,13 +139,22 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
     for y, k in enumerate(ranks):
         if status[k] in _STATUS_STYLE:
             marker, color, _ = _STATUS_STYLE[status[k]]
-            ax.scatter([total[k]], [y], marker=marker, s=200 if marker == "|" else 80, color=color,
-                       zorder=3, linewidths=3 if marker == "|" else 1.5)
+            ax.scatter(
+                [total[k]],
+                [y],
+                marker=marker,
+                s=200 if marker == "|" else 80,
+                color=color,
+                zorder=3,
+                linewidths=3 if marker == "|" else 1.5,
+            )
         if len(ranks) <= 16 and short[k]:
             text = short[k] if len(short[k]) <= 50 else short[k][:49] + "..."
             ax.text(total[k] + max(most, 1) * 0.03, y, text, fontsize=7, va="center")
     cp = cp_ranks(ledger) or {}
-    labels = [rank_label(k, *pos[k], cp=cp.get(k)) if k in pos else f"r{k} (no steps)" for k in ranks]
+    labels = [
+        rank_label(k, *pos[k], cp=cp.get(k)) if k in pos else f"r{k} (no steps)" for k in ranks
+    ]
     ax.set_yticks(range(len(ranks)), labels, fontsize=8 if len(ranks) <= 16 else 6)
     ax.set_ylim(len(ranks) - 0.5, -1.0)
     ax.set_xlim(0, max(most, 1) * (1.7 if len(ranks) <= 16 and any(short.values()) else 1.05))
@@ -152,13 +162,23 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("global rank")
     handles = [Patch(color=BLUE, label="steps")] + [
-        Patch(color=_STATUS_STYLE[s][1], label=_STATUS_STYLE[s][2]) for s in by_status]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
-              frameon=False)
+        Patch(color=_STATUS_STYLE[s][1], label=_STATUS_STYLE[s][2]) for s in by_status
+    ]
+    ax.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
+    )
     title = f"Step timeline: bars should end together\n{_verdict(by_status, error)}"
     fig.suptitle(title, fontsize=11)
-    fig.ezpz_data = {"ranks": ranks, "epochs": epochs, "steps": steps, "total": total,
-                     "status": status, "notes": notes, "verdict": by_status, "title": title}
+    fig.ezpz_data = {
+        "ranks": ranks,
+        "epochs": epochs,
+        "steps": steps,
+        "total": total,
+        "status": status,
+        "notes": notes,
+        "verdict": by_status,
+        "title": title,
+    }
     return fig
 
 
@@ -189,21 +209,34 @@ def layout(world_size: int, tp_size: int) -> Figure:
     # Light Okabe-Ito colours, one per TP position, so black text stays readable.
     light = [SKY, ORANGE, YELLOW, PURPLE, GREEN]
     cmap = ListedColormap([light[t % len(light)] for t in range(tp_size)])
-    ax.imshow(np.tile(np.arange(tp_size), (dp_size, 1)), cmap=cmap,
-              norm=BoundaryNorm(np.arange(tp_size + 1) - 0.5, tp_size), aspect="auto")
+    ax.imshow(
+        np.tile(np.arange(tp_size), (dp_size, 1)),
+        cmap=cmap,
+        norm=BoundaryNorm(np.arange(tp_size + 1) - 0.5, tp_size),
+        aspect="auto",
+    )
     small = world_size <= 32
     for (d, t), rank in np.ndenumerate(grid):
         text = f"r{rank}\n(dp{d},tp{t})" if small else f"r{rank}"
         ax.text(t, d, text, ha="center", va="center", fontsize=8 if small else 6)
     for d in range(dp_size):  # a frame around each TP group
-        ax.add_patch(Rectangle((-0.45, d - 0.42), tp_size - 0.1, 0.84, fill=False,
-                               edgecolor="black", linewidth=1.5))
+        ax.add_patch(
+            Rectangle(
+                (-0.45, d - 0.42), tp_size - 0.1, 0.84, fill=False, edgecolor="black", linewidth=1.5
+            )
+        )
     ax.set_xticks(range(tp_size), [f"tp{t}" for t in range(tp_size)])
     ax.set_yticks(range(dp_size), [f"dp{d}" for d in range(dp_size)])
     ax.set_xlabel("tp_rank (each column is a DP group)")
     ax.set_ylabel("dp_rank (each row is a TP group)")
-    ax.set_title(f"world {world_size} = dp {dp_size} x tp {tp_size}: each framed row shares one "
-                 "batch,\neach column holds different data", fontsize=10)
-    fig.ezpz_data = {"grid": grid, "tp_groups": [list(map(int, row)) for row in grid],
-                     "dp_groups": [list(map(int, col)) for col in grid.T]}
+    ax.set_title(
+        f"world {world_size} = dp {dp_size} x tp {tp_size}: each framed row shares one "
+        "batch,\neach column holds different data",
+        fontsize=10,
+    )
+    fig.ezpz_data = {
+        "grid": grid,
+        "tp_groups": [list(map(int, row)) for row in grid],
+        "dp_groups": [list(map(int, col)) for col in grid.T],
+    }
     return fig

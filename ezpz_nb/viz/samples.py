@@ -109,10 +109,21 @@ def _annotate(ax: Any, img: np.ndarray, repeats: np.ndarray, vmax: float) -> Non
         if v < 0:
             continue
         dark = v < 0.6 * vmax  # viridis is dark at the low end
-        box = {"boxstyle": "square,pad=0.15", "fill": False, "edgecolor": VERMILLION,
-               "linewidth": 2} if repeats[y, x] else None
-        ax.text(x, y, str(v), ha="center", va="center", fontsize=7,
-                color="white" if dark else "black", bbox=box)
+        box = (
+            {"boxstyle": "square,pad=0.15", "fill": False, "edgecolor": VERMILLION, "linewidth": 2}
+            if repeats[y, x]
+            else None
+        )
+        ax.text(
+            x,
+            y,
+            str(v),
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="white" if dark else "black",
+            bbox=box,
+        )
 
 
 def heatmap(ledger: Ledger, epoch: int | None = None) -> Figure:
@@ -138,15 +149,23 @@ def heatmap(ledger: Ledger, epoch: int | None = None) -> Figure:
     epochs = ledger.epochs() if epoch is None else [epoch]
     dp = np.array([d for _, d, _ in rows], dtype=np.int64)
     labels = row_labels(ledger, rows)
-    data: dict[str, Any] = {"ranks": [r for r, _, _ in rows], "labels": labels,
-                            "epochs": epochs, "ids": {}, "repeats": {}}
+    data: dict[str, Any] = {
+        "ranks": [r for r, _, _ in rows],
+        "labels": labels,
+        "epochs": epochs,
+        "ids": {},
+        "repeats": {},
+    }
     for e in epochs:
         data["ids"][e] = _epoch_matrix(ledger, e, rows)
         data["repeats"][e] = repeat_mask(data["ids"][e], dp)
     vmax = max([1] + [int(m.max()) for m in data["ids"].values() if m.size])
     cells = sum(m.shape[1] * m.shape[2] for m in data["ids"].values())
-    fig = new_figure(3.0 + min(cells, 60) * 0.28 + 1.5 * len(epochs), 1.6 + 0.3 * max(len(rows), 2),
-                  rows=len(rows))
+    fig = new_figure(
+        3.0 + min(cells, 60) * 0.28 + 1.5 * len(epochs),
+        1.6 + 0.3 * max(len(rows), 2),
+        rows=len(rows),
+    )
     axes = fig.subplots(1, max(len(epochs), 1), sharey=True, squeeze=False)[0]
     cmap = colormaps["viridis"].with_extremes(bad=MISSING)
     image = None
@@ -154,21 +173,30 @@ def heatmap(ledger: Ledger, epoch: int | None = None) -> Figure:
         ids, reps = data["ids"][e], data["repeats"][e]
         n_rows, steps, width = ids.shape
         img = ids.reshape(n_rows, steps * width)
-        image = ax.imshow(np.ma.masked_less(img, 0), cmap=cmap, vmin=0, vmax=vmax,
-                          aspect="auto", interpolation="nearest")
+        image = ax.imshow(
+            np.ma.masked_less(img, 0),
+            cmap=cmap,
+            vmin=0,
+            vmax=vmax,
+            aspect="auto",
+            interpolation="nearest",
+        )
         rep2 = reps.reshape(n_rows, steps * width)
         if img.size <= _ANNOTATE_MAX:
             _annotate(ax, img, rep2, vmax)
         elif rep2.any():
             yy, xx = np.nonzero(rep2)
-            ax.scatter(xx, yy, marker="X", s=45, facecolor=VERMILLION, edgecolor="black",
-                       linewidths=0.6)
+            ax.scatter(
+                xx, yy, marker="X", s=45, facecolor=VERMILLION, edgecolor="black", linewidths=0.6
+            )
         if width > 1 and steps <= 60:
             for s in range(1, steps):
                 ax.axvline(s * width - 0.5, color="white", linewidth=0.8)
         stride = _nice_stride(steps)
-        ax.set_xticks([s * width + (width - 1) / 2 for s in range(0, steps, stride)],
-                      [str(s) for s in range(0, steps, stride)])
+        ax.set_xticks(
+            [s * width + (width - 1) / 2 for s in range(0, steps, stride)],
+            [str(s) for s in range(0, steps, stride)],
+        )
         group_separators(ax, rows)
         ax.set_xlabel("step (one column per sample in the batch)" if width > 1 else "step")
         ax.set_title(f"epoch {e}: {int(reps.sum())} repeated cell(s)", fontsize=10)
@@ -177,9 +205,11 @@ def heatmap(ledger: Ledger, epoch: int | None = None) -> Figure:
     if image is not None:
         fig.colorbar(image, ax=list(axes), label="sample id", shrink=0.9, fraction=0.04, pad=0.02)
     group = "one DP replica: its CP and TP ranks" if cp_ranks(ledger) else "one TP group"
-    fig.suptitle(f"Which sample each rank held: rows between white lines ({group}) should match,\n"
-                 "groups should differ; boxed/x = a sample another slot already had (padding)",
-                 fontsize=11)
+    fig.suptitle(
+        f"Which sample each rank held: rows between white lines ({group}) should match,\n"
+        "groups should differ; boxed/x = a sample another slot already had (padding)",
+        fontsize=11,
+    )
     fig.ezpz_data = data
     return fig
 
@@ -205,9 +235,15 @@ def coverage(ledger: Ledger) -> Figure:
     if n is None:
         n = 1 + max((i for r in ledger.records for i in r.sample_ids), default=-1)
     if not epochs or n <= 0:
-        return empty_figure("Coverage", {"epochs": epochs, "num_samples": max(n, 0),
-                                     "replica": np.zeros((0, 0), dtype=np.int64),
-                                     "replicas_seen": np.zeros((0, 0), dtype=np.int64)})
+        return empty_figure(
+            "Coverage",
+            {
+                "epochs": epochs,
+                "num_samples": max(n, 0),
+                "replica": np.zeros((0, 0), dtype=np.int64),
+                "replicas_seen": np.zeros((0, 0), dtype=np.int64),
+            },
+        )
     dp_size = max((r.dp_size for r in ledger.records), default=1)
     seen = np.zeros((len(epochs), n, dp_size), dtype=bool)
     row = {e: i for i, e in enumerate(epochs)}
@@ -232,13 +268,19 @@ def coverage(ledger: Ledger) -> Figure:
     ax.set_xlabel("sample id")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     handles = [Patch(color=palette[k], label=f"DP replica {k}") for k in range(min(dp_size, 8))]
-    handles += [Patch(facecolor=VERMILLION, label="seen by several replicas (x)"),
-                Patch(facecolor="white", edgecolor="black", label="never seen (.)")]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    handles += [
+        Patch(facecolor=VERMILLION, label="seen by several replicas (x)"),
+        Patch(facecolor="white", edgecolor="black", label="never seen (.)"),
+    ]
+    ax.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
+    )
     dups, never = int((replica == -2).sum()), int((replica == -1).sum())
-    fig.suptitle(f"Coverage: every sample should be seen by exactly one DP replica per epoch\n"
-                 f"{dups} duplicate(s) (x), {never} never seen (.) over {len(epochs)} epoch(s)",
-                 fontsize=11)
+    fig.suptitle(
+        f"Coverage: every sample should be seen by exactly one DP replica per epoch\n"
+        f"{dups} duplicate(s) (x), {never} never seen (.) over {len(epochs)} epoch(s)",
+        fontsize=11,
+    )
     fig.ezpz_data = {"epochs": epochs, "num_samples": n, "replica": replica, "replicas_seen": count}
     return fig
 
@@ -273,8 +315,15 @@ def loaded_vs_received(ledger: Ledger) -> Figure:
     ax.set_ylabel("global rank (dp, tp)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     loaders = int((loaded > 0).sum())
-    fig.suptitle(f"Loaded vs received: {loaders} of {len(rows)} rank(s) ran the loader (did I/O);\n"
-                 "with the TP broadcast only the tp0 rank of each TP group should", fontsize=11)
-    fig.ezpz_data = {"ranks": [r for r, _, _ in rows], "labels": labels,
-                     "loaded": loaded, "received": received}
+    fig.suptitle(
+        f"Loaded vs received: {loaders} of {len(rows)} rank(s) ran the loader (did I/O);\n"
+        "with the TP broadcast only the tp0 rank of each TP group should",
+        fontsize=11,
+    )
+    fig.ezpz_data = {
+        "ranks": [r for r, _, _ in rows],
+        "labels": labels,
+        "loaded": loaded,
+        "received": received,
+    }
     return fig

@@ -27,7 +27,9 @@ def _curve(run: Ledger | Sequence[float]) -> np.ndarray:
     return np.asarray(run, dtype=np.float64).reshape(-1)
 
 
-def loss_curves(runs: Mapping[str, Ledger | Sequence[float]], reference: str | None = None) -> Figure:
+def loss_curves(
+    runs: Mapping[str, Ledger | Sequence[float]], reference: str | None = None
+) -> Figure:
     """One loss curve per run, steps of all epochs one after another.
 
     Args:
@@ -64,8 +66,14 @@ def loss_curves(runs: Mapping[str, Ledger | Sequence[float]], reference: str | N
         ax.plot(np.arange(len(y)), y, color=next(colours), linewidth=1.8, label=label)
     if reference is not None:
         ref = losses[reference]
-        ax.plot(np.arange(len(ref)), ref, color="black", linestyle="--", linewidth=1.2,
-                label=f"{reference} (reference)")
+        ax.plot(
+            np.arange(len(ref)),
+            ref,
+            color="black",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"{reference} (reference)",
+        )
     ax.set_xlabel("step (epochs one after another)")
     ax.set_ylabel("training loss")
     ax.grid(alpha=0.3)

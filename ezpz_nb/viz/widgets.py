@@ -75,9 +75,17 @@ def explore_rank(
         if not dp_group:  # chosen on purpose here; the heatmap shows the result
             warnings.simplefilter("ignore", DataLayoutWarning)
         built = get_random_dataset_fsdp_tp(
-            batch_size, 64, 8, num_samples=num_samples,
-            dp_group=layout.dp_group if dp_group else None, tp_group=layout.tp_group,
-            broadcast_within_tp=broadcast, drop_last=drop_last, shuffle=shuffle, seed=seed)
+            batch_size,
+            64,
+            8,
+            num_samples=num_samples,
+            dp_group=layout.dp_group if dp_group else None,
+            tp_group=layout.tp_group,
+            broadcast_within_tp=broadcast,
+            drop_last=drop_last,
+            shuffle=shuffle,
+            seed=seed,
+        )
     rec = record(built["dataloader"], layout)
     for epoch in range(epochs):
         if set_epoch:
@@ -124,12 +132,19 @@ class _Debouncer:
 
 
 def _png_output(png: bytes, title: str) -> dict[str, Any]:
-    return {"output_type": "display_data", "metadata": {},
-            "data": {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": title}}
+    return {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": title},
+    }
 
 
 def _text_output(text: str, name: str = "stdout") -> dict[str, Any]:
-    return {"output_type": "stream", "name": name, "text": text if text.endswith("\n") else text + "\n"}
+    return {
+        "output_type": "stream",
+        "name": name,
+        "text": text if text.endswith("\n") else text + "\n",
+    }
 
 
 class Explorer:
@@ -164,24 +179,45 @@ class Explorer:
         runs: Number of runs so far.
     """
 
-    def __init__(self, world_size: int = 4, tp_size: int = 2, num_samples: int = 10,
-                 batch_size: int = 2, *, drop_last: bool = False, shuffle: bool = True,
-                 epochs: int = 2, set_epoch: bool = True, broadcast: bool = True,
-                 dp_group: bool = True, debounce: float = 0.3,
-                 plots: tuple[str, ...] = ("heatmap", "coverage"), timeout: float = 30.0,
-                 run: bool = True) -> None:
+    def __init__(
+        self,
+        world_size: int = 4,
+        tp_size: int = 2,
+        num_samples: int = 10,
+        batch_size: int = 2,
+        *,
+        drop_last: bool = False,
+        shuffle: bool = True,
+        epochs: int = 2,
+        set_epoch: bool = True,
+        broadcast: bool = True,
+        dp_group: bool = True,
+        debounce: float = 0.3,
+        plots: tuple[str, ...] = ("heatmap", "coverage"),
+        timeout: float = 30.0,
+        run: bool = True,
+    ) -> None:
         import ipywidgets as W
 
         from ezpz_nb.data.groups import valid_tp_sizes
 
         style = {"description_width": "initial"}
         self.controls: dict[str, Any] = {
-            "world_size": W.IntSlider(world_size, min=1, max=8, description="world size", style=style),
-            "tp_size": W.Dropdown(options=valid_tp_sizes(world_size), value=tp_size,
-                                  description="tp size", style=style),
-            "num_samples": W.IntSlider(num_samples, min=1, max=64, description="dataset length",
-                                       style=style),
-            "batch_size": W.IntSlider(batch_size, min=1, max=16, description="batch size", style=style),
+            "world_size": W.IntSlider(
+                world_size, min=1, max=8, description="world size", style=style
+            ),
+            "tp_size": W.Dropdown(
+                options=valid_tp_sizes(world_size),
+                value=tp_size,
+                description="tp size",
+                style=style,
+            ),
+            "num_samples": W.IntSlider(
+                num_samples, min=1, max=64, description="dataset length", style=style
+            ),
+            "batch_size": W.IntSlider(
+                batch_size, min=1, max=16, description="batch size", style=style
+            ),
             "epochs": W.IntSlider(epochs, min=1, max=3, description="epochs", style=style),
             "drop_last": W.Checkbox(drop_last, description="drop_last"),
             "shuffle": W.Checkbox(shuffle, description="shuffle"),
@@ -192,8 +228,12 @@ class Explorer:
         self.output = W.Output(layout={"border": "1px solid #ccc"})
         self.status = W.HTML()
         c = self.controls
-        sliders = W.VBox([c[k] for k in ("world_size", "tp_size", "num_samples", "batch_size", "epochs")])
-        boxes = W.VBox([c[k] for k in ("drop_last", "shuffle", "set_epoch", "broadcast", "dp_group")])
+        sliders = W.VBox(
+            [c[k] for k in ("world_size", "tp_size", "num_samples", "batch_size", "epochs")]
+        )
+        boxes = W.VBox(
+            [c[k] for k in ("drop_last", "shuffle", "set_epoch", "broadcast", "dp_group")]
+        )
         self.widget = W.VBox([W.HBox([sliders, boxes]), self.status, self.output])
         self.widget.add_class("ezpz-explorer")
         self.plots = tuple(plots)
@@ -276,7 +316,9 @@ class Explorer:
     def _cluster_for(self, world_size: int) -> Any:
         from ezpz_nb.launcher import Cluster
 
-        if self._cluster is not None and (self._cluster.closed or self._cluster.world_size != world_size):
+        if self._cluster is not None and (
+            self._cluster.closed or self._cluster.world_size != world_size
+        ):
             self._cluster.close()
             self._cluster = None
         if self._cluster is None:
@@ -312,8 +354,9 @@ class Explorer:
             if logs.getvalue().strip():
                 outputs.append(_text_output("rank output:\n" + logs.getvalue(), "stderr"))
             self.output.outputs = tuple(outputs)
-            self.status.value = (f"run {self.runs}: world {world}, tp {cfg['tp_size']} - {verdict} "
-                                 f"({took:.1f} s)")
+            self.status.value = (
+                f"run {self.runs}: world {world}, tp {cfg['tp_size']} - {verdict} ({took:.1f} s)"
+            )
             return self.ledger
 
     def _draw(self, outputs: list[dict[str, Any]]) -> str:

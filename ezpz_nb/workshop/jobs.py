@@ -142,8 +142,11 @@ def job_epochs(fn: Callable, epochs: int, seed: int) -> Any:
 
     lay = make_layout(tp_size=2)
     ds = RandomTokenDataset(64, 4, num_samples=16)
-    sampler = RecordingSampler(DistributedSampler(ds, num_replicas=lay.dp_size, rank=lay.dp_rank,
-                                                  shuffle=True, seed=seed, drop_last=True))
+    sampler = RecordingSampler(
+        DistributedSampler(
+            ds, num_replicas=lay.dp_size, rank=lay.dp_rank, shuffle=True, seed=seed, drop_last=True
+        )
+    )
     out = fn(DataLoader(ds, batch_size=2, sampler=sampler), epochs)
     if out is None:
         return None
@@ -162,21 +165,26 @@ def leader_batch(dp_rank: int, seed: int | None) -> dict[str, torch.Tensor]:
     if seed is None:
         ds = RandomTokenDataset(100, 8, num_samples=16)
         items = [ds[2 * dp_rank + k] for k in range(2)]
-        return {"input_ids": torch.stack([it["input_ids"] for it in items]),
-                "index": torch.tensor([it["index"] for it in items])}
+        return {
+            "input_ids": torch.stack([it["input_ids"] for it in items]),
+            "index": torch.tensor([it["index"] for it in items]),
+        }
     # Other keys, shapes and dtypes than the first round: a peer that assumes
     # them instead of receiving them fails here.
     g = torch.Generator().manual_seed(seed + dp_rank)
     rows, cols = (int(v) for v in torch.randint(3, 12, (2,), generator=g))
-    return {"input_ids": torch.randint(0, 100, (rows, cols), generator=g),
-            "mask": torch.rand(rows, cols, generator=g),
-            "index": torch.arange(rows, dtype=torch.int32) + 100 * dp_rank}
+    return {
+        "input_ids": torch.randint(0, 100, (rows, cols), generator=g),
+        "mask": torch.rand(rows, cols, generator=g),
+        "index": torch.arange(rows, dtype=torch.int32) + 100 * dp_rank,
+    }
 
 
 def batch_spec(batch: dict) -> dict[str, tuple[tuple[int, ...], str]]:
     """Shape and dtype of each tensor of ``batch``, by key."""
-    return {k: (tuple(v.shape), str(v.dtype)) for k, v in batch.items()
-            if isinstance(v, torch.Tensor)}
+    return {
+        k: (tuple(v.shape), str(v.dtype)) for k, v in batch.items() if isinstance(v, torch.Tensor)
+    }
 
 
 def job_send(fn: Callable, seed: int) -> Any:
@@ -190,8 +198,13 @@ def job_send(fn: Callable, seed: int) -> Any:
         batch = leader_batch(lay.dp_rank, s) if lay.tp_rank == 0 else None
         out = fn(batch, lay.tp_group)
         sent = (batch_digest(batch), batch_spec(batch)) if batch is not None else None
-        got = ((batch_digest(out), batch_spec(out)) if isinstance(out, dict)
-               else "None" if out is None else f"a {type(out).__name__}")
+        got = (
+            (batch_digest(out), batch_spec(out))
+            if isinstance(out, dict)
+            else "None"
+            if out is None
+            else f"a {type(out).__name__}"
+        )
         rounds.append((sent, got))
     return lay.tp_rank, rounds
 
@@ -274,8 +287,13 @@ def job_leader_loop(fn: Callable, actual: int, claimed: int, workers: int) -> An
     lay = make_layout(tp_size=2)
     ds = CountingTokens(lay.dp_size * actual)
     sampler = EstimatedSampler(lay.dp_rank, lay.dp_size, actual, claimed)
-    loader = DataLoader(ds, batch_size=LOOP_BATCH, sampler=sampler, num_workers=workers,
-                        multiprocessing_context=_worker_start() if workers else None)
+    loader = DataLoader(
+        ds,
+        batch_size=LOOP_BATCH,
+        sampler=sampler,
+        num_workers=workers,
+        multiprocessing_context=_worker_start() if workers else None,
+    )
     out = fn(loader, lay.tp_group)
     if out is None:
         return None
@@ -286,7 +304,7 @@ def job_leader_loop(fn: Callable, actual: int, claimed: int, workers: int) -> An
         else:
             got.append(f"a {type(batch).__name__}")
     idx = list(sampler)
-    want = [tuple(idx[k:k + LOOP_BATCH]) for k in range(0, len(idx), LOOP_BATCH)]
+    want = [tuple(idx[k : k + LOOP_BATCH]) for k in range(0, len(idx), LOOP_BATCH)]
     return lay.tp_rank, got, ds.loads(), want
 
 

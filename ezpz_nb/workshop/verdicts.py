@@ -89,38 +89,54 @@ def _user_frames(traceback: str) -> str:
     for i, line in enumerate(lines):
         m = _FILE_RE.match(line)
         if m and not is_library(m.group(1)):
-            src = lines[i + 1].strip() if i + 1 < len(lines) and not _FILE_RE.match(
-                lines[i + 1]) else ""
+            src = (
+                lines[i + 1].strip()
+                if i + 1 < len(lines) and not _FILE_RE.match(lines[i + 1])
+                else ""
+            )
             own.append(f"    {describe_location(m.group(1), int(m.group(2)))}: {src}")
     return "\n".join(own[-3:]) or "    (inside library code)"
 
 
-def _ranks(job: Callable[..., Any], *args: Any, world_size: int = 4,
-           timeout: float = CHECK_TIMEOUT) -> list[Any]:
+def _ranks(
+    job: Callable[..., Any], *args: Any, world_size: int = 4, timeout: float = CHECK_TIMEOUT
+) -> list[Any]:
     """Launch ``job`` on real ranks; turn failures and hangs into verdicts."""
     if not callable(args[0]):
-        raise _wrong(f"expected a function, got {type(args[0]).__name__}: pass the function "
-                     "itself, e.g. check(my_function), not check(my_function()).")
+        raise _wrong(
+            f"expected a function, got {type(args[0]).__name__}: pass the function "
+            "itself, e.g. check(my_function), not check(my_function())."
+        )
     try:
         results = launch(job, *args, world_size=world_size, timeout=timeout)
     except RankError as err:
         failed = [f for f in err.failures.values() if f.kind != "stopped"]
         if any(f.exc_type.endswith("NotImplementedError") for f in failed):
-            raise _Verdict("not done", "The function still raises NotImplementedError: replace "
-                           "that line with your code, run its cell, then this one.") from None
+            raise _Verdict(
+                "not done",
+                "The function still raises NotImplementedError: replace "
+                "that line with your code, run its cell, then this one.",
+            ) from None
         first = failed[0] if failed else next(iter(err.failures.values()))
-        raise _wrong(f"rank {first.rank} raised {first.message}\n"
-                     f"  in your code:\n{_user_frames(first.traceback)}") from None
+        raise _wrong(
+            f"rank {first.rank} raised {first.message}\n"
+            f"  in your code:\n{_user_frames(first.traceback)}"
+        ) from None
     except HangError as err:
         where = "\n".join("  " + s.describe() for s in err.stacks.values())
-        raise _wrong(f"the ranks hung (nothing finished within {err.timeout:g} s), because they "
-                     "did not all make the same collective calls. Where each rank was:\n"
-                     f"{where}") from None
+        raise _wrong(
+            f"the ranks hung (nothing finished within {err.timeout:g} s), because they "
+            "did not all make the same collective calls. Where each rank was:\n"
+            f"{where}"
+        ) from None
     except TypeError as err:  # the function (or something it uses) cannot be sent
         raise _wrong(str(err)) from None
     if all(r is None for r in results):
-        raise _Verdict("not done", "The function returned None on every rank: fill in its body "
-                       "(and return the result), run its cell, then this one.")
+        raise _Verdict(
+            "not done",
+            "The function returned None on every rank: fill in its body "
+            "(and return the result), run its cell, then this one.",
+        )
     return results
 
 
@@ -128,8 +144,9 @@ def _each_returned(got: list[Any], what: str) -> None:
     """Raise unless every rank's job got something back from the learner's function."""
     for r, out in enumerate(got):
         if out is None:
-            raise _wrong(f"rank {r} returned None (the others did not): return {what} on "
-                         "every rank.")
+            raise _wrong(
+                f"rank {r} returned None (the others did not): return {what} on every rank."
+            )
 
 
 def _fresh_seed() -> int:
@@ -142,5 +159,3 @@ def _fresh_seed() -> int:
 
 def _fmt(t: Any) -> str:
     return str(t.tolist()) if isinstance(t, torch.Tensor) else repr(t)
-
-

@@ -39,9 +39,11 @@ REPOSITORY = "https://github.com/OWNER/ezpz_nb"
 
 if importlib.util.find_spec("ezpz_nb") is None:
     if "/OWNER/" in REPOSITORY:
-        raise RuntimeError("ezpz_nb is not installed here and this notebook does not know the "
-                           "repository's address yet: set REPOSITORY above to it, or install "
-                           "ezpz_nb from its wheel (pip install ezpz_nb-*.whl)")
+        raise RuntimeError(
+            "ezpz_nb is not installed here and this notebook does not know the "
+            "repository's address yet: set REPOSITORY above to it, or install "
+            "ezpz_nb from its wheel (pip install ezpz_nb-*.whl)"
+        )
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", f"git+{REPOSITORY}"])
 
 # %% [markdown]
@@ -72,6 +74,7 @@ assert report.ok, report.verdict
 # `fn` in each, and returns the 4 return values in rank order. Inside `fn`, `torch.distributed`
 # is already initialised, so the usual calls just work.
 
+
 # %%
 def hello():
     return f"rank {dist.get_rank()} of {dist.get_world_size()}, backend {dist.get_backend()}"
@@ -90,6 +93,7 @@ assert greetings == [f"rank {r} of 4, backend gloo" for r in range(4)]
 # Each rank puts its own rank number in a tensor, then `all_reduce` adds the tensors of all
 # ranks together, **in place, on every rank**. With ranks 0, 1, 2 and 3 every rank must end with
 # 0 + 1 + 2 + 3 = 6.
+
 
 # %%
 def rank_sum():

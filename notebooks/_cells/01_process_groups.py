@@ -42,6 +42,7 @@ import ezpz_nb as ez
 #
 # Every rank runs the same function; only `dist.get_rank()` tells them apart.
 
+
 # %%
 def whoami():
     return dist.get_rank(), dist.get_world_size()
@@ -67,6 +68,7 @@ assert ids == [(0, 4), (1, 4), (2, 4), (3, 4)]
 # own tensor. No rank keeps its own value.
 #
 # </details>
+
 
 # %%
 def all_reduce_demo():
@@ -97,6 +99,7 @@ for rank, (before, after) in enumerate(ez.launch(all_reduce_demo, world_size=4))
 #
 # </details>
 
+
 # %%
 def broadcast_demo():
     if dist.get_rank() == 0:
@@ -126,6 +129,7 @@ assert received == [[0.0, 1.0, 2.0]] * 4
 # arrival.
 #
 # </details>
+
 
 # %%
 def barrier_demo():
@@ -184,6 +188,7 @@ total.item()
 #
 # </details>
 
+
 # %%
 def double(t):
     return t * 2
@@ -221,10 +226,11 @@ cluster.close()  # ends the ranks; %%ranks would start new ones when next used
 #
 # </details>
 
+
 # %%
 def subgroup_demo():
     rank = dist.get_rank()
-    first = dist.new_group([0, 1])   # every rank creates both groups...
+    first = dist.new_group([0, 1])  # every rank creates both groups...
     second = dist.new_group([2, 3])
     mine = first if rank < 2 else second  # ...and then uses its own
 
@@ -255,6 +261,7 @@ assert sub == [(1.0, 0.0), (1.0, 0.0), (5.0, 2.0), (5.0, 2.0)]
 # call. `timeout=3` stops it after 3 seconds, and the `ez.HangError` says where each rank was.
 #
 # </details>
+
 
 # %%
 def mismatched():
@@ -328,12 +335,17 @@ finally:
 print(f"failed after {time.perf_counter() - start:.1f} s")
 
 for rank, failure in detail.failures.items():
-    own = re.search(r"Rank (\d+) is running collective: CollectiveFingerPrint\("
-                    r"SequenceNumber=\d+,? ?OpType=(\w+)", failure.message)
+    own = re.search(
+        r"Rank (\d+) is running collective: CollectiveFingerPrint\("
+        r"SequenceNumber=\d+,? ?OpType=(\w+)",
+        failure.message,
+    )
     other = re.search(r"but Rank (\d+) is running", failure.message)
     if own and other:
-        print(f"rank {rank}: mismatch detected: rank {own[1]} runs {own[2]}, "
-              f"but rank {other[1]} runs something else")
+        print(
+            f"rank {rank}: mismatch detected: rank {own[1]} runs {own[2]}, "
+            f"but rank {other[1]} runs something else"
+        )
     else:  # another torch version may word it differently
         print(f"rank {rank}: {failure.message[:200]}")
     assert "Detected mismatch between collectives" in failure.message
@@ -359,6 +371,7 @@ for rank, failure in detail.failures.items():
 # Rank 3 returned normally.
 #
 # </details>
+
 
 # %%
 def check_in():

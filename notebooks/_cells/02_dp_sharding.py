@@ -47,12 +47,19 @@ from ezpz_nb.ledger import Ledger, record
 # **sampler's** flag: what to do with samples that do not divide over the replicas. (The
 # DataLoader has a `drop_last` of its own, for a short last *batch*; notebook 04 uses it.)
 
+
 # %%
 def one_epoch(drop_last, shuffle=False, num_samples=10):
     layout = make_layout(tp_size=1)
     dataset = RandomTokenDataset(vocab_size=100, seq_length=4, num_samples=num_samples)
-    sampler = DistributedSampler(dataset, num_replicas=layout.dp_size, rank=layout.dp_rank,
-                                 shuffle=shuffle, drop_last=drop_last, seed=0)
+    sampler = DistributedSampler(
+        dataset,
+        num_replicas=layout.dp_size,
+        rank=layout.dp_rank,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        seed=0,
+    )
     loader = record(DataLoader(dataset, batch_size=1, sampler=sampler), layout)
     for _batch in loader:
         pass  # a training step would go here
@@ -137,12 +144,19 @@ viz.coverage(dropped)
 #
 # </details>
 
+
 # %%
 def two_epochs(call_set_epoch):
     layout = make_layout(tp_size=1)
     dataset = RandomTokenDataset(vocab_size=100, seq_length=4, num_samples=16)
-    sampler = DistributedSampler(dataset, num_replicas=layout.dp_size, rank=layout.dp_rank,
-                                 shuffle=True, drop_last=True, seed=0)
+    sampler = DistributedSampler(
+        dataset,
+        num_replicas=layout.dp_size,
+        rank=layout.dp_rank,
+        shuffle=True,
+        drop_last=True,
+        seed=0,
+    )
     loader = record(DataLoader(dataset, batch_size=2, sampler=sampler), layout)
     for epoch in range(2):
         if call_set_epoch:
@@ -194,6 +208,7 @@ viz.heatmap(called)
 #
 # `timeout=5` turns that hang into an `ez.HangError`; the ledger records published before it
 # still arrive, in `err.events`.
+
 
 # %%
 def train_hand_sharded():

@@ -66,12 +66,16 @@ viz.layout(4, 2)
 #
 # </details>
 
+
 # %%
 def my_groups():
     layout = make_layout(tp_size=2)
-    return (layout.dp_rank, layout.tp_rank,
-            dist.get_process_group_ranks(layout.tp_group),
-            dist.get_process_group_ranks(layout.dp_group))
+    return (
+        layout.dp_rank,
+        layout.tp_rank,
+        dist.get_process_group_ranks(layout.tp_group),
+        dist.get_process_group_ranks(layout.dp_group),
+    )
 
 
 groups = ez.launch(my_groups, world_size=4)
@@ -92,14 +96,22 @@ assert [g[3] for g in groups] == [[0, 2], [1, 3], [0, 2], [1, 3]]
 # `seq_length + 1` tokens; ezpz_nb's yields a dict of `input_ids`, `labels` (the next tokens)
 # and `index`, the sample's id, so that the ledger can always tell which sample a rank holds.
 
+
 # %%
 def one_epoch(pass_dp_group=True, broadcast=False, dataset_cls=None):
     layout = make_layout(tp_size=2)
     dataset = dataset_cls(vocab_size=100, seq_length=8, num_samples=16) if dataset_cls else None
     built = get_random_dataset_fsdp_tp(
-        batch_size=2, vocab_size=100, seq_length=8, num_samples=16, dataset=dataset,
+        batch_size=2,
+        vocab_size=100,
+        seq_length=8,
+        num_samples=16,
+        dataset=dataset,
         dp_group=layout.dp_group if pass_dp_group else None,
-        tp_group=layout.tp_group, broadcast_within_tp=broadcast, seed=0)
+        tp_group=layout.tp_group,
+        broadcast_within_tp=broadcast,
+        seed=0,
+    )
     loader = record(built["dataloader"], layout)
     for _batch in loader:
         pass  # the TP-sharded model would run here
@@ -161,6 +173,7 @@ viz.heatmap(right)
 #
 # </details>
 
+
 # %%
 class RankSeededTokens(Dataset):
     """Like ezpz's RandomTokenDataset at 1229a17: tokens drawn up front, seeded by the rank."""
@@ -202,7 +215,8 @@ assert any(p.kind == "tp_mismatch" for p in seeded.check())
 
 # %%
 fixed = Ledger.from_results(
-    ez.launch(one_epoch, broadcast=True, dataset_cls=RankSeededTokens, world_size=4))
+    ez.launch(one_epoch, broadcast=True, dataset_cls=RankSeededTokens, world_size=4)
+)
 print(fixed.summary())
 assert fixed.ok
 sources = {s.rank: s.source for s in fixed.records}
@@ -219,6 +233,7 @@ assert sources == {0: "loaded", 1: "received", 2: "loaded", 3: "received"}
 # builds its dataset: here, drawing all its tokens for nothing. Each rank below builds the
 # dataset and reports a digest of its sample 0, first for the rank-seeded one, then for ezpz_nb's
 # `RandomTokenDataset`, whose sample `i` depends only on `(seed, i)`.
+
 
 # %%
 def sample_zero(dataset_cls):
@@ -277,6 +292,7 @@ fig
 #
 # </details>
 
+
 # %%
 def make_batch(rows, seq_length, extra):
     dataset = RandomTokenDataset(vocab_size=50_000, seq_length=seq_length, num_samples=rows)
@@ -292,8 +308,10 @@ def time_broadcasts(reps=15):
     layout = make_layout(tp_size=2)
     group, src = layout.tp_group, dist.get_global_rank(layout.tp_group, 0)
     medians = {}
-    for size, batch in (("small", make_batch(4, 128, extra=True)),
-                        ("large", make_batch(32, 2048, extra=False))):
+    for size, batch in (
+        ("small", make_batch(4, 128, extra=True)),
+        ("large", make_batch(32, 2048, extra=False)),
+    ):
         buffers = {k: torch.empty_like(v) for k, v in batch.items()}  # shapes known in advance
         channel = BatchBroadcaster(group)
 
@@ -308,8 +326,11 @@ def time_broadcasts(reps=15):
         def packed(batch=batch, channel=channel):
             channel.send(batch) if layout.is_tp_leader else channel.recv()
 
-        for name, send in (("pickled (ezpz)", pickled), ("one per tensor", one_per_tensor),
-                           ("packed (ezpz_nb)", packed)):
+        for name, send in (
+            ("pickled (ezpz)", pickled),
+            ("one per tensor", one_per_tensor),
+            ("packed (ezpz_nb)", packed),
+        ):
             send()  # warm-up (the packed path sends its spec once)
             times = []
             for _ in range(reps):
@@ -327,8 +348,11 @@ for size in ("small", "large"):
     print(f"{size}: " + ", ".join(f"{w} {timings[size, w]:.2f} ms" for w in ways))
 
 fig, axes = plt.subplots(1, 2, figsize=(9, 2.4))
-for ax, (size, label) in zip(axes, (("small", "small batch: 6 tensors, ~20 KB"),
-                                    ("large", "large batch: 3 tensors, ~1 MB")), strict=True):
+for ax, (size, label) in zip(
+    axes,
+    (("small", "small batch: 6 tensors, ~20 KB"), ("large", "large batch: 3 tensors, ~1 MB")),
+    strict=True,
+):
     ax.barh(ways, [timings[size, w] for w in ways], color=["#D55E00", "#56B4E9", "#0072B2"])
     ax.set_xlabel("ms per batch (median, receiving rank)")
     ax.set_title(label)

@@ -49,6 +49,7 @@ from ezpz_nb.ledger import Ledger, record
 # leader sends. So they count: `for _ in range(len(loader))`, trusting **their own** `len()` to
 # equal the number of batches the leader will send. Here it is in a few lines:
 
+
 # %%
 def seed_style(loader, tp_group):
     """ezpz's TP broadcast loop, in essence."""
@@ -81,6 +82,7 @@ def seed_style(loader, tp_group):
 # that never comes. The leaders, ranks 0 and 2, have finished.
 #
 # </details>
+
 
 # %%
 class Stream(IterableDataset):
@@ -174,13 +176,21 @@ assert announced.ok
 #
 # </details>
 
+
 # %%
 def batch_shapes(drop_last):
     layout = make_layout(tp_size=2)
     loader = get_random_dataset_fsdp_tp(
-        batch_size=2, vocab_size=100, seq_length=8, num_samples=10, drop_last=drop_last,
-        dp_group=layout.dp_group, tp_group=layout.tp_group, broadcast_within_tp=True,
-        seed=0)["dataloader"]
+        batch_size=2,
+        vocab_size=100,
+        seq_length=8,
+        num_samples=10,
+        drop_last=drop_last,
+        dp_group=layout.dp_group,
+        tp_group=layout.tp_group,
+        broadcast_within_tp=True,
+        seed=0,
+    )["dataloader"]
     return [tuple(batch["input_ids"].shape) for batch in loader]
 
 
@@ -210,6 +220,7 @@ for drop_last in (False, True):
 # all-reduce of their third step for ranks 2 and 3, which have finished.
 #
 # </details>
+
 
 # %%
 def dp_epoch(agree):
@@ -266,6 +277,7 @@ assert [len(agreed.steps(r, 0)) for r in range(4)] == [2, 2, 2, 2]
 #
 # </details>
 
+
 # %%
 def agreed_steps():
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -312,6 +324,7 @@ assert steps == [2, 2, 2, 2]
 # identical on every rank.
 #
 # </details>
+
 
 # %%
 class ZeroGradients(JoinHook):

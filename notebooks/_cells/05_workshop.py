@@ -67,13 +67,14 @@ import ezpz_nb.workshop.exercises as ex
 #
 # *Hint*: one collective does it, in place.
 
+
 # %% tags=["workshop"]
 def global_sum(x):
     raise NotImplementedError("your code here")
 
 
 # %% tags=["workshop"]
-ex.check_global_sum(global_sum);
+ex.check_global_sum(global_sum)
 
 
 # %% tags=["solutions"]
@@ -96,13 +97,14 @@ assert ex.check_global_sum(global_sum).passed
 #
 # *Hint*: `src=` is a **global** rank. Which global rank is the group's rank 0?
 
+
 # %% tags=["workshop"]
 def share_from_leader(x, group):
     raise NotImplementedError("your code here")
 
 
 # %% tags=["workshop"]
-ex.check_share_from_leader(share_from_leader);
+ex.check_share_from_leader(share_from_leader)
 
 
 # %% tags=["solutions"]
@@ -133,19 +135,26 @@ assert ex.check_share_from_leader(share_from_leader).passed
 # - equal shard lengths: 27 // 2 = 13 per replica; the 1 sample left over is dropped;
 # - a shuffled order (not ascending).
 
+
 # %% tags=["workshop"]
 def make_sampler(dataset, layout):
     raise NotImplementedError("your code here")
 
 
 # %% tags=["workshop"]
-ex.check_make_sampler(make_sampler);
+ex.check_make_sampler(make_sampler)
 
 
 # %% tags=["solutions"]
 def make_sampler(dataset, layout):
-    return DistributedSampler(dataset, num_replicas=layout.dp_size, rank=layout.dp_rank,
-                              shuffle=True, drop_last=True, seed=0)
+    return DistributedSampler(
+        dataset,
+        num_replicas=layout.dp_size,
+        rank=layout.dp_rank,
+        shuffle=True,
+        drop_last=True,
+        seed=0,
+    )
 
 
 # %% tags=["solutions"]
@@ -163,13 +172,14 @@ assert ex.check_make_sampler(make_sampler).passed
 # still split the data between them. The checker compares what you return with what the loader
 # really yielded.
 
+
 # %% tags=["workshop"]
 def run_epochs(loader, num_epochs):
     raise NotImplementedError("your code here")
 
 
 # %% tags=["workshop"]
-ex.check_run_epochs(run_epochs);
+ex.check_run_epochs(run_epochs)
 
 
 # %% tags=["solutions"]
@@ -197,13 +207,14 @@ assert ex.check_run_epochs(run_epochs).passed
 #
 # *Hint*: either send the batch as an object, or send its shapes first and then the tensors.
 
+
 # %% tags=["workshop"]
 def send_batch(batch, group):
     raise NotImplementedError("your code here")
 
 
 # %% tags=["workshop"]
-ex.check_send_batch(send_batch);
+ex.check_send_batch(send_batch)
 
 
 # %% tags=["solutions"]
@@ -235,13 +246,14 @@ assert ex.check_send_batch(send_batch).passed
 # *Hint*: peers cannot count their steps. Each step, the leader must tell them whether a batch
 # follows. `dist.broadcast_object_list` sends any picklable object, `None` included.
 
+
 # %% tags=["workshop"]
 def leader_batches(loader, group):
     raise NotImplementedError("your code here")
 
 
 # %% tags=["workshop"]
-ex.check_leader_batches(leader_batches);
+ex.check_leader_batches(leader_batches)
 
 
 # %% tags=["solutions"]
@@ -278,13 +290,14 @@ assert ex.check_leader_batches(leader_batches).passed
 # *Hint*: before each step, the ranks must agree that every one of them still has a batch.
 # `next(it, None)` returns `None` at the end instead of raising.
 
+
 # %% tags=["workshop"]
 def steps_over_stream(stream, train_step):
     raise NotImplementedError("your code here")
 
 
 # %% tags=["workshop"]
-ex.check_steps_over_stream(steps_over_stream);
+ex.check_steps_over_stream(steps_over_stream)
 
 
 # %% tags=["solutions"]

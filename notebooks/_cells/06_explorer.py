@@ -52,8 +52,17 @@ viz.layout(4, 2)
 # shorter replica with one repeated sample per epoch.
 
 # %%
-ledger = Ledger.from_results(ez.launch(explore_rank, tp_size=2, num_samples=11, batch_size=2,
-                                       drop_last=False, epochs=2, world_size=4))
+ledger = Ledger.from_results(
+    ez.launch(
+        explore_rank,
+        tp_size=2,
+        num_samples=11,
+        batch_size=2,
+        drop_last=False,
+        epochs=2,
+        world_size=4,
+    )
+)
 print(ledger.summary())
 assert [p.kind for p in ledger.check()] == ["dp_duplicate", "dp_duplicate"]
 
@@ -126,6 +135,7 @@ assert progress.behind() == []
 #
 # </details>
 
+
 # %%
 def hand_sharded(num_samples=10):
     layout = make_layout(tp_size=1)
@@ -135,6 +145,7 @@ def hand_sharded(num_samples=10):
     for _batch in loader:
         dist.all_reduce(torch.ones(1))  # stands in for the gradient all-reduce
     return loader.ledger()
+
 
 cluster.timeout = 3  # short only for the run that is meant to hang
 hang = None

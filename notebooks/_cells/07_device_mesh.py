@@ -57,12 +57,16 @@ cluster = ez.Cluster(world_size=4, timeout=60)  # 4 ranks kept for the whole not
 # Its TP group holds the ranks with the same dp coordinate: `[2, 3]`.
 # </details>
 
+
 # %%
 def mesh_coordinates():
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    return (mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank(),
-            dist.get_process_group_ranks(mesh.get_group("dp")),
-            dist.get_process_group_ranks(mesh.get_group("tp")))
+    return (
+        mesh["dp"].get_local_rank(),
+        mesh["tp"].get_local_rank(),
+        dist.get_process_group_ranks(mesh.get_group("dp")),
+        dist.get_process_group_ranks(mesh.get_group("tp")),
+    )
 
 
 coords = cluster.run(mesh_coordinates)
@@ -80,20 +84,36 @@ assert [(r, c[0], c[1]) for r, c in enumerate(coords)] == layout_table(4, 2)
 # the ledger where the rank sits. The ledger check passes: TP peers hold the same batch, the two
 # DP replicas different ones.
 
+
 # %%
 def mesh_layout(mesh, names=("dp", "tp")):
     """This rank's Layout, read from a mesh with dimensions `names` (dp, [cp,] tp)."""
     coord = {n: (mesh[n].get_local_rank(), mesh[n].size()) for n in names}
     cp_rank, cp_size = coord.get("cp", (0, 1))
-    return Layout(dist.get_rank(), dist.get_world_size(), *coord["dp"], *coord["tp"],
-                  mesh.get_group("dp"), mesh.get_group("tp"), cp_rank=cp_rank, cp_size=cp_size)
+    return Layout(
+        dist.get_rank(),
+        dist.get_world_size(),
+        *coord["dp"],
+        *coord["tp"],
+        mesh.get_group("dp"),
+        mesh.get_group("tp"),
+        cp_rank=cp_rank,
+        cp_size=cp_size,
+    )
 
 
 def train_on_mesh():
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     built = get_random_dataset_fsdp_tp(
-        batch_size=2, vocab_size=100, seq_length=8, num_samples=16, seed=0,
-        dp_group=mesh.get_group("dp"), tp_group=mesh.get_group("tp"), broadcast_within_tp=True)
+        batch_size=2,
+        vocab_size=100,
+        seq_length=8,
+        num_samples=16,
+        seed=0,
+        dp_group=mesh.get_group("dp"),
+        tp_group=mesh.get_group("tp"),
+        broadcast_within_tp=True,
+    )
     loader = record(built["dataloader"], mesh_layout(mesh))
     for _batch in loader:
         pass  # the FSDP x TP model would run here (notebook 08)
@@ -129,6 +149,7 @@ viz.heatmap(on_mesh)
 # rank 7 holds exactly what rank 6 holds (its TP peer).
 # </details>
 
+
 # %%
 class CPSlices:
     """Yield each batch of `loader` cut to this CP rank's slice of every sequence."""
@@ -145,17 +166,27 @@ class CPSlices:
             length = batch["input_ids"].shape[1] // self.cp_size
             cut = slice(self.cp_rank * length, (self.cp_rank + 1) * length)
             positions = torch.arange(batch["input_ids"].shape[1])[cut]
-            yield {"input_ids": batch["input_ids"][:, cut], "labels": batch["labels"][:, cut],
-                   "position_ids": positions.expand(len(batch["index"]), -1),
-                   "index": batch["index"]}
+            yield {
+                "input_ids": batch["input_ids"][:, cut],
+                "labels": batch["labels"][:, cut],
+                "position_ids": positions.expand(len(batch["index"]), -1),
+                "index": batch["index"],
+            }
 
 
 def train_with_cp():
     mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "cp", "tp"))
     layout = mesh_layout(mesh, ("dp", "cp", "tp"))
     built = get_random_dataset_fsdp_tp(
-        batch_size=2, vocab_size=100, seq_length=8, num_samples=8, seed=0,
-        dp_group=layout.dp_group, tp_group=layout.tp_group, broadcast_within_tp=True)
+        batch_size=2,
+        vocab_size=100,
+        seq_length=8,
+        num_samples=8,
+        seed=0,
+        dp_group=layout.dp_group,
+        tp_group=layout.tp_group,
+        broadcast_within_tp=True,
+    )
     loader = record(CPSlices(built["dataloader"], layout.cp_rank, layout.cp_size), layout)
     first = None
     for batch in loader:
@@ -169,8 +200,10 @@ positions = {rank: pos for rank, (_, pos, _) in enumerate(results)}
 where = {r.rank: f"dp{r.dp_rank},cp{r.cp_rank},tp{r.tp_rank}" for r in with_cp.records}
 print(with_cp.summary())
 for rank in range(8):
-    print(f"rank {rank} ({where[rank]}): samples {with_cp.sample_ids(rank, 0)}, "
-          f"positions of its first sample {positions[rank]}")
+    print(
+        f"rank {rank} ({where[rank]}): samples {with_cp.sample_ids(rank, 0)}, "
+        f"positions of its first sample {positions[rank]}"
+    )
 assert with_cp.ok  # CP peers differ in bytes, which is right; TP peers do not
 assert positions[6] == [4, 5, 6, 7] and positions[4] == [0, 1, 2, 3]
 assert with_cp.sample_ids(4, 0) == with_cp.sample_ids(6, 0) != with_cp.sample_ids(0, 0)
@@ -197,12 +230,22 @@ ax.imshow(held, cmap="cividis", vmin=0, vmax=1.3, aspect="auto")
 for rank, pos in positions.items():
     for p in pos:
         dark = with_cp.layout()[rank][0] == 0  # cividis is dark at the low end
-        ax.text(p, rank, str(p), ha="center", va="center", fontsize=8,
-                color="white" if dark else "black")
+        ax.text(
+            p,
+            rank,
+            str(p),
+            ha="center",
+            va="center",
+            fontsize=8,
+            color="white" if dark else "black",
+        )
 ax.set_yticks(range(8), [f"r{r} ({where[r]})" for r in range(8)], fontsize=8)
 ax.set_xlabel("token position in the sequence")
-ax.set_title("Positions each rank holds of its first sample:\nCP ranks split the sequence, "
-             "TP peers hold the same slice", fontsize=10)
+ax.set_title(
+    "Positions each rank holds of its first sample:\nCP ranks split the sequence, "
+    "TP peers hold the same slice",
+    fontsize=10,
+)
 plt.show()
 
 # %% [markdown]
@@ -218,13 +261,24 @@ plt.show()
 # Below a `pp 2 x dp 2` mesh. Both stages of a pipeline build the same sampler (DP group) and
 # keep only their part.
 
+
 # %%
 def pipeline_parts():
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
     stage, last = mesh["pp"].get_local_rank(), mesh["pp"].size() - 1
-    keep = {"index"} | ({"input_ids"} if stage == 0 else set()) | ({"labels"} if stage == last else set())
-    built = get_random_dataset_fsdp_tp(batch_size=2, vocab_size=100, seq_length=8, num_samples=8,
-                                       seed=0, dp_group=mesh.get_group("dp"))
+    keep = (
+        {"index"}
+        | ({"input_ids"} if stage == 0 else set())
+        | ({"labels"} if stage == last else set())
+    )
+    built = get_random_dataset_fsdp_tp(
+        batch_size=2,
+        vocab_size=100,
+        seq_length=8,
+        num_samples=8,
+        seed=0,
+        dp_group=mesh.get_group("dp"),
+    )
     got = [{k: v for k, v in b.items() if k in keep} for b in built["dataloader"]]
     return stage, sorted(got[0]), [b["index"].tolist() for b in got]
 
@@ -253,6 +307,7 @@ assert parts[0][2] == parts[2][2]  # stage 0 and stage 1 of pipeline 0: the same
 # The ledger can check it on the 4-rank `dp 2 x tp 2` run above: micro-batches of 2, and with
 # 4 accumulation steps per optimizer step the DP replicas together must see 16 different samples
 # per optimizer step.
+
 
 # %%
 def global_batch(ledger, accum):

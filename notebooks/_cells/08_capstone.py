@@ -155,14 +155,19 @@ broken = {
     "rank-seeded, no broadcast": {"rank_seeded": True, "broadcast": False},
     "no set_epoch": {"set_epoch": False},
 }
-runs = {name: Ledger.from_results(cluster.run(capstone.run, tp_size=2, **SIZE, **flags))
-        for name, flags in broken.items()}
-fig = viz.loss_curves({"sound (FSDP2 x TP)": sound, **runs, "one process": reference},
-                      reference="one process")
+runs = {
+    name: Ledger.from_results(cluster.run(capstone.run, tp_size=2, **SIZE, **flags))
+    for name, flags in broken.items()
+}
+fig = viz.loss_curves(
+    {"sound (FSDP2 x TP)": sound, **runs, "one process": reference}, reference="one process"
+)
 MARGIN = 0.01  # a data bug moves the loss by more than this; the sound run by < 1e-5
 for name, ledger in runs.items():
-    print(f"{name}: max |gap| {fig.ezpz_data['max_gap'][name]:.3f}; ledger: "
-          f"{[p.kind for p in ledger.check()] or 'no problem found'}")
+    print(
+        f"{name}: max |gap| {fig.ezpz_data['max_gap'][name]:.3f}; ledger: "
+        f"{[p.kind for p in ledger.check()] or 'no problem found'}"
+    )
     assert fig.ezpz_data["max_gap"][name] > MARGIN
 assert fig.ezpz_data["max_gap"]["sound (FSDP2 x TP)"] < 1e-5
 fig
@@ -196,8 +201,11 @@ same = runs["no set_epoch"]
 print(same.summary())
 assert same.ok and same.sample_ids(0, 0) == same.sample_ids(0, 1)
 curve = [loss for _, _, loss in same.losses()]
-first_gap = next(i for i, (a, b) in enumerate(zip(curve, reference, strict=True))
-                 if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5))
+first_gap = next(
+    i
+    for i, (a, b) in enumerate(zip(curve, reference, strict=True))
+    if not math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5)
+)
 print("the curves part at step", first_gap)
 assert first_gap == 4
 viz.heatmap(same)

@@ -57,6 +57,7 @@ N, BATCH, SEED, EPOCH = 24, 2, 0, 3  # the job is stopped during its epoch 3
 # `Counted` is the dataset with a counter: how many samples this rank actually loaded (read
 # from disk, decoded, tokenised, in a real job).
 
+
 # %%
 class Counted(RandomTokenDataset):
     """A RandomTokenDataset that counts the samples it had to produce."""
@@ -71,8 +72,14 @@ class Counted(RandomTokenDataset):
 
 
 def make_sampler(dataset, layout):
-    return DistributedSampler(dataset, num_replicas=layout.dp_size, rank=layout.dp_rank,
-                              shuffle=True, seed=SEED, drop_last=True)
+    return DistributedSampler(
+        dataset,
+        num_replicas=layout.dp_size,
+        rank=layout.dp_rank,
+        shuffle=True,
+        seed=SEED,
+        drop_last=True,
+    )
 
 
 def job(part, world_sizes=(2, 2), stop_after=3, drop=()):
@@ -93,8 +100,9 @@ def job(part, world_sizes=(2, 2), stop_after=3, drop=()):
 
 def exactly_once(ledger, epoch=EPOCH):
     """{sample: how many DP replicas' steps held it}, counting each TP group once."""
-    return collections.Counter(i for r in ledger.records if r.epoch == epoch and r.tp_rank == 0
-                               for i in r.sample_ids)
+    return collections.Counter(
+        i for r in ledger.records if r.epoch == epoch and r.tp_rank == 0 for i in r.sample_ids
+    )
 
 
 # %% [markdown]
@@ -103,6 +111,7 @@ def exactly_once(ledger, epoch=EPOCH):
 # The simplest checkpoint of the data is two numbers: the epoch and the steps taken in it. On
 # resume, `set_epoch(epoch)` recreates the same shuffled order (it is seeded by `seed + epoch`),
 # and `itertools.islice(loader, step, None)` skips the batches the first run consumed.
+
 
 # %%
 def part_skip(ckpt, stop_after):
@@ -125,8 +134,10 @@ def part_skip(ckpt, stop_after):
 
 skip_job, skip_runs, skip_loads = job(part_skip)
 for r in (0, 1):
-    print(f"rank {r}: first run {skip_runs[0].sample_ids(r, EPOCH)}, "
-          f"resumed run {skip_runs[1].sample_ids(r, EPOCH)}")
+    print(
+        f"rank {r}: first run {skip_runs[0].sample_ids(r, EPOCH)}, "
+        f"resumed run {skip_runs[1].sample_ids(r, EPOCH)}"
+    )
 print(skip_job.summary())
 print("samples loaded per rank, first run:", skip_loads[0], " resumed run:", skip_loads[1])
 
@@ -137,13 +148,15 @@ print("samples loaded per rank, first run:", skip_loads[0], " resumed run:", ski
 # below is stronger still: each rank saw **the same samples in the same order** as in an epoch
 # that was never stopped (what `DistributedSampler` deals that rank).
 
+
 # %%
 def uninterrupted(dp_size=2, epoch=EPOCH):
     """Each replica's samples in an epoch never stopped: DistributedSampler's own shards."""
     shards = []
     for dp_rank in range(dp_size):
-        sampler = DistributedSampler(range(N), num_replicas=dp_size, rank=dp_rank, shuffle=True,
-                                     seed=SEED, drop_last=True)
+        sampler = DistributedSampler(
+            range(N), num_replicas=dp_size, rank=dp_rank, shuffle=True, seed=SEED, drop_last=True
+        )
         sampler.set_epoch(epoch)
         shards.append(list(sampler))
     return shards
@@ -173,6 +186,7 @@ viz.heatmap(skip_job)
 # torchdata 0.11 is the last release of the project, and it builds on private parts of
 # `DataLoader`. ezpz_nb itself does not depend on it; this notebook does, through the `notebook`
 # extra. It also calls a torch function that torch 2.13 deprecates, hence the warning filter.
+
 
 # %%
 def stateful_loader(*args, **kwargs):
@@ -235,13 +249,15 @@ assert stateful_loads == [[6, 6], [6, 6]]
 # 4 ranks: 2 DP replicas x TP 2. To show that the peers' files do not matter, the peers'
 # checkpoints (ranks 1 and 3) are **deleted** before the second run.
 
+
 # %%
 def part_tp(ckpt, stop_after):
     layout = make_layout(tp_size=2)
     dataset = Counted(N)
     sampler = make_sampler(dataset, layout)
-    loader = TPBroadcastDataLoader(stateful_loader(dataset, batch_size=BATCH, sampler=sampler),
-                                   layout.tp_group)
+    loader = TPBroadcastDataLoader(
+        stateful_loader(dataset, batch_size=BATCH, sampler=sampler), layout.tp_group
+    )
     file = Path(ckpt) / f"rank{layout.rank}.pt"
     epoch = EPOCH
     if file.exists():
@@ -255,8 +271,13 @@ def part_tp(ckpt, stop_after):
             state = loader.state_dict()
             torch.save({"epoch": epoch, "loader": state}, file)
             if layout.rank < 2:
-                print("saves", {k: (v if k != "loader" or v is None else "<the loader's state>")
-                                for k, v in state.items()})
+                print(
+                    "saves",
+                    {
+                        k: (v if k != "loader" or v is None else "<the loader's state>")
+                        for k, v in state.items()
+                    },
+                )
             break
     return rec.ledger(), dataset.loads
 
@@ -309,6 +330,7 @@ assert [len(resized_runs[1].steps(r, EPOCH)) for r in range(4)] == [0, 0, 3, 3]
 # below continues that order from there and deals the rest over however many replicas there
 # are now. With `start=0` it gives what `DistributedSampler` gives (checked below).
 
+
 # %%
 class ResumableSampler(DistributedSampler):
     """DistributedSampler that starts `start` samples into the epoch's global order."""
@@ -319,7 +341,7 @@ class ResumableSampler(DistributedSampler):
 
     def _rest(self):
         g = torch.Generator().manual_seed(self.seed + self.epoch)  # as DistributedSampler does
-        rest = torch.randperm(len(self.dataset), generator=g).tolist()[self.start:]
+        rest = torch.randperm(len(self.dataset), generator=g).tolist()[self.start :]
         return rest[: len(rest) - len(rest) % self.num_replicas]  # drop_last
 
     def __iter__(self):
@@ -337,8 +359,15 @@ def part_global(ckpt, stop_after):
     # One file for all ranks: nobody may write the next checkpoint before every rank has read
     # this one. (A real job's first gradient all_reduce would make them wait too.)
     dist.barrier()
-    sampler = ResumableSampler(dataset, start=place["consumed"], num_replicas=layout.dp_size,
-                               rank=layout.dp_rank, shuffle=True, seed=SEED, drop_last=True)
+    sampler = ResumableSampler(
+        dataset,
+        start=place["consumed"],
+        num_replicas=layout.dp_size,
+        rank=layout.dp_rank,
+        shuffle=True,
+        seed=SEED,
+        drop_last=True,
+    )
     sampler.set_epoch(place["epoch"])
     loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler)
     rec = record(loader, layout, epoch=place["epoch"])
@@ -351,7 +380,9 @@ def part_global(ckpt, stop_after):
     return rec.ledger(), dataset.loads
 
 
-plain = DistributedSampler(range(N), num_replicas=2, rank=1, shuffle=True, seed=SEED, drop_last=True)
+plain = DistributedSampler(
+    range(N), num_replicas=2, rank=1, shuffle=True, seed=SEED, drop_last=True
+)
 plain.set_epoch(EPOCH)
 again = ResumableSampler(range(N), num_replicas=2, rank=1, shuffle=True, seed=SEED, drop_last=True)
 again.set_epoch(EPOCH)
@@ -359,7 +390,9 @@ assert list(again) == list(plain)
 
 regrown, regrown_runs, regrown_loads = job(part_global, world_sizes=(2, 4), stop_after=2)
 print(regrown.summary())
-print("steps per rank in the resumed run:", [len(regrown_runs[1].steps(r, EPOCH)) for r in range(4)])
+print(
+    "steps per rank in the resumed run:", [len(regrown_runs[1].steps(r, EPOCH)) for r in range(4)]
+)
 
 # %% [markdown]
 # Stopped after 2 steps on 2 ranks (8 samples consumed), resumed on 4: the 16 left are dealt

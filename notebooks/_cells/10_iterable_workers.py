@@ -49,6 +49,7 @@ N, BATCH = 16, 2
 # The ranks here are started by a forkserver; `multiprocessing_context="fork"` starts the
 # workers as forks of the rank, which is quick, instead of fresh processes that import torch again.
 
+
 # %%
 class Stream(IterableDataset):
     """Samples 0..n-1, sharded over the ranks, and over the workers if `by_worker`."""
@@ -66,8 +67,13 @@ class Stream(IterableDataset):
 
 
 def loader_for(dataset, **kwargs):
-    return DataLoader(tag_worker(dataset), batch_size=BATCH, num_workers=2,
-                      multiprocessing_context="fork", **kwargs)
+    return DataLoader(
+        tag_worker(dataset),
+        batch_size=BATCH,
+        num_workers=2,
+        multiprocessing_context="fork",
+        **kwargs,
+    )
 
 
 def stream_epoch(by_worker):
@@ -95,7 +101,9 @@ def stream_epoch(by_worker):
 naive = Ledger.from_results(ez.launch(stream_epoch, False, world_size=2), num_samples=N)
 print(naive.summary())
 for s in naive.steps(0, 0)[:4]:
-    print(f"rank 0 step {s.step}: samples {s.sample_ids} from worker(s) {sorted(set(s.worker_ids))}")
+    print(
+        f"rank 0 step {s.step}: samples {s.sample_ids} from worker(s) {sorted(set(s.worker_ids))}"
+    )
 
 # %%
 dup = [p for p in naive.check() if p.kind == "rank_duplicate"]
@@ -130,6 +138,7 @@ assert [len(fixed.steps(r, 0)) for r in (0, 1)] == [4, 4]
 # call `torch.manual_seed(0)` on every rank so the model starts identical everywhere. That also
 # makes every rank draw the **same** `base_seed`: worker 0 of rank 0 and worker 0 of rank 1 mask
 # the same positions, and the DP replicas' "random" augmentations are copies of each other.
+
 
 # %%
 class Masked(IterableDataset):
@@ -180,6 +189,7 @@ assert all(first == rerun for first, rerun in seeded)  # and a rerun draws the s
 # One remedy: keep the epoch in shared memory (`share_memory_()`), made before the workers
 # start; they read it each time an epoch begins. (The other: `persistent_workers=False`, which
 # starts new workers, with a fresh copy, every epoch.)
+
 
 # %%
 class ShuffledStream(IterableDataset):
@@ -235,6 +245,7 @@ viz.heatmap(stale)
 # does not know its length. So the ranks agree **at every step**: each says whether it has a
 # batch, an `all_reduce(MIN)` over the DP group tells everyone whether all of them do, and they
 # stop together at the first step where one has run out.
+
 
 # %%
 class Filtered(IterableDataset):
