@@ -237,8 +237,8 @@ class Ledger:
             rank = min((r.rank for r in logged), default=0)
         return sorted(
             (r.epoch, r.step, float(r.loss))
-            for r in logged  # type: ignore[arg-type]
-            if r.rank == rank
+            for r in logged
+            if r.rank == rank and r.loss is not None
         )
 
     def steps(self, rank: int, epoch: int) -> list[StepRecord]:
