@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         steps.run("install torch", [py, "-m", "pip", "install", "-q", args.torch], home, 900)
         steps.run(
             "install the wheel",
-            [py, "-m", "pip", "install", "-q", str(wheel), *TEST_TOOLS],
+            # torchdata: what the notebook extra adds (09 resumes a StatefulDataLoader).
+            [py, "-m", "pip", "install", "-q", str(wheel), "torchdata>=0.11", *TEST_TOOLS],
             home,
             900,
         )
