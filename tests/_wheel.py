@@ -139,10 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         home = work / "participant"  # the participant's own folder, not the checkout
         home.mkdir()
         steps.run("install torch", [py, "-m", "pip", "install", "-q", args.torch], home, 900)
+        # With the notebook extra (torchdata, for notebook 09), as the README says.
         steps.run(
             "install the wheel",
-            # torchdata: what the notebook extra adds (09 resumes a StatefulDataLoader).
-            [py, "-m", "pip", "install", "-q", str(wheel), "torchdata>=0.11", *TEST_TOOLS],
+            [py, "-m", "pip", "install", "-q", f"{wheel}[notebook]", *TEST_TOOLS],
             home,
             900,
         )

@@ -40,11 +40,14 @@ def test_environment_yml_matches_pyproject():
 
 
 def test_binder_gets_the_runtime_dependencies_and_installs_the_checkout():
-    """Guards: Binder's image has what the notebooks need (no dev tools), a pinned Python,
+    """Guards: Binder's image has what the notebooks need (the library and the notebook
+    extra, no dev tools), a pinned Python,
     and installs ezpz_nb in postBuild (repo2docker runs environment.yml before the
     repository is there, so a `pip: -e .` entry would break the build)."""
     path = ROOT / "binder" / "environment.yml"
-    assert _conda_names(path) == {_name(r) for r in _pyproject()["dependencies"]}
+    project = _pyproject()
+    runtime = project["dependencies"] + project["optional-dependencies"]["notebook"]
+    assert _conda_names(path) == {_name(r) for r in runtime}
     deps = yaml.safe_load(path.read_text())["dependencies"]
     assert not [d for d in deps if not isinstance(d, str)], "no pip: section in Binder's file"
     assert [d for d in deps if re.fullmatch(r"python=3\.\d+", d)], "pin Python: python=3.X"
@@ -60,7 +63,7 @@ def test_colab_cell_installs_from_the_project_url():
     url = _pyproject()["urls"]["Repository"]
     source = (ROOT / "notebooks" / "_cells" / "00_setup_check.py").read_text()
     assert f'REPOSITORY = "{url}"' in source
-    assert 'f"git+{REPOSITORY}"' in source
+    assert 'f"ezpz_nb[notebook] @ git+{REPOSITORY}"' in source
 
 
 def test_ci_runs_the_readme_test_command():
@@ -123,6 +126,6 @@ def test_readme_course_ci_workflow_is_what_the_wheel_test_runs():
     flow = yaml.safe_load(snippet.split("```", 1)[0])
     runs = [step["run"] for job in flow["jobs"].values() for step in job["steps"] if "run" in step]
     tools = " ".join(_name(t) for t in TEST_TOOLS)
-    assert re.fullmatch(rf"pip install \S+\.whl {tools}", runs[-3])
+    assert re.fullmatch(rf"pip install '\S+\.whl\[notebook\]' {tools}", runs[-3])
     assert runs[-2] == " ".join(DOCTOR)
     assert re.fullmatch(rf"cd notebooks && {' '.join(NBMAKE)} --nbmake-timeout=\d+ \.", runs[-1])

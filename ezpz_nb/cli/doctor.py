@@ -167,6 +167,39 @@ def check_ipywidgets() -> Check:
     return _installed("ipywidgets", IPYWIDGETS_MIN, f"{_PIP} 'ipywidgets>=8'")
 
 
+def check_notebook_extra() -> Check:
+    """What the notebooks need beyond the library (the ``notebook`` extra: torchdata for 09)."""
+    try:
+        requires = metadata.requires("ezpz_nb") or []
+    except metadata.PackageNotFoundError:
+        return Check(
+            "notebook extra",
+            None,
+            "ezpz_nb's metadata is not installed",
+            f"{_PIP} 'ezpz_nb[notebook]' (from its wheel or repository)",
+        )
+    wanted = [
+        r.split(";")[0].strip()
+        for r in requires
+        if re.search(r"""extra\s*==\s*["']notebook["']""", r)
+    ]
+    missing: list[str] = []
+    found: list[str] = []
+    for spec in wanted:
+        name, _, minimum = spec.partition(">=")
+        check = _installed(name.strip(), _version(minimum) if minimum else (0,), "")
+        (found if check.ok else missing).append(f"{name.strip()} {check.detail}")
+    if missing:
+        specs = " ".join(f"'{s}'" for s in wanted)
+        return Check(
+            "notebook extra",
+            False,
+            "; ".join(missing),
+            f"{_PIP} {specs} (the notebook extra: ezpz_nb[notebook])",
+        )
+    return Check("notebook extra", True, ", ".join(found) or "nothing needed")
+
+
 def check_cores() -> Check:
     """How many cores this process may use (fewer only makes the notebooks slower)."""
     from ezpz_nb.launcher.startup import cores
@@ -453,7 +486,14 @@ def run_checks(
             echo(str(check))
 
     kernel_check = start_kernel_check()  # runs alongside the rest
-    for check in (check_python, check_ezpz_nb, check_torch, check_ipywidgets, check_cores):
+    for check in (
+        check_python,
+        check_ezpz_nb,
+        check_torch,
+        check_ipywidgets,
+        check_notebook_extra,
+        check_cores,
+    ):
         add(check())
     frontend = check_widget_frontend()  # before the launches: they get what is left
     rank_bytes: list[int] = []

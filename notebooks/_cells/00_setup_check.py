@@ -44,7 +44,9 @@ if importlib.util.find_spec("ezpz_nb") is None:
             "repository's address yet: set REPOSITORY above to it, or install "
             "ezpz_nb from its wheel (pip install ezpz_nb-*.whl)"
         )
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", f"git+{REPOSITORY}"])
+    subprocess.check_call(
+        [sys.executable, "-m", "pip", "install", "-q", f"ezpz_nb[notebook] @ git+{REPOSITORY}"]
+    )
 
 # %% [markdown]
 # ## Is this machine ready?
