@@ -17,11 +17,21 @@ costs about 0.3-0.5 ms however small it is (see docs/ezpz_pitfalls.md):
   step is exactly one broadcast. The leader leaves it running
   (``async_op=True``) and packs the next batch into a second buffer meanwhile;
   it waits for everything in flight before announcing the end or an error.
-* At 8x512 tokens a broadcast takes ~0.3 ms, so each step's Python shows.
+* At 8x512 tokens a broadcast takes ~0.4 ms, so each step's Python shows.
   The steady path keeps it small: both ends call the process group's own
   ``broadcast`` (not the ``dist.broadcast`` wrapper), the leader recognises a
   flat dict of tensors by keys, dtypes and shapes instead of re-pickling its
   spec, and peers read the header with ``struct``.
+* Peers receive into one of two CPU buffers that take turns, each with its
+  tensors already made as views into it. A buffer is reused only when nothing
+  outside this object can reach the batch it last held: no Python reference to
+  its tensors, no other tensor on its memory (a slice, a numpy array, autograd's
+  saved input), no weak reference. Otherwise it is left to its holder and a new
+  one is made, so a yielded batch stays valid as long as anything can see it.
+  ``for batch in loader`` holds only the previous batch while the next arrives,
+  so the other buffer is free and the steady step allocates nothing. (CUDA
+  buffers under nccl are always new: the caching allocator makes that cheap and
+  orders reuse with the streams, which a reference count cannot.)
 
 ``mode="pickle"`` is ezpz's path (``broadcast_object_list`` of the whole
 batch, two collectives plus pickling), with the same announcements, kept so the
@@ -32,8 +42,10 @@ from __future__ import annotations
 
 import pickle
 import struct
+import sys
 import traceback
-from typing import Any
+import weakref
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -51,6 +63,47 @@ _KIND_NAMES = {DATA: "data", SPEC: "data", END: "end", ERROR: "error"}
 ALIGN = 16
 HEADER_BYTES = 32  # four int64 words
 _HEADER = struct.Struct("=4q")  # native order: the ranks share one machine's byte order
+
+
+# Reference counts that say whether anything outside the broadcaster holds a
+# received batch. Both are private torch APIs; without them a received buffer
+# is simply never reused.
+_STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
+_CAN_RECYCLE = _STORAGE_USE_COUNT is not None and hasattr(torch.Tensor, "_use_count")
+
+
+class _RecvBuffer(NamedTuple):
+    """A peer's receive buffer with the batch's tensors already made as views into it."""
+
+    buf: torch.Tensor
+    header: Any  # numpy view of the header words (CPU), or None (CUDA: copied each step)
+    tensors: list[torch.Tensor]
+    idle: tuple[int, ...] | None  # _holders() while nothing outside holds it; None: never reuse
+
+
+def _holders(buf: torch.Tensor, tensors: list[torch.Tensor]) -> tuple[int, ...]:
+    """Everything that can reach a received batch, as counts.
+
+    Per tensor: Python references (``sys.getrefcount``), C++ owners of the same
+    tensor (autograd keeps saved inputs there) and weak references; then the
+    references to the buffer's storage and its owners (every view, slice or
+    numpy array made from any of the tensors adds one). Compared with the counts taken when the
+    buffer was made, equal means nobody but this object can see the batch.
+    """
+    counts = [
+        c
+        for t in tensors
+        for c in (sys.getrefcount(t), t._use_count(), weakref.getweakrefcount(t))  # type: ignore[attr-defined]
+    ]
+    # torch keeps one Python object per storage while anyone holds it, so its
+    # reference counts show a caller holding untyped_storage().
+    storage = buf.untyped_storage()
+    counts += (
+        sys.getrefcount(storage),
+        weakref.getweakrefcount(storage),
+        _STORAGE_USE_COUNT(storage._cdata),  # type: ignore[misc]
+    )
+    return tuple(counts)
 
 
 def _align(n: int, to: int = 8) -> int:
@@ -125,6 +178,9 @@ class BatchBroadcaster:
         # leader, steady state: two [buffer, typed views, pending work] that take turns
         self._ring: list[list[Any] | None] = [None, None]
         self._turn = 0
+        # peers, steady state: two receive buffers that take turns (see the module doc)
+        self._recv_ring: list[_RecvBuffer | None] = [None, None]
+        self._recv_turn = 0
 
     # ------------------------------------------------------------------ leader
     def send(self, batch: Any) -> None:
@@ -146,55 +202,28 @@ class BatchBroadcaster:
         try:
             # Everything that can fail on bad input happens before the first collective.
             tensors = self._same_dict(batch)
-            steady = tensors is not None
-            if not steady:
+            if tensors is not None:
+                slot = self._pack_steady(tensors)
+            else:
                 tree, tensors = flatten_batch(batch)
                 layout = tuple(
                     (str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in tensors
                 )
                 spec = pickle.dumps((tree, layout))
-                steady = spec == self._spec
-            assert tensors is not None
-            if steady:
-                # Offsets and the header are those of the last spec. Two send
-                # buffers take turns: the broadcast of one is still in flight
-                # while the next batch is packed into the other.
-                slot = self._ring[self._turn]
-                if slot is None:
-                    buf = torch.empty(
-                        HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device
-                    )
-                    self._header(buf, DATA, self._payload_nbytes)
-                    payload = buf[HEADER_BYTES:]
-                    # Typed views into the buffer, made once: each step is then one
-                    # copy_ per tensor.
-                    views = [
-                        payload[off : off + nbytes].view(t.dtype).view(t.shape)
-                        for t, (off, nbytes) in zip(tensors, self._slots, strict=True)
-                    ]
-                    slot = self._ring[self._turn] = [buf, views, None]
-                assert slot is not None
-                buf, views, work = slot
-                if work is not None:
-                    work.wait()  # the broadcast that last read this buffer is done
-                    slot[2] = None
-                with torch.no_grad():  # cheaper than a detach() per tensor
-                    for dst, t in zip(views, tensors, strict=True):
-                        dst.copy_(t)
-            else:
-                slots, total = _slots(layout)
-                head = _align(len(spec), ALIGN)
-                buf = torch.empty(head + total, dtype=torch.uint8, device=self.device)
-                buf[: len(spec)] = torch.frombuffer(bytearray(spec), dtype=torch.uint8)
-                self._pack(buf[head:], tensors, slots)
+                if spec == self._spec:
+                    slot = self._pack_steady(tensors)
+                else:
+                    slot = None
+                    slots, total = _slots(layout)
+                    head = _align(len(spec), ALIGN)
+                    buf = torch.empty(head + total, dtype=torch.uint8, device=self.device)
+                    buf[: len(spec)] = torch.frombuffer(bytearray(spec), dtype=torch.uint8)
+                    self._pack(buf[head:], tensors, slots)
         except Exception as exc:
             self.error(exc)
             raise
-        if steady:
-            # One collective, left running while the caller trains on the batch
-            # (collectives on a group run in the order they are issued).
-            slot[2] = self._pg.broadcast([buf], self._opts[True])  # type: ignore[index]
-            self._turn ^= 1
+        if slot is not None:
+            self._issue(slot)
             return
         # Spec changed: announce it in the buffer size peers expect, then send
         # spec + payload in a second buffer whose size the header announced.
@@ -210,6 +239,41 @@ class BatchBroadcaster:
             else None
         )
         self._ring = [None, None]  # sized for the old spec
+
+    # The steady step of send, in the pieces benchmarks/broadcast.py times one by one.
+    def _pack_steady(self, tensors: list[torch.Tensor]) -> list[Any]:
+        """Copy the tensors of a batch whose spec the peers know into this turn's buffer.
+
+        Offsets and the header are those of the last spec. Two send buffers
+        take turns: the broadcast of one is still in flight while the next
+        batch is packed into the other.
+        """
+        slot = self._ring[self._turn]
+        if slot is None:
+            buf = torch.empty(
+                HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device
+            )
+            self._header(buf, DATA, self._payload_nbytes)
+            payload = buf[HEADER_BYTES:]
+            # Typed views into the buffer, made once: each step is then one copy.
+            views = [
+                payload[off : off + nbytes].view(t.dtype).view(t.shape)
+                for t, (off, nbytes) in zip(tensors, self._slots, strict=True)
+            ]
+            slot = self._ring[self._turn] = [buf, views, None]
+        if slot[2] is not None:
+            work, slot[2] = slot[2], None
+            work.wait()  # the broadcast that last read this buffer is done
+        with torch.no_grad():  # cheaper than a detach() per tensor
+            # One call for every tensor; copy_ converts device and layout.
+            torch._foreach_copy_(slot[1], tensors)
+        return slot
+
+    def _issue(self, slot: list[Any]) -> None:
+        # One collective, left running while the caller trains on the batch
+        # (collectives on a group run in the order they are issued).
+        slot[2] = self._pg.broadcast([slot[0]], self._opts[True])
+        self._turn ^= 1
 
     def _same_dict(self, batch: Any) -> list[torch.Tensor] | None:
         """The tensors of ``batch`` if it is a flat dict of tensors matching the last spec.
@@ -271,25 +335,21 @@ class BatchBroadcaster:
         """Receive one step from the leader (non-leaders only).
 
         Returns:
-            ``("data", batch)`` with freshly allocated tensors, ``("end", None)``
-            or ``("error", info)`` where ``info`` is a dict with the leader's
-            global ``rank``, exception ``type``, ``message`` and ``traceback``.
+            ``("data", batch)``, ``("end", None)`` or ``("error", info)`` where
+            ``info`` is a dict with the leader's global ``rank``, exception
+            ``type``, ``message`` and ``traceback``. The batch's tensors are
+            the caller's as long as it holds any of them (or anything made from
+            them); only then is their memory reused for a later batch.
         """
         if self.mode == "pickle":
             kind, payload = self._bcast_object(None)
             return _KIND_NAMES[kind], payload
-        # A new buffer every step: the previous batch's tensors are views into
-        # the previous buffer and may still be in use by the caller.
-        buf = torch.empty(
-            HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device
-        )
-        self._bcast(buf)
-        # struct on a numpy view of the header: fewer torch calls than tolist(),
-        # which is what a small batch costs (a CUDA header is copied over first).
-        words = buf.numpy() if self.device.type == "cpu" else buf[:HEADER_BYTES].cpu().numpy()
-        kind, a, b, _ = _HEADER.unpack_from(words.data)
+        rb = self._recv_buffer()
+        self._bcast(rb.buf)
+        kind, a, b = self._read_header(rb)
         if kind == DATA:
-            return "data", self._unpack(buf, HEADER_BYTES)
+            self._recv_turn ^= 1  # lent out: the other buffer is the next candidate
+            return "data", self._batch(rb)
         if kind == END:
             return "end", None
         if kind == ERROR:
@@ -308,7 +368,36 @@ class BatchBroadcaster:
             dtype = getattr(torch, name)
             stride = torch.empty(shape, device="meta").stride()
             self._views.append((dtype, tuple(shape), stride, off, dtype.itemsize))
-        return "data", self._unpack(buf, head)
+        self._recv_ring = [None, None]  # sized for the old spec
+        # This first batch of the new spec keeps the spec's buffer to itself.
+        return "data", unflatten_batch(self._tree, self._unpack(buf, head))
+
+    # The steady step of recv, in the pieces benchmarks/broadcast.py times one by one.
+    def _recv_buffer(self) -> _RecvBuffer:
+        """The buffer to receive the next step into: this turn's, if nothing else holds it."""
+        rb = self._recv_ring[self._recv_turn]
+        if rb is not None and rb.idle is not None and _holders(rb.buf, rb.tensors) == rb.idle:
+            return rb
+        buf = torch.empty(
+            HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device
+        )
+        tensors = self._unpack(buf, HEADER_BYTES)
+        header: Any = None
+        idle = None
+        if self.device.type == "cpu":
+            header = buf[:HEADER_BYTES].numpy()
+            idle = _holders(buf, tensors) if _CAN_RECYCLE else None
+        rb = self._recv_ring[self._recv_turn] = _RecvBuffer(buf, header, tensors, idle)
+        return rb
+
+    def _read_header(self, rb: _RecvBuffer) -> tuple[int, int, int]:
+        # struct on a numpy view: fewer calls than tolist(), which shows at small batches.
+        words: Any = rb.header if rb.header is not None else rb.buf[:HEADER_BYTES].cpu().numpy()
+        kind, a, b, _ = _HEADER.unpack_from(words)
+        return kind, a, b
+
+    def _batch(self, rb: _RecvBuffer) -> Any:
+        return unflatten_batch(self._tree, rb.tensors)
 
     # ----------------------------------------------------------------- helpers
     def _header(self, buf: torch.Tensor, kind: int, a: int = 0, b: int = 0) -> None:
@@ -329,18 +418,17 @@ class BatchBroadcaster:
             # copy_ converts device and layout (non-contiguous, 0-d) in one pass.
             payload[off : off + nbytes].view(t.dtype).view(t.shape).copy_(t.detach())
 
-    def _unpack(self, buf: torch.Tensor, base: int) -> Any:
-        # Views, not copies: the buffer is fresh, so each batch owns its memory.
+    def _unpack(self, buf: torch.Tensor, base: int) -> list[torch.Tensor]:
+        """The spec's tensors as views into ``buf``, whose payload starts at ``base``."""
         # One typed view of the whole buffer per dtype, then one as_strided per
-        # tensor: fewer torch calls than slicing, which shows at small batches.
-        typed: dict[torch.dtype, torch.Tensor] = {}
-        tensors = []
-        for dtype, shape, stride, off, itemsize in self._views:
-            t = typed.get(dtype)
-            if t is None:  # ALIGN makes the buffer's length a multiple of any itemsize
-                t = typed[dtype] = buf.view(dtype)
-            tensors.append(t.as_strided(shape, stride, (base + off) // itemsize))
-        return unflatten_batch(self._tree, tensors)
+        # tensor: fewer torch calls than slicing. ALIGN makes the buffer's
+        # length a multiple of any itemsize. A comprehension, so that no local
+        # name is left holding a tensor when _recv_buffer counts the holders.
+        typed = {dtype: buf.view(dtype) for dtype in {v[0] for v in self._views}}
+        return [
+            typed[dtype].as_strided(shape, stride, (base + off) // itemsize)
+            for dtype, shape, stride, off, itemsize in self._views
+        ]
 
     def _bcast(self, buf: torch.Tensor) -> None:
         work = self._pg.broadcast([buf], self._opts[False])
