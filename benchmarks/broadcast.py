@@ -15,21 +15,48 @@ the int64 index), the time per batch of:
 
 Each batch is timed on every rank; a figure is the median over all batches on
 the slowest rank. The methods run in interleaved blocks (after a barrier)
-so that load from other processes falls on all of them alike. Then the peak memory of a 10^6 x 2048
+so that load from other processes falls on all of them alike. TP 2, the
+targeted size, is measured in two separate launches, and the table says how
+far their ratios agree: the machine's speed drifts between launches (raw
+itself moved 0.26-0.44 ms here), so the ratios, measured interleaved, are what
+two runs can agree on. Larger TP sizes get fewer batches: they are reported,
+not targeted.
+
+Then a per-step profile of ours at TP 2: the median time of each piece of the
+steady step, on the leader (check the batch against the spec, pack it, start
+the broadcast) and on the peer (pick a receive buffer, the broadcast itself,
+read the header, build the batch). Then the peak memory of a 10^6 x 2048
 RandomTokenDataset and 10 batches read from it.
 
-Run: ``.venv/bin/python benchmarks/broadcast.py`` (about a minute on 2 cores).
+Run: ``.venv/bin/python benchmarks/broadcast.py`` (about two minutes on 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import ezpz_nb as ez
 
 SHAPES = [(8, 512), (32, 2048)]
+
+
+def _pin(rank: int, world: int) -> None:
+    """Keep every thread of this rank (gloo's included) on a core of its own.
+
+    Only when there is a core per rank: otherwise the scheduler moving threads
+    between cores made two runs' ratios differ by up to 40% here.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if world > len(cpus):
+        return
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpus[rank]})
+        except OSError:  # a thread that ended meanwhile
+            pass
 
 
 def _bench_rank(shapes: list[tuple[int, int]], blocks: int, per_block: int) -> dict:
@@ -40,6 +67,7 @@ def _bench_rank(shapes: list[tuple[int, int]], blocks: int, per_block: int) -> d
 
     torch.set_num_threads(1)
     rank = dist.get_rank()
+    _pin(rank, dist.get_world_size())
     out = {}
     for b, s in shapes:
         batch = {
@@ -87,7 +115,60 @@ def _bench_rank(shapes: list[tuple[int, int]], blocks: int, per_block: int) -> d
         for name, ts in times.items():
             out[(b, s, name)] = ts
         out[(b, s, "bytes")] = nbytes
+        if dist.get_world_size() == 2:  # the targeted size
+            out[(b, s, "profile")] = _profile(ours, batch, rank, per_block * blocks)
+        if rank == 0:
+            ours._drain()
     return out
+
+
+def _profile(bc, batch: dict, rank: int, steps: int) -> dict[str, float]:
+    """Median microseconds of each piece of the steady step, as send/recv run them."""
+    import statistics
+    import time
+
+    import torch.distributed as dist
+
+    from ezpz_nb.data.broadcast import DATA
+
+    pc = time.perf_counter
+    times: dict[str, list[float]] = {}
+    keep = None  # a loop holds the previous batch while the next arrives
+    dist.barrier()
+    for _ in range(steps):
+        if rank == 0:
+            t0 = pc()
+            tensors = bc._same_dict(batch)
+            t1 = pc()
+            slot = bc._pack_steady(tensors)
+            t2 = pc()
+            bc._issue(slot)
+            t3 = pc()
+            pieces = {"check": t1 - t0, "pack": t2 - t1, "start broadcast": t3 - t2}
+            total = t3 - t0
+        else:
+            t0 = pc()
+            rb = bc._recv_buffer()
+            t1 = pc()
+            bc._bcast(rb.buf)
+            t2 = pc()
+            kind, _, _ = bc._read_header(rb)
+            t3 = pc()
+            keep = bc._batch(rb)
+            bc._recv_turn ^= 1
+            t4 = pc()
+            assert kind == DATA and keep is not None
+            pieces = {
+                "pick buffer": t1 - t0,
+                "broadcast (wait)": t2 - t1,
+                "read header": t3 - t2,
+                "build batch": t4 - t3,
+            }
+            total = t4 - t0
+        pieces["whole step"] = total
+        for name, t in pieces.items():
+            times.setdefault(name, []).append(t)
+    return {name: statistics.median(ts) * 1e6 for name, ts in times.items()}
 
 
 def _memory_rank(num_samples: int, seq_length: int, batch: int) -> dict:
@@ -119,40 +200,99 @@ def _memory_rank(num_samples: int, seq_length: int, batch: int) -> dict:
     return {"built": built, "read": status("VmHWM:") - base, "sampler_len": len(dl.sampler)}
 
 
+def _block_medians(per_rank: list[list[float]], per_block: int) -> list[float]:
+    """The slowest rank's median batch time in each timed block."""
+    medians = [
+        [statistics.median(ts[i : i + per_block]) for i in range(0, len(ts), per_block)]
+        for ts in per_rank
+    ]
+    return [max(block) for block in zip(*medians, strict=True)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--blocks", type=int, default=30, help="timed blocks per figure")
-    parser.add_argument("--per-block", type=int, default=10, help="iterations per block")
-    parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--blocks", type=int, default=60, help="timed blocks per figure")
+    parser.add_argument("--per-block", type=int, default=20, help="iterations per block")
+    parser.add_argument("--tp", type=int, nargs="+", default=[2, 4, 8])
     args = parser.parse_args()
 
-    rows = []
+    rows, profiles = [], {}
     for tp in args.tp:
-        results = ez.launch(
-            _bench_rank, SHAPES, args.blocks, args.per_block, world_size=tp, timeout=600, threads=1
-        )
-        for b, s in SHAPES:
-            med = {}
-            for name in ("ours", "pickle", "bound", "raw"):
-                # Each rank's median time per batch; the slowest rank sets the pace.
-                med[name] = max(statistics.median(r[(b, s, name)]) for r in results) * 1e3
-            rows.append((tp, f"{b}x{s}", results[0][(b, s, "bytes")], med))
+        # The targeted size twice; the others once, with fewer batches.
+        runs, blocks = (2, args.blocks) if tp == 2 else (1, max(5, args.blocks * 2 // tp))
+        for run in range(1, runs + 1):
+            results = ez.launch(
+                _bench_rank, SHAPES, blocks, args.per_block, world_size=tp, timeout=900, threads=1
+            )
+            for b, s in SHAPES:
+                med, per_block = {}, {}
+                for name in ("ours", "pickle", "bound", "raw"):
+                    # Each rank's median time per batch; the slowest rank sets the pace.
+                    med[name] = max(statistics.median(r[(b, s, name)]) for r in results) * 1e3
+                    per_block[name] = _block_medians(
+                        [r[(b, s, name)] for r in results], args.per_block
+                    )
+                # Ratios pair each block with its neighbours of the same rotation,
+                # so that the machine's drift during the run cancels out.
+                for name in ("bound", "raw"):
+                    med[f"ours/{name}"] = statistics.median(
+                        x / y for x, y in zip(per_block["ours"], per_block[name], strict=True)
+                    )
+                med["pickle/ours"] = statistics.median(
+                    x / y for x, y in zip(per_block["pickle"], per_block["ours"], strict=True)
+                )
+                label = f"{tp} (run {run})" if runs > 1 else str(tp)
+                rows.append((tp, label, f"{b}x{s}", results[0][(b, s, "bytes")], med))
+                if tp == 2:
+                    profiles[(run, b, s)] = (
+                        results[0][(b, s, "profile")],
+                        results[1][(b, s, "profile")],
+                    )
 
     head = (
-        f"{'tp':>3} {'batch':>8} {'bytes':>9} {'ours ms':>8} {'pickle ms':>10} {'bound ms':>9} "
+        f"{'tp':>9} {'batch':>8} {'bytes':>9} {'ours ms':>8} {'pickle ms':>10} {'bound ms':>9} "
         f"{'raw ms':>7} {'ours/bound':>11} {'ours/raw':>9} {'pickle/ours':>12}"
     )
     print(head)
     print("-" * len(head))
-    for tp, shape, nbytes, m in rows:
+    for _, label, shape, nbytes, m in rows:
         print(
-            f"{tp:>3} {shape:>8} {nbytes:>9} {m['ours']:>8.3f} {m['pickle']:>10.3f} {m['bound']:>9.3f} "
-            f"{m['raw']:>7.3f} {m['ours'] / m['bound']:>10.2f}x {m['ours'] / m['raw']:>8.2f}x "
-            f"{m['pickle'] / m['ours']:>11.2f}x"
+            f"{label:>9} {shape:>8} {nbytes:>9} {m['ours']:>8.3f} {m['pickle']:>10.3f} {m['bound']:>9.3f} "
+            f"{m['raw']:>7.3f} {m['ours/bound']:>10.2f}x {m['ours/raw']:>8.2f}x "
+            f"{m['pickle/ours']:>11.2f}x"
         )
     print(
-        f"(per-batch median over {args.blocks * args.per_block} batches per rank, slowest rank; "
-        "gloo, loopback, 1 intra-op thread per rank)"
+        f"(per-batch median over {args.blocks * args.per_block} batches per rank at tp 2, fewer above; "
+        "slowest rank; ratios: median over blocks of the ratio of neighbouring blocks; "
+        "gloo, loopback, 1 intra-op thread per rank, each rank on its own core where there is one)"
+    )
+    twice = [r for r in rows if r[0] == 2]
+    for shape in dict.fromkeys(r[2] for r in twice):
+        a, b = (r[4] for r in twice if r[2] == shape)
+        for ratio, (x, y) in {
+            "ours/bound": (a["ours/bound"], b["ours/bound"]),
+            "ours/raw": (a["ours/raw"], b["ours/raw"]),
+        }.items():
+            print(
+                f"tp 2 {shape}: {ratio} {x:.2f}x and {y:.2f}x in the two runs, "
+                f"{abs(x - y) / min(x, y) * 100:.1f}% apart"
+            )
+        print(
+            f"tp 2 {shape}: raw itself {a['raw']:.3f} and {b['raw']:.3f} ms "
+            f"({abs(a['raw'] - b['raw']) / min(a['raw'], b['raw']) * 100:.0f}% apart: the machine's drift)"
+        )
+
+    print("\nwhere a steady step of ours goes at tp 2 (median us per piece, second run):")
+    print(f"{'batch':>8}  {'rank':<6} {'piece':<18} {'us':>8}")
+    for (run, b, s), (leader, peer) in profiles.items():
+        if run != 2:
+            continue
+        for who, prof in (("leader", leader), ("peer", peer)):
+            for piece, us in prof.items():
+                print(f"{b}x{s:<6}  {who:<6} {piece:<18} {us:>8.1f}")
+    print(
+        "(the leader's broadcast runs on while it packs the next batch: its step is the "
+        "wait for the previous one plus the pack; the peer's step sets the pace)"
     )
 
     n, seq, batch = 10**6, 2048, 32
