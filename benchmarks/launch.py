@@ -16,7 +16,7 @@ scaling table of ezpz alone at 16, 32 and 64 ranks (``--scale``):
 accelerate is installed for this benchmark only when missing (it is not a dependency).
 
 Each cell is measured in a child process with a time limit (``--limit``): a
-launcher that stalls (accelerate's did, at 8 ranks on 2 cores) reads "hung" in
+launcher that stalls (accelerate 1.16 did, at 4 and 8 ranks on 2 cores) reads "hung" in
 its cell, one that fails reads "failed", and the table is still printed. What a
 child leaves running is killed. To see that work, ``EZPZ_NB_BENCH_FAULT=spawn=hang,bare=fail``
 makes those cells' children stall or fail on purpose (the tests do).
