@@ -10,26 +10,38 @@ Quick start::
 
 from __future__ import annotations
 
-from ezpz_nb.data import (
-    DataLayoutWarning,
-    RandomTokenDataset,
-    TPBroadcastDataLoader,
-    TPLeaderError,
-    get_random_dataset_fsdp_tp,
-)
-from ezpz_nb.data.groups import Layout, layout_table, make_layout
-from ezpz_nb.events import publish
-from ezpz_nb.launcher import MAX_WORLD_SIZE, START_METHODS, Cluster, launch
-from ezpz_nb.launcher.cluster import warm_up
-from ezpz_nb.launcher.errors import (
-    EzpzError,
-    HangError,
-    RankError,
-    RankEvent,
-    RankFailure,
-    RankStack,
-)
-from ezpz_nb.ledger import Ledger, Problem, RecordingLoader, StepRecord, record
+import sys
+from typing import Any
+
+try:
+    from ezpz_nb.data import (
+        DataLayoutWarning,
+        RandomTokenDataset,
+        TPBroadcastDataLoader,
+        TPLeaderError,
+        get_random_dataset_fsdp_tp,
+    )
+    from ezpz_nb.data.groups import Layout, layout_table, make_layout
+    from ezpz_nb.events import publish
+    from ezpz_nb.launcher import MAX_WORLD_SIZE, START_METHODS, Cluster, launch
+    from ezpz_nb.launcher.cluster import warm_up
+    from ezpz_nb.launcher.errors import (
+        EzpzError,
+        HangError,
+        RankError,
+        RankEvent,
+        RankFailure,
+        RankStack,
+    )
+    from ezpz_nb.ledger import Ledger, Problem, RecordingLoader, StepRecord, record
+except ModuleNotFoundError as exc:
+    if exc.name != "torch":
+        raise
+    # Without torch nothing here works, but `ezpz-nb doctor` (which imports this
+    # package first) must still run and say what to install.
+    _NO_TORCH: ModuleNotFoundError | None = exc
+else:
+    _NO_TORCH = None
 
 __version__ = "0.1.0"
 
@@ -74,6 +86,15 @@ def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own typ
     warm_up()
 
 
-# In a Jupyter kernel the forkserver starts importing torch now, while the learner
-# reads, so the first launch takes a fraction of a second (EZPZ_NB_WARMUP=0: not).
-warm_up()
+if _NO_TORCH is None:
+    # In a Jupyter kernel the forkserver starts importing torch now, while the learner
+    # reads, so the first launch takes a fraction of a second (EZPZ_NB_WARMUP=0: not).
+    warm_up()
+else:
+
+    def __getattr__(name: str) -> Any:
+        raise ImportError(
+            f"ezpz_nb.{name} needs PyTorch, which is not installed in this Python "
+            f"({sys.executable}). Install it, e.g. `pip install torch`, then check the "
+            "machine with `ezpz-nb doctor`."
+        )

@@ -97,6 +97,43 @@ def test_doctor_fails_on_a_broken_gloo_and_says_what_to_do(tmp_path, short_tmp):
     assert _left_behind(short_tmp) == []
 
 
+def test_doctor_without_torch_says_to_install_it(tmp_path):
+    """Guards the first thing a participant may get wrong: a Python without torch. The
+    doctor (which imports ezpz_nb first) still runs and says what to install, and the
+    library's names raise an ImportError that says the same, not a traceback from inside."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    py = bare / "bin" / "python"
+    site = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site, "ezpz_nb_checkout.pth").write_text(f"{ROOT}\n")  # ezpz_nb, and nothing else
+    done = subprocess.run(
+        [py, "-m", "ezpz_nb", "doctor", *BUDGET],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert re.search(r"FAIL  torch .*not installed", done.stdout), done.stdout
+    assert "what to do: python -m pip install 'torch>=2.2'" in done.stdout
+    assert "NOT READY" in done.stdout.strip().splitlines()[-1]
+    used = subprocess.run(
+        [py, "-c", "import ezpz_nb as ez; ez.launch(print, world_size=2)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert used.returncode == 1
+    assert "ImportError: ezpz_nb.launch needs PyTorch" in used.stderr
+    assert "pip install torch" in used.stderr
+
+
 def test_doctor_finds_a_python3_kernel_of_another_python(tmp_path):
     # A python3 kernel spec found before ours, running a Python without ezpz_nb: the
     # notebooks would fail on `import ezpz_nb`, so the doctor must say so.

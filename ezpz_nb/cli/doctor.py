@@ -155,8 +155,10 @@ def check_torch() -> Check:
     found = _installed("torch", TORCH_MIN, fix)
     if not found.ok:
         return found
-    import torch.distributed as dist
-
+    try:
+        import torch.distributed as dist
+    except ImportError as exc:  # installed but broken, e.g. a missing shared library
+        return Check("torch", False, f"{found.detail} but it cannot be imported: {exc}", fix)
     if not (dist.is_available() and dist.is_gloo_available()):
         return Check("torch", False, f"{found.detail} without torch.distributed's gloo", fix)
     return Check("torch", True, f"{found.detail} with gloo")
@@ -202,9 +204,12 @@ def check_notebook_extra() -> Check:
 
 def check_cores() -> Check:
     """How many cores this process may use (fewer only makes the notebooks slower)."""
-    from ezpz_nb.launcher.startup import cores
-
-    n = cores()
+    try:
+        from ezpz_nb.launcher.startup import cores
+    except ImportError:  # no working torch (reported above): the launcher cannot load
+        n = os.cpu_count() or 1
+    else:
+        n = cores()
     detail = f"{n} (each of r ranks gets max(1, {n} // r) threads)"
     if n < 2:
         return Check("cores", None, detail, "the notebooks run, more slowly: ranks take turns")
