@@ -101,6 +101,30 @@ def test_num_samples_of_a_hand_made_shard_is_the_whole_dataset():
     assert p.kind == "never_seen" and p.samples == (1, 3, 4)
 
 
+def test_never_seen_blames_drop_last_only_when_drop_last_could_drop_that_many():
+    """Guards a misleading hint: 2 replicas with batches of 2 can drop at most 3 samples
+    (1 remainder, 1 partial batch each). 3 unseen of 11 is drop_last's doing; 16 unseen
+    of 24, as when the sampler shards over the world instead of the DP group, is not."""
+    few = Ledger(
+        [rec(r, s, [4 * s + 2 * r, 4 * s + 2 * r + 1]) for r in (0, 1) for s in (0, 1)],
+        num_samples=11,
+    )
+    (p,) = few.check()
+    assert p.kind == "never_seen" and len(p.samples) == 3
+    assert "drop_last=True drops" in p.message and "more than" not in p.message
+    half = Ledger(
+        [rec(r, s, [8 * r + 2 * s, 8 * r + 2 * s + 1]) for r in (0, 1) for s in (0, 1)],
+        num_samples=24,
+    )
+    (p,) = half.check()
+    assert p.kind == "never_seen" and len(p.samples) == 16
+    assert (
+        "more than drop_last can drop (at most 3 with 2 DP replica(s) and batches of 2)"
+        in p.message
+    )
+    assert "instead of the DP group" in p.message
+
+
 def test_checks_are_per_epoch():
     """Guards mixing epochs: the same sample in two epochs is not a duplicate."""
     ledger = Ledger(

@@ -127,6 +127,27 @@ def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
     return out
 
 
+def _why_never_seen(missing: int, recs: list[StepRecord]) -> str:
+    """What can leave ``missing`` samples unseen, given the epoch's replicas and batches."""
+    dp_size = max(r.dp_size for r in recs)
+    batch = max(len(r.sample_ids) for r in recs)
+    # drop_last drops at most the remainder over the replicas (the sampler's) and one
+    # partial batch per replica (the DataLoader's).
+    droppable = (dp_size - 1) + dp_size * (batch - 1)
+    if missing <= droppable:
+        return (
+            "drop_last=True drops the samples that do not divide evenly over the DP "
+            "replicas and the last partial batch (or the epoch was cut short)."
+        )
+    return (
+        f"That is more than drop_last can drop (at most {droppable} with {dp_size} DP "
+        f"replica(s) and batches of {batch}). Either the epoch was cut short, or the data "
+        "was split into more shards than there are DP replicas (a DistributedSampler over "
+        "the whole world instead of the DP group, e.g. no dp_group), so some shards were "
+        "never read."
+    )
+
+
 def _check_dp(epoch: int, recs: list[StepRecord], num_samples: int | None) -> list[Problem]:
     ids_by_dp: dict[int, set[int]] = defaultdict(set)
     ranks_by_dp: dict[int, set[int]] = defaultdict(set)
@@ -161,8 +182,7 @@ def _check_dp(epoch: int, recs: list[StepRecord], num_samples: int | None) -> li
                 Problem(
                     "never_seen",
                     f"Epoch {epoch}: {len(never)} of {num_samples} sample(s) {_ids(never)} were "
-                    "never seen by any rank. drop_last=True drops the samples that do not divide "
-                    "evenly over the DP replicas and the last partial batch (or the epoch was cut short).",
+                    f"never seen by any rank. {_why_never_seen(len(never), recs)}",
                     epoch,
                     samples=tuple(never),
                 )
