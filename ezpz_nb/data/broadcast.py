@@ -203,7 +203,7 @@ class BatchBroadcaster:
             # Everything that can fail on bad input happens before the first collective.
             tensors = self._same_dict(batch)
             if tensors is not None:
-                slot = self._pack_steady(tensors)
+                slot = self._pack_steady(tensors, may_need_grad=False)
             else:
                 tree, tensors = flatten_batch(batch)
                 layout = tuple(
@@ -241,12 +241,13 @@ class BatchBroadcaster:
         self._ring = [None, None]  # sized for the old spec
 
     # The steady step of send, in the pieces benchmarks/broadcast.py times one by one.
-    def _pack_steady(self, tensors: list[torch.Tensor]) -> list[Any]:
+    def _pack_steady(self, tensors: list[torch.Tensor], may_need_grad: bool = True) -> list[Any]:
         """Copy the tensors of a batch whose spec the peers know into this turn's buffer.
 
         Offsets and the header are those of the last spec. Two send buffers
         take turns: the broadcast of one is still in flight while the next
-        batch is packed into the other.
+        batch is packed into the other. ``may_need_grad=False`` promises that
+        no tensor requires grad, so the copy needs no ``torch.no_grad()``.
         """
         slot = self._ring[self._turn]
         if slot is None:
@@ -264,8 +265,11 @@ class BatchBroadcaster:
         if slot[2] is not None:
             work, slot[2] = slot[2], None
             work.wait()  # the broadcast that last read this buffer is done
-        with torch.no_grad():  # cheaper than a detach() per tensor
-            # One call for every tensor; copy_ converts device and layout.
+        # One call for every tensor; copy_ converts device and layout.
+        if may_need_grad:
+            with torch.no_grad():  # cheaper than a detach() per tensor
+                torch._foreach_copy_(slot[1], tensors)
+        else:  # entering no_grad costs as much as checking the batch did
             torch._foreach_copy_(slot[1], tensors)
         return slot
 
@@ -279,7 +283,8 @@ class BatchBroadcaster:
         """The tensors of ``batch`` if it is a flat dict of tensors matching the last spec.
 
         A shortcut for the steady state: same keys in the same order, same
-        dtypes and shapes, so the pickled spec would be the same bytes.
+        dtypes and shapes, so the pickled spec would be the same bytes; and no
+        tensor that requires grad.
         """
         expected = self._dict_spec
         if expected is None or type(batch) is not dict or len(batch) != len(expected):
@@ -293,6 +298,7 @@ class BatchBroadcaster:
                 or type(value) is not torch.Tensor
                 or value.dtype != dtype
                 or value.shape != shape
+                or value.requires_grad  # the long way copies those under no_grad
             ):
                 return None
             tensors.append(value)
