@@ -52,6 +52,40 @@ def _gloo_worker_threads() -> int:
     return count
 
 
+# DTensor's caches, as (module, attribute path): their entries hold DTensorSpecs
+# or meshes, hence every DeviceMesh a DTensor used and its process groups. After
+# an FSDP2 x TP run (the capstone) they kept six gloo worker threads alive past
+# destroy_process_group(). The C++ one (the dispatch fast path's) holds most.
+# Paths a torch version lacks are skipped.
+_DTENSOR_CACHES = (
+    ("torch", "_C._clear_DTensor_sharding_propagator_cache"),
+    (
+        "torch.distributed.tensor",
+        "DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear",
+    ),
+    (
+        "torch.distributed.tensor",
+        "DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear",
+    ),
+    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh.cache_clear"),
+    ("torch.distributed.tensor._redistribute", "_gen_transform_infos.cache_clear"),
+    # Keyed by a weak reference to the mesh, but each planner holds the mesh itself.
+    ("torch.distributed.tensor._redistribute", "clear_redistribute_planner_cache"),
+)
+
+
+def _release_dtensor_caches() -> None:
+    """Empty DTensor's caches, if DTensor was used (this never imports it)."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    for module, path in _DTENSOR_CACHES:
+        clear: Any = sys.modules.get(module)
+        for name in path.split("."):
+            clear = getattr(clear, name, None)
+        if callable(clear):
+            clear()
+
+
 def destroy_distributed() -> int:
     """Destroy the process group and free every group object, joining their threads.
 
@@ -75,6 +109,7 @@ def destroy_distributed() -> int:
     """
     for release in _TEARDOWN:
         release()
+    _release_dtensor_caches()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     # Groups held only by reference cycles (an exception's frames) are freed now,

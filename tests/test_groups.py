@@ -81,3 +81,32 @@ def test_groups_built_in_ranks_match_the_table():
                 assert dp_members == [r for r, _, t in table if t == want_tp]
                 assert lay.is_tp_leader == (want_tp == 0)
                 assert lay.tp_group is None and lay.dp_group is None  # dropped by pickling
+
+
+def _dtensor_teardown_run():
+    import gc
+
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from ezpz_nb._dist import destroy_distributed
+
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    t = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
+    total = float((t.redistribute(mesh, [Replicate()]).to_local() * 2).sum())  # fills the caches
+    del t, mesh
+    destroy_distributed()
+    gc.collect()
+    meshes = sum(isinstance(o, DeviceMesh) for o in gc.get_objects())
+    return total, meshes
+
+
+def test_teardown_empties_dtensor_caches_that_keep_meshes_alive():
+    """Guards the capstone's exit under torchrun: DTensor's caches (the C++ sharding cache,
+    the redistribute planners, the mesh topology) held every DeviceMesh, hence its gloo
+    groups and their worker threads, past destroy_process_group(). After
+    destroy_distributed() no mesh is left."""
+    for total, meshes in ez.launch(_dtensor_teardown_run, world_size=2, timeout=120):
+        assert total == 56.0
+        assert meshes == 0
