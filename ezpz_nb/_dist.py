@@ -54,8 +54,9 @@ def _gloo_worker_threads() -> int:
 
 # DTensor's caches, as (module, attribute path): their entries hold DTensorSpecs
 # or meshes, hence every DeviceMesh a DTensor used and its process groups. After
-# an FSDP2 x TP run (the capstone) they kept six gloo worker threads alive past
-# destroy_process_group(). The C++ one (the dispatch fast path's) holds most.
+# an FSDP2 x TP run (the capstone) six gloo worker threads outlived
+# destroy_process_group(); emptying these frees four. The last group is held
+# where Python cannot see it (a distribute_tensor alone is enough to keep it).
 # Paths a torch version lacks are skipped.
 _DTENSOR_CACHES = (
     ("torch", "_C._clear_DTensor_sharding_propagator_cache"),

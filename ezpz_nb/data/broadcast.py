@@ -40,6 +40,7 @@ notebooks can compare the two.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import struct
 import sys
@@ -87,8 +88,9 @@ def _holders(buf: torch.Tensor, tensors: list[torch.Tensor]) -> tuple[int, ...]:
     Per tensor: Python references (``sys.getrefcount``), C++ owners of the same
     tensor (autograd keeps saved inputs there) and weak references; then the
     references to the buffer's storage and its owners (every view, slice or
-    numpy array made from any of the tensors adds one). Compared with the counts taken when the
-    buffer was made, equal means nobody but this object can see the batch.
+    numpy array made from any of the tensors adds one). Compared with the
+    counts taken when the buffer was made, equal means nobody but this object
+    can see the batch.
     """
     counts = [
         c
@@ -265,11 +267,10 @@ class BatchBroadcaster:
         if slot[2] is not None:
             work, slot[2] = slot[2], None
             work.wait()  # the broadcast that last read this buffer is done
-        # One call for every tensor; copy_ converts device and layout.
-        if may_need_grad:
-            with torch.no_grad():  # cheaper than a detach() per tensor
-                torch._foreach_copy_(slot[1], tensors)
-        else:  # entering no_grad costs as much as checking the batch did
+        # no_grad is cheaper than a detach() per tensor, but entering it costs as
+        # much as checking the batch did: only when a tensor may require grad.
+        with torch.no_grad() if may_need_grad else contextlib.nullcontext():
+            # One call for every tensor; copy_ converts device and layout.
             torch._foreach_copy_(slot[1], tensors)
         return slot
 
