@@ -9,7 +9,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 NBTIMEOUT ?= 120
 
-.PHONY: lab test lint format unit notebooks wheel-test bench soak browser tour clean gpu-check
+.PHONY: lab test lint format unit notebooks wheel-test bench compare soak browser tour clean gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,13 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/plot_speed.py
 	$(BIN)/python benchmarks/notebooks.py
 	$(BIN)/python benchmarks/doctor.py
+
+# Before/after on this machine: make bench's figures for commit BASE and this tree,
+# measured side by side in one run (two separate make bench runs differ by the
+# machine's drift). make compare BASE=HEAD~3 [ARGS="--only launch kernel --rounds 7"]
+compare: $(BIN)/.installed
+	@test -n "$(BASE)" || { echo "usage: make compare BASE=<commit> [ARGS=...]"; exit 2; }
+	$(BIN)/python benchmarks/compare.py --base $(BASE) $(ARGS)
 
 # Every example under torchrun 15 times per TP size (1 and 2), plus launches and
 # Cluster lifecycles in one process: failures, exit codes and leftovers in one table.

@@ -25,8 +25,14 @@ PER_NOTEBOOK_TARGET_S = 60.0
 TOTAL_TARGET_S = 180.0
 
 
-def run(folder: Path, timeout: float) -> tuple[list[tuple[str, float, str]], float, int]:
-    """Run nbmake over ``folder``; return ``([(name, seconds, outcome)], wall, returncode)``."""
+def run(
+    folder: Path, timeout: float, names: list[str] | None = None
+) -> tuple[list[tuple[str, float, str]], float, int]:
+    """Run nbmake over ``folder`` (or only its notebooks ``names``).
+
+    Returns:
+        ``([(name, seconds, outcome)], wall, returncode)``.
+    """
     with tempfile.TemporaryDirectory(prefix="ezpz_nb-nbbench-") as tmp:
         report = Path(tmp) / "junit.xml"
         cmd = [
@@ -40,7 +46,7 @@ def run(folder: Path, timeout: float) -> tuple[list[tuple[str, float, str]], flo
             "--nbmake-kernel=python3",
             f"--nbmake-timeout={int(timeout)}",
             f"--junitxml={report}",
-            ".",
+            *(names or ["."]),
         ]
         start = time.monotonic()
         done = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,58 @@ def test_launch_benchmark_reports_a_hung_and_a_failed_peer_and_finishes():
     assert got["notebook_launcher"] == "n/a"
     assert re.fullmatch(r"[\d.]+ ms", got["ezpz launch"]), row
     assert not tagged(tag)
+
+
+def test_compare_measures_two_trees_side_by_side_and_removes_its_export():
+    """Guards the before/after tool: each tree's ranks import that tree's ezpz_nb (a
+    rank importing the checkout for both would compare it with itself), every figure
+    gets a before, an after and a ratio, and the exported tree does not outlive the run.
+    Comparing HEAD with the checkout measures the same package twice: the ratio is
+    noise, so only its presence is checked."""
+    tag = new_tag()
+    tmp = Path(tempfile.gettempdir())
+    exports = {p.name for p in tmp.glob("ezpz_nb-compare-*")}
+    status, out, _ = run_limited(
+        [
+            sys.executable,
+            "benchmarks/compare.py",
+            "--base",
+            "HEAD",
+            "--rounds",
+            "1",
+            "--only",
+            "launch",
+            "--sizes",
+            "2",
+        ],
+        tag=tag,
+        limit_s=300,
+        cwd=str(ROOT),
+    )
+    assert status == 0, out
+    rows = {
+        cells[0]: cells[1:]
+        for line in out.splitlines()
+        if line.startswith("| ") and not line.startswith("| figure")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    assert set(rows) == {
+        "launch 2 first (ms)",
+        "launch 2 later (ms)",
+        "Cluster.run 2 warm (ms)",
+        "PSS per rank 2 (MiB)",
+    }, out
+    for before, after, ratio, _ in rows.values():
+        assert float(before) > 0 and float(after) > 0 and re.fullmatch(r"[\d.]+x", ratio), out
+    assert {p.name for p in tmp.glob("ezpz_nb-compare-*")} == exports
+    assert not tagged(tag)
+
+
+def test_compare_rejects_an_unknown_base_before_measuring():
+    status, out, _ = run_limited(
+        [sys.executable, "benchmarks/compare.py", "--base", "no-such-commit"],
+        tag=new_tag(),
+        limit_s=60,
+        cwd=str(ROOT),
+    )
+    assert status != 0 and "--base 'no-such-commit' is not a commit" in out, out
