@@ -59,12 +59,28 @@ def _pin(rank: int, world: int) -> None:
             pass
 
 
-def _bench_rank(shapes: list[tuple[int, int]], blocks: int, per_block: int) -> dict:
+METHODS = ("ours", "pickle", "bound", "raw")
+
+
+def _broadcaster_class() -> type:
+    try:
+        from ezpz_nb.data.broadcast import BatchBroadcaster
+    except ModuleNotFoundError:  # a tree from before data/ (benchmarks/compare.py times those)
+        from ezpz_nb.broadcast import BatchBroadcaster  # type: ignore[no-redef]
+    return BatchBroadcaster
+
+
+def _bench_rank(
+    shapes: list[tuple[int, int]],
+    blocks: int,
+    per_block: int,
+    methods: tuple[str, ...] = METHODS,
+    profile: bool = True,
+) -> dict:
     import torch
     import torch.distributed as dist
 
-    from ezpz_nb.data.broadcast import BatchBroadcaster
-
+    BatchBroadcaster = _broadcaster_class()
     torch.set_num_threads(1)
     rank = dist.get_rank()
     _pin(rank, dist.get_world_size())
@@ -94,7 +110,8 @@ def _bench_rank(shapes: list[tuple[int, int]], blocks: int, per_block: int) -> d
         def step_raw(flat=flat, pg=dist.group.WORLD, opts=opts):
             pg.broadcast([flat], opts).wait()
 
-        steps = {"ours": step_ours, "pickle": step_pickle, "bound": step_bound, "raw": step_raw}
+        every = {"ours": step_ours, "pickle": step_pickle, "bound": step_bound, "raw": step_raw}
+        steps = {name: every[name] for name in methods}
         for step in steps.values():
             for _ in range(5):  # warm up: the first tensor step also sends the spec
                 step()
@@ -115,9 +132,9 @@ def _bench_rank(shapes: list[tuple[int, int]], blocks: int, per_block: int) -> d
         for name, ts in times.items():
             out[(b, s, name)] = ts
         out[(b, s, "bytes")] = nbytes
-        if dist.get_world_size() == 2:  # the targeted size
+        if profile and dist.get_world_size() == 2:  # the targeted size
             out[(b, s, "profile")] = _profile(ours, batch, rank, per_block * blocks)
-        if rank == 0:
+        if rank == 0 and hasattr(ours, "_drain"):  # older trees sent synchronously
             ours._drain()
     return out
 
@@ -144,7 +161,7 @@ def _profile(bc, batch: dict, rank: int, steps: int) -> dict[str, float]:
             t2 = pc()
             bc._issue(slot)
             t3 = pc()
-            pieces = {"check": t1 - t0, "pack": t2 - t1, "start broadcast": t3 - t2}
+            pieces = {"check": t1 - t0, "pack": t2 - t1, "wait last, start": t3 - t2}
             total = t3 - t0
         else:
             t0 = pc()
@@ -226,7 +243,7 @@ def main() -> None:
             )
             for b, s in SHAPES:
                 med, per_block = {}, {}
-                for name in ("ours", "pickle", "bound", "raw"):
+                for name in METHODS:
                     # Each rank's median time per batch; the slowest rank sets the pace.
                     med[name] = max(statistics.median(r[(b, s, name)]) for r in results) * 1e3
                     per_block[name] = _block_medians(
@@ -291,8 +308,8 @@ def main() -> None:
             for piece, us in prof.items():
                 print(f"{b}x{s:<6}  {who:<6} {piece:<18} {us:>8.1f}")
     print(
-        "(the leader's broadcast runs on while it packs the next batch: its step is the "
-        "wait for the previous one plus the pack; the peer's step sets the pace)"
+        "(the leader packs the next batch while the last one's broadcast runs on, then "
+        "waits for it and starts the next: at most one in flight; the peer's step sets the pace)"
     )
 
     n, seq, batch = 10**6, 2048, 32
