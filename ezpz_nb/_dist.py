@@ -12,6 +12,7 @@ import gc
 import os
 import sys
 from collections.abc import Callable
+from types import FunctionType
 from typing import Any
 
 import torch.distributed as dist
@@ -55,9 +56,8 @@ def _gloo_worker_threads() -> int:
 # DTensor's caches, as (module, attribute path): their entries hold DTensorSpecs
 # or meshes, hence every DeviceMesh a DTensor used and its process groups. After
 # an FSDP2 x TP run (the capstone) six gloo worker threads outlived
-# destroy_process_group(); emptying these frees four. The last group is held
-# where Python cannot see it (a distribute_tensor alone is enough to keep it).
-# Paths a torch version lacks are skipped.
+# destroy_process_group(); emptying these frees four (the last two: see
+# _release_captured_groups). Paths a torch version lacks are skipped.
 _DTENSOR_CACHES = (
     ("torch", "_C._clear_DTensor_sharding_propagator_cache"),
     (
@@ -87,6 +87,32 @@ def _release_dtensor_caches() -> None:
             clear()
 
 
+def _release_captured_groups() -> None:
+    """Take process groups out of the default arguments of loaded torch.distributed functions.
+
+    ``torch.distributed.nn.functional`` declares ``def broadcast(tensor, src,
+    group=group.WORLD)`` and nine more like it: the default is evaluated when the
+    module is imported. Imported after the group was made (DTensor imports it),
+    ten functions hold the default group for good, in tuples the garbage
+    collector does not track, and its two gloo threads outlived every teardown.
+    ``None`` is what those defaults are when the module is imported before any
+    group, and means "the default group" at call time, so it is put back.
+    """
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("torch.distributed") or module is None:
+            continue
+        for fn in list(vars(module).values()):
+            # type() first: touching a deprecated attribute (dist.reduce_op) warns.
+            if type(fn) is not FunctionType or not fn.__defaults__:
+                continue
+            if any(_is_group(d) for d in fn.__defaults__):
+                fn.__defaults__ = tuple(None if _is_group(d) else d for d in fn.__defaults__)
+
+
+def _is_group(obj: object) -> bool:
+    return issubclass(type(obj), dist.ProcessGroup)  # isinstance() on some defaults warns
+
+
 def destroy_distributed() -> int:
     """Destroy the process group and free every group object, joining their threads.
 
@@ -111,6 +137,7 @@ def destroy_distributed() -> int:
     for release in _TEARDOWN:
         release()
     _release_dtensor_caches()
+    _release_captured_groups()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     # Groups held only by reference cycles (an exception's frames) are freed now,

@@ -96,17 +96,20 @@ def _dtensor_teardown_run():
     t = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
     total = float((t.redistribute(mesh, [Replicate()]).to_local() * 2).sum())  # fills the caches
     del t, mesh
-    destroy_distributed()
+    gloo_threads_left = destroy_distributed()
     gc.collect()
     meshes = sum(isinstance(o, DeviceMesh) for o in gc.get_objects())
-    return total, meshes
+    return total, meshes, gloo_threads_left
 
 
-def test_teardown_empties_dtensor_caches_that_keep_meshes_alive():
-    """Guards the capstone's exit under torchrun: DTensor's caches (the C++ sharding cache,
-    the redistribute planners, the mesh topology) held every DeviceMesh, hence its gloo
-    groups and their worker threads, past destroy_process_group(). After
-    destroy_distributed() no mesh is left."""
-    for total, meshes in ez.launch(_dtensor_teardown_run, world_size=2, timeout=120):
+def test_teardown_frees_every_group_a_dtensor_run_used():
+    """Guards the capstone's exit under torchrun. Two holders kept gloo groups, and their
+    worker threads, past destroy_process_group(): DTensor's caches (the C++ sharding
+    cache, the redistribute planners, the mesh topology) held every DeviceMesh; and
+    torch.distributed.nn.functional, imported by DTensor after the group was made, holds
+    the default group in ten functions' default arguments. After destroy_distributed()
+    no mesh and no gloo thread is left."""
+    for total, meshes, threads in ez.launch(_dtensor_teardown_run, world_size=2, timeout=120):
         assert total == 56.0
         assert meshes == 0
+        assert threads == 0
