@@ -10,14 +10,17 @@
 
 After every run it counts the processes that outlived it (anything that
 inherited the run's tag and is still alive 5 s after the run ended; those
-that were only finishing their own exit are shown apart) and the entries left
-in the run's private TMPDIR (torchrun's own ``torchelastic_*`` folder is
-counted apart: torchrun leaves it by design). A run that exceeds ``--limit``
-seconds is killed and counts as "hung". Prints one table; exits 1 if any run
-failed or left anything.
+that were only finishing their own exit are shown apart), the entries left
+in the run's private TMPDIR, and the runs whose teardown warned that gloo
+worker threads outlived it (the abort-at-exit risk). torch's own folders are
+counted apart: torchrun leaves its ``torchelastic_*`` by design, and importing
+``torch._dynamo`` (FSDP2 does, in the capstone) makes the compile cache
+``torchinductor_<user>`` that every later run of that user reuses. A run that
+exceeds ``--limit`` seconds is killed and counts as "hung". Prints one table;
+exits 1 if any run failed, left anything or warned.
 
     python benchmarks/soak.py [--runs 15] [--tp-sizes 1 2] [--nproc 4]
-                              [--examples dp_sharding tp_broadcast step_alignment]
+                              [--examples dp_sharding tp_broadcast step_alignment capstone]
 """
 
 from __future__ import annotations
@@ -37,8 +40,11 @@ from pathlib import Path
 from _procs import kill_tagged, new_tag, run_limited, tagged
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ("dp_sharding", "tp_broadcast", "step_alignment")
-TORCHRUN_DIR = "torchelastic_"
+EXAMPLES = ("dp_sharding", "tp_broadcast", "step_alignment", "capstone")
+#: Folders torch itself makes in TMPDIR and means to leave (see the module doc).
+TORCH_OWN = ("torchelastic_", "torchinductor_")
+#: What destroy_distributed() prints when a group outlived the teardown.
+OUTLIVE_WARNING = "gloo worker thread(s) outlive destroy_process_group()"
 
 
 @dataclass
@@ -50,7 +56,8 @@ class Row:
     procs_exiting: int = 0
     procs_left: int = 0
     temp_left: int = 0
-    torchelastic_left: int = 0
+    torch_own_left: int = 0
+    groups_outliving: int = 0  # runs whose teardown warned
     seconds: list[float] = field(default_factory=list)
     first_failure: str = ""
 
@@ -76,7 +83,8 @@ class Row:
         self.procs_exiting += exiting
         self.procs_left += procs
         self.temp_left += temp
-        if code != 0 and not self.first_failure:
+        self.groups_outliving += OUTLIVE_WARNING in log
+        if (code != 0 or OUTLIVE_WARNING in log) and not self.first_failure:
             self.first_failure = log[-3000:]
 
 
@@ -87,15 +95,15 @@ GRACE_S = 5.0
 
 def _leftovers(tmp: str, tag: str) -> tuple[int, int, int, int]:
     """What a finished run left: processes still exiting (gone within GRACE_S), processes
-    still alive after it (then killed), entries in its TMPDIR, torchelastic_* folders."""
+    still alive after it (then killed), entries in its TMPDIR, torch's own folders."""
     seen = len(tagged(tag))
     deadline = time.monotonic() + GRACE_S
     while tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.05)
     left = kill_tagged(tag)
     names = os.listdir(tmp)
-    elastic = sum(n.startswith(TORCHRUN_DIR) for n in names)
-    return max(0, seen - left), left, len(names) - elastic, elastic
+    own = sum(n.startswith(TORCH_OWN) for n in names)
+    return max(0, seen - left), left, len(names) - own, own
 
 
 def readme_snippet() -> str:
@@ -126,9 +134,9 @@ def torchrun_once(target: list[str], nproc: int, limit_s: float, row: Row) -> st
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(k, None)
         code, log, secs = run_limited(cmd, tag=tag, limit_s=limit_s, env=env, cwd=str(ROOT))
-        exiting, procs, temp, elastic = _leftovers(tmp, tag)
+        exiting, procs, temp, own = _leftovers(tmp, tag)
         row.add(code, secs, procs, temp, log, exiting)
-        row.torchelastic_left += elastic
+        row.torch_own_left += own
         return (
             f"exit {code} in {secs:.1f} s, left {procs} processes (+{exiting} exiting), "
             f"{temp} temp entries"
@@ -224,8 +232,9 @@ def table(rows: list[Row]) -> str:
         "leftover processes",
         "leftover temp entries",
         "still exiting at end",
-        "torchelastic_* dirs",
+        "torch's own dirs",
         "median s",
+        "runs warning of outliving groups",
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -233,10 +242,10 @@ def table(rows: list[Row]) -> str:
             f"{c}: {n}" for c, n in sorted(r.codes.items(), key=lambda kv: str(kv[0]))
         )
         med = f"{statistics.median(r.seconds):.2f}" if r.seconds else "-"
-        elastic = str(r.torchelastic_left) if r.what.startswith("torchrun") else "-"
+        own = str(r.torch_own_left) if r.what.startswith("torchrun") else "-"
         lines.append(
             f"| {r.what} | {r.runs} | {r.failures} | {codes or '-'} | {r.procs_left} | "
-            f"{r.temp_left} | {r.procs_exiting} | {elastic} | {med} |"
+            f"{r.temp_left} | {r.procs_exiting} | {own} | {med} | {r.groups_outliving} |"
         )
     return "\n".join(lines)
 
@@ -297,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{sum(r.runs for r in examples)} runs; machine: {os.cpu_count()} cores; "
         f"{args.nproc} processes per run"
     )
-    bad = [r for r in rows if r.failures or r.procs_left or r.temp_left]
+    bad = [r for r in rows if r.failures or r.procs_left or r.temp_left or r.groups_outliving]
     for r in bad:
         if r.first_failure:
             print(f"\n--- first failure of {r.what}:\n{r.first_failure}", file=sys.stderr)
