@@ -96,17 +96,30 @@ def _release_captured_groups() -> None:
     ten functions hold the default group for good, in tuples the garbage
     collector does not track, and its two gloo threads outlived every teardown.
     ``None`` is what those defaults are when the module is imported before any
-    group, and means "the default group" at call time, so it is put back.
+    group, and means "the default group" at call time, so it is put back. The
+    methods of the classes these modules define are looked at too
+    (``ShardedGradScaler.__init__`` has ``process_group=dist.group.WORLD``).
     """
+    if not dist.is_available():
+        return
     for name, module in list(sys.modules.items()):
         if not name.startswith("torch.distributed") or module is None:
             continue
-        for fn in list(vars(module).values()):
+        for obj in list(vars(module).values()):
             # type() first: touching a deprecated attribute (dist.reduce_op) warns.
-            if type(fn) is not FunctionType or not fn.__defaults__:
-                continue
-            if any(_is_group(d) for d in fn.__defaults__):
-                fn.__defaults__ = tuple(None if _is_group(d) else d for d in fn.__defaults__)
+            if type(obj) is FunctionType:
+                _drop_group_defaults(obj)
+            elif issubclass(type(obj), type) and vars(obj).get("__module__") == name:
+                for member in list(vars(obj).values()):
+                    if type(member) is FunctionType:
+                        _drop_group_defaults(member)
+
+
+def _drop_group_defaults(fn: FunctionType) -> None:
+    if fn.__defaults__ and any(_is_group(d) for d in fn.__defaults__):
+        fn.__defaults__ = tuple(None if _is_group(d) else d for d in fn.__defaults__)
+    if fn.__kwdefaults__ and any(_is_group(d) for d in fn.__kwdefaults__.values()):
+        fn.__kwdefaults__ = {k: None if _is_group(d) else d for k, d in fn.__kwdefaults__.items()}
 
 
 def _is_group(obj: object) -> bool:

@@ -113,3 +113,30 @@ def test_teardown_frees_every_group_a_dtensor_run_used():
         assert total == 56.0
         assert meshes == 0
         assert threads == 0
+
+
+def _late_import_run():
+    import torch.distributed as dist
+
+    # Imported after the group exists, as a training script would: the default
+    # process_group=dist.group.WORLD of this method captures the live group.
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from ezpz_nb._dist import destroy_distributed
+
+    def groups_in_defaults() -> int:
+        defaults = ShardedGradScaler.__init__.__defaults__ or ()
+        return sum(isinstance(d, dist.ProcessGroup) for d in defaults)
+
+    captured = groups_in_defaults()
+    threads_left = destroy_distributed()
+    return captured, groups_in_defaults(), threads_left
+
+
+def test_teardown_frees_a_group_held_by_a_method_default():
+    """A class method's default argument holds the group (ShardedGradScaler's
+    process_group=dist.group.WORLD, evaluated when imported after init): teardown puts
+    None back, so the group and its two gloo threads go."""
+    for captured, after, threads in ez.launch(_late_import_run, world_size=2, timeout=120):
+        assert captured == 1  # the test's premise: the import came after the group
+        assert after == 0 and threads == 0
