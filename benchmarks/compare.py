@@ -12,7 +12,9 @@ running is killed) whose ``PYTHONPATH`` puts one tree's ``ezpz_nb`` first:
 ``BASE`` is exported with ``git archive`` into a temporary folder (removed at
 the end), "after" is this checkout as it is on disk. The measuring code is
 this checkout's benchmarks for both, so only the package differs. A figure
-the older tree cannot produce (a module it does not have yet) reads "n/a".
+the older tree cannot produce (a module it does not have yet) reads "failed"
+on that side, and a column counts each side's failed rounds. Exits 1 when a
+figure got more than 10% worse or fails more often after.
 
 Figures (``--only`` picks some):
 
@@ -24,8 +26,9 @@ Figures (``--only`` picks some):
   is itself drift-free;
 * ``plots``: build plus render time of each ``viz`` figure (32 ranks x 300 steps);
 * ``doctor``: seconds until ``ezpz-nb doctor``'s verdict;
-* ``notebooks``: each notebook under nbmake, each tree's own notebooks
-  (``--notebook-rounds``, default 1: a round takes minutes).
+* ``notebooks``: each notebook under nbmake, each tree's own copy of the
+  notebooks both trees have (``--notebooks`` picks some; ``--notebook-rounds``,
+  default 1: a round of all of them takes minutes).
 
     python benchmarks/compare.py --base REV [--rounds 9] [--only launch kernel ...]
 """
@@ -41,6 +44,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _procs import kill_tagged, new_tag, run_limited
 
@@ -128,19 +132,21 @@ def _measure(
     else:
         cmd = ["compare.py", "--child", figure, "--world", str(world)]
     tag = new_tag()
-    status, out, _ = run_limited(
-        [sys.executable, str(HERE / cmd[0]), *cmd[1:]],
-        tag=tag,
-        limit_s=limit_s,
-        env=env,
-        cwd=str(tree),  # a rank's sys.path starts with the working folder
-    )
-    kill_tagged(tag)  # what a measurement left must not slow the next one
-    if status != 0:
-        why = "hung" if status == "hung" else "n/a"
+    try:
+        status, out, _ = run_limited(
+            [sys.executable, str(HERE / cmd[0]), *cmd[1:]],
+            tag=tag,
+            limit_s=limit_s,
+            env=env,
+            cwd=str(tree),  # a rank's sys.path starts with the working folder
+        )
+    finally:
+        kill_tagged(tag)  # what a measurement left (or Ctrl-C interrupted) must not run on
+    got = _last_json(out) if status == 0 else None
+    if got is None:
+        why = "hung" if status == "hung" else "failed"
         print(f"  {figure} ({world}) with {tree}: {why}\n{out[-1500:]}", file=sys.stderr)
         return why
-    got = json.loads(out.strip().splitlines()[-1])
     if figure == "launch":
         med = statistics.median
         return {
@@ -152,6 +158,19 @@ def _measure(
     if figure == "kernel":
         return {f"kernel first call {world} (ms)": got["times"][0] * 1e3}
     return got
+
+
+def _last_json(out: str) -> dict[str, Any] | None:
+    """The last line of ``out`` that is a JSON object (warnings may follow it)."""
+    for line in reversed(out.splitlines()):
+        if line.startswith("{"):
+            try:
+                got = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(got, dict):
+                return got
+    return None
 
 
 def _which_ezpz(tree: Path) -> str:
@@ -185,10 +204,10 @@ def _export(rev: str, into: Path) -> str:
     )
     if short.returncode != 0:
         raise SystemExit(f"--base {rev!r} is not a commit of {ROOT}: {short.stderr.strip()}")
-    archive = subprocess.Popen([*git, "archive", rev], stdout=subprocess.PIPE)
-    subprocess.run(["tar", "-x", "-C", str(into)], stdin=archive.stdout, check=True)
-    if archive.wait() != 0:
-        raise SystemExit(f"git archive {rev} failed")
+    archive = subprocess.run([*git, "archive", rev], capture_output=True)  # a few MB
+    if archive.returncode != 0:
+        raise SystemExit(f"git archive {rev} failed: {archive.stderr.decode()[-500:]}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     return short.stdout.strip()
 
 
@@ -196,24 +215,42 @@ def _num(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.3g}"
 
 
-def _table(results: dict[str, dict[str, list[float | str]]], label: dict[str, str]) -> None:
-    print(f"| figure | before ({label['before']}) | after ({label['after']}) | after/before | |")
-    print("|---|---:|---:|---:|---|")
+def _table(results: dict[str, dict[str, list[float | str]]], label: dict[str, str]) -> bool:
+    """Print the table; return True when something got worse or failed only after."""
+    print(
+        f"| figure | before ({label['before']}) | after ({label['after']}) | after/before "
+        "| failed (before / after) | |"
+    )
+    print("|---|---:|---:|---:|---|---|")
+    bad = False
     for key, per_tree in results.items():
+        before, after = per_tree["before"], per_tree["after"]
         pairs = [
             (b, a)
-            for b, a in zip(per_tree["before"], per_tree["after"], strict=True)
+            for b, a in zip(before, after, strict=True)
             if isinstance(b, float) and isinstance(a, float)
         ]
-        if not pairs:
-            shown = [next((x for x in v if isinstance(x, str)), "n/a") for v in per_tree.values()]
-            print(f"| {key} | {shown[0]} | {shown[1]} | n/a | |")
-            continue
-        ratio = statistics.median(a / b for b, a in pairs)
+        failed = {name: sum(isinstance(x, str) for x in v) for name, v in per_tree.items()}
+        # Each side's median over its own successful rounds; the ratio only over pairs.
+        shown = [
+            _num(statistics.median(nums)) if nums else next(x for x in v if isinstance(x, str))
+            for v in (before, after)
+            for nums in [[x for x in v if isinstance(x, float)]]
+        ]
+        ratio = statistics.median(a / b for b, a in pairs) if pairs else None
+        notes = []
         # Every figure here is a time, a memory or a time ratio: higher is worse.
-        worse = f"**{(ratio - 1) * 100:.0f}% worse**" if ratio > WORSE else ""
-        before, after = (statistics.median(p[i] for p in pairs) for i in (0, 1))
-        print(f"| {key} | {_num(before)} | {_num(after)} | {ratio:.2f}x | {worse} |")
+        if ratio is not None and ratio > WORSE:
+            notes.append(f"**{(ratio - 1) * 100:.0f}% worse**")
+        if failed["after"] > failed["before"]:
+            notes.append("**fails more after**")
+        bad = bad or bool(notes)
+        print(
+            f"| {key} | {shown[0]} | {shown[1]} | "
+            f"{f'{ratio:.2f}x' if ratio is not None else 'n/a'} | "
+            f"{failed['before']} / {failed['after']} of {len(before)} | {' '.join(notes)} |"
+        )
+    return bad
 
 
 def main() -> int:
@@ -240,6 +277,8 @@ def main() -> int:
         ap.error("--base REV is required (the commit to compare this tree with)")
     if args.rounds < 1 or args.notebook_rounds < 0:
         ap.error("--rounds must be >= 1 and --notebook-rounds >= 0")
+    if min(args.sizes) < 1 or args.limit <= 0:
+        ap.error("--sizes must be >= 1 and --limit > 0")
 
     with tempfile.TemporaryDirectory(prefix="ezpz_nb-compare-") as tmp:
         base = Path(tmp)
@@ -256,8 +295,14 @@ def main() -> int:
         label["after"] = head + (" + uncommitted changes" if dirty else "")
         for name, tree in trees.items():
             where = _which_ezpz(tree)
-            if not where.startswith(str(tree.resolve())):
+            if not Path(where).resolve().is_relative_to(tree.resolve()):
                 raise SystemExit(f"{name}: ranks import ezpz_nb from {where}, not from {tree}")
+        # The same notebooks on both sides, so that "whole run" compares like with like.
+        notebooks = args.notebooks or sorted(
+            set.intersection(
+                *({p.name for p in (t / "notebooks").glob("*.ipynb")} for t in trees.values())
+            )
+        )
 
         plan: list[tuple[str, int]] = []
         for figure in args.only:
@@ -271,11 +316,14 @@ def main() -> int:
                 # Alternate who goes first, so that neither always meets a warmer machine.
                 order = ("before", "after") if r % 2 == 0 else ("after", "before")
                 got = {
-                    name: _measure(trees[name], figure, world, args.limit, args.notebooks)
+                    name: _measure(trees[name], figure, world, args.limit, notebooks)
                     for name in order
                 }
-                # Both failed: one row under the figure's name says so.
-                keys = next((list(g) for g in got.values() if isinstance(g, dict)), [figure])
+                # The figures either side measured; both failed: one row says so.
+                keys = list(
+                    dict.fromkeys(k for g in got.values() if isinstance(g, dict) for k in g)
+                )
+                keys = keys or [f"{figure} ({world} ranks)" if figure != "notebooks" else figure]
                 for key in keys:
                     for name in trees:
                         g = got[name]
@@ -285,14 +333,16 @@ def main() -> int:
             took = time.monotonic() - start
             print(f"  {figure}{ranks}: done at {took:.0f} s", file=sys.stderr)
 
-    _table(results, label)
+    bad = _table(results, label)
     print(
         f"\n{args.rounds} pair(s) per figure ({args.notebook_rounds} for notebooks), each "
-        "measurement in a fresh process, the two trees alternating who goes first; "
-        "after/before is the median over pairs of the ratio of the two side by side. "
-        f"Flagged: more than {(WORSE - 1) * 100:.0f}% worse. Machine: {os.cpu_count()} cores."
+        "measurement in a fresh process, the two trees alternating who goes first. "
+        "before, after: each side's median over its rounds that succeeded; after/before: "
+        "the median over pairs of the ratio of the two side by side. "
+        f"Flagged: more than {(WORSE - 1) * 100:.0f}% worse, or failing more often after "
+        f"(then the exit status is 1). Machine: {os.cpu_count()} cores."
     )
-    return 0
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

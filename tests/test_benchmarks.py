@@ -41,7 +41,8 @@ def test_short_soak_every_run_exits_zero_and_leaves_nothing():
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[2:3] == ["0"] and cells[4:6] == ["0", "0"], row  # failures, leftovers
-        assert cells[-1] == "0", row  # runs whose teardown warned of an outliving group
+        # runs whose teardown warned of an outliving group ("-": ranks that os._exit)
+        assert cells[-1] == ("-" if row.startswith(("| ez.", "| Cluster")) else "0"), row
     assert "torchrun examples: 0 failures in 12 runs" in out
     assert not tagged(tag)
 
@@ -88,9 +89,9 @@ def test_launch_benchmark_reports_a_hung_and_a_failed_peer_and_finishes():
 def test_compare_measures_two_trees_side_by_side_and_removes_its_export():
     """Guards the before/after tool: each tree's ranks import that tree's ezpz_nb (a
     rank importing the checkout for both would compare it with itself), every figure
-    gets a before, an after and a ratio, and the exported tree does not outlive the run.
-    Comparing HEAD with the checkout measures the same package twice: the ratio is
-    noise, so only its presence is checked."""
+    gets a before, an after, a ratio and no failed round, and the exported tree does not
+    outlive the run. Comparing HEAD with the checkout measures the same package twice:
+    one pair's ratio is noise, so a "worse" flag (exit 1) is allowed, a failure is not."""
     tag = new_tag()
     tmp = Path(tempfile.gettempdir())
     exports = {p.name for p in tmp.glob("ezpz_nb-compare-*")}
@@ -111,11 +112,12 @@ def test_compare_measures_two_trees_side_by_side_and_removes_its_export():
         limit_s=300,
         cwd=str(ROOT),
     )
-    assert status == 0, out
+    assert status in (0, 1), out
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = {
-        cells[0]: cells[1:]
-        for line in out.splitlines()
-        if line.startswith("| ") and not line.startswith("| figure")
+        cells[0]: dict(zip(head, cells, strict=True))
+        for line in lines[1:]
         for cells in [[c.strip() for c in line.strip("|").split("|")]]
     }
     assert set(rows) == {
@@ -124,8 +126,13 @@ def test_compare_measures_two_trees_side_by_side_and_removes_its_export():
         "Cluster.run 2 warm (ms)",
         "PSS per rank 2 (MiB)",
     }, out
-    for before, after, ratio, _ in rows.values():
-        assert float(before) > 0 and float(after) > 0 and re.fullmatch(r"[\d.]+x", ratio), out
+    before, after = (h for h in head if h.startswith(("before (", "after (")))
+    for row in rows.values():
+        assert float(row[before]) > 0 and float(row[after]) > 0, out
+        assert re.fullmatch(r"[\d.]+x", row["after/before"]), out
+        assert row["failed (before / after)"] == "0 / 0 of 1", out
+    assert "fails more after" not in out
+    assert status == 0 or "% worse" in out, out
     assert {p.name for p in tmp.glob("ezpz_nb-compare-*")} == exports
     assert not tagged(tag)
 
@@ -138,3 +145,34 @@ def test_compare_rejects_an_unknown_base_before_measuring():
         cwd=str(ROOT),
     )
     assert status != 0 and "--base 'no-such-commit' is not a commit" in out, out
+
+
+def test_compare_table_shows_each_side_and_flags_what_got_worse_or_fails_only_after(capsys):
+    """The table's judgement, on given rounds: a side that failed shows why while the
+    other side shows its median; failing more often after, or a ratio above 1.10, is
+    flagged (and makes the run exit 1); failing only before (a module the older tree
+    lacked) is not."""
+    import compare
+
+    bad = compare._table(
+        {
+            "steady": {"before": [10.0, 12.0], "after": [10.5, 12.0]},
+            "slower": {"before": [1.0, 1.0], "after": [1.2, 1.3]},
+            "after hangs": {"before": [100.0, 110.0], "after": ["hung", "hung"]},
+            "new in after": {"before": ["failed", "failed"], "after": [3.0, 3.0]},
+        },
+        {"before": "old", "after": "new"},
+    )
+    rows = {
+        cells[0]: cells[1:]
+        for line in capsys.readouterr().out.splitlines()[2:]
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    assert rows["steady"] == ["11.0", "11.2", "1.02x", "0 / 0 of 2", ""]
+    assert rows["slower"] == ["1", "1.25", "1.25x", "0 / 0 of 2", "**25% worse**"]
+    assert rows["after hangs"] == ["105", "hung", "n/a", "0 / 2 of 2", "**fails more after**"]
+    assert rows["new in after"] == ["failed", "3", "n/a", "2 / 0 of 2", ""]
+    assert bad
+    assert not compare._table(
+        {"steady": {"before": [1.0], "after": [1.0]}}, {"before": "a", "after": "b"}
+    )
