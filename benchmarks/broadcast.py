@@ -226,6 +226,11 @@ def _block_medians(per_rank: list[list[float]], per_block: int) -> list[float]:
     return [max(block) for block in zip(*medians, strict=True)]
 
 
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median over blocks of a/b, each block paired with its neighbour of the other method."""
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--blocks", type=int, default=60, help="timed blocks per figure")
@@ -252,12 +257,8 @@ def main() -> None:
                 # Ratios pair each block with its neighbours of the same rotation,
                 # so that the machine's drift during the run cancels out.
                 for name in ("bound", "raw"):
-                    med[f"ours/{name}"] = statistics.median(
-                        x / y for x, y in zip(per_block["ours"], per_block[name], strict=True)
-                    )
-                med["pickle/ours"] = statistics.median(
-                    x / y for x, y in zip(per_block["pickle"], per_block["ours"], strict=True)
-                )
+                    med[f"ours/{name}"] = paired_ratio(per_block["ours"], per_block[name])
+                med["pickle/ours"] = paired_ratio(per_block["pickle"], per_block["ours"])
                 label = f"{tp} (run {run})" if runs > 1 else str(tp)
                 rows.append((tp, label, f"{b}x{s}", results[0][(b, s, "bytes")], med))
                 if tp == 2:

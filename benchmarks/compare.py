@@ -83,9 +83,7 @@ def _child(name: str, world: int) -> dict[str, float]:
                 for m in ("ours", "raw")
             }
             out[f"broadcast {b}x{s} ours (ms)"] = statistics.median(per["ours"]) * 1e3
-            out[f"broadcast {b}x{s} ours/raw"] = statistics.median(
-                x / y for x, y in zip(per["ours"], per["raw"], strict=True)
-            )
+            out[f"broadcast {b}x{s} ours/raw"] = broadcast.paired_ratio(per["ours"], per["raw"])
         return out
     if name == "plots":
         import plot_speed
@@ -283,7 +281,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ezpz_nb-compare-") as tmp:
         base = Path(tmp)
         trees = {"before": base, "after": ROOT}
-        label = {"before": _export(args.base, base), "after": "this tree"}
+        label = {"before": _export(args.base, base)}
         dirty = subprocess.run(
             ["git", "-C", str(ROOT), "status", "--porcelain", "--", "ezpz_nb", "notebooks"],
             capture_output=True,

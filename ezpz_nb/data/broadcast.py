@@ -109,6 +109,13 @@ def _holders(buf: torch.Tensor, tensors: list[torch.Tensor]) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def _finish(slot: list[Any] | None) -> None:
+    """Wait for the broadcast still reading a leader's send ``slot``, if any."""
+    if slot is not None and slot[2] is not None:
+        work, slot[2] = slot[2], None
+        work.wait()
+
+
 def _align(n: int, to: int = 8) -> int:
     return (n + to - 1) // to * to
 
@@ -278,10 +285,7 @@ class BatchBroadcaster:
         # them on two worker threads that compete with this one for the core,
         # and a 64 KiB step was 3-5% slower here. Its buffer is then free for
         # the next pack.
-        other = self._ring[self._turn ^ 1]
-        if other is not None and other[2] is not None:
-            work, other[2] = other[2], None
-            work.wait()
+        _finish(self._ring[self._turn ^ 1])
         # One collective, left running while the caller trains on the batch
         # (collectives on a group run in the order they are issued).
         slot[2] = self._pg.broadcast([slot[0]], self._opts[True])
@@ -316,9 +320,7 @@ class BatchBroadcaster:
         # Wait for the broadcasts still in flight, so that their errors surface
         # here and the end of an epoch means every batch was delivered.
         for slot in self._ring:
-            if slot is not None and slot[2] is not None:
-                work, slot[2] = slot[2], None
-                work.wait()
+            _finish(slot)
 
     def end(self) -> None:
         """Tell the peers the leader's loader is exhausted (leader only)."""
