@@ -22,11 +22,11 @@ try:
         get_random_dataset_fsdp_tp,
     )
     from ezpz_nb.data.groups import Layout, layout_table, make_layout
+    from ezpz_nb.errors import EzpzError
     from ezpz_nb.events import publish
     from ezpz_nb.launcher import MAX_WORLD_SIZE, START_METHODS, Cluster, launch
     from ezpz_nb.launcher.cluster import warm_up
     from ezpz_nb.launcher.errors import (
-        EzpzError,
         HangError,
         RankError,
         RankEvent,

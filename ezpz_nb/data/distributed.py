@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ezpz_nb._dist import uses_nccl
 from ezpz_nb.data.broadcast import BatchBroadcaster
+from ezpz_nb.errors import EzpzError
 
 __all__ = [
     "DataLayoutWarning",
@@ -54,7 +55,7 @@ class DataLayoutWarning(UserWarning):
     """A data-loading setup that runs but is probably not what was meant."""
 
 
-class TPLeaderError(RuntimeError):
+class TPLeaderError(EzpzError, RuntimeError):
     """The TP leader failed while loading; raised on every other TP rank.
 
     Attributes:

@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, Subset
 
 from ezpz_nb.data import RandomTokenDataset, forward_set_epoch, get_random_dataset_fsdp_tp
 from ezpz_nb.data.groups import make_layout
+from ezpz_nb.errors import EzpzError
 from ezpz_nb.examples.common import (
     SEQ_LENGTH,
     VOCAB_SIZE,
@@ -53,7 +54,7 @@ from ezpz_nb.ledger import Ledger, record
 __all__ = ["AgreedSteps", "StepTimeoutError", "main", "run"]
 
 
-class StepTimeoutError(RuntimeError):
+class StepTimeoutError(EzpzError, RuntimeError):
     """A step's DP collective waited longer than ``step_timeout``: steps out of line."""
 
 

@@ -16,6 +16,8 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Any
 
+from ezpz_nb.errors import EzpzError
+
 __all__ = [
     "EzpzError",
     "RankError",
@@ -27,10 +29,6 @@ __all__ = [
 
 # (filename, lineno, function name, source line or "")
 Frame = tuple[str, int, str, str]
-
-
-class EzpzError(Exception):
-    """Base class of every error ezpz_nb raises on purpose."""
 
 
 @dataclass(frozen=True)
