@@ -1,9 +1,9 @@
 """Soak: run everything many times and count what goes wrong, and what is left behind.
 
-* every example under torchrun, ``RUNS`` times per TP size, exactly as the
-  README tells a user (``python -m torch.distributed.run --standalone
+* every example under torchrun, ``RUNS`` times per TP size, exactly as
+  docs/scale-out.md tells a user (``python -m torch.distributed.run --standalone
   --nproc_per_node=4 -m ezpz_nb.examples.<name> --out DIR``, plus ``--tp-size``);
-* the README's notebook snippet (``ez.launch(tp_broadcast.run, ...)``) as a
+* docs/scale-out.md's notebook snippet (``ez.launch(tp_broadcast.run, ...)``) as a
   script under torchrun, ``RUNS`` times: ``ez.launch`` runs in place there;
 * in one notebook-like process: ``RUNS`` ``ez.launch`` calls and ``RUNS`` Cluster
   lifecycles (start, two runs, close), then the process exits.
@@ -111,11 +111,11 @@ def _leftovers(tmp: str, tag: str) -> tuple[int, int, int, int]:
 
 
 def readme_snippet() -> str:
-    """The README's Python block that runs an example with ez.launch."""
-    blocks = (ROOT / "README.md").read_text().split("```python\n")[1:]
+    """docs/scale-out.md's Python block that runs an example with ez.launch."""
+    blocks = (ROOT / "docs" / "scale-out.md").read_text().split("```python\n")[1:]
     found = [b.split("```")[0] for b in blocks if "ez.launch(tp_broadcast.run" in b]
     if not found:
-        raise SystemExit("README.md has no ```python block with ez.launch(tp_broadcast.run")
+        raise SystemExit("docs/scale-out.md has no ```python block with ez.launch(tp_broadcast.run")
     return found[0]
 
 

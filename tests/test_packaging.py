@@ -117,15 +117,33 @@ def test_notebook_extra_is_in_dev_and_the_library_never_imports_it():
 
 
 def test_readme_course_ci_workflow_is_what_the_wheel_test_runs():
-    """Guards: the workflow the README gives course repositories is valid YAML and runs
+    """Guards: the workflow docs/participants.md gives course repositories is valid YAML and runs
     the steps that `make wheel-test` (tests/_wheel.py) runs against the built wheel."""
     from _wheel import DOCTOR, NBMAKE, TEST_TOOLS
 
-    readme = (ROOT / "README.md").read_text()
-    snippet = readme.split("## Notebooks of your own", 1)[1].split("```yaml", 1)[1]
+    page = (ROOT / "docs" / "participants.md").read_text()
+    snippet = page.split("## Notebooks of your own", 1)[1].split("```yaml", 1)[1]
     flow = yaml.safe_load(snippet.split("```", 1)[0])
     runs = [step["run"] for job in flow["jobs"].values() for step in job["steps"] if "run" in step]
     tools = " ".join(_name(t) for t in TEST_TOOLS)
     assert re.fullmatch(rf"pip install '\S+\.whl\[notebook\]' {tools}", runs[-3])
     assert runs[-2] == " ".join(DOCTOR)
     assert re.fullmatch(rf"cd notebooks && {' '.join(NBMAKE)} --nbmake-timeout=\d+ \.", runs[-1])
+
+
+def test_readme_is_short_and_every_page_it_links_exists():
+    """Guards: the README stays a first-minute page (the rest lives in docs/), and no link
+    in the README or a docs page points at a file that is not in the repository."""
+    readme = ROOT / "README.md"
+    assert len(readme.read_text().splitlines()) <= 150
+    pages = [readme, *sorted((ROOT / "docs").glob("*.md"))]
+    linked = set()
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
+            if "://" in target:
+                continue
+            path = (page.parent / target).resolve()
+            assert path.is_file() and ROOT in path.parents, (page.name, target)
+            linked.add(path)
+    # Every docs page is reachable from the README.
+    assert {p.resolve() for p in pages[1:]} <= linked
