@@ -7,12 +7,14 @@ rather than as a crash inside N processes.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ezpz_nb.launcher.wire import dumps_job as _dumps
+from ezpz_nb.launcher.kernel import in_jupyter_kernel
+from ezpz_nb.launcher.wire import dumps_job, unpicklable_part
 
 #: Largest world size accepted: beyond this, ranks on one machine are all overhead.
 MAX_WORLD_SIZE = 64
@@ -26,9 +28,8 @@ def default_start_method() -> str:
     return "forkserver" if sys.platform.startswith("linux") else "spawn"
 
 
-def loopback() -> str:
-    """Name of the loopback interface gloo is bound to."""
-    return "lo0" if sys.platform == "darwin" else "lo"
+#: Name of the loopback interface gloo is bound to (``GLOO_SOCKET_IFNAME``).
+LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
 
 
 def cores() -> int:
@@ -102,7 +103,7 @@ def main_hidden(start_method: str) -> Iterator[None]:
         main.__dict__.update(saved)
 
 
-def dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+def pack_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
     """Pickle a job for the ranks, or say which part cannot travel and what to do."""
     if not callable(fn):
         raise TypeError(
@@ -110,27 +111,27 @@ def dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
             "itself, not its result (launch(f), not launch(f()))"
         )
     try:
-        return _dumps((fn, args, kwargs))
+        return dumps_job((fn, args, kwargs))
     except Exception as exc:
         named = [("fn", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
         named += [(f"keyword {k!r}", v) for k, v in kwargs.items()]
-        for label, obj in named:
-            try:
-                _dumps(obj)
-            except Exception:
-                raise TypeError(
-                    f"{label} (a {type(obj).__name__}) cannot be sent to the ranks: {exc}. "
-                    "Create it inside the function instead, or pass something picklable."
-                ) from exc
+        culprit = unpicklable_part(named)
+        if culprit is not None:
+            label, obj, _ = culprit
+            raise TypeError(
+                f"{label} (a {type(obj).__name__}) cannot be sent to the ranks: {exc}. "
+                "Create it inside the function instead, or pass something picklable."
+            ) from exc
         raise TypeError(f"the job cannot be sent to the ranks: {exc}") from exc
 
 
-def in_jupyter_kernel() -> bool:
-    """True inside a Jupyter kernel (not a plain IPython shell or script)."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None or "ipykernel" not in sys.modules:
-        return False
-    return getattr(ipython.get_ipython(), "kernel", None) is not None
+def forkserver_context() -> Any:
+    """multiprocessing's forkserver context, with torch and the rank code preloaded."""
+    ctx = mp.get_context("forkserver")
+    # One import of torch in the server; every rank after that is a fast fork.
+    # forkserver first: it leaves the kernel's process group (see there).
+    ctx.set_forkserver_preload(["ezpz_nb.launcher.forkserver", "ezpz_nb.launcher.rank"])
+    return ctx
 
 
 def should_warm_up() -> bool:
