@@ -56,7 +56,7 @@ def ranks_text(ranks: list[int]) -> str:
     """``rank 1``, ``ranks 0-3``, ``ranks 0, 2 and 5``."""
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"ranks {ranks[0]}-{ranks[-1]}"
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 

@@ -225,10 +225,8 @@ def fill_line(filename: str, lineno: int, line: str) -> str:
 def frame_title(frame: Frame) -> str:
     """``Cell In[12], line 6, in f`` as IPython names cells, ``File "x.py", line 6, in f``."""
     cell = cell_line(frame.filename, frame.lineno)
-    if cell is not None:
-        count, line = cell
-        name = f"Cell In[{count}]" if count else "Cell"
-        return f"{name}, line {line}, in {frame.name}"
+    if cell is not None and cell[0] is not None:
+        return f"Cell In[{cell[0]}], line {cell[1]}, in {frame.name}"
     return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}'
 
 
