@@ -22,7 +22,7 @@ from typing import Any
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.launcher.cluster import Cluster
 from ezpz_nb.launcher.errors import RankError
-from ezpz_nb.launcher.kernel import RANKS_CELLS, shell
+from ezpz_nb.launcher.kernel import RANKS_CELLS, running_cell, shell
 from ezpz_nb.launcher.runtime import current
 from ezpz_nb.launcher.session import SESSION
 from ezpz_nb.launcher.wire import dumps_job, unpicklable_part
@@ -121,8 +121,8 @@ def ranks(line: str, cell: str) -> None:
     cluster = get_cluster(opts.world_size, opts.timeout, opts.restart)
     filename = f"<ranks-cell-{next(_COUNTER)}>"
     _register_source(filename, cell)
-    count = getattr(shell(), "execution_count", None)
-    if isinstance(count, int):
+    count = running_cell()
+    if count is not None:
         # Frames of this cell are named as IPython names the cell: In[count], one line
         # lower for the %%ranks line above the code.
         RANKS_CELLS[filename] = (count, 1)

@@ -136,7 +136,8 @@ class RankError(EzpzError, RuntimeError):
         for ranks, f in fold(self.failures):
             text = format_for_learner(f).rstrip()
             if text:
-                out += ["", f"{ranks_text(ranks)}: {text}"]
+                on = f"Traceback on {ranks_text(ranks)} (most recent call last):"
+                out += ["", text.replace("Traceback (most recent call last):", on)]
                 if f.ours:
                     out.append(f.ours)
         return out
@@ -151,7 +152,7 @@ def _launched_from(tb: TracebackType | None) -> list[str]:
             continue
         frame = Frame(fs.filename, fs.lineno or 0, fs.name, fs.line or "")
         src = fill_line(frame.filename, frame.lineno, frame.line)
-        out += ["", frame_title(frame)] + ([f"----> {src}"] if src else [])
+        out += ["", frame_title(frame)] + ([f"----> {frame.lineno} {src}"] if src else [])
     return out
 
 

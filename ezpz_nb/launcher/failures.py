@@ -226,7 +226,9 @@ def frame_title(frame: Frame) -> str:
     """``Cell In[12], line 6, in f`` as IPython names cells, ``File "x.py", line 6, in f``."""
     cell = cell_line(frame.filename, frame.lineno)
     if cell is not None and cell[0] is not None:
-        return f"Cell In[{cell[0]}], line {cell[1]}, in {frame.name}"
+        # As IPython: a cell's own top level is not named "<module>".
+        inside = "" if frame.name == "<module>" else f", in {frame.name}"
+        return f"Cell In[{cell[0]}], line {cell[1]}{inside}"
     return f'File "{frame.filename}", line {frame.lineno}, in {frame.name}'
 
 

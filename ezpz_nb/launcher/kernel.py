@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["in_jupyter_kernel", "ipython_cell_name", "shell"]
+__all__ = ["in_jupyter_kernel", "ipython_cell_name", "running_cell", "shell"]
 
 
 def shell() -> Any | None:
@@ -28,6 +28,21 @@ def in_jupyter_kernel() -> bool:
 #: Cells run by ``%%ranks``, by the file name their frames carry: (execution count,
 #: lines above the code in the cell). Filled by the magic; read when naming frames.
 RANKS_CELLS: dict[str, tuple[int, int]] = {}
+
+
+def running_cell() -> int | None:
+    """The execution count of the cell running now (the one that called us), or None.
+
+    Read off the call stack (the cell's own frame), because when IPython counts a
+    cell up has changed between versions.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        named = ipython_cell_name(frame.f_code.co_filename)
+        if named is not None:
+            return named[0]
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
 
 
 def ipython_cell_name(filename: str) -> tuple[int, int] | None:
