@@ -25,7 +25,6 @@ try:
     from ezpz_nb.errors import EzpzError
     from ezpz_nb.events import publish
     from ezpz_nb.launcher import MAX_WORLD_SIZE, START_METHODS, Cluster, launch
-    from ezpz_nb.launcher.cluster import warm_up
     from ezpz_nb.launcher.errors import (
         HangError,
         RankError,
@@ -34,6 +33,7 @@ try:
         RankStack,
         RunInterrupted,
     )
+    from ezpz_nb.launcher.session import warm_up
     from ezpz_nb.ledger import Ledger, Problem, RecordingLoader, StepRecord, record
 except ModuleNotFoundError as exc:
     if exc.name != "torch":
