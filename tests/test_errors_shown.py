@@ -203,3 +203,29 @@ def test_ctrl_c_in_a_script_reports_each_rank_and_leaves_none(tmp_path):
     assert "RunInterrupted" in err and "rank 0: barrier() at hangs.py:7" in err
     assert "rank 1: finished its function" in err
     assert not any(psutil.pid_exists(p) for p in pids)
+
+
+def _call_it(fn):
+    return fn()
+
+
+def _learner_bad_src():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.zeros(1)
+    dist.broadcast(t, src=dist.get_world_size())  # a rank that does not exist
+    return t
+
+
+def test_checkers_find_the_learners_line_from_frames():
+    """Guards workshop/verdicts.py on structured frames: the learner's own line is named
+    even when the error is raised deep inside torch, and torch's frames are not."""
+    from ezpz_nb.workshop import verdicts
+
+    with pytest.raises(verdicts._Verdict) as info:
+        verdicts._ranks(_call_it, _learner_bad_src, world_size=2)
+    msg = info.value.message
+    assert "in your code:" in msg
+    assert "test_errors_shown.py:" in msg and "dist.broadcast(t, src=dist.get_world_size())" in msg
+    assert "distributed_c10d" not in msg and "return fn()" in msg
