@@ -20,7 +20,7 @@ import types
 from typing import Any
 
 from ezpz_nb.errors import EzpzError
-from ezpz_nb.launcher.cluster import Cluster
+from ezpz_nb.launcher.cluster import Cluster, live_clusters
 from ezpz_nb.launcher.errors import RankError
 from ezpz_nb.launcher.kernel import RANKS_CELLS, running_cell, shell
 from ezpz_nb.launcher.runtime import current
@@ -98,15 +98,16 @@ def get_cluster(world_size: int | None, timeout: float | None, restart: bool = F
     A timeout given here applies to that cluster's later runs too.
     """
     if not restart:
-        for c in reversed(SESSION.live()):
+        for c in reversed(live_clusters()):
             if world_size is None or c.world_size == world_size:
                 if timeout is not None:
                     c.timeout = timeout
                 return c
     if SESSION.magic_cluster is not None:
         SESSION.magic_cluster.close()
-    SESSION.magic_cluster = Cluster(world_size or 2, 60.0 if timeout is None else timeout)
-    return SESSION.magic_cluster
+    own = Cluster(world_size or 2, 60.0 if timeout is None else timeout)
+    SESSION.magic_cluster = own
+    return own
 
 
 def ranks(line: str, cell: str) -> None:

@@ -144,3 +144,23 @@ def test_user_frames_skip_library_and_cover_the_chain():
     f = failures.decode(0, wire.Error((first, last)))
     assert [(fr.lineno, fr.name) for fr in f.user_frames()] == [(4, "g"), (8, "f")]
     assert f.exc_type == "KeyError" and f.frames[-1].name == "barrier"
+
+
+def test_a_rank_back_in_its_loop_reads_as_finished():
+    """Guards the interrupt report: a rank whose reply was sent but not yet read (back in
+    the rank loop, waiting for a job) is "finished", not "running Python code"; a rank
+    inside the learner's code is still blocked there."""
+    from ezpz_nb.launcher import rank as rank_mod
+    from ezpz_nb.launcher.stacks import stack_from_frames
+
+    loop = [
+        wire.Frame(rank_mod.__file__, 10, "main", ""),
+        wire.Frame(rank_mod.__file__, 20, "_serve_forever", ""),
+    ]
+    import multiprocessing.connection as mpc
+
+    recv = [wire.Frame(mpc.__file__, 1, "_recv", "")]
+    assert stack_from_frames(1, loop + recv).state == "finished"
+    user = [wire.Frame(CELL, 5, "stuck", "dist.barrier()"), wire.Frame(TORCH, 1, "barrier", "")]
+    blocked = stack_from_frames(0, loop + user)
+    assert (blocked.state, blocked.call) == ("blocked", "barrier")

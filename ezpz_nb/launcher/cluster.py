@@ -28,7 +28,7 @@ from ezpz_nb.launcher.errors import HangError, RankError, RankEvent, RunInterrup
 from ezpz_nb.launcher.policy import decide
 from ezpz_nb.launcher.procs import RankProcesses, RankSpec
 from ezpz_nb.launcher.run import RunResult, collect
-from ezpz_nb.launcher.session import SESSION, live_clusters, warm_up
+from ezpz_nb.launcher.session import SESSION, warm_up
 from ezpz_nb.launcher.startup import check_args, cores, default_start_method, pack_job
 from ezpz_nb.launcher.torchrun import in_torchrun_env, run_in_place
 
@@ -199,6 +199,11 @@ class Cluster:
         if decision.outcome == "interrupt":
             raise RunInterrupted(stacks, self.events)
         raise HangError(stacks, self.timeout, self.events)
+
+
+def live_clusters() -> list[Cluster]:
+    """Clusters started in this process and not yet closed, oldest first."""
+    return [c for c in SESSION.live() if isinstance(c, Cluster)]
 
 
 def launch(

@@ -78,11 +78,31 @@ def collect(
     except KeyboardInterrupt:
         # Recorded, not raised: the caller stops the ranks and says where they were.
         result.interrupted = True
+        try:
+            _take_waiting(procs, result)
+        except KeyboardInterrupt:
+            pass
     try:
         procs.output.drain()
     except KeyboardInterrupt:  # a second press while draining: still only recorded
         result.interrupted = True
     return result
+
+
+def _take_waiting(procs: RankProcesses, result: RunResult) -> None:
+    """Settle the ranks whose answer already waits in the pipe, without waiting for more.
+
+    After an interrupt, a rank that replied just before it must read as finished,
+    not as blocked.
+    """
+    for r in sorted(result.pending):
+        conn = procs.conns[r]
+        while r in result.pending and conn.poll(0):
+            outcome = _receive(conn, r, result, None)
+            if isinstance(outcome, _Closed):
+                break
+            if not isinstance(outcome, _Event):
+                result.settle(r, outcome)
 
 
 def _gather(

@@ -13,15 +13,32 @@ import itertools
 import multiprocessing.forkserver
 import multiprocessing.util  # before our atexit hook is registered, see close_all
 import weakref
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from ezpz_nb.launcher.shutdown import on_kernel_shutdown
 from ezpz_nb.launcher.startup import forkserver_context, main_hidden, should_warm_up
 
-if TYPE_CHECKING:
-    from ezpz_nb.launcher.cluster import Cluster
 
-__all__ = ["SESSION", "Session", "live_clusters", "warm_up"]
+class LiveCluster(Protocol):
+    """What the session needs of a cluster (``ezpz_nb.launcher.cluster.Cluster``).
+
+    A protocol, not an import: the session sits below the cluster module.
+    """
+
+    world_size: int
+    timeout: float
+
+    @property
+    def closed(self) -> bool: ...  # noqa: D102 - see Cluster.closed
+
+    def kill(self) -> None: ...  # noqa: D102 - see Cluster.kill
+
+    def close(self) -> None: ...  # noqa: D102 - see Cluster.close
+
+    def run(self, fn: Any, *args: Any, **kwargs: Any) -> list[Any]: ...  # noqa: D102
+
+
+__all__ = ["SESSION", "LiveCluster", "Session", "warm_up"]
 
 
 class Session:
@@ -29,12 +46,12 @@ class Session:
 
     def __init__(self) -> None:
         # By start order; weak, so a cluster the notebook dropped is not kept alive here.
-        self._live: weakref.WeakValueDictionary[int, Cluster] = weakref.WeakValueDictionary()
+        self._live: weakref.WeakValueDictionary[int, LiveCluster] = weakref.WeakValueDictionary()
         self._serial = itertools.count()
         #: The cluster ``%%ranks`` started itself, if any (closed when it starts another).
-        self.magic_cluster: Cluster | None = None
+        self.magic_cluster: LiveCluster | None = None
 
-    def register(self, cluster: Cluster) -> int:
+    def register(self, cluster: LiveCluster) -> int:
         """Note a cluster whose ranks just started; returns its key for :meth:`forget`."""
         key = next(self._serial)
         self._live[key] = cluster
@@ -45,7 +62,7 @@ class Session:
         """The cluster under ``key`` is closed."""
         self._live.pop(key, None)
 
-    def live(self) -> list[Cluster]:
+    def live(self) -> list[LiveCluster]:
         """Clusters started in this process and not yet closed, oldest first."""
         return [c for _, c in sorted(self._live.items(), key=lambda kv: kv[0]) if not c.closed]
 
@@ -60,11 +77,6 @@ class Session:
 
 #: This process's session.
 SESSION = Session()
-
-
-def live_clusters() -> list[Cluster]:
-    """Clusters started in this process and not yet closed."""
-    return SESSION.live()
 
 
 @atexit.register

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ezpz_nb.launcher.failures import describe_location, fill_line, is_library
+from ezpz_nb.launcher.failures import describe_location, fill_line, is_library, is_ours
 from ezpz_nb.launcher.wire import Frame
 
 __all__ = ["RankStack", "StackState", "parse_faulthandler", "stack_from_frames"]
@@ -85,9 +85,21 @@ def _is_torch(filename: str) -> bool:
     return "/torch/" in filename.replace("\\", "/")
 
 
+def _idle(frames: list[Frame]) -> bool:
+    """No user frame, and the rank loop's own call is the deepest of ours."""
+    if any(not is_library(f.filename) for f in frames):
+        return False
+    ours = [f.name for f in frames if is_ours(f.filename)]
+    return bool(ours) and ours[-1] == "_serve_forever"
+
+
 def stack_from_frames(rank: int, frames: list[Frame]) -> RankStack:
     """Find the blocking call and the user's own line in a main-thread stack."""
     frames = [Frame(*f) for f in frames]
+    if _idle(frames):
+        # Back in the rank loop, waiting for the next job: it finished its function
+        # (its reply was sent but not yet read when the run was interrupted).
+        return RankStack(rank, "finished", frames=tuple(frames))
     user_idx = None
     for i, f in enumerate(frames):
         if not is_library(f.filename):
