@@ -103,9 +103,6 @@ class Cluster:
         except BaseException:
             self.kill()
             raise
-        if result.interrupted:
-            self.kill()
-            raise KeyboardInterrupt
         self._apply(result, starting=True)
 
     def close(self) -> None:
@@ -171,16 +168,16 @@ class Cluster:
         self.events = []
         try:
             self._procs.send_all(wire.Run(job))
-            result = collect(self._procs, time.monotonic() + self.timeout, on_event=self._on_event)
+            result = collect(
+                self._procs,
+                time.monotonic() + self.timeout,
+                on_event=self.on_event,
+                events=self.events,
+            )
         except BaseException:
             self.kill()
             raise
         return self._apply(result)
-
-    def _on_event(self, ev: RankEvent) -> None:
-        self.events.append(ev)
-        if self.on_event is not None:
-            self.on_event(ev)
 
     def _apply(self, result: RunResult, starting: bool = False) -> list[Any]:
         """Act on what a run gave: return the replies, or stop ranks and raise."""

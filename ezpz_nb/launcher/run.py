@@ -65,14 +65,18 @@ def collect(
     deadline: float,
     *,
     on_event: Callable[[RankEvent], None] | None = None,
+    events: list[RankEvent] | None = None,
     grace_s: float = GRACE_S,
 ) -> RunResult:
     """Wait for one reply per rank until ``deadline`` (``time.monotonic()``).
 
     After the first failure the others get ``grace_s`` more to finish. Output is
-    relayed as it comes; events go to ``on_event`` as they arrive.
+    relayed as it comes; events are appended to ``events`` (the caller's list, so
+    it fills while the run goes on) and passed to ``on_event`` as they arrive.
     """
-    result = RunResult(pending=set(range(procs.spec.world_size)))
+    result = RunResult(
+        pending=set(range(procs.spec.world_size)), events=[] if events is None else events
+    )
     try:
         _gather(procs, result, deadline, on_event, grace_s)
     except KeyboardInterrupt:
