@@ -43,16 +43,23 @@ def kernel():
     kc.start_channels()
     kc.wait_for_ready(timeout=60)
 
-    def run(code: str, interrupt_after: str | None = None) -> tuple[int, str, list[dict]]:
-        """Run a cell: its execution count, its stream text, its error outputs."""
+    def run(code: str, interrupt_after: tuple[str, int] | None = None) -> tuple[int, str, list]:
+        """Run a cell: its execution count, its stream text, its error outputs.
+
+        ``interrupt_after=(text, n)``: press stop once ``text`` was printed ``n`` times.
+        """
         msgs: list[dict] = []
         sent = False
 
         def hook(m: dict) -> None:
             nonlocal sent
             msgs.append(m)
-            text = m["content"].get("text", "")
-            if interrupt_after and not sent and interrupt_after in text:
+            shown = "".join(x["content"].get("text", "") for x in msgs)
+            if (
+                interrupt_after
+                and not sent
+                and shown.count(interrupt_after[0]) >= interrupt_after[1]
+            ):
                 sent = True
                 km.interrupt_kernel()
 
@@ -128,7 +135,7 @@ def test_a_failing_ranks_cell_names_the_cell_and_its_line(kernel):
 def test_interrupting_a_hung_run_reports_each_rank_and_leaves_none(kernel):
     """Guards issue 23: the stop button on a hung cell gave a KeyboardInterrupt deep in
     selectors; now the report says where each rank was, and the ranks are gone."""
-    n, text, errors = kernel(STUCK, interrupt_after="pid")
+    n, text, errors = kernel(STUCK, interrupt_after=("pid ", 2))  # both ranks are there
     assert len(errors) == 1 and errors[0]["ename"] == "RunInterrupted", errors
     shown = _shown(errors[0])
     assert f"rank 0: barrier() at line 5 of cell In[{n}]" in shown

@@ -74,6 +74,7 @@ def test_silence_is_a_hang_and_an_interrupt_wins_over_everything():
 
 
 def test_ranks_text_says_ranges_and_lists():
+    """Guards the rank lists of headers: a range only from three ranks on."""
     assert ranks_text([1]) == "rank 1"
     assert ranks_text([0, 1, 2, 3]) == "ranks 0-3"
     assert ranks_text([0, 2, 5]) == "ranks 0, 2 and 5"
