@@ -21,7 +21,7 @@ from typing import Any
 
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.launcher.cluster import Cluster, live_clusters
-from ezpz_nb.launcher.errors import RankError
+from ezpz_nb.launcher.errors import LaunchTypeError, LaunchValueError, RankError
 from ezpz_nb.launcher.kernel import RANKS_CELLS, running_cell, shell
 from ezpz_nb.launcher.runtime import current
 from ezpz_nb.launcher.session import SESSION
@@ -115,7 +115,7 @@ def ranks(line: str, cell: str) -> None:
     try:
         opts = _parser().parse_args(shlex.split(line))
     except SystemExit:
-        raise ValueError(
+        raise LaunchValueError(
             f"%%ranks: cannot parse {line!r}; usage: %%ranks [-n N] [-t SECONDS] [--restart]"
         ) from None
     shipped, data = notebook_names(cell, _user_ns())
@@ -182,7 +182,7 @@ def notebook_names(source: str, user_ns: dict[str, Any]) -> tuple[dict[str, Any]
         if culprit is None:
             raise
         name, _, exc = culprit
-        raise TypeError(
+        raise LaunchTypeError(
             f"%%ranks: the cell uses {name!r} from the notebook, which cannot be sent "
             f"to the ranks ({type(exc).__name__}: {exc}). Define it in a %%ranks cell "
             "instead, or make what it refers to picklable."

@@ -236,3 +236,15 @@ def test_checkers_find_the_learners_line_from_frames():
     assert "in your code:" in msg
     assert "test_errors_shown.py:" in msg and "dist.broadcast(t, src=dist.get_world_size())" in msg
     assert "distributed_c10d" not in msg and "return fn()" in msg
+
+
+def test_a_bad_argument_in_a_kernel_shows_the_message_and_the_learners_line(kernel):
+    """Guards bad input in a notebook: a TypeError whose screen was our own frames (the
+    pickler's, the launcher's) before the one line that says what to do."""
+    n, _, errors = kernel("import threading\nez.launch(lambda x: 1, threading.Lock())")
+    assert len(errors) == 1 and errors[0]["ename"] == "LaunchTypeError"
+    shown = _shown(errors[0])
+    assert shown.startswith("LaunchTypeError: argument 0 (a lock) cannot be sent to the ranks")
+    assert (
+        f"Cell In[{n}], line 2" in shown and "ezpz_nb/" not in shown and "cloudpickle" not in shown
+    )

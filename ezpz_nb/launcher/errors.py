@@ -29,6 +29,8 @@ from ezpz_nb.launcher.wire import Frame
 __all__ = [
     "EzpzError",
     "HangError",
+    "LaunchTypeError",
+    "LaunchValueError",
     "RankError",
     "RankEvent",
     "RankFailure",
@@ -156,11 +158,32 @@ def _launched_from(tb: TracebackType | None) -> list[str]:
     return out
 
 
+class _ShownPlain:
+    """In IPython: the message, then the learner's lines that led to it; none of ours.
+
+    For errors whose message says everything: the frames of ezpz_nb that raised
+    them would only push the learner's own line down the screen.
+    """
+
+    __traceback__: TracebackType | None
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}", *_launched_from(self.__traceback__)]
+
+
+class LaunchTypeError(_ShownPlain, EzpzError, TypeError):
+    """A launch argument of the wrong type (or one that cannot travel); nothing started."""
+
+
+class LaunchValueError(_ShownPlain, EzpzError, ValueError):
+    """A launch argument with a wrong value; nothing started."""
+
+
 def _where_lines(stacks: dict[int, RankStack]) -> list[str]:
     return ["  " + s.describe() for s in stacks.values()]
 
 
-class HangError(EzpzError, TimeoutError):
+class HangError(_ShownPlain, EzpzError, TimeoutError):
     """The ranks did not finish within the timeout; every rank was stopped.
 
     Attributes:
@@ -186,12 +209,8 @@ class HangError(EzpzError, TimeoutError):
         )
         super().__init__("\n".join(lines))
 
-    def _render_traceback_(self) -> list[str]:
-        """What IPython shows: the report and the launching line, none of our frames."""
-        return [f"{type(self).__name__}: {self}", *_launched_from(self.__traceback__)]
 
-
-class RunInterrupted(EzpzError, KeyboardInterrupt):
+class RunInterrupted(_ShownPlain, EzpzError, KeyboardInterrupt):
     """The run was interrupted (Ctrl-C, Jupyter's stop button); every rank was stopped.
 
     Still a ``KeyboardInterrupt``, so whatever stops on an interrupt still stops.
@@ -211,7 +230,3 @@ class RunInterrupted(EzpzError, KeyboardInterrupt):
             "collective is waiting for a call another rank never made."
         )
         super().__init__("\n".join(lines))
-
-    def _render_traceback_(self) -> list[str]:
-        """What IPython shows: the report and the launching line, none of our frames."""
-        return [f"{type(self).__name__}: {self}", *_launched_from(self.__traceback__)]
