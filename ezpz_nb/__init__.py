@@ -25,14 +25,15 @@ try:
     from ezpz_nb.errors import EzpzError
     from ezpz_nb.events import publish
     from ezpz_nb.launcher import MAX_WORLD_SIZE, START_METHODS, Cluster, launch
-    from ezpz_nb.launcher.cluster import warm_up
     from ezpz_nb.launcher.errors import (
         HangError,
         RankError,
         RankEvent,
         RankFailure,
         RankStack,
+        RunInterrupted,
     )
+    from ezpz_nb.launcher.session import warm_up
     from ezpz_nb.ledger import Ledger, Problem, RecordingLoader, StepRecord, record
 except ModuleNotFoundError as exc:
     if exc.name != "torch":
@@ -55,6 +56,7 @@ __all__ = [
     "RankEvent",
     "RankFailure",
     "RankStack",
+    "RunInterrupted",
     "START_METHODS",
     "launch",
     "load_ipython_extension",
@@ -80,7 +82,7 @@ __all__ = [
 
 def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own type
     """``%load_ext ezpz_nb``: registers the ``%%ranks`` cell magic."""
-    from ezpz_nb.launcher.magic import register
+    from ezpz_nb.magic import register
 
     register(ipython)
     warm_up()

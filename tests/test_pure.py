@@ -17,7 +17,7 @@ import torch
 from ezpz_nb.data.broadcast import ALIGN, _slots
 from ezpz_nb.data.tree import flatten_batch, unflatten_batch
 from ezpz_nb.launcher import wire
-from ezpz_nb.launcher.errors import parse_faulthandler, stack_from_frames
+from ezpz_nb.launcher.stacks import parse_faulthandler, stack_from_frames
 
 TORCH_FILE = os.path.join(os.path.dirname(torch.__file__), "distributed", "distributed_c10d.py")
 CELL = "/tmp/ipykernel_123/456.py"  # what a notebook cell's frames are named
@@ -48,9 +48,10 @@ def test_a_job_loads_into_the_rank_namespace_and_cycles_resolve():
     """Guards the RecursionError: helpers that call each other share one globals dict."""
     ns: dict = {"__name__": "__main__"}
     exec("def even(n): return n == 0 or odd(n - 1)\ndef odd(n): return n != 0 and even(n - 1)", ns)
-    fn = wire.loads_job(wire.dumps_job(ns["even"]))
+    rank_ns = wire.new_namespace()
+    fn = wire.loads_job(wire.dumps_job(ns["even"]), rank_ns)
     assert fn(10) is True and fn(7) is False
-    assert fn.__globals__ is wire.NAMESPACE and wire.NAMESPACE["odd"](3) is True
+    assert fn.__globals__ is rank_ns and rank_ns["odd"](3) is True
 
 
 def test_an_unknown_persistent_id_is_refused():

@@ -243,8 +243,9 @@ def _hello() -> tuple[float, int]:
 
 def launch_fix() -> str:
     """What to do when ranks cannot meet over gloo."""
+    from ezpz_nb.launcher.startup import LOOPBACK as device
+
     named = os.environ.get("GLOO_SOCKET_IFNAME")
-    device = "lo0" if sys.platform == "darwin" else "lo"
     if named and named != device:
         return (
             f"GLOO_SOCKET_IFNAME is set to {named!r}: unset it, or set it to {device!r} "

@@ -1,12 +1,18 @@
 """Start real torch.distributed ranks from a notebook and talk to them.
 
-The notebook side is :mod:`.cluster` (``Cluster``, ``launch``); what runs in each
-rank is :mod:`.rank`; the two meet only through :mod:`.wire`. Around them:
-:mod:`.startup` (checks before anything starts), :mod:`.forkserver` and
-:mod:`.shutdown` (the kernel's life cycle), :mod:`.output` (rank output relay),
-:mod:`.errors` (how failures and hangs are worded), :mod:`.rankgroup` (a rank's
-process group), :mod:`.torchrun` (running in place under torchrun) and
-:mod:`.magic` (``%%ranks``). Nothing here knows about data or ledgers.
+The notebook side is :mod:`.cluster` (``Cluster``, ``launch``), a facade over three
+steps: :mod:`.procs` (start, watch and kill the rank processes), :mod:`.run`
+(gather one run into a ``RunResult``) and :mod:`.policy` (keep, kill or raise).
+What runs in each rank is :mod:`.rank`, with its state in one :mod:`.runtime`
+object; the two sides meet only through :mod:`.wire`. A failure on a rank is
+encoded and decoded by :mod:`.failures`, a hung rank's stack read by :mod:`.stacks`,
+and both are worded by :mod:`.errors`. Around them: :mod:`.startup` (checks before
+anything starts), :mod:`.session` (the notebook's clusters, warm-up),
+:mod:`.kernel` (are we in a kernel), :mod:`.forkserver` and :mod:`.shutdown` (the
+kernel's life cycle), :mod:`.output` (rank output relay), :mod:`.rankgroup` (a
+rank's process group) and :mod:`.torchrun` (running in place under torchrun).
+Nothing here knows about data or ledgers; ``%%ranks`` is a front end above it
+(:mod:`ezpz_nb.magic`).
 """
 
 from __future__ import annotations

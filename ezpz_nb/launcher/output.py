@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from ezpz_nb.launcher.startup import in_jupyter_kernel
+from ezpz_nb.launcher.kernel import in_jupyter_kernel
 
 
 class OutputRelay:

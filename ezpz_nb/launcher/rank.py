@@ -15,18 +15,17 @@ import shutil
 import signal
 import sys
 import threading
-import traceback
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ezpz_nb import events
 from ezpz_nb.launcher import rankgroup
+from ezpz_nb.launcher.failures import encode
+from ezpz_nb.launcher.runtime import GroupSpec, RankRuntime
 from ezpz_nb.launcher.wire import (
-    Chain,
-    Error,
     Event,
     Ok,
     Ready,
@@ -85,48 +84,6 @@ def _send(conn: Any, msg: ToNotebook) -> None:
         data = pickle.dumps(Unpicklable(what, f"{type(exc).__name__}: {exc}"))
     with _SEND_LOCK:
         conn.send_bytes(data)
-
-
-def _exception_chain(exc: BaseException, ours: bool = False) -> Chain:
-    """The exception and its causes as plain data, oldest first: [(frames, header, link)].
-
-    ``link`` is the sentence Python prints before an exception that was raised
-    while handling (or because of) the one before it. This module's frames are left
-    out (they are the same in every traceback), unless ``ours``: the failure is in
-    the rank's own plumbing, and they are then the only frames there are.
-    """
-    chain: Chain = []
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        frames = [
-            (f.filename, f.lineno or 0, f.name, f.line or "")
-            for f in traceback.extract_tb(cur.__traceback__)
-            if ours or f.filename != __file__
-        ]
-        header = "".join(traceback.format_exception_only(type(cur), cur)).rstrip()
-        if cur.__cause__ is not None:
-            link, nxt = _CAUSE, cur.__cause__
-        elif cur.__context__ is not None and not cur.__suppress_context__:
-            link, nxt = _CONTEXT, cur.__context__
-        else:
-            link, nxt = "", None
-        chain.append((frames, header, link))
-        cur = nxt
-    chain.reverse()
-    return chain
-
-
-#: Said with a failure outside the user's function (loading the job, rejoining the group).
-_OUR_FAULT = (
-    "ezpz_nb failed on this rank before your function ran (while loading the job "
-    "or preparing the process group): a bug in ezpz_nb, or an object in the job "
-    "that cannot be rebuilt on the ranks. The traceback shows where."
-)
-
-_CAUSE = "The above exception was the direct cause of the following exception:"
-_CONTEXT = "During handling of the above exception, another exception occurred:"
 
 
 def _watch_parent(lifeline: Any, parent_pid: int, dirs: tuple[str, ...]) -> None:
@@ -207,14 +164,15 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     dump = open(cfg.dump_path, "w")  # noqa: SIM115 - must stay open for faulthandler
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     torch.set_num_threads(cfg.threads)
-    events.connect(_publish_through(conn))
+    group = GroupSpec(cfg.backend, cfg.rank, cfg.world_size, timedelta(seconds=cfg.pg_timeout))
+    runtime = RankRuntime(group, send_event=_publish_through(conn)).install()
     try:
-        rankgroup.join(cfg.backend, cfg.store_path, cfg.rank, cfg.world_size, cfg.pg_timeout)
+        rankgroup.join(group, cfg.store_path)
     except BaseException as exc:  # noqa: BLE001 - report any start-up failure
-        _send(conn, Error(_exception_chain(exc)))
+        _send(conn, encode(exc))
         return
     _send(conn, Ready(os.getpid()))
-    if not _serve_forever(conn):
+    if not _serve_forever(conn, runtime):
         # The notebook's end of the pipe closed: it died. Whichever of this thread
         # and the lifeline watcher notices first must clean up, or the folders stay.
         _orphaned(cfg.cleanup_dirs)
@@ -226,7 +184,7 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     os._exit(0)
 
 
-def _serve_forever(conn: Any) -> bool:
+def _serve_forever(conn: Any, runtime: RankRuntime) -> bool:
     """Run each job the notebook sends; the stack marker for hang reports.
 
     Returns True when told to stop, False when the notebook's end went away.
@@ -241,15 +199,15 @@ def _serve_forever(conn: Any) -> bool:
             return True
         reply: ToNotebook
         try:
-            fn, args, kwargs = loads_job(msg.job)
+            fn, args, kwargs = loads_job(msg.job, runtime.namespace)
             rankgroup.rejoin_if_destroyed()
         except BaseException as exc:  # noqa: BLE001 - report whatever broke, with our frames
-            reply = Error(_exception_chain(exc, ours=True), _OUR_FAULT)
+            reply = encode(exc, ours=True)
         else:
             try:
                 reply = Ok(fn(*args, **kwargs))
             except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt too
-                reply = Error(_exception_chain(exc))
+                reply = encode(exc)
         sys.stdout.flush()
         sys.stderr.flush()
         _send(conn, reply)

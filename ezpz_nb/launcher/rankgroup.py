@@ -15,54 +15,49 @@ call that asks for the group it is already in.
 from __future__ import annotations
 
 import sys
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ezpz_nb.errors import EzpzError
+from ezpz_nb.launcher.runtime import GroupSpec, current
+
 _REAL_INIT = c10d.init_process_group
 
 
-class _Group:
-    """How this rank joins its group: set once by :func:`join`."""
-
-    backend = "gloo"
-    rank = 0
-    world_size = 1
-    timeout = timedelta(minutes=30)
-    store: Any = None
-    generation = 0
-    noted = False
-
-
-def join(backend: str, store_path: str, rank: int, world_size: int, timeout_s: float) -> None:
+def join(group: GroupSpec, store_path: str) -> None:
     """Make this rank's default process group (rendezvous through a FileStore)."""
-    _Group.backend, _Group.rank, _Group.world_size = backend, rank, world_size
-    _Group.timeout = timedelta(seconds=timeout_s)
     # Kept for the rank's life: a destroyed group is remade over the same file.
-    _Group.store = dist.FileStore(store_path, world_size)
-    if backend == "nccl":
+    group.store = dist.FileStore(store_path, group.world_size)
+    if group.backend == "nccl":
         # Before init: NCCL binds the rank's communicator to the current device.
-        torch.cuda.set_device(rank)
-    _init()
+        torch.cuda.set_device(group.rank)
+    _init(group)
     c10d.init_process_group = dist.init_process_group = _init_process_group
 
 
-def _init() -> None:
-    store = _Group.store
-    if _Group.generation:
+def _group() -> GroupSpec:
+    rt = current()
+    if rt is None:  # only a launcher rank patches init_process_group
+        raise EzpzError("ezpz_nb: no launcher rank runtime in this process")
+    return rt.group
+
+
+def _init(group: GroupSpec) -> None:
+    store = group.store
+    if group.generation:
         # Every key of a new group under a fresh prefix: the old group's keys are
         # still in the file and would be read as this group's.
-        store = dist.PrefixStore(f"ezpz_nb-regroup-{_Group.generation}", store)
-    _Group.generation += 1
+        store = dist.PrefixStore(f"ezpz_nb-regroup-{group.generation}", store)
+    group.generation += 1
     _REAL_INIT(
-        _Group.backend,
+        group.backend,
         store=store,
-        rank=_Group.rank,
-        world_size=_Group.world_size,
-        timeout=_Group.timeout,
+        rank=group.rank,
+        world_size=group.world_size,
+        timeout=group.timeout,
     )
 
 
@@ -74,13 +69,14 @@ def rejoin_if_destroyed() -> None:
     """
     if dist.is_initialized():
         return
-    if _Group.rank == 0:
+    group = _group()
+    if group.rank == 0:
         print(
             "[ezpz_nb] the last run called dist.destroy_process_group(); made a new group "
             "for this run. In a notebook the launcher owns the group: no need to destroy it.",
             file=sys.stderr,
         )
-    _init()
+    _init(group)
 
 
 def _init_process_group(
@@ -101,16 +97,17 @@ def _init_process_group(
     ``MASTER_ADDR``/``MASTER_PORT`` and ``store`` are not used: the launcher's own
     rendezvous serves every group of this rank.
     """
-    ours = f"rank {_Group.rank} of {_Group.world_size}, {_Group.backend}"
+    g = _group()
+    ours = f"rank {g.rank} of {g.world_size}, {g.backend}"
     wanted_backend = str(backend).lower() if backend is not None else None
-    if wanted_backend is not None and _Group.backend not in wanted_backend:
+    if wanted_backend is not None and g.backend not in wanted_backend:
         raise RuntimeError(
             f"dist.init_process_group({backend!r}): ezpz_nb already joined this rank to a "
-            f"{_Group.backend} group ({ours}). Start the ranks with that backend instead "
+            f"{g.backend} group ({ours}). Start the ranks with that backend instead "
             f"(ez.launch(..., backend={wanted_backend!r})) and remove this call."
         )
-    if (rank not in (-1, None) and rank != _Group.rank) or (
-        world_size not in (-1, None) and world_size != _Group.world_size
+    if (rank not in (-1, None) and rank != g.rank) or (
+        world_size not in (-1, None) and world_size != g.world_size
     ):
         raise RuntimeError(
             f"dist.init_process_group(rank={rank}, world_size={world_size}): ezpz_nb already "
@@ -118,12 +115,12 @@ def _init_process_group(
             "world_size=dist.get_world_size(), or remove the call: the group exists."
         )
     if not dist.is_initialized():  # destroyed earlier in this same run
-        _init()
+        _init(g)
         return
-    if not _Group.noted and _Group.rank == 0:
-        _Group.noted = True
+    if not g.noted and g.rank == 0:
+        g.noted = True
         print(
-            f"[ezpz_nb] dist.init_process_group(): the ranks are already in a {_Group.backend} "
+            f"[ezpz_nb] dist.init_process_group(): the ranks are already in a {g.backend} "
             "group (made by the launcher); the call was skipped.",
             file=sys.stderr,
         )

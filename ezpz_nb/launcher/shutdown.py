@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
+
+from ezpz_nb.launcher.kernel import in_jupyter_kernel, shell
 
 _KERNEL_HOOKED = False
 
@@ -29,12 +30,10 @@ def on_kernel_shutdown(close_all: Callable[[], None]) -> None:
     cleans up after itself. Outside a kernel it does nothing.
     """
     global _KERNEL_HOOKED
-    if _KERNEL_HOOKED or "ipykernel" not in sys.modules:
+    if _KERNEL_HOOKED or not in_jupyter_kernel():
         return
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None or not shell.has_trait("exit_now"):
+    ipython = shell()
+    if ipython is None or not ipython.has_trait("exit_now"):
         return
 
     def shutting_down(change: dict[str, Any]) -> None:
@@ -49,7 +48,7 @@ def on_kernel_shutdown(close_all: Callable[[], None]) -> None:
         with contextlib.suppress(Exception):
             _release_resource_tracker()
 
-    shell.observe(shutting_down, names="exit_now")
+    ipython.observe(shutting_down, names="exit_now")
     _KERNEL_HOOKED = True
 
 

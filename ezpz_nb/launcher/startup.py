@@ -7,12 +7,15 @@ rather than as a crash inside N processes.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ezpz_nb.launcher.wire import dumps_job as _dumps
+from ezpz_nb.launcher.errors import LaunchTypeError, LaunchValueError
+from ezpz_nb.launcher.kernel import in_jupyter_kernel
+from ezpz_nb.launcher.wire import dumps_job, unpicklable_part
 
 #: Largest world size accepted: beyond this, ranks on one machine are all overhead.
 MAX_WORLD_SIZE = 64
@@ -26,9 +29,8 @@ def default_start_method() -> str:
     return "forkserver" if sys.platform.startswith("linux") else "spawn"
 
 
-def loopback() -> str:
-    """Name of the loopback interface gloo is bound to."""
-    return "lo0" if sys.platform == "darwin" else "lo"
+#: Name of the loopback interface gloo is bound to (``GLOO_SOCKET_IFNAME``).
+LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
 
 
 def cores() -> int:
@@ -44,34 +46,34 @@ def check_args(
 ) -> None:
     """Reject bad input before any process starts."""
     if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(
+        raise LaunchTypeError(
             f"world_size must be an int, got {type(world_size).__name__}: pass e.g. world_size=4"
         )
     if not 1 <= world_size <= MAX_WORLD_SIZE:
-        raise ValueError(
+        raise LaunchValueError(
             f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {world_size}: "
             "on one machine, 2-8 ranks show everything this tutorial teaches"
         )
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+        raise LaunchTypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
     if not timeout > 0 or timeout != timeout or timeout == float("inf"):
-        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
+        raise LaunchValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
     if threads is not None and (
         isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
     ):
-        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+        raise LaunchValueError(f"threads must be a positive int or None, got {threads!r}")
     if start_method is not None and start_method not in START_METHODS:
-        raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+        raise LaunchValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
     if start_method in ("fork", "forkserver") and not hasattr(os, "fork"):
-        raise ValueError(f"start_method={start_method!r} needs os.fork; use 'spawn' here")
+        raise LaunchValueError(f"start_method={start_method!r} needs os.fork; use 'spawn' here")
     if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        raise LaunchValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl":
         import torch
 
         if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
             have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            raise ValueError(
+            raise LaunchValueError(
                 f"backend='nccl' needs one CUDA GPU per rank: asked for "
                 f"{world_size} ranks, this machine has {have} GPU(s). "
                 "Use backend='gloo' (the default) on CPU."
@@ -102,35 +104,35 @@ def main_hidden(start_method: str) -> Iterator[None]:
         main.__dict__.update(saved)
 
 
-def dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+def pack_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
     """Pickle a job for the ranks, or say which part cannot travel and what to do."""
     if not callable(fn):
-        raise TypeError(
+        raise LaunchTypeError(
             f"fn must be callable, got {type(fn).__name__}: pass the function "
             "itself, not its result (launch(f), not launch(f()))"
         )
     try:
-        return _dumps((fn, args, kwargs))
+        return dumps_job((fn, args, kwargs))
     except Exception as exc:
         named = [("fn", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
         named += [(f"keyword {k!r}", v) for k, v in kwargs.items()]
-        for label, obj in named:
-            try:
-                _dumps(obj)
-            except Exception:
-                raise TypeError(
-                    f"{label} (a {type(obj).__name__}) cannot be sent to the ranks: {exc}. "
-                    "Create it inside the function instead, or pass something picklable."
-                ) from exc
-        raise TypeError(f"the job cannot be sent to the ranks: {exc}") from exc
+        culprit = unpicklable_part(named)
+        if culprit is not None:
+            label, obj, _ = culprit
+            raise LaunchTypeError(
+                f"{label} (a {type(obj).__name__}) cannot be sent to the ranks: {exc}. "
+                "Create it inside the function instead, or pass something picklable."
+            ) from exc
+        raise LaunchTypeError(f"the job cannot be sent to the ranks: {exc}") from exc
 
 
-def in_jupyter_kernel() -> bool:
-    """True inside a Jupyter kernel (not a plain IPython shell or script)."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None or "ipykernel" not in sys.modules:
-        return False
-    return getattr(ipython.get_ipython(), "kernel", None) is not None
+def forkserver_context() -> Any:
+    """multiprocessing's forkserver context, with torch and the rank code preloaded."""
+    ctx = mp.get_context("forkserver")
+    # One import of torch in the server; every rank after that is a fast fork.
+    # forkserver first: it leaves the kernel's process group (see there).
+    ctx.set_forkserver_preload(["ezpz_nb.launcher.forkserver", "ezpz_nb.launcher.rank"])
+    return ctx
 
 
 def should_warm_up() -> bool:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ezpz_nb._dist import destroy_distributed
+from ezpz_nb.launcher.errors import LaunchValueError
 
 __all__ = [
     "BACKENDS",
@@ -51,20 +52,20 @@ def check_backend(backend: str, local_rank: int | None = None) -> None:
             says what to run instead.
     """
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        raise LaunchValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "nccl":
         return
     if not torch.cuda.is_available():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         hint = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
-        raise ValueError(
+        raise LaunchValueError(
             "backend 'nccl' needs one CUDA GPU per rank, but torch sees no GPU here"
             f"{hint}. Use --backend gloo (the default, CPU) on this machine, or run on "
             "a node with GPUs and a CUDA build of torch."
         )
     count = torch.cuda.device_count()
     if local_rank is not None and not 0 <= local_rank < count:
-        raise ValueError(
+        raise LaunchValueError(
             f"backend 'nccl' gives each rank its own GPU, but this is local rank {local_rank} "
             f"and the node has {count} visible GPU(s). Start at most {count} processes per "
             f"node (torchrun --nproc_per_node={count}), or use --backend gloo."

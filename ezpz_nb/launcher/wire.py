@@ -26,10 +26,29 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
-# (filename, lineno, function name, source line or "")
-Frame = tuple[str, int, str, str]
-#: An exception and its causes, oldest first: (frames, "Type: message", link sentence).
-Chain = list[tuple[list[Frame], str, str]]
+
+class Frame(NamedTuple):
+    """One frame of a rank's stack, as plain data (the only definition of a frame)."""
+
+    filename: str
+    lineno: int
+    name: str
+    #: The source line as the rank read it, or "" (a cell only the notebook knows).
+    line: str = ""
+
+
+class Link(NamedTuple):
+    """One exception of a chain: its frames (outermost first) and its header."""
+
+    frames: tuple[Frame, ...]
+    #: ``"Type: message"``, as the last line of a Python traceback.
+    header: str
+    #: The sentence Python prints before it when it follows another ("" for the first).
+    link: str = ""
+
+
+#: An exception and its causes, oldest first.
+Chain = tuple[Link, ...]
 
 
 class Run(NamedTuple):
@@ -55,7 +74,11 @@ class Ok(NamedTuple):
 
 
 class Error(NamedTuple):
-    """The run (or the start) raised; ``ours`` is set when ezpz_nb's own code failed."""
+    """The run (or the start) raised; ``ours`` is set when ezpz_nb's own code failed.
+
+    Made by :func:`ezpz_nb.launcher.failures.encode` on the rank, read back by
+    :func:`ezpz_nb.launcher.failures.decode` in the notebook.
+    """
 
     chain: Chain
     ours: str = ""
@@ -104,22 +127,23 @@ def loads(data: bytes) -> Any:
     return pickle.loads(data)
 
 
-#: One namespace per rank shared by every function sent by value (and by %%ranks
-#: cells), so globals a run sets are still there in the next run.
-NAMESPACE: dict[str, Any] = {"__name__": "__ranks__", "__builtins__": __builtins__}
+def new_namespace() -> dict[str, Any]:
+    """A rank's namespace: shared by every function sent by value (and %%ranks cells)."""
+    return {"__name__": "__ranks__", "__builtins__": __builtins__}
+
 
 # Stands in the pickle for the globals dict of every function sent by value.
 _GLOBALS_TOKEN = "ezpz_nb:rank-namespace"
 
 
 class _JobPickler(_Pickler):
-    """Pickles a job so that its by-value functions share the rank's NAMESPACE.
+    """Pickles a job so that its by-value functions share the rank's namespace.
 
     cloudpickle gives the functions of one pickle that shared a globals dict in the
     notebook one fresh dict on the ranks (``globals_ref``), and fills it with the
     names each function uses. Here that dict travels as a persistent id, and the
-    rank loads it as NAMESPACE: cloudpickle then writes the notebook's values into
-    NAMESPACE itself (the notebook wins for names a function uses), names set only
+    rank loads it as its namespace: cloudpickle then writes the notebook's values into
+    that namespace itself (the notebook wins for names a function uses), names set only
     on the ranks persist between runs, and every kind of by-value function
     (helpers calling each other in cycles, methods of cell classes, decorated
     functions, partials, lambdas in globals) reads and writes the same globals.
@@ -136,22 +160,49 @@ class _JobPickler(_Pickler):
 
 
 class _JobUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, namespace: dict[str, Any]) -> None:
+        super().__init__(io.BytesIO(data))
+        self._namespace = namespace
+
     def persistent_load(self, pid: Any) -> Any:  # noqa: D102 - pickle's hook
         if pid == _GLOBALS_TOKEN:
-            return NAMESPACE
+            return self._namespace
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
 def dumps_job(obj: Any) -> bytes:
-    """Pickle what the notebook sends to run (see :class:`_JobPickler`)."""
+    """Pickle what the notebook sends to run (see :class:`_JobPickler`).
+
+    Raises whatever pickling raises; :func:`ezpz_nb.launcher.startup.pack_job` is the
+    checked front door that says which part cannot travel.
+    """
     buf = io.BytesIO()
     _JobPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buf.getvalue()
 
 
-def loads_job(data: bytes) -> Any:
-    """Load a job made by :func:`dumps_job` into this rank's NAMESPACE (runs on a rank)."""
-    return _JobUnpickler(io.BytesIO(data)).load()
+def loads_job(data: bytes, namespace: dict[str, Any] | None = None) -> Any:
+    """Load a job made by :func:`dumps_job` (runs on a rank).
+
+    Args:
+        data: The pickled job.
+        namespace: The rank's namespace, which the job's by-value functions share
+            (:attr:`ezpz_nb.launcher.runtime.RankRuntime.namespace`); a fresh one if None.
+    """
+    return _JobUnpickler(data, new_namespace() if namespace is None else namespace).load()
+
+
+def unpicklable_part(named: list[tuple[str, Any]]) -> tuple[str, Any, Exception] | None:
+    """The first ``(label, object, error)`` of ``named`` that :func:`dumps_job` refuses.
+
+    Used once a whole job failed to pickle, to say which of its parts is to blame.
+    """
+    for label, obj in named:
+        try:
+            dumps_job(obj)
+        except Exception as exc:  # noqa: BLE001 - any pickling error names the culprit
+            return label, obj, exc
+    return None
 
 
 def command(msg: ToRank) -> bytes:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from ezpz_nb.ledger.records import StepRecord
 
@@ -38,7 +39,7 @@ class Problem:
         steps: Steps involved (TP mismatches).
     """
 
-    kind: str
+    kind: Literal["dp_duplicate", "never_seen", "tp_mismatch", "step_mismatch", "rank_duplicate"]
     message: str
     epoch: int
     ranks: tuple[int, ...] = ()

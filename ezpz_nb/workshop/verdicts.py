@@ -7,7 +7,6 @@ behaviour it expects, not as plumbing.
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,11 +14,10 @@ from typing import Any
 import torch
 
 from ezpz_nb.launcher import launch
-from ezpz_nb.launcher.errors import HangError, RankError, describe_location, is_library
+from ezpz_nb.launcher.errors import HangError, RankError
+from ezpz_nb.launcher.failures import RankFailure, describe_location, fill_line
 
 __all__ = ["CHECK_TIMEOUT", "CheckResult"]
-
-_FILE_RE = re.compile(r'^\s*File "(.*)", line (\d+), in ')
 
 #: Seconds a learner's code may run before the checker calls it a hang. A right
 #: answer takes well under a second; the margin is for busy machines (a shared CI
@@ -78,23 +76,16 @@ def _verdict(exercise: str, body: Callable[[], str]) -> CheckResult:
     return result
 
 
-def _user_frames(traceback: str) -> str:
-    """The learner's own frames of a rank's traceback, innermost last.
+def _user_frames(failure: RankFailure) -> str:
+    """The learner's own frames of a rank's failure, innermost last.
 
     Library frames (torch, ezpz_nb, the stdlib) say little to a learner; the
     line of their own code that failed says most.
     """
-    lines = traceback.rstrip().splitlines()
-    own = []
-    for i, line in enumerate(lines):
-        m = _FILE_RE.match(line)
-        if m and not is_library(m.group(1)):
-            src = (
-                lines[i + 1].strip()
-                if i + 1 < len(lines) and not _FILE_RE.match(lines[i + 1])
-                else ""
-            )
-            own.append(f"    {describe_location(m.group(1), int(m.group(2)))}: {src}")
+    own = [
+        f"    {describe_location(f.filename, f.lineno)}: " + fill_line(f.filename, f.lineno, f.line)
+        for f in failure.user_frames()
+    ]
     return "\n".join(own[-3:]) or "    (inside library code)"
 
 
@@ -119,8 +110,7 @@ def _ranks(
             ) from None
         first = failed[0] if failed else next(iter(err.failures.values()))
         raise _wrong(
-            f"rank {first.rank} raised {first.message}\n"
-            f"  in your code:\n{_user_frames(first.traceback)}"
+            f"rank {first.rank} raised {first.message}\n  in your code:\n{_user_frames(first)}"
         ) from None
     except HangError as err:
         where = "\n".join("  " + s.describe() for s in err.stacks.values())

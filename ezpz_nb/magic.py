@@ -19,12 +19,15 @@ import shlex
 import types
 from typing import Any
 
+from ezpz_nb.errors import EzpzError
 from ezpz_nb.launcher.cluster import Cluster, live_clusters
-from ezpz_nb.launcher.errors import RankError
-from ezpz_nb.launcher.wire import dumps_job
+from ezpz_nb.launcher.errors import LaunchTypeError, LaunchValueError, RankError
+from ezpz_nb.launcher.kernel import RANKS_CELLS, running_cell, shell
+from ezpz_nb.launcher.runtime import current
+from ezpz_nb.launcher.session import SESSION
+from ezpz_nb.launcher.wire import dumps_job, unpicklable_part
 
 _COUNTER = itertools.count(1)
-_OWN: Cluster | None = None  # the cluster the magic started, if any
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,8 +72,11 @@ def run_cell(source: str, filename: str, shipped: dict[str, Any] | None = None) 
     import torch.distributed as dist
 
     import ezpz_nb
-    from ezpz_nb.launcher.wire import NAMESPACE as ns
 
+    runtime = current()
+    if runtime is None:
+        raise EzpzError("run_cell runs on a launcher rank (through %%ranks)")
+    ns = runtime.namespace
     ns.setdefault("torch", torch)
     ns.setdefault("dist", dist)
     ns.setdefault("ez", ezpz_nb)
@@ -91,17 +97,17 @@ def get_cluster(world_size: int | None, timeout: float | None, restart: bool = F
 
     A timeout given here applies to that cluster's later runs too.
     """
-    global _OWN
     if not restart:
         for c in reversed(live_clusters()):
             if world_size is None or c.world_size == world_size:
                 if timeout is not None:
                     c.timeout = timeout
                 return c
-    if _OWN is not None:
-        _OWN.close()
-    _OWN = Cluster(world_size or 2, 60.0 if timeout is None else timeout)
-    return _OWN
+    if SESSION.magic_cluster is not None:
+        SESSION.magic_cluster.close()
+    own = Cluster(world_size or 2, 60.0 if timeout is None else timeout)
+    SESSION.magic_cluster = own
+    return own
 
 
 def ranks(line: str, cell: str) -> None:
@@ -109,13 +115,18 @@ def ranks(line: str, cell: str) -> None:
     try:
         opts = _parser().parse_args(shlex.split(line))
     except SystemExit:
-        raise ValueError(
+        raise LaunchValueError(
             f"%%ranks: cannot parse {line!r}; usage: %%ranks [-n N] [-t SECONDS] [--restart]"
         ) from None
     shipped, data = notebook_names(cell, _user_ns())
     cluster = get_cluster(opts.world_size, opts.timeout, opts.restart)
     filename = f"<ranks-cell-{next(_COUNTER)}>"
     _register_source(filename, cell)
+    count = running_cell()
+    if count is not None:
+        # Frames of this cell are named as IPython names the cell: In[count], one line
+        # lower for the %%ranks line above the code.
+        RANKS_CELLS[filename] = (count, 1)
     try:
         results = cluster.run(run_cell, cell, filename, shipped)
     except RankError as exc:
@@ -136,12 +147,8 @@ _RANK_NAMES = {"torch", "dist", "ez", "rank", "world_size"}
 
 
 def _user_ns() -> dict[str, Any]:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return {}
-    shell = get_ipython()
-    return dict(shell.user_ns) if shell is not None else {}
+    ipython = shell()
+    return dict(ipython.user_ns) if ipython is not None else {}
 
 
 def notebook_names(source: str, user_ns: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
@@ -171,16 +178,15 @@ def notebook_names(source: str, user_ns: dict[str, Any]) -> tuple[dict[str, Any]
     try:
         dumps_job(shipped)
     except Exception:
-        for name, value in shipped.items():
-            try:
-                dumps_job(value)
-            except Exception as exc:
-                raise TypeError(
-                    f"%%ranks: the cell uses {name!r} from the notebook, which cannot be sent "
-                    f"to the ranks ({type(exc).__name__}: {exc}). Define it in a %%ranks cell "
-                    "instead, or make what it refers to picklable."
-                ) from exc
-        raise
+        culprit = unpicklable_part(list(shipped.items()))
+        if culprit is None:
+            raise
+        name, _, exc = culprit
+        raise LaunchTypeError(
+            f"%%ranks: the cell uses {name!r} from the notebook, which cannot be sent "
+            f"to the ranks ({type(exc).__name__}: {exc}). Define it in a %%ranks cell "
+            "instead, or make what it refers to picklable."
+        ) from exc
     return shipped, data
 
 

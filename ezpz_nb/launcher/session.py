@@ -1,0 +1,109 @@
+"""The notebook side's own state, in one place: its clusters, the magic's cluster, warm-up.
+
+A notebook (or a script) holds one :data:`SESSION`: the clusters it started and
+has not closed (so "the running cluster" means the latest one, and an exiting
+kernel closes them all), and the cluster ``%%ranks`` started for itself. Nothing
+else in the notebook process keeps launcher state.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import multiprocessing.forkserver
+import multiprocessing.util  # before our atexit hook is registered, see close_all
+import weakref
+from typing import Any, Protocol
+
+from ezpz_nb.launcher.shutdown import on_kernel_shutdown
+from ezpz_nb.launcher.startup import forkserver_context, main_hidden, should_warm_up
+
+
+class LiveCluster(Protocol):
+    """What the session needs of a cluster (``ezpz_nb.launcher.cluster.Cluster``).
+
+    A protocol, not an import: the session sits below the cluster module.
+    """
+
+    world_size: int
+    timeout: float
+
+    @property
+    def closed(self) -> bool: ...  # noqa: D102 - see Cluster.closed
+
+    def kill(self) -> None: ...  # noqa: D102 - see Cluster.kill
+
+    def close(self) -> None: ...  # noqa: D102 - see Cluster.close
+
+    def run(self, fn: Any, *args: Any, **kwargs: Any) -> list[Any]: ...  # noqa: D102
+
+
+__all__ = ["SESSION", "LiveCluster", "Session", "warm_up"]
+
+
+class Session:
+    """The clusters of this notebook process."""
+
+    def __init__(self) -> None:
+        # By start order; weak, so a cluster the notebook dropped is not kept alive here.
+        self._live: weakref.WeakValueDictionary[int, LiveCluster] = weakref.WeakValueDictionary()
+        self._serial = itertools.count()
+        #: The cluster ``%%ranks`` started itself, if any (closed when it starts another).
+        self.magic_cluster: LiveCluster | None = None
+
+    def register(self, cluster: LiveCluster) -> int:
+        """Note a cluster whose ranks just started; returns its key for :meth:`forget`."""
+        key = next(self._serial)
+        self._live[key] = cluster
+        on_kernel_shutdown(self.close_all)
+        return key
+
+    def forget(self, key: int) -> None:
+        """The cluster under ``key`` is closed."""
+        self._live.pop(key, None)
+
+    def live(self) -> list[LiveCluster]:
+        """Clusters started in this process and not yet closed, oldest first."""
+        return [c for _, c in sorted(self._live.items(), key=lambda kv: kv[0]) if not c.closed]
+
+    def close_all(self) -> None:
+        """Kill every live cluster's ranks (at exit, or when the kernel shuts down)."""
+        for c in self.live():
+            try:
+                c.kill()
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+
+
+#: This process's session.
+SESSION = Session()
+
+
+@atexit.register
+def _close_all() -> None:
+    # Runs before multiprocessing's own exit hook (atexit is last-in, first-out),
+    # which would otherwise wait forever for ranks that are not daemons.
+    SESSION.close_all()
+
+
+def warm_up() -> bool:
+    """In a Jupyter kernel, start the forkserver now, so the first launch is fast.
+
+    The forkserver's one ``import torch`` (about a second) then happens while the
+    learner reads, instead of inside the first launch. Starting it only spawns a
+    process (milliseconds); a launch that comes before it is ready waits for it
+    as the first launch always did. Not in a plain script or under torchrun, nor
+    with ``EZPZ_NB_WARMUP=0``.
+
+    Returns:
+        True when the forkserver was started (or already running).
+    """
+    if not should_warm_up():
+        return False
+    forkserver_context()
+    # The kernel may exit before any launch: its shutdown must still let the
+    # forkserver and the resource tracker go and leave no folder behind.
+    on_kernel_shutdown(SESSION.close_all)
+    with main_hidden("forkserver"):
+        multiprocessing.forkserver.ensure_running()
+    return True

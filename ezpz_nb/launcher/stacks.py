@@ -1,0 +1,130 @@
+"""Where a blocked rank was: its stack, read from faulthandler, and the call it was in.
+
+A hung (or interrupted) run asks each blocked rank for its Python stack with
+SIGUSR1 (``faulthandler.register`` in the rank); this module reads the dump back
+and finds the learner's own line and the torch call below it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ezpz_nb.launcher.failures import describe_location, fill_line, is_library, is_ours
+from ezpz_nb.launcher.wire import Frame
+
+__all__ = ["RankStack", "StackState", "parse_faulthandler", "stack_from_frames"]
+
+#: ``"blocked"`` (inside a call), ``"finished"`` (returned already) or ``"unknown"``
+#: (no stack could be read).
+StackState = Literal["blocked", "finished", "unknown"]
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """Where one rank was when a run timed out or was interrupted.
+
+    Attributes:
+        rank: Global rank.
+        state: See :data:`StackState`.
+        call: The torch.distributed (or other library) function it was blocked in.
+        where: ``"line 9 of the cell"``-style location of the user's own line.
+        source: That line's source text.
+        frames: The rank's main-thread stack, outermost first.
+    """
+
+    rank: int
+    state: StackState
+    call: str | None = None
+    where: str | None = None
+    source: str = ""
+    frames: tuple[Frame, ...] = field(default_factory=tuple)
+
+    def describe(self) -> str:
+        """One line such as ``rank 0: barrier() at line 9 of the cell``."""
+        if self.state == "finished":
+            return (
+                f"rank {self.rank}: finished its function; the others are waiting "
+                "for it in a call it never made"
+            )
+        if self.state == "unknown" or not self.frames:
+            return f"rank {self.rank}: stack unavailable"
+        call = f"{self.call}()" if self.call else "running Python code"
+        where = f" at {self.where}" if self.where else ""
+        src = f"  ->  {self.source}" if self.source else ""
+        return f"rank {self.rank}: {call}{where}{src}"
+
+
+_THREAD_RE = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
+_FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+_PLUMBING = {"wrapper", "inner", "_fn", "fn", "decorate_context"}
+
+
+def parse_faulthandler(text: str, marker: str) -> list[Frame]:
+    """The stack of the thread whose frames include ``marker`` (a function name).
+
+    faulthandler prints most recent call first; we return outermost first, like
+    tracebacks, with the source line left blank for :func:`fill_line`.
+    """
+    blocks: list[list[Frame]] = []
+    for raw in text.splitlines():
+        if _THREAD_RE.match(raw):
+            blocks.append([])
+            continue
+        m = _FRAME_RE.match(raw)
+        if m and blocks:
+            blocks[-1].append(Frame(m.group(1), int(m.group(2)), m.group(3), ""))
+    for frames in reversed(blocks):  # the latest dump wins
+        if any(f.name == marker for f in frames):
+            return list(reversed(frames))
+    return []
+
+
+def _is_torch(filename: str) -> bool:
+    return "/torch/" in filename.replace("\\", "/")
+
+
+def _idle(frames: list[Frame]) -> bool:
+    """No user frame, and the rank loop's own call is the deepest of ours."""
+    if any(not is_library(f.filename) for f in frames):
+        return False
+    ours = [f.name for f in frames if is_ours(f.filename)]
+    return bool(ours) and ours[-1] == "_serve_forever"
+
+
+def stack_from_frames(rank: int, frames: list[Frame]) -> RankStack:
+    """Find the blocking call and the user's own line in a main-thread stack."""
+    frames = [Frame(*f) for f in frames]
+    if _idle(frames):
+        # Back in the rank loop, waiting for the next job: it finished its function
+        # (its reply was sent but not yet read when the run was interrupted).
+        return RankStack(rank, "finished", frames=tuple(frames))
+    user_idx = None
+    for i, f in enumerate(frames):
+        if not is_library(f.filename):
+            user_idx = i
+    call = None
+    start = (user_idx + 1) if user_idx is not None else 0
+    for f in frames[start:]:
+        # The first public torch function below the user's line is what they called
+        # (c10d wraps collectives in a decorator named "wrapper": skip such plumbing).
+        if _is_torch(f.filename) and f.name not in _PLUMBING and not f.name.startswith("_"):
+            call = f.name
+            break
+    if call is None and user_idx is not None and user_idx + 1 < len(frames):
+        nxt = frames[user_idx + 1].name
+        call = None if nxt.startswith("_") else nxt
+    where = source = None
+    if user_idx is not None:
+        f = frames[user_idx]
+        where = describe_location(f.filename, f.lineno)
+        source = fill_line(f.filename, f.lineno, f.line)
+    return RankStack(
+        rank=rank,
+        state="blocked",
+        call=call,
+        where=where,
+        source=source or "",
+        frames=tuple(frames),
+    )

@@ -1,0 +1,250 @@
+"""What a learner sees when ranks fail or are interrupted: in a kernel, in %%ranks, in a script.
+
+A rank's error in IPython is rendered by ``RankError._render_traceback_``: the cell
+line that launched, the rank's traceback with cells named as IPython names them,
+each rank said once, identical failures folded, no ezpz_nb frame unless the
+failure is ours. An interrupted run reports where each rank was and leaves no rank.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+from jupyter_client import KernelManager
+
+FAIL_ALL = """\
+import torch.distributed as dist
+def lookup(table):
+    key = "missing"
+    return table[key]"""
+
+STUCK = """\
+import os, torch.distributed as dist
+def stuck():
+    print("pid", os.getpid(), flush=True)
+    if dist.get_rank() == 0:
+        dist.barrier()
+    return 1
+print(ez.launch(stuck, world_size=2, timeout=300))"""
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+
+    def run(code: str, interrupt_after: tuple[str, int] | None = None) -> tuple[int, str, list]:
+        """Run a cell: its execution count, its stream text, its error outputs.
+
+        ``interrupt_after=(text, n)``: press stop once ``text`` was printed ``n`` times.
+        """
+        msgs: list[dict] = []
+        sent = False
+
+        def hook(m: dict) -> None:
+            nonlocal sent
+            msgs.append(m)
+            shown = "".join(x["content"].get("text", "") for x in msgs)
+            if (
+                interrupt_after
+                and not sent
+                and shown.count(interrupt_after[0]) >= interrupt_after[1]
+            ):
+                sent = True
+                km.interrupt_kernel()
+
+        reply = kc.execute_interactive(code, timeout=180, output_hook=hook)
+        text = "".join(m["content"].get("text", "") for m in msgs if m["msg_type"] == "stream")
+        errors = [m["content"] for m in msgs if m["msg_type"] == "error"]
+        return reply["content"]["execution_count"], text, errors
+
+    run("import ezpz_nb as ez")
+    yield run
+    km.shutdown_kernel(now=False)
+    kc.stop_channels()
+
+
+def _shown(error: dict) -> str:
+    return "\n".join(error["traceback"])
+
+
+def test_a_rank_error_in_a_kernel_shows_the_learners_lines_folded(kernel):
+    """Guards issue 23: our frames before the learner's, /tmp/ipykernel_<pid>/<hash>.py
+    names, "rank 1 failed: rank 1: KeyError", and four identical tracebacks."""
+    defined, _, _ = kernel(FAIL_ALL)
+    launched, _, errors = kernel("table = {}\nez.launch(lookup, table, world_size=4)")
+    assert len(errors) == 1 and errors[0]["ename"] == "RankError"
+    shown = _shown(errors[0])
+    assert shown.startswith("RankError: ranks 0-3 failed: KeyError: 'missing' (the same on each)")
+    # the learner's launching line, then the rank's own line, both named as IPython does
+    assert f"Cell In[{launched}], line 2" in shown
+    assert "ez.launch(lookup, table, world_size=4)" in shown
+    assert f"Cell In[{defined}], line 4, in lookup" in shown and "return table[key]" in shown
+    assert shown.index(f"Cell In[{launched}]") < shown.index(f"Cell In[{defined}]")
+    assert "ipykernel_" not in shown and "ezpz_nb/launcher" not in shown
+    assert shown.count("Traceback on ranks 0-3 (most recent call last)") == 1
+    assert (
+        shown.count("Traceback") == 1 and "rank 1" not in shown
+    )  # each rank said once, in the header
+    # str() (what a log or `print(err)` shows) still carries everything
+    assert "KeyError: 'missing'" in errors[0]["evalue"]
+
+
+def test_different_failures_are_not_folded_and_a_kernel_keeps_working(kernel):
+    """Guards folding too much, and the kernel after an error: the next launch works."""
+    code = (
+        "import torch.distributed as dist\n"
+        "def odd_fails():\n"
+        "    if dist.get_rank() % 2:\n"
+        "        raise ValueError(f'rank {dist.get_rank()} is odd')\n"
+        "ez.launch(odd_fails, world_size=4)"
+    )
+    n, _, errors = kernel(code)
+    shown = _shown(errors[0])
+    assert "rank 1 failed: ValueError: rank 1 is odd" in shown
+    assert "rank 3 failed: ValueError: rank 3 is odd" in shown
+    assert "Traceback on rank 1 (most recent" in shown
+    assert "Traceback on rank 3 (most recent" in shown
+    assert f"Cell In[{n}], line 5\n----> 5 ez.launch(odd_fails, world_size=4)" in shown
+    assert f"Cell In[{n}], line 4, in odd_fails" in shown
+    _, text, errors = kernel("print(ez.launch(lambda: 7, world_size=2))")
+    assert not errors and "[7, 7]" in text
+
+
+def test_a_failing_ranks_cell_names_the_cell_and_its_line(kernel):
+    """Guards %%ranks errors: <ranks-cell-N> names and IPython's magic line as "the launch"."""
+    kernel("%load_ext ezpz_nb")
+    n, _, errors = kernel("%%ranks -n 2\nx = rank\nraise ValueError('no good')")
+    shown = _shown(errors[0])
+    assert shown.startswith("RankError: ranks 0 and 1 failed: ValueError: no good")
+    assert f"Cell In[{n}], line 3\n    raise ValueError('no good')" in shown  # 1: %%ranks
+    assert "ranks-cell" not in shown and "run_cell_magic" not in shown
+    assert "ezpz_nb/" not in shown
+
+
+def test_interrupting_a_hung_run_reports_each_rank_and_leaves_none(kernel):
+    """Guards issue 23: the stop button on a hung cell gave a KeyboardInterrupt deep in
+    selectors; now the report says where each rank was, and the ranks are gone."""
+    n, text, errors = kernel(STUCK, interrupt_after=("pid ", 2))  # both ranks are there
+    assert len(errors) == 1 and errors[0]["ename"] == "RunInterrupted", errors
+    shown = _shown(errors[0])
+    assert f"rank 0: barrier() at line 5 of cell In[{n}]" in shown
+    assert "rank 1: finished its function" in shown
+    assert "selectors" not in shown and "ezpz_nb/launcher" not in shown
+    pids = [int(line.split("pid ")[1]) for line in text.splitlines() if "pid " in line]
+    assert pids
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) for p in pids)
+    _, text, errors = kernel("print(ez.launch(lambda: 8, world_size=2))")
+    assert not errors and "[8, 8]" in text
+
+
+SCRIPT_FAIL = """\
+import torch.distributed as dist
+import ezpz_nb as ez
+
+def lookup():
+    return {}["missing"]
+
+ez.launch(lookup, world_size=2)
+"""
+
+
+def test_a_rank_error_in_a_script_is_informative(tmp_path):
+    """Guards the script face of RankError: the header, the rank's file and line, the type."""
+    script = tmp_path / "fails.py"
+    script.write_text(SCRIPT_FAIL)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 1
+    err = proc.stderr
+    assert "RankError: ranks 0 and 1 failed: KeyError: 'missing' (the same on each)" in err
+    assert f'File "{script}", line 5, in lookup' in err and 'return {}["missing"]' in err
+    assert err.count("--- ranks 0 and 1 traceback ---") == 1
+
+
+def test_ctrl_c_in_a_script_reports_each_rank_and_leaves_none(tmp_path):
+    """Guards Ctrl-C on a hung script: a report like HangError's, exit, no rank left."""
+    script = tmp_path / "hangs.py"
+    script.write_text(
+        textwrap.dedent(
+            """\
+            import os, torch.distributed as dist
+            import ezpz_nb as ez
+
+            def stuck():
+                print("pid", os.getpid(), flush=True)
+                if dist.get_rank() == 0:
+                    dist.barrier()
+
+            ez.launch(stuck, world_size=2, timeout=300)
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    pids = []
+    assert proc.stdout is not None
+    while len(pids) < 2:
+        line = proc.stdout.readline()
+        assert line, "the script ended before its ranks started"
+        if "pid " in line:
+            pids.append(int(line.split("pid ")[1]))
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "RunInterrupted" in err and "rank 0: barrier() at hangs.py:7" in err
+    assert "rank 1: finished its function" in err
+    assert not any(psutil.pid_exists(p) for p in pids)
+
+
+def _call_it(fn):
+    return fn()
+
+
+def _learner_bad_src():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.zeros(1)
+    dist.broadcast(t, src=dist.get_world_size())  # a rank that does not exist
+    return t
+
+
+def test_checkers_find_the_learners_line_from_frames():
+    """Guards workshop/verdicts.py on structured frames: the learner's own line is named
+    even when the error is raised deep inside torch, and torch's frames are not."""
+    from ezpz_nb.workshop import verdicts
+
+    with pytest.raises(verdicts._Verdict) as info:
+        verdicts._ranks(_call_it, _learner_bad_src, world_size=2)
+    msg = info.value.message
+    assert "in your code:" in msg
+    assert "test_errors_shown.py:" in msg and "dist.broadcast(t, src=dist.get_world_size())" in msg
+    assert "distributed_c10d" not in msg and "return fn()" in msg
+
+
+def test_a_bad_argument_in_a_kernel_shows_the_message_and_the_learners_line(kernel):
+    """Guards bad input in a notebook: a TypeError whose screen was our own frames (the
+    pickler's, the launcher's) before the one line that says what to do."""
+    n, _, errors = kernel("import threading\nez.launch(lambda x: 1, threading.Lock())")
+    assert len(errors) == 1 and errors[0]["ename"] == "LaunchTypeError"
+    shown = _shown(errors[0])
+    assert shown.startswith("LaunchTypeError: argument 0 (a lock) cannot be sent to the ranks")
+    assert (
+        f"Cell In[{n}], line 2" in shown and "ezpz_nb/" not in shown and "cloudpickle" not in shown
+    )
