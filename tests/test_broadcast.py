@@ -310,11 +310,17 @@ def _reuse_run(plan, recycle=True):
     broadcast._RecvBuffer = counting
     dl = TPBroadcastDataLoader([_numbered(i) for i in range(len(plan))], dist.group.WORLD)
     kept = []
-    for i, batch in enumerate(dl):
-        if plan[i] is not None:
-            kept.append((i, plan[i], _KEEPS[plan[i]][0](batch)))
-        del batch
-        gc.collect()  # nothing but what the loop kept is alive
+    # Everything alive now (torch's modules above all) is left out of each collection
+    # below: with torch loaded a full gc.collect() costs ~86 ms, after a freeze ~0.
+    gc.freeze()
+    try:
+        for i, batch in enumerate(dl):
+            if plan[i] is not None:
+                kept.append((i, plan[i], _KEEPS[plan[i]][0](batch)))
+            del batch
+            gc.collect()  # nothing but what the loop kept is alive
+    finally:
+        gc.unfreeze()
     broken = [(i, name) for i, name, k in kept if not _is(_KEEPS[name][1](k), i)]
     return {"rank": dist.get_rank(), "broken": broken, "made": made[0]}
 

@@ -14,8 +14,8 @@ from torch.utils.data import DistributedSampler
 import ezpz_nb as ez
 from ezpz_nb import viz
 from ezpz_nb.data.groups import layout_table
+from ezpz_nb.examples.explore import explore_rank
 from ezpz_nb.ledger import Ledger
-from ezpz_nb.viz.widgets import explore_rank
 
 WORLD, SEED = 4, 1337
 

@@ -11,8 +11,7 @@ process group), :mod:`.torchrun` (running in place under torchrun) and
 
 from __future__ import annotations
 
-from ezpz_nb.events import publish
 from ezpz_nb.launcher.cluster import Cluster, launch, live_clusters
 from ezpz_nb.launcher.startup import MAX_WORLD_SIZE, START_METHODS
 
-__all__ = ["MAX_WORLD_SIZE", "START_METHODS", "Cluster", "launch", "live_clusters", "publish"]
+__all__ = ["MAX_WORLD_SIZE", "START_METHODS", "Cluster", "launch", "live_clusters"]
