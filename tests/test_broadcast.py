@@ -6,7 +6,6 @@ several checks and returns plain data, so the assertions live here.
 
 from __future__ import annotations
 
-import collections
 import gc
 import random
 import weakref
@@ -14,6 +13,7 @@ import weakref
 import pytest
 import torch
 import torch.distributed as dist
+from _batches import Point
 from torch.utils.data import DataLoader, IterableDataset
 
 import ezpz_nb as ez
@@ -21,8 +21,6 @@ from ezpz_nb.data import TPBroadcastDataLoader, TPLeaderError, broadcast
 from ezpz_nb.data.broadcast import BatchBroadcaster
 from ezpz_nb.data.groups import make_layout
 from ezpz_nb.data.tree import flatten_batch, unflatten_batch
-
-Point = collections.namedtuple("Point", "x y")
 
 
 def test_flatten_roundtrip_keeps_structure():
