@@ -206,7 +206,7 @@ def _stop_run():
                 out[(mode, name)] = ("ok", steps)
             except TPLeaderError as e:
                 out[(mode, name)] = ("TPLeaderError", steps, e.leader_rank, e.error_type, str(e))
-            except Exception as e:  # the leader's own exception
+            except Exception as e:  # noqa: BLE001 - the leader's own exception, any type
                 out[(mode, name)] = (type(e).__name__, steps)
             dist.barrier()  # every rank reached the same point: nobody hung
     return out

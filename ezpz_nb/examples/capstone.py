@@ -217,10 +217,10 @@ def _parallelize(model: TinyLM, layout: Layout, mesh: Any, force_sum: bool) -> T
             parallelize_module(block, mesh["tp"], plan)
     for block in model.blocks:
         fully_shard(block, mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"])
+    sharded = fully_shard(model, mesh=mesh["dp"])  # the same object, now an FSDPModule
     if force_sum:
         # SUM collectives, then FSDP2 divides by the DP size itself.
-        model.set_force_sum_reduction_for_comms(True)
+        sharded.set_force_sum_reduction_for_comms(True)
     return model
 
 
@@ -354,7 +354,7 @@ def _reference(
     model = _new_model(model_seed)
     opt = _optimizer(model, lr)
     losses = []
-    samplers = [
+    samplers: list[DistributedSampler[Any]] = [
         DistributedSampler(
             dataset, num_replicas=dp_size, rank=d, shuffle=True, seed=seed, drop_last=True
         )

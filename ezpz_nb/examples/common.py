@@ -277,7 +277,7 @@ def cli_main(
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     try:
         status = _run_and_report(run, args)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - whatever failed: say so and exit at once
         # A rank whose collective failed cannot leave cleanly: tearing the group
         # down (even a normal exit) waits for its pending collective until the
         # group's timeout. Exit now with the traceback; torchrun stops the others.

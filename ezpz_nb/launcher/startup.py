@@ -117,7 +117,7 @@ def dumps_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
         for label, obj in named:
             try:
                 _dumps(obj)
-            except Exception:
+            except Exception:  # noqa: BLE001 - pickling can raise anything: name the culprit
                 raise TypeError(
                     f"{label} (a {type(obj).__name__}) cannot be sent to the ranks: {exc}. "
                     "Create it inside the function instead, or pass something picklable."
