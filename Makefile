@@ -34,8 +34,9 @@ lint: $(BIN)/.installed
 	$(BIN)/python notebooks/_build.py --check
 
 # The quick tests: pytest's default run leaves out those marked system or browser.
+# Two workers, each taking whole files (module fixtures and leak checks stay per worker).
 unit: $(BIN)/.installed
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 # The slow ones, as a user or CI runs the project: the short soak, the benchmark and
 # compare tools, wheel builds, JupyterLab and `make lab`, torchrun jobs, the browser.
