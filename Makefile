@@ -1,6 +1,7 @@
 # Two entry points, both self-contained on a fresh clone with Python 3.10+ and make:
 #   make lab   -> create .venv, install, open JupyterLab on notebooks/ (ezpz-nb lab)
-#   make test  -> create .venv, install, run lint + unit + multi-process + notebook tests
+#   make test  -> create .venv, install, run lint + unit + multi-process + notebook tests,
+#                 then the system tests (soak, benchmarks, wheel, JupyterLab, torchrun, browser)
 PYTHON ?= python3
 VENV   ?= .venv
 # The pinned CPU build that this project is tested with. Elsewhere choose your own
@@ -9,7 +10,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 NBTIMEOUT ?= 120
 
-.PHONY: lab test lint format unit notebooks wheel-test bench compare soak browser tour clean gpu-check
+.PHONY: lab test lint format unit system notebooks wheel-test bench compare soak browser tour clean gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +33,15 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy
 	$(BIN)/python notebooks/_build.py --check
 
+# The quick tests: pytest's default run leaves out those marked system or browser.
+# Two workers, each taking whole files (module fixtures and leak checks stay per worker).
 unit: $(BIN)/.installed
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+
+# The slow ones, as a user or CI runs the project: the short soak, the benchmark and
+# compare tools, wheel builds, JupyterLab and `make lab`, torchrun jobs, the browser.
+system: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -m "system or browser" tests
 
 notebooks: $(BIN)/.installed
 	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-kernel=python3 --nbmake-timeout=$(NBTIMEOUT) .
@@ -43,7 +51,7 @@ format: $(BIN)/.installed
 	$(BIN)/ruff format ezpz_nb tests benchmarks notebooks setup.py
 	$(BIN)/python notebooks/_build.py
 
-test: lint unit notebooks
+test: lint unit notebooks system
 
 # The wheel as a participant installs it: built as the README says, installed into a
 # fresh venv in a temporary folder outside the repository, its notebooks copied out

@@ -80,7 +80,7 @@ __all__ = [
 ]
 
 
-def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - IPython's own type
+def load_ipython_extension(ipython) -> None:  # ipython: IPython's own shell type
     """``%load_ext ezpz_nb``: registers the ``%%ranks`` cell magic."""
     from ezpz_nb.magic import register
 

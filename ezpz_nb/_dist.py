@@ -1,7 +1,8 @@
 """Facts about this process's torch.distributed state that every layer shares.
 
 The bottom of the package: it imports nothing of ezpz_nb. :func:`uses_nccl` is the
-one backend test; :func:`destroy_distributed` the one teardown, with the hooks
+one backend test, :func:`collective_device` the one device choice that follows from
+it; :func:`destroy_distributed` the one teardown, with the hooks
 that other modules register (:func:`on_teardown`) so that it can free what they
 keep without importing them.
 """
@@ -15,9 +16,10 @@ from collections.abc import Callable
 from types import FunctionType
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
-__all__ = ["destroy_distributed", "on_teardown", "uses_nccl"]
+__all__ = ["collective_device", "destroy_distributed", "on_teardown", "uses_nccl"]
 
 #: Name of gloo's collective worker threads (two per process group), as Linux shows it.
 _GLOO_WORKER_THREAD = "pt_gloo_runloop"
@@ -29,6 +31,14 @@ def uses_nccl(group: Any = None) -> bool:
     if not (dist.is_available() and dist.is_initialized()):
         return False
     return "nccl" in str(dist.get_backend(group)).lower()
+
+
+def collective_device(group: Any = None) -> torch.device:
+    """Where the tensors of ``group``'s collectives live: this rank's GPU under nccl
+    (which moves CUDA buffers only), else the CPU (gloo, or no group at all)."""
+    if uses_nccl(group):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def on_teardown(release: Callable[[], None]) -> None:

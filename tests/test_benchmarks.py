@@ -1,4 +1,8 @@
-"""The benchmark scripts that guard robustness: the soak (short) and launch's time limits."""
+"""The benchmark scripts that guard robustness: the soak (short) and launch's time limits.
+
+The runs of whole scripts are marked ``system``: `make system` (and `make test`) runs them,
+the default ``pytest`` run leaves them out.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _procs import new_tag, run_limited, tagged  # noqa: E402
 
 
+@pytest.mark.system
 @pytest.mark.timeout(1200)
 def test_short_soak_every_run_exits_zero_and_leaves_nothing():
     """Guards the exit-time abort (a rank's gloo thread outlived the interpreter: SIGABRT,
@@ -47,6 +52,7 @@ def test_short_soak_every_run_exits_zero_and_leaves_nothing():
     assert not tagged(tag)
 
 
+@pytest.mark.system
 def test_launch_benchmark_reports_a_hung_and_a_failed_peer_and_finishes():
     """Guards the benchmark that once hung for minutes on a stalled peer: a peer whose
     child stalls reads "hung", one that fails reads "failed", the other cells are
@@ -86,6 +92,7 @@ def test_launch_benchmark_reports_a_hung_and_a_failed_peer_and_finishes():
     assert not tagged(tag)
 
 
+@pytest.mark.system
 def test_compare_measures_two_trees_side_by_side_and_removes_its_export():
     """Guards the before/after tool: each tree's ranks import that tree's ezpz_nb (a
     rank importing the checkout for both would compare it with itself), every figure

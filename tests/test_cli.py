@@ -253,6 +253,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+@pytest.mark.system
 def test_lab_serves_the_notebooks_and_stops_cleanly(tmp_path):
     root = tmp_path / "lab"
     root.mkdir()
@@ -314,6 +315,7 @@ def test_lab_serves_the_notebooks_and_stops_cleanly(tmp_path):
     assert f"copied {len(shipped_files())} file(s) to {root}" in log_text
 
 
+@pytest.mark.system
 def test_make_lab_serves_the_checkout_notebooks(tmp_path):
     # The README's `make lab`, with JupyterLab told not to open a browser.
     port, token = free_port(), secrets.token_hex(16)

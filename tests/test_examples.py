@@ -7,6 +7,7 @@ checked against torch's own ``DistributedSampler``. GPU tests skip without one.
 
 from __future__ import annotations
 
+import inspect
 import math
 import socket
 
@@ -214,8 +215,41 @@ def test_capstone_fsdp2_x_tp_losses_match_one_process(cluster, capstone_referenc
     assert capstone_reference[-1] < 0.7 * capstone_reference[0]  # the rule is being learnt
 
 
-def test_capstone_avg_probe_agrees_on_every_rank(cluster):
-    assert len(set(cluster.run(capstone.avg_reduces_correctly))) == 1
+def _avg_probe_cases() -> tuple[bool, bool, bool]:
+    """On a rank: the probe's answer, the truth found another way (all_gather the
+    inputs and average here), and the probe's answer on a backend whose AVG sums."""
+    n, me = dist.get_world_size(), dist.get_rank()
+    x = torch.arange(n, dtype=torch.float32) * (me + 1) + me  # differs by rank and slot
+    parts = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(parts, x)
+    out = torch.empty(1)
+    dist.reduce_scatter_tensor(out, x, op=dist.ReduceOp.AVG)
+    truth = math.isclose(out.item(), torch.stack(parts).mean(0)[me].item(), rel_tol=1e-6)
+    probe = capstone.avg_reduces_correctly()
+    names = [k for k in ("reduce_scatter_single", "reduce_scatter_tensor") if hasattr(dist, k)]
+    real = {k: getattr(dist, k) for k in names}
+
+    def summing(k):  # pytorch#162338: gloo's AVG was reported to sum
+        return lambda out, inp, op=None, **kw: real[k](out, inp, op=dist.ReduceOp.SUM, **kw)
+
+    try:
+        for k in names:
+            setattr(dist, k, summing(k))
+        fooled = capstone.avg_reduces_correctly()
+    finally:
+        for k in names:
+            setattr(dist, k, real[k])
+    return probe, truth, fooled
+
+
+def test_capstone_avg_probe_tells_an_average_from_a_sum(cluster):
+    """Guards the probe behind ``reduce="auto"``: on every rank it says what the backend's
+    AVG really does (checked with another collective), and says False for one that sums:
+    a probe that always answers the same fails one of the two."""
+    got = cluster.run(_avg_probe_cases)
+    assert len(set(got)) == 1, got  # every rank takes the same path
+    probe, truth, fooled = got[0]
+    assert probe == truth and fooled is False, got
 
 
 def test_capstone_broken_data_leaves_the_reference_and_the_ledger_says_why(
@@ -240,6 +274,32 @@ def test_capstone_rule_dataset_is_the_same_everywhere_and_follows_its_rule():
     assert len({a[i]["input_ids"][0].item() for i in range(8)}) > 1  # random starts
     with pytest.raises(IndexError):
         a[8]
+
+
+# ---------------------------------------------------- the command line
+
+
+@pytest.mark.parametrize("example", [dp_sharding, tp_broadcast, step_alignment, capstone])
+def test_command_line_is_the_workers_signature(example):
+    """Guards defaults declared twice (the worker's and its parser's, which drifted apart
+    before): every parameter of run() is an option with run()'s default and its help
+    from the docstring, and the launch options come on top."""
+    parser = common.parser_for(example.run, example.__doc__)
+    params = inspect.signature(example.run).parameters
+    got = vars(parser.parse_args([]))
+    assert {k: got[k] for k in params} == {k: p.default for k, p in params.items()}
+    assert set(got) - set(params) == {"backend", "timeout", "check"}
+    helps = {a.dest: a.help for a in parser._actions}
+    assert all(helps[k] and ":class:" not in helps[k] for k in params), helps
+
+
+def test_command_line_flips_switches_and_refuses_what_run_refuses(capsys):
+    parser = common.parser_for(capstone.run, capstone.__doc__)
+    args = parser.parse_args(["--no-set-epoch", "--reduce", "sum", "--lr", "0.5", "--out", "d"])
+    assert (args.set_epoch, args.reduce, args.lr, args.out) == (False, "sum", 0.5, "d")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--reduce", "mean"])
+    assert "invalid choice: 'mean'" in capsys.readouterr().err
 
 
 # ---------------------------------------------------- ensure_distributed, backend

@@ -345,9 +345,9 @@ def test_partial_ledger_survives_a_hang():
     """Guards the records of a hung run: HangError.events rebuild the partial ledger, and
     its check names the step mismatch that caused the hang."""
     with pytest.raises(ez.HangError) as info:
-        # Records are all published before the first collective, so the timeout
-        # only has to cover start-up, even on a busy machine.
-        ez.launch(_uneven_run, world_size=2, timeout=6)
+        # Records are all published before the first collective, and the timeout starts
+        # once the ranks are up: it covers five tiny batches, even on a busy machine.
+        ez.launch(_uneven_run, world_size=2, timeout=3)
     ledger = Ledger.from_events(info.value.events)
     assert [len(ledger.steps(r, 0)) for r in (0, 1)] == [3, 2]
     assert [p.kind for p in ledger.check()] == ["step_mismatch"]

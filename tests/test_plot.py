@@ -14,8 +14,8 @@ from torch.utils.data import DistributedSampler
 import ezpz_nb as ez
 from ezpz_nb import viz
 from ezpz_nb.data.groups import layout_table
+from ezpz_nb.examples.explore import explore_rank
 from ezpz_nb.ledger import Ledger
-from ezpz_nb.viz.widgets import explore_rank
 
 WORLD, SEED = 4, 1337
 
@@ -185,7 +185,7 @@ def test_timeline_title_names_who_finished_early_and_who_hung():
     """
     world = 4
     with pytest.raises(ez.HangError) as info:
-        ez.launch(train_uneven, world_size=world, timeout=5)
+        ez.launch(train_uneven, world_size=world, timeout=3)
     err = info.value
     ledger = Ledger.from_events(err.events)
     data = viz.timeline(ledger, err).ezpz_data
@@ -209,7 +209,7 @@ def test_timeline_names_ranks_that_left_without_fewer_steps():
     peers, also at 3 steps, wait for a fourth broadcast.)
     """
     with pytest.raises(ez.HangError) as info:
-        ez.launch(leave_before_barrier, 3, world_size=2, timeout=5)
+        ez.launch(leave_before_barrier, 3, world_size=2, timeout=3)
     err = info.value
     data = viz.timeline(Ledger.from_events(err.events), err).ezpz_data
     assert data["total"] == {0: 3, 1: 3}

@@ -27,6 +27,8 @@ from ezpz_nb.ledger import Ledger
 ROOT = Path(__file__).resolve().parents[1]
 # A hang would otherwise block CI; the examples' own timeouts end a stuck run first.
 LIMIT_S = 120
+# Whole torchrun jobs, as on a cluster: `make system` (and so `make test`) runs them.
+pytestmark = pytest.mark.system
 
 
 def torchrun_cmd(nproc: int, module: str, *args: str) -> tuple[list[str], dict[str, str]]:

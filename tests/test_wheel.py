@@ -54,6 +54,7 @@ def site(wheel, tmp_path_factory) -> Path:
     return site
 
 
+@pytest.mark.system
 def test_wheel_ships_the_stored_notebooks(wheel):
     assert len(list(NOTEBOOKS.glob("*.ipynb"))) >= 7
     # The notes beside them (the cheat sheet, the instructor's guide) ship with them.
@@ -71,6 +72,7 @@ def test_wheel_ships_the_stored_notebooks(wheel):
         assert not [n for n in zf.namelist() if "_cells" in n or n.endswith("_build.py")]
 
 
+@pytest.mark.system
 def test_installed_wheel_finds_its_notebooks(site, tmp_path):
     away = tmp_path / "elsewhere"  # no notebooks/ in the working directory
     away.mkdir()
@@ -100,6 +102,7 @@ def test_installed_wheel_finds_its_notebooks(site, tmp_path):
     assert int(count) == len(list(NOTEBOOKS.glob("*.ipynb")))
 
 
+@pytest.mark.system
 def test_wheel_build_without_notebooks_fails_and_says_why(tmp_path):
     src = copy_checkout(tmp_path / "src")
     for nb in (src / "notebooks").glob("*.ipynb"):
@@ -121,6 +124,7 @@ def test_missing_notebooks_are_a_clear_error(tmp_path, monkeypatch):
         resources.notebooks_dir()
 
 
+@pytest.mark.system
 def test_installed_wheel_runs_its_tutorial_away_from_the_repository(site, tmp_path, short_tmp):
     """The quick version of `make wheel-test` (which uses a fresh venv and runs them all)."""
     away = tmp_path / "participant"

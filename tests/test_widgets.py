@@ -10,9 +10,10 @@ import pytest
 from _plot_workers import stop_early
 
 import ezpz_nb as ez
+from ezpz_nb.examples.explore import explore_rank
 from ezpz_nb.ledger import Ledger
 from ezpz_nb.viz.progress import _widget_frontend
-from ezpz_nb.viz.widgets import Explorer, Progress, explore_rank
+from ezpz_nb.viz.widgets import Explorer, Progress
 
 
 def images(explorer: Explorer) -> list[str]:

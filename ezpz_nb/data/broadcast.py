@@ -52,7 +52,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from ezpz_nb._dist import uses_nccl
+from ezpz_nb._dist import collective_device
 from ezpz_nb.data.tree import flatten_batch, unflatten_batch
 
 __all__ = ["BatchBroadcaster"]
@@ -172,10 +172,7 @@ class BatchBroadcaster:
         self._opts = {flag: _broadcast_options(flag) for flag in (False, True)}
         # Tensors travel on the device the backend moves: nccl needs CUDA
         # buffers, gloo is used here with CPU ones.
-        if uses_nccl(group):
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            self.device = torch.device("cpu")
+        self.device = collective_device(group)
         self._spec: bytes | None = None  # leader: last spec sent
         # leader: (key, dtype, shape) per entry when the last spec was a flat dict of tensors
         self._dict_spec: list[tuple[Any, torch.dtype, torch.Size]] | None = None

@@ -42,7 +42,7 @@ import math
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -52,18 +52,17 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ezpz_nb.data import get_random_dataset_fsdp_tp
 from ezpz_nb.data.distributed import _splitmix64
-from ezpz_nb.data.groups import Layout, make_layout
+from ezpz_nb.data.groups import Layout
 from ezpz_nb.examples.common import (
-    add_switch,
-    base_parser,
+    SHARD_OVER,
+    ShardOver,
+    begin,
     cli_main,
     device,
-    ensure_distributed,
-    ledger_file,
-    prepare_out,
+    record_epochs,
     to_device,
 )
-from ezpz_nb.ledger import Ledger, record
+from ezpz_nb.ledger import Ledger
 
 __all__ = [
     "REDUCE",
@@ -77,8 +76,8 @@ __all__ = [
 
 VOCAB = 32
 SEQ = 16
-REDUCE = ("auto", "avg", "sum")
-SHARD_OVER = ("dp", "world")
+Reduce = Literal["auto", "avg", "sum"]
+REDUCE: tuple[str, ...] = get_args(Reduce)
 
 
 class RuleTokenDataset(Dataset):
@@ -218,10 +217,10 @@ def _parallelize(model: TinyLM, layout: Layout, mesh: Any, force_sum: bool) -> T
             parallelize_module(block, mesh["tp"], plan)
     for block in model.blocks:
         fully_shard(block, mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"])
+    sharded = fully_shard(model, mesh=mesh["dp"])  # the same object, now an FSDPModule
     if force_sum:
         # SUM collectives, then FSDP2 divides by the DP size itself.
-        model.set_force_sum_reduction_for_comms(True)
+        sharded.set_force_sum_reduction_for_comms(True)
     return model
 
 
@@ -236,11 +235,11 @@ def run(
     batch_size: int = 8,
     epochs: int = 3,
     lr: float = 1e-2,
-    shard_over: str = "dp",
+    shard_over: ShardOver = "dp",
     rank_seeded: bool = False,
     broadcast: bool = True,
     set_epoch: bool = True,
-    reduce: str = "auto",
+    reduce: Reduce = "auto",
     model_seed: int = 0,
     seed: int = 1337,
     out: str | None = None,
@@ -275,9 +274,7 @@ def run(
         raise ValueError(f"shard_over must be one of {SHARD_OVER}, got {shard_over!r}")
     if reduce not in REDUCE:
         raise ValueError(f"reduce must be one of {REDUCE}, got {reduce!r}")
-    ensure_distributed()
-    prepare_out(out)
-    layout = make_layout(tp_size)
+    layout = begin(tp_size, out)
     dev = device()
     mesh = init_device_mesh(dev.type, (layout.dp_size, tp_size), mesh_dim_names=("dp", "tp"))
     force_sum = reduce == "sum" or (
@@ -297,27 +294,25 @@ def run(
         tp_group=mesh.get_group("tp"),
         broadcast_within_tp=broadcast,
     )
-    with (
-        record(built["dataloader"], layout, path=ledger_file(out)) as rec,
-        warnings.catch_warnings(),
-    ):
+
+    def train(batch: Any, epoch: int, index: int) -> float:
+        loss = _loss(model, to_device(batch, dev))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        # The run's loss is the mean over DP replicas (TP peers agree).
+        mean = loss.detach().reshape(1)
+        dist.all_reduce(mean, group=dp_group)
+        return mean.item() / layout.dp_size
+
+    with warnings.catch_warnings():
         # FSDP2 itself still calls the collective torch 2.13 renamed: not the learner's concern.
         warnings.filterwarnings(
             "ignore", message=".*reduce_scatter_tensor.* is deprecated", category=FutureWarning
         )
-        for epoch in range(epochs):
-            if set_epoch:
-                rec.set_epoch(epoch)
-            for batch in rec:
-                loss = _loss(model, to_device(batch, dev))
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                # The run's loss is the mean over DP replicas (TP peers agree).
-                mean = loss.detach().reshape(1)
-                dist.all_reduce(mean, group=dp_group)
-                rec.log_loss(mean.item() / layout.dp_size)
-    return rec.ledger()
+        return record_epochs(
+            built["dataloader"], layout, epochs, out=out, set_epoch=set_epoch, step=train
+        )
 
 
 def reference_losses(
@@ -359,7 +354,7 @@ def _reference(
     model = _new_model(model_seed)
     opt = _optimizer(model, lr)
     losses = []
-    samplers = [
+    samplers: list[DistributedSampler[Any]] = [
         DistributedSampler(
             dataset, num_replicas=dp_size, rank=d, shuffle=True, seed=seed, drop_last=True
         )
@@ -382,26 +377,7 @@ def _reference(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point (see the module docstring)."""
-    p = base_parser(__doc__)
-    p.set_defaults(num_samples=256, batch_size=8, epochs=3)
-    p.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate")
-    p.add_argument(
-        "--shard-over",
-        choices=SHARD_OVER,
-        default="dp",
-        help="group the sampler shards over (world: the pitfall)",
-    )
-    add_switch(p, "rank-seeded", False, "seed each rank's dataset by its rank (the pitfall)")
-    add_switch(p, "broadcast", True, "TP leader loads and broadcasts (else every rank loads)")
-    add_switch(p, "set-epoch", True, "reshuffle each epoch with set_epoch")
-    p.add_argument(
-        "--reduce",
-        choices=REDUCE,
-        default="auto",
-        help="FSDP2 gradient reduction: avg, sum (+ explicit divide) or auto",
-    )
-    p.add_argument("--model-seed", type=int, default=0, help="seed of the initial weights")
-    return cli_main(run, p, argv)
+    return cli_main(run, __doc__, argv)
 
 
 if __name__ == "__main__":

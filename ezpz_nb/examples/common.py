@@ -1,5 +1,10 @@
 """What every walkthrough needs besides the idea it teaches.
 
+* :func:`begin` and :func:`record_epochs`: the skeleton every walkthrough shares.
+  ``begin`` joins torchrun's process group (nothing to do inside an ``ez.launch``
+  rank), prepares the ledger folder and builds the DP x TP layout; the walkthrough
+  builds its loader (its one idea); ``record_epochs`` records it over the epochs,
+  one training step per batch, and returns the rank's ledger.
 * :func:`ensure_distributed`, :func:`check_backend`, :func:`run_in_place` (from
   :mod:`ezpz_nb.launcher.torchrun`): join torchrun's process group, or do nothing
   inside an ``ez.launch`` rank; nccl without a GPU fails before any group exists.
@@ -10,24 +15,30 @@
 * :func:`prepare_out` / :func:`ledger_file`: one ledger file per rank
   (``DIR/rank{r}.jsonl``), written step by step, merged later with
   ``Ledger.load(DIR)``.
-* :func:`base_parser` / :func:`cli_main`: the command line shared by
-  ``python -m torch.distributed.run ... -m ezpz_nb.examples.<name>``.
+* :func:`cli_main`: the command line of ``python -m torch.distributed.run ...
+  -m ezpz_nb.examples.<name>``, built from the worker's own signature
+  (:func:`parser_for`), so each default is declared once.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
+import re
 import sys
 import traceback
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
 
-from ezpz_nb._dist import destroy_distributed, uses_nccl
+from ezpz_nb._dist import collective_device as device
+from ezpz_nb._dist import destroy_distributed
+from ezpz_nb.data.groups import Layout, make_layout
 from ezpz_nb.data.tree import flatten_batch, unflatten_batch
 from ezpz_nb.launcher.torchrun import (
     BACKENDS,
@@ -37,15 +48,16 @@ from ezpz_nb.launcher.torchrun import (
     in_torchrun_env,
     run_in_place,
 )
-from ezpz_nb.ledger import Ledger, RecordingLoader
+from ezpz_nb.ledger import Ledger, record
 
 __all__ = [
     "BACKENDS",
     "SEQ_LENGTH",
+    "SHARD_OVER",
     "TORCHRUN_VARS",
     "VOCAB_SIZE",
-    "add_switch",
-    "base_parser",
+    "ShardOver",
+    "begin",
     "check_backend",
     "cli_main",
     "destroy_distributed",
@@ -54,8 +66,9 @@ __all__ = [
     "in_torchrun_env",
     "ledger_file",
     "ledger_path",
+    "parser_for",
     "prepare_out",
-    "run_epochs",
+    "record_epochs",
     "run_in_place",
     "to_device",
 ]
@@ -65,12 +78,14 @@ __all__ = [
 VOCAB_SIZE = 1024
 SEQ_LENGTH = 16
 
+#: What the sampler shards over: the DP replicas (right) or the whole world
+#: (the pitfall of ``dp_group=None``: TP peers get different samples).
+ShardOver = Literal["dp", "world"]
+SHARD_OVER: tuple[str, ...] = get_args(ShardOver)
 
-def device() -> torch.device:
-    """The device this rank's batches belong on: its GPU under nccl, else the CPU."""
-    if uses_nccl():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+#: What a walkthrough does with each batch: ``step(batch, epoch, index)``; a float it
+#: returns is the step's loss, logged in the ledger beside the batch.
+Step = Callable[[Any, int, int], float | None]
 
 
 def to_device(batch: Any, dev: torch.device) -> Any:
@@ -79,24 +94,60 @@ def to_device(batch: Any, dev: torch.device) -> Any:
     return unflatten_batch(tree, [t.to(dev, non_blocking=True) for t in tensors])
 
 
-def run_epochs(loader: RecordingLoader, epochs: int, *, set_epoch: bool = True) -> None:
-    """Iterate ``loader`` for ``epochs`` passes, moving each batch to :func:`device`.
+def begin(tp_size: int, out: str | Path | None = None) -> Layout:
+    """Start a walkthrough on this rank: join the group, prepare ``out``, lay out DP x TP.
 
-    The move stands in for a training step: it is where a model would take the
-    batch, and under nccl it is the copy a TP leader's loaded batch needs.
+    Joins torchrun's process group when run under torchrun (inside an
+    ``ez.launch`` rank the group exists already), empties the ledger folder
+    ``out`` of an earlier run's files, and returns this rank's layout.
+    """
+    ensure_distributed()
+    prepare_out(out)
+    return make_layout(tp_size)
+
+
+def _move(batch: Any, epoch: int, index: int) -> None:
+    # Stands in for a training step: where a model would take the batch; under nccl
+    # it is the copy a TP leader's loaded batch needs.
+    to_device(batch, device())
+
+
+def record_epochs(
+    loader: Any,
+    layout: Layout,
+    epochs: int,
+    *,
+    out: str | Path | None = None,
+    set_epoch: bool = True,
+    step: Step = _move,
+) -> Ledger:
+    """Run ``epochs`` passes over ``loader``, recording what every step held.
 
     Args:
-        loader: The recording loader of this rank.
+        loader: This rank's loader (the walkthrough's idea).
+        layout: This rank's place in the DP x TP layout (:func:`begin`).
         epochs: Number of passes.
+        out: Ledger folder: the file ``rank{r}.jsonl`` there grows by one line per
+            step, so a rank that is killed still leaves the steps it took.
         set_epoch: Call ``set_epoch(epoch)`` before each pass (forgetting it
             repeats the same order every epoch).
+        step: Called as ``step(batch, epoch, index)`` for each batch; a float it
+            returns is logged as the step's loss. Default: move the batch to
+            :func:`device`.
+
+    Returns:
+        This rank's :class:`~ezpz_nb.ledger.Ledger`; merge the ranks' with
+        ``Ledger.from_results``.
     """
-    dev = device()
-    for epoch in range(epochs):
-        if set_epoch:
-            loader.set_epoch(epoch)
-        for batch in loader:
-            to_device(batch, dev)
+    with record(loader, layout, path=ledger_file(out)) as rec:
+        for epoch in range(epochs):
+            if set_epoch:
+                rec.set_epoch(epoch)
+            for index, batch in enumerate(rec):
+                loss = step(batch, epoch, index)
+                if loss is not None:
+                    rec.log_loss(loss)
+    return rec.ledger()
 
 
 def ledger_path(out: str | Path, rank: int) -> Path:
@@ -130,30 +181,56 @@ def ledger_file(out: str | Path | None) -> Path | None:
     return None if out is None else ledger_path(out, dist.get_rank())
 
 
-def add_switch(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
-    """Add ``--name`` / ``--no-name`` for a boolean worker parameter."""
-    parser.add_argument(
-        f"--{name}", action=argparse.BooleanOptionalAction, default=default, help=help
-    )
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and each option's default in its help."""
 
 
-def base_parser(description: str | None) -> argparse.ArgumentParser:
-    """The options every walkthrough takes on the command line.
+def _arg_docs(doc: str) -> dict[str, str]:
+    """Each parameter's text in a Google-style docstring's ``Args:`` section."""
+    section = re.search(r"^Args:\n(.*?)(?:\n\S|\Z)", inspect.cleandoc(doc), re.M | re.S)
+    found: dict[str, str] = {}
+    name = None
+    for line in (section.group(1) if section else "").splitlines():
+        head = re.match(r" {4}(\w+): (.*)", line)
+        if head:
+            name, text = head.groups()
+            found[name] = text
+        elif name is not None and line.strip():
+            found[name] += " " + line.strip()
+    # Plain text on a terminal (no ``code`` or :role:`names`); argparse formats with %.
+    plain = {k: re.sub(r":\w+:`~?([^`]+)`", r"\1", v).replace("``", "") for k, v in found.items()}
+    return {k: v.replace("%", "%%") for k, v in plain.items()}
 
-    Each one adds its own on top; the names match the worker's parameters
-    (``--tp-size`` is ``tp_size``), so :func:`cli_main` can pass them through.
+
+def parser_for(run: Callable[..., Ledger], description: str | None) -> argparse.ArgumentParser:
+    """The command line of a walkthrough, read off its worker's signature.
+
+    Each parameter of ``run`` becomes an option of the same name (``tp_size`` is
+    ``--tp-size``) with the same default and, as help, its line in the docstring's
+    ``Args:`` section; a bool becomes ``--name`` / ``--no-name``, a ``Literal`` gives
+    the choices. On top come the options of the launch itself: ``--backend``,
+    ``--timeout`` and ``--check``.
     """
-    p = argparse.ArgumentParser(
-        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument(
-        "--out", default=None, help="folder for the ledger files, one per rank (rank{r}.jsonl)"
-    )
+    p = argparse.ArgumentParser(description=description, formatter_class=_Formatter)
+    hints = typing.get_type_hints(run)
+    helps = _arg_docs(run.__doc__ or "")
+    for name, param in inspect.signature(run).parameters.items():
+        default = param.default
+        if default is inspect.Parameter.empty:
+            raise TypeError(f"{run.__qualname__}: parameter {name!r} needs a default")
+        flag, hint, text = f"--{name.replace('_', '-')}", hints.get(name), helps.get(name)
+        if isinstance(default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+        elif typing.get_origin(hint) is typing.Literal:
+            p.add_argument(flag, choices=typing.get_args(hint), default=default, help=text)
+        else:  # int, float, or a folder that defaults to None
+            kind = str if default is None else type(default)
+            p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument(
         "--backend",
         choices=BACKENDS,
         default="gloo",
-        help="gloo on CPU (default) or nccl with one GPU per rank",
+        help="gloo on CPU or nccl with one GPU per rank",
     )
     p.add_argument(
         "--timeout",
@@ -166,11 +243,6 @@ def base_parser(description: str | None) -> argparse.ArgumentParser:
         action="store_true",
         help="exit with status 1 if the merged ledger shows a problem",
     )
-    p.add_argument("--tp-size", type=int, default=2, help="ranks per tensor-parallel group")
-    p.add_argument("--num-samples", type=int, default=64, help="dataset length")
-    p.add_argument("--batch-size", type=int, default=4, help="samples per batch per DP replica")
-    p.add_argument("--epochs", type=int, default=2, help="passes over the data")
-    p.add_argument("--seed", type=int, default=1337, help="shuffle seed (same on every rank)")
     return p
 
 
@@ -178,7 +250,7 @@ _LAUNCH_ONLY = ("backend", "timeout", "check")
 
 
 def cli_main(
-    run: Callable[..., Ledger], parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
+    run: Callable[..., Ledger], description: str | None, argv: Sequence[str] | None = None
 ) -> int:
     """Parse options, join torchrun's group, run the worker, report on rank 0.
 
@@ -186,10 +258,17 @@ def cli_main(
     gathers all ledgers and prints the summary, so one look at the log says
     whether the run was sound even when the files are spread over nodes.
 
+    Args:
+        run: The walkthrough's worker; its signature makes the command line
+            (:func:`parser_for`).
+        description: The ``--help`` text (the walkthrough module's docstring).
+        argv: The options (default: ``sys.argv[1:]``).
+
     Returns:
         The process exit status: 0, or 1 with ``--check`` and a problem found.
         A rank that raises prints its traceback and exits with status 1 at once.
     """
+    parser = parser_for(run, description)
     args = parser.parse_args(argv)
     try:
         created = ensure_distributed(args.backend, args.timeout)
@@ -198,7 +277,7 @@ def cli_main(
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     try:
         status = _run_and_report(run, args)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - whatever failed: say so and exit at once
         # A rank whose collective failed cannot leave cleanly: tearing the group
         # down (even a normal exit) waits for its pending collective until the
         # group's timeout. Exit now with the traceback; torchrun stops the others.

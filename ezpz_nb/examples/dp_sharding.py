@@ -26,23 +26,18 @@ import sys
 from collections.abc import Sequence
 
 from ezpz_nb.data import get_random_dataset_fsdp_tp
-from ezpz_nb.data.groups import make_layout
 from ezpz_nb.examples.common import (
     SEQ_LENGTH,
+    SHARD_OVER,
     VOCAB_SIZE,
-    add_switch,
-    base_parser,
+    ShardOver,
+    begin,
     cli_main,
-    ensure_distributed,
-    ledger_file,
-    prepare_out,
-    run_epochs,
+    record_epochs,
 )
-from ezpz_nb.ledger import Ledger, record
+from ezpz_nb.ledger import Ledger
 
 __all__ = ["main", "run"]
-
-SHARD_OVER = ("dp", "world")
 
 
 def run(
@@ -52,7 +47,7 @@ def run(
     epochs: int = 2,
     drop_last: bool = True,
     set_epoch: bool = True,
-    shard_over: str = "dp",
+    shard_over: ShardOver = "dp",
     seed: int = 1337,
     out: str | None = None,
 ) -> Ledger:
@@ -77,9 +72,7 @@ def run(
     """
     if shard_over not in SHARD_OVER:
         raise ValueError(f"shard_over must be one of {SHARD_OVER}, got {shard_over!r}")
-    ensure_distributed()
-    prepare_out(out)
-    layout = make_layout(tp_size)
+    layout = begin(tp_size, out)
     built = get_random_dataset_fsdp_tp(
         batch_size,
         VOCAB_SIZE,
@@ -92,23 +85,12 @@ def run(
     )
     # The file grows step by step: after an error, or a kill, it still shows how far
     # this rank got; the end record says it finished.
-    with record(built["dataloader"], layout, path=ledger_file(out)) as rec:
-        run_epochs(rec, epochs, set_epoch=set_epoch)
-    return rec.ledger()
+    return record_epochs(built["dataloader"], layout, epochs, out=out, set_epoch=set_epoch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point (see the module docstring)."""
-    p = base_parser(__doc__)
-    add_switch(p, "drop-last", True, "drop what does not divide evenly (else pad with repeats)")
-    add_switch(p, "set-epoch", True, "reshuffle each epoch with set_epoch")
-    p.add_argument(
-        "--shard-over",
-        choices=SHARD_OVER,
-        default="dp",
-        help="group the sampler shards over (world: the pitfall)",
-    )
-    return cli_main(run, p, argv)
+    return cli_main(run, __doc__, argv)
 
 
 if __name__ == "__main__":

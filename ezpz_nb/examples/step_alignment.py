@@ -36,20 +36,16 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
 from ezpz_nb.data import RandomTokenDataset, forward_set_epoch, get_random_dataset_fsdp_tp
-from ezpz_nb.data.groups import make_layout
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.examples.common import (
     SEQ_LENGTH,
     VOCAB_SIZE,
-    add_switch,
-    base_parser,
+    begin,
     cli_main,
     device,
-    ensure_distributed,
-    ledger_file,
-    prepare_out,
+    record_epochs,
 )
-from ezpz_nb.ledger import Ledger, record
+from ezpz_nb.ledger import Ledger
 
 __all__ = ["AgreedSteps", "StepTimeoutError", "main", "run"]
 
@@ -159,9 +155,7 @@ def run(
     Raises:
         StepTimeoutError: On the ranks left waiting when step counts differ.
     """
-    ensure_distributed()
-    prepare_out(out)
-    layout = make_layout(tp_size)
+    layout = begin(tp_size, out)
     dataset = RandomTokenDataset(VOCAB_SIZE, SEQ_LENGTH, num_samples=num_samples)
     if uneven:
         loader: Any = _hand_made_shard(dataset, layout.dp_rank, layout.dp_size, batch_size)
@@ -179,30 +173,18 @@ def run(
     if guard:
         loader = AgreedSteps(loader)
     dev = device()
-    with record(loader, layout, path=ledger_file(out)) as rec:
-        for epoch in range(epochs):
-            rec.set_epoch(epoch)
-            for step, batch in enumerate(rec):
-                # Stand-in for a gradient: any per-batch tensor the DP ranks reduce.
-                grad = batch["input_ids"].to(dev).float().mean().reshape(1)
-                _sync(grad, layout.dp_group, step_timeout, f"epoch {epoch} step {step}")
-    return rec.ledger()
+
+    def step(batch: Any, epoch: int, index: int) -> None:
+        # Stand-in for a gradient: any per-batch tensor the DP ranks reduce.
+        grad = batch["input_ids"].to(dev).float().mean().reshape(1)
+        _sync(grad, layout.dp_group, step_timeout, f"epoch {epoch} step {index}")
+
+    return record_epochs(loader, layout, epochs, out=out, step=step)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point (see the module docstring)."""
-    p = base_parser(__doc__)
-    p.set_defaults(num_samples=65, epochs=1)
-    add_switch(p, "uneven", False, "shard by hand, range(dp_rank, N, dp_size): uneven steps")
-    add_switch(p, "guard", False, "agree on every step (one MIN all_reduce per step)")
-    add_switch(p, "drop-last", True, "sampler: drop the remainder (else pad with repeats)")
-    p.add_argument(
-        "--step-timeout",
-        type=float,
-        default=10.0,
-        help="seconds a step's all_reduce may wait before it is an error",
-    )
-    return cli_main(run, p, argv)
+    return cli_main(run, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -26,27 +26,18 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import torch.distributed as dist
 
 from ezpz_nb.data import RandomTokenDataset, get_random_dataset_fsdp_tp
-from ezpz_nb.data.groups import make_layout
-from ezpz_nb.examples.common import (
-    SEQ_LENGTH,
-    VOCAB_SIZE,
-    add_switch,
-    base_parser,
-    cli_main,
-    ensure_distributed,
-    ledger_file,
-    prepare_out,
-    run_epochs,
-)
-from ezpz_nb.ledger import Ledger, record
+from ezpz_nb.examples.common import SEQ_LENGTH, VOCAB_SIZE, begin, cli_main, record_epochs
+from ezpz_nb.ledger import Ledger
 
 __all__ = ["main", "run"]
 
-MODES = ("tensor", "pickle")
+Mode = Literal["tensor", "pickle"]
+MODES: tuple[str, ...] = get_args(Mode)
 
 
 def run(
@@ -55,7 +46,7 @@ def run(
     batch_size: int = 4,
     epochs: int = 2,
     broadcast: bool = True,
-    mode: str = "tensor",
+    mode: Mode = "tensor",
     rank_seeded: bool = False,
     drop_last: bool = True,
     set_epoch: bool = True,
@@ -86,9 +77,7 @@ def run(
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    ensure_distributed()
-    prepare_out(out)
-    layout = make_layout(tp_size)
+    layout = begin(tp_size, out)
     # Seeding by rank is the pitfall on show; seed 0 is what every rank would share.
     dataset = RandomTokenDataset(
         VOCAB_SIZE, SEQ_LENGTH, num_samples=num_samples, seed=dist.get_rank() if rank_seeded else 0
@@ -105,25 +94,12 @@ def run(
         seed=seed,
         dataset=dataset,
     )
-    with record(built["dataloader"], layout, path=ledger_file(out)) as rec:
-        run_epochs(rec, epochs, set_epoch=set_epoch)
-    return rec.ledger()
+    return record_epochs(built["dataloader"], layout, epochs, out=out, set_epoch=set_epoch)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point (see the module docstring)."""
-    p = base_parser(__doc__)
-    add_switch(p, "broadcast", True, "TP leader loads and broadcasts (else every rank loads)")
-    p.add_argument(
-        "--mode",
-        choices=MODES,
-        default="tensor",
-        help="tensor: one packed broadcast per batch; pickle: broadcast_object_list",
-    )
-    add_switch(p, "rank-seeded", False, "seed each rank's dataset by its rank (the pitfall)")
-    add_switch(p, "drop-last", True, "drop what does not divide evenly (else pad with repeats)")
-    add_switch(p, "set-epoch", True, "reshuffle each epoch with set_epoch")
-    return cli_main(run, p, argv)
+    return cli_main(run, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,7 @@ Nothing here knows about data or ledgers; ``%%ranks`` is a front end above it
 
 from __future__ import annotations
 
-from ezpz_nb.events import publish
 from ezpz_nb.launcher.cluster import Cluster, launch, live_clusters
 from ezpz_nb.launcher.startup import MAX_WORLD_SIZE, START_METHODS
 
-__all__ = ["MAX_WORLD_SIZE", "START_METHODS", "Cluster", "launch", "live_clusters", "publish"]
+__all__ = ["MAX_WORLD_SIZE", "START_METHODS", "Cluster", "launch", "live_clusters"]

@@ -73,7 +73,7 @@ def _publish_through(conn: Any) -> Any:
 def _send(conn: Any, msg: ToNotebook) -> None:
     try:
         data = dumps(msg)
-    except Exception as exc:  # the return value (or exception) cannot travel
+    except Exception as exc:  # noqa: BLE001 - the return value (or exception) cannot travel
         kind = type(msg[0])
         name = (
             kind.__qualname__
@@ -161,7 +161,7 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
         daemon=True,
         name="ezpz_nb-lifeline",
     ).start()
-    dump = open(cfg.dump_path, "w")  # noqa: SIM115 - must stay open for faulthandler
+    dump = open(cfg.dump_path, "w")  # no with: must stay open for faulthandler
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     torch.set_num_threads(cfg.threads)
     group = GroupSpec(cfg.backend, cfg.rank, cfg.world_size, timedelta(seconds=cfg.pg_timeout))

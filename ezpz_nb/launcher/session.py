@@ -29,13 +29,13 @@ class LiveCluster(Protocol):
     timeout: float
 
     @property
-    def closed(self) -> bool: ...  # noqa: D102 - see Cluster.closed
+    def closed(self) -> bool: ...
 
-    def kill(self) -> None: ...  # noqa: D102 - see Cluster.kill
+    def kill(self) -> None: ...
 
-    def close(self) -> None: ...  # noqa: D102 - see Cluster.close
+    def close(self) -> None: ...
 
-    def run(self, fn: Any, *args: Any, **kwargs: Any) -> list[Any]: ...  # noqa: D102
+    def run(self, fn: Any, *args: Any, **kwargs: Any) -> list[Any]: ...
 
 
 __all__ = ["SESSION", "LiveCluster", "Session", "warm_up"]

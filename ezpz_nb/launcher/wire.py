@@ -151,7 +151,7 @@ class _JobPickler(_Pickler):
     by hand, and recursed forever on any cycle (two helpers of one function).
     """
 
-    def persistent_id(self, obj: Any) -> str | None:  # noqa: D102 - pickle's hook
+    def persistent_id(self, obj: Any) -> str | None:  # pickle's hook
         if type(obj) is dict:
             for shared in self.globals_ref.values():
                 if obj is shared:
@@ -164,7 +164,7 @@ class _JobUnpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self._namespace = namespace
 
-    def persistent_load(self, pid: Any) -> Any:  # noqa: D102 - pickle's hook
+    def persistent_load(self, pid: Any) -> Any:  # pickle's hook
         if pid == _GLOBALS_TOKEN:
             return self._namespace
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")

@@ -10,6 +10,7 @@ from typing import IO, Any
 
 from torch.utils.data import Dataset, IterableDataset, Subset, get_worker_info
 
+from ezpz_nb import events
 from ezpz_nb.data.distributed import forward_set_epoch
 from ezpz_nb.data.groups import Layout
 from ezpz_nb.ledger.book import Ledger
@@ -25,14 +26,6 @@ from ezpz_nb.ledger.records import (
 )
 
 __all__ = ["RecordingLoader", "record", "tag_worker"]
-
-
-def _publish(item: Any) -> None:
-    try:
-        from ezpz_nb.events import publish
-    except ImportError:  # the launcher is optional for recording
-        return
-    publish(item)
 
 
 def _default_layout() -> Layout:
@@ -160,7 +153,7 @@ class RecordingLoader:
             if self.ledger_list is not None:
                 self.ledger_list.append(rec)
             if self.publish:
-                _publish(rec)
+                events.publish(rec)
             yield batch
 
     def log_loss(self, loss: float) -> None:

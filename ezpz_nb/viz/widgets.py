@@ -1,6 +1,7 @@
 """Live widgets: an explorer that reruns real ranks as you move its controls, and a progress display.
 
-* :func:`explore_rank` is what every rank runs: build the DP/TP layout and the
+* :func:`~ezpz_nb.examples.explore.explore_rank` (in :mod:`ezpz_nb.examples.explore`,
+  importable from here too) is what every rank runs: build the DP/TP layout and the
   loader from the settings, run the epochs through a recorder, return the
   rank's ledger. Notebooks call it directly with ``ez.launch``.
 * :class:`Explorer` keeps a live :class:`~ezpz_nb.Cluster`; each change of a
@@ -9,8 +10,7 @@
 * :class:`~ezpz_nb.viz.progress.Progress` (in :mod:`ezpz_nb.viz.progress`, importable
   from here too) shows steps per rank while a run is in flight.
 
-ipywidgets is imported only when a widget is built, so ranks importing this
-module for :func:`explore_rank` do not pay for it.
+ipywidgets is imported only when a widget is built.
 """
 
 from __future__ import annotations
@@ -25,74 +25,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from ezpz_nb.examples.explore import explore_rank
 from ezpz_nb.ledger import Ledger
 from ezpz_nb.viz.progress import Progress
 
 __all__ = ["Explorer", "Progress", "explore_rank"]
-
-
-def explore_rank(
-    tp_size: int = 1,
-    num_samples: int = 10,
-    batch_size: int = 2,
-    *,
-    drop_last: bool = False,
-    shuffle: bool = True,
-    epochs: int = 2,
-    set_epoch: bool = True,
-    broadcast: bool = True,
-    dp_group: bool = True,
-    seed: int = 1337,
-) -> Ledger:
-    """Load like ezpz does on this rank and return what each step held.
-
-    Call it on every rank: ``ez.launch(explore_rank, 2, world_size=4)``.
-
-    Args:
-        tp_size: Ranks per TP group; must divide the world size.
-        num_samples: Dataset length.
-        batch_size: Samples per batch on each DP replica.
-        drop_last: Drop what does not divide evenly (else the sampler pads with repeats).
-        shuffle: Shuffle with the sampler's seed (plus the epoch, if set).
-        epochs: Passes over the data.
-        set_epoch: Call ``set_epoch`` before each pass (else every pass repeats the order).
-        broadcast: Only the TP leader loads; its peers receive each batch.
-        dp_group: Pass ``dp_group`` to the sampler; ``False`` shards over the
-            whole world (ezpz's pitfall: TP peers get different samples).
-        seed: Shuffle seed, the same on every rank.
-
-    Returns:
-        This rank's :class:`~ezpz_nb.ledger.Ledger` (merge with ``Ledger.from_results``).
-    """
-    import warnings
-
-    from ezpz_nb.data import DataLayoutWarning, get_random_dataset_fsdp_tp
-    from ezpz_nb.data.groups import make_layout
-    from ezpz_nb.ledger import record
-
-    layout = make_layout(tp_size)
-    with warnings.catch_warnings():
-        if not dp_group:  # chosen on purpose here; the heatmap shows the result
-            warnings.simplefilter("ignore", DataLayoutWarning)
-        built = get_random_dataset_fsdp_tp(
-            batch_size,
-            64,
-            8,
-            num_samples=num_samples,
-            dp_group=layout.dp_group if dp_group else None,
-            tp_group=layout.tp_group,
-            broadcast_within_tp=broadcast,
-            drop_last=drop_last,
-            shuffle=shuffle,
-            seed=seed,
-        )
-    rec = record(built["dataloader"], layout)
-    for epoch in range(epochs):
-        if set_epoch:
-            rec.set_epoch(epoch)
-        for _ in rec:
-            pass
-    return rec.ledger()
 
 
 class _Debouncer:

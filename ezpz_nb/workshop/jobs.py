@@ -297,7 +297,7 @@ def job_leader_loop(fn: Callable, actual: int, claimed: int, workers: int) -> An
     out = fn(loader, lay.tp_group)
     if out is None:
         return None
-    got = []
+    got: list[tuple[tuple[int, ...], str] | str] = []
     for batch in out:
         if isinstance(batch, dict) and "index" in batch:
             got.append((tuple(int(i) for i in batch["index"]), batch_digest(batch)))
