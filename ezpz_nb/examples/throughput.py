@@ -130,9 +130,13 @@ def make_loader(
     shuffle: bool = False,
     seed: int = 1337,
 ) -> DataLoader:
-    """A DataLoader over this rank's DP shard (every rank is its own DP replica here)."""
-    sampler = DistributedSampler(
-        dataset, dist.get_world_size(), dist.get_rank(), shuffle=shuffle, seed=seed
+    """A DataLoader over this rank's DP shard (every rank is its own DP replica here).
+
+    ``drop_last`` on the sampler: with a world that does not divide the dataset,
+    padding would repeat samples on some ranks.
+    """
+    sampler: DistributedSampler = DistributedSampler(
+        dataset, dist.get_world_size(), dist.get_rank(), shuffle=shuffle, seed=seed, drop_last=True
     )
     return DataLoader(
         dataset,

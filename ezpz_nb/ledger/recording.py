@@ -16,7 +16,7 @@ from ezpz_nb.data.groups import Layout
 from ezpz_nb.ledger import codec
 from ezpz_nb.ledger.book import Ledger
 from ezpz_nb.ledger.clock import StepClock
-from ezpz_nb.ledger.records import StepRecord, batch_digest, batch_ints
+from ezpz_nb.ledger.records import StepRecord, batch_digest, batch_ints, with_times
 
 __all__ = ["RecordingLoader", "record", "tag_worker"]
 
@@ -204,14 +204,14 @@ class RecordingLoader:
                 clock.handed()
             yield batch
             if clock is not None:
-                self._amend(times=clock.finish())
-                self._write(codec.encode_times(self.records[-1]))
+                timed = self._amend(with_times(self.records[-1], clock.finish()))
+                if self._file is not None:
+                    self._write(codec.encode_times(timed))
             step += 1
 
-    def _amend(self, **changes: Any) -> StepRecord:
-        """Replace the last record (and its copy in ``ledger_list``) with ``changes`` applied."""
+    def _amend(self, rec: StepRecord) -> StepRecord:
+        """Put ``rec`` in place of the last record (and of its copy in ``ledger_list``)."""
         last = self.records[-1]
-        rec = replace(last, **changes)
         if self.ledger_list and self.ledger_list[-1] is last:
             self.ledger_list[-1] = rec
         self.records[-1] = rec
@@ -230,7 +230,7 @@ class RecordingLoader:
         """
         if not self.records:
             raise RuntimeError("log_loss() before the first step: iterate the loader first")
-        self._write(codec.encode_loss(self._amend(loss=float(loss))))
+        self._write(codec.encode_loss(self._amend(replace(self.records[-1], loss=float(loss)))))
 
     def num_samples(self) -> int | None:
         """Length of the loader's full dataset, if it has one.

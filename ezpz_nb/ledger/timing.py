@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from ezpz_nb.ledger.records import StepRecord
 
 __all__ = [
+    "LAST_SHARE",
     "STRAGGLER_RATIO",
     "Diagnosis",
     "StepTiming",
@@ -36,6 +37,9 @@ __all__ = [
 #: the other ranks'. Wide on purpose: noise on a loaded laptop moves medians
 #: by tens of percent, a real straggler by integer factors.
 STRAGGLER_RATIO = 1.5
+#: ... and, when the loop marks its collective, it entered it last in at least
+#: this share of the steps.
+LAST_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -173,16 +177,21 @@ def diagnose(records: Iterable[StepRecord]) -> Diagnosis:
     slow = max(ranks, key=lambda r: busy[r])
     others = [busy[r] for r in ranks if r != slow]
     ratio = busy[slow] / max(statistics.median(others), 1e-12) if others else 1.0
-    marked = any(t.wait_s or t.transfer_s for t in timings)
-    straggler = slow if others and ratio >= STRAGGLER_RATIO else None
+    marked = any(t.entered_last for t in timings)
+    # A straggler is one the others wait for: with the collective marked, it must
+    # also be the last to enter it in most steps (noise moves the last one around).
+    waited_for = not marked or last_share[slow] >= LAST_SHARE
+    straggler = slow if others and ratio >= STRAGGLER_RATIO and waited_for else None
     shares = ", ".join(f"rank {r} {_pct(data_share[r])}" for r in ranks)
     lines = []
     if not others:
         lines.append("One rank: no other rank to wait for it.")
     elif straggler is None:
         lines.append(
-            f"No straggler: every rank takes within {STRAGGLER_RATIO}x of the others before "
-            f"the collective (slowest, rank {slow}: {ratio:.1f}x the others' median)."
+            f"No straggler: no rank takes {STRAGGLER_RATIO}x the others' time before the "
+            f"collective and is waited for in most steps (slowest, rank {slow}: "
+            f"{ratio:.1f}x the others' median, last to enter in {_pct(last_share[slow])} "
+            "of the steps)."
         )
     else:
         mine = per[slow]
