@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from ezpz_nb.data.distributed import worker_context
 from ezpz_nb.examples.common import (
     base_parser,
     cli_main,
@@ -39,9 +40,9 @@ from ezpz_nb.examples.common import (
     ledger_file,
     prepare_out,
 )
-from ezpz_nb.ledger import Ledger, record
+from ezpz_nb.ledger import Ledger, RecordingLoader, record
 
-__all__ = ["TokenizingDataset", "main", "make_loader", "run", "tokenize"]
+__all__ = ["TokenizingDataset", "main", "make_loader", "run", "tokenize", "train"]
 
 _SYLLABLES = ("ka", "to", "ri", "mu", "sen", "da", "lo", "pra", "ve", "nix", "qu", "est", "ion")
 # Every syllable and every pair of them: a greedy longest-match tokenizer's vocabulary.
@@ -73,6 +74,9 @@ def tokenize(text: str) -> list[int]:
 
 class TokenizingDataset(Dataset):
     """Documents generated from their index and tokenized on every ``__getitem__``.
+
+    A sample is ``{"input_ids": the first seq_length tokens (0-padded),
+    "length": the document's length in tokens, "index": index}``.
 
     Args:
         num_samples: Number of documents.
@@ -115,9 +119,10 @@ class TokenizingDataset(Dataset):
             "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4)))
             for _ in range(self.words_of(index))
         )
-        ids = tokenize(text)[: self.seq_length]
-        ids += [0] * (self.seq_length - len(ids))
-        return {"input_ids": torch.tensor(ids), "index": index}
+        ids = tokenize(text)
+        length = len(ids)
+        ids = ids[: self.seq_length] + [0] * (self.seq_length - length)
+        return {"input_ids": torch.tensor(ids), "length": length, "index": index}
 
 
 def make_loader(
@@ -146,7 +151,44 @@ def make_loader(
         # Only meaningful with workers: DataLoader refuses it with num_workers=0.
         prefetch_factor=prefetch_factor if num_workers else None,
         persistent_workers=persistent_workers and num_workers > 0,
+        # Ranks started by a forkserver would start workers the same way, each
+        # importing torch again (seconds); fork is quick and safe before CUDA.
+        multiprocessing_context=worker_context(num_workers),
     )
+
+
+def train(rec: RecordingLoader, *, epochs: int = 1, hidden: int = 32, seed: int = 1337) -> None:
+    """Train a tiny language model on ``rec``'s batches, data parallel, for ``epochs``.
+
+    The gradient all-reduce is marked ``with rec.collective():`` so the ledger
+    can tell who waited for whom; the rest of the loop is the step's compute,
+    which grows with ``hidden`` (the model's width).
+    """
+    world = dist.get_world_size()
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(VOCAB_SIZE, hidden),
+        torch.nn.Linear(hidden, 4 * hidden),
+        torch.nn.GELU(),
+        torch.nn.Linear(4 * hidden, VOCAB_SIZE),
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(epochs):
+        rec.set_epoch(epoch)
+        for batch in rec:
+            ids = batch["input_ids"]
+            logits = model(ids[:, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, VOCAB_SIZE), ids[:, 1:].reshape(-1)
+            )
+            opt.zero_grad()
+            loss.backward()
+            with rec.collective():  # data parallelism's gradient all-reduce
+                for p in model.parameters():
+                    assert p.grad is not None
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
+            opt.step()
 
 
 def run(
@@ -161,6 +203,7 @@ def run(
     heavy_rank_workers: int | None = None,
     shuffle: bool = False,
     epochs: int = 1,
+    hidden: int = 32,
     seed: int = 1337,
     out: str | None = None,
 ) -> Ledger:
@@ -182,6 +225,7 @@ def run(
             gives the slow shard more hands); None: ``num_workers``.
         shuffle: Shuffle the sampler (the fix that spreads the heavy documents).
         epochs: Passes over the data.
+        hidden: The model's width: the step's compute grows with it.
         seed: Shuffle and model seed, the same on every rank.
         out: Folder to write this rank's ledger file to (``rank{r}.jsonl``).
 
@@ -204,26 +248,8 @@ def run(
         shuffle=shuffle,
         seed=seed,
     )
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB_SIZE, 32), torch.nn.Linear(32, VOCAB_SIZE))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with record(loader, path=ledger_file(out)) as rec:
-        for epoch in range(epochs):
-            rec.set_epoch(epoch)
-            for batch in rec:
-                ids = batch["input_ids"]
-                logits = model(ids[:, :-1])
-                loss = torch.nn.functional.cross_entropy(
-                    logits.reshape(-1, VOCAB_SIZE), ids[:, 1:].reshape(-1)
-                )
-                opt.zero_grad()
-                loss.backward()
-                with rec.collective():  # data parallelism's gradient all-reduce
-                    for p in model.parameters():
-                        assert p.grad is not None
-                        dist.all_reduce(p.grad)
-                        p.grad /= world
-                opt.step()
+        train(rec, epochs=epochs, hidden=hidden, seed=seed)
     return rec.ledger()
 
 
@@ -238,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--heavy-factor", type=int, default=5, help="how much longer they are")
     p.add_argument("--heavy-rank-workers", type=int, default=None, help="workers on that rank")
     p.add_argument("--shuffle", action="store_true", help="shuffle: spreads the long documents")
+    p.add_argument("--hidden", type=int, default=32, help="model width: the step's compute")
     return cli_main(_cli_run, p, argv)
 
 

@@ -168,10 +168,12 @@ class RecordingLoader:
         self._next_epoch, self._last_epoch = None, epoch
         lay = self.layout
         clock = self._clock
+        if clock is not None:
+            clock.asking()  # before iter(): starting the workers is the first step's wait
         it = iter(self.loader)
         step = 0
         while True:
-            if clock is not None:
+            if clock is not None and step:
                 clock.asking()
             try:
                 batch = next(it)

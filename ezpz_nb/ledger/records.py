@@ -25,7 +25,8 @@ class StepTimes:
     other_s`` is the wall time from asking for this batch to asking for the next.
 
     Attributes:
-        data_s: Waiting for the batch: the time inside the loader's ``next()``.
+        data_s: Waiting for the batch: the time inside the loader's ``next()``
+            (for an epoch's first step also ``iter()``, where workers start).
         compute_s: The step's own work: the time in ``rec.compute()`` blocks,
             or, when the loop marks none, everything the loop did between two
             batches outside ``rec.collective()`` blocks.
