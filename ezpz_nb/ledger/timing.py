@@ -39,7 +39,7 @@ __all__ = [
 STRAGGLER_RATIO = 1.5
 #: ... and, when the loop marks its collective, it entered it last in at least
 #: this share of the steps.
-LAST_SHARE = 0.5
+LAST_SHARE = 0.75
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,7 @@ def diagnose(records: Iterable[StepRecord]) -> Diagnosis:
     marked = any(t.entered_last for t in timings)
     # A straggler is one the others wait for: with the collective marked, it must
     # also be the last to enter it in most steps (noise moves the last one around).
+    waits = [wait_share[r] for r in ranks if r != slow]
     waited_for = not marked or last_share[slow] >= LAST_SHARE
     straggler = slow if others and ratio >= STRAGGLER_RATIO and waited_for else None
     shares = ", ".join(f"rank {r} {_pct(data_share[r])}" for r in ranks)
@@ -189,9 +190,13 @@ def diagnose(records: Iterable[StepRecord]) -> Diagnosis:
     elif straggler is None:
         lines.append(
             f"No straggler: no rank takes {STRAGGLER_RATIO}x the others' time before the "
-            f"collective and is waited for in most steps (slowest, rank {slow}: "
-            f"{ratio:.1f}x the others' median, last to enter in {_pct(last_share[slow])} "
-            "of the steps)."
+            f"collective while they wait for it (slowest, rank {slow}: {ratio:.1f}x the "
+            f"others' median, last to enter in {_pct(last_share[slow])} of the steps"
+            + (
+                f", the others waiting {_pct(statistics.mean(waits))} of theirs)."
+                if waits
+                else ")."
+            )
         )
     else:
         mine = per[slow]
@@ -202,7 +207,6 @@ def diagnose(records: Iterable[StepRecord]) -> Diagnosis:
             "of compute per step, medians)."
         )
         if marked:
-            waits = [wait_share[r] for r in ranks if r != slow]
             lines.append(
                 f"The others wait for it: {_pct(statistics.mean(waits))} of their step time "
                 f"is waiting in the collective; rank {slow} entered it last in "
