@@ -17,6 +17,7 @@ import ezpz_nb as ez
 from ezpz_nb.examples import throughput
 from ezpz_nb.examples.throughput import TokenizingDataset, tokenize
 from ezpz_nb.ledger import Ledger, StepRecord, StepTimes, record
+from ezpz_nb.viz.timeline import PARTS
 
 
 def spin(words: int) -> None:
@@ -48,7 +49,9 @@ def test_times_tile_each_step_and_the_marks_split_it(tmp_path):
         assert t.start_at <= t.entered_at
     # Summed over the steps: one preempted step cannot flip a 100x relation.
     assert sum(t.data_s for t in times) > 5 * sum(t.collective_s for t in times)
-    assert path.read_text().count('"kind": "time"') == len(times) == 4
+    # One time line a step, and the last step's again with the epoch's end.
+    assert path.read_text().count('"kind": "time"') == len(times) + 1 == 5
+    assert times[-1].end_s > 0 and all(t.end_s == 0 for t in times[:-1])
 
 
 def test_without_marks_the_loop_is_compute_and_timings_off_records_none(tmp_path):
@@ -133,7 +136,7 @@ def test_a_straggler_is_named_by_the_verdict_and_the_timeline_and_a_balanced_run
     ax = fig.axes[0]
     assert fig.ezpz_data["straggler"] == 2 and "rank 2 is the straggler" in ax.get_title()
     assert [t.get_text() for t in ax.get_yticklabels()][2] == "rank 2 (straggler)"
-    assert fig.ezpz_data["seconds"].shape == (3, len({t.step for t in slow.timings()}), 5)
+    assert fig.ezpz_data["seconds"].shape == (3, len({t.step for t in slow.timings()}), len(PARTS))
 
     balanced = even.diagnose()
     assert balanced.straggler is None, balanced.text

@@ -89,6 +89,10 @@ class StepClock:
         """
         self._handed = perf_counter()
 
+    def ended(self) -> float:
+        """The loader said the epoch is over: seconds since :meth:`asking`."""
+        return perf_counter() - self._asked
+
     def finish(self) -> StepTimes:
         """The loop came back for the next batch: the step's times."""
         body = perf_counter() - self._handed

@@ -178,6 +178,15 @@ class RecordingLoader:
             try:
                 batch = next(it)
             except StopIteration:
+                if clock is not None and step:
+                    # The epoch's end is the last step's: a second time line for it
+                    # replaces the first (workers shutting down take time here).
+                    last = self.records[-1]
+                    assert last.times is not None
+                    ended = replace(last.times, end_s=clock.ended())
+                    self._amend(with_times(last, ended))
+                    if self._file is not None:
+                        self._write(codec.encode_times(self.records[-1]))
                 return
             if clock is not None:
                 clock.got()

@@ -39,6 +39,9 @@ class StepTimes:
         entered_at: Wall-clock time when the rank entered the step's first
             collective block; ``None`` without one. The ledger compares it
             across ranks: a rank's wait is the time to the last rank's entry.
+        end_s: On an epoch's last step only: the time in the loader's final
+            ``next()``, which found the epoch over (workers shut down there
+            unless ``persistent_workers``); 0 on other steps.
     """
 
     data_s: float
@@ -47,6 +50,7 @@ class StepTimes:
     other_s: float = 0.0
     start_at: float = 0.0
     entered_at: float | None = None
+    end_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ class StepTiming:
         wait_s: In the collective, waiting for the last rank to enter it.
         transfer_s: In the collective after the last rank entered.
         other_s: The loop's unmarked rest (see ``StepTimes.other_s``).
+        end_s: The epoch's end, on its last step (see ``StepTimes.end_s``).
         start_at: Wall-clock time when the rank asked for the batch.
         entered_last: This rank was the last to enter the step's collective.
     """
@@ -67,13 +68,19 @@ class StepTiming:
     wait_s: float
     transfer_s: float
     other_s: float
+    end_s: float
     start_at: float
     entered_last: bool
 
     @property
     def busy_s(self) -> float:
-        """Time before the collective: what a faster rank would have saved the others."""
-        return self.data_s + self.compute_s + self.other_s
+        """Time outside the collective: what a faster rank would have saved the others."""
+        return self.data_s + self.compute_s + self.other_s + self.end_s
+
+    @property
+    def loader_s(self) -> float:
+        """Waiting on the loader: for the batch, and at the epoch's end."""
+        return self.data_s + self.end_s
 
     @property
     def total_s(self) -> float:
@@ -111,6 +118,7 @@ def step_timings(records: Iterable[StepRecord]) -> list[StepTiming]:
                     wait,
                     t.collective_s - wait,
                     t.other_s,
+                    t.end_s,
                     t.start_at,
                     last is not None and r.rank == last_rank and len(recs) > 1,
                 )
@@ -170,7 +178,7 @@ def diagnose(records: Iterable[StepRecord]) -> Diagnosis:
     # start-up skew and the loader's workers starting (see epoch_start()).
     steady = {r: [t for t in per[r] if t.step > 0] or per[r] for r in ranks}
     total = {r: sum(t.total_s for t in steady[r]) or 1e-12 for r in ranks}
-    data_share = {r: sum(t.data_s for t in steady[r]) / total[r] for r in ranks}
+    data_share = {r: sum(t.loader_s for t in steady[r]) / total[r] for r in ranks}
     wait_share = {r: sum(t.wait_s for t in steady[r]) / total[r] for r in ranks}
     last_share = {r: sum(t.entered_last for t in per[r]) / len(per[r]) for r in ranks}
     busy = {r: statistics.median(t.busy_s for t in per[r]) for r in ranks}

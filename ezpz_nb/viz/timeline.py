@@ -27,6 +27,7 @@ PARTS = (
     ("other_s", "other (unmarked)", GREY),
     ("wait_s", "waiting for the last rank", VERMILLION),
     ("transfer_s", "collective transfer", GREEN),
+    ("end_s", None, ORANGE),  # the epoch's end: waiting on the loader, as data
 )
 
 
@@ -96,7 +97,7 @@ def step_timeline(ledger: Ledger, epoch: int | None = None) -> Figure:
         else "no straggler: the ranks take about as long before the collective"
     )
     ax.set_title(title)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(PARTS), fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(PARTS) - 1, fontsize=8)
     data: dict[str, Any] = {
         "ranks": ranks,
         "parts": names,
