@@ -31,8 +31,10 @@ import time
 
 import torch
 
-SHAPES = {"tokens (32, 2048) int64": ((32, 2048), torch.int64)}
-SHAPES["images (32, 3, 224, 224) float32"] = ((32, 3, 224, 224), torch.float32)
+SHAPES: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+    "tokens (32, 2048) int64": ((32, 2048), torch.int64),
+    "images (32, 3, 224, 224) float32": ((32, 3, 224, 224), torch.float32),
+}
 
 
 def measure(
