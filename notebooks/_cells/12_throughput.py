@@ -286,10 +286,12 @@ for words in (2, 300):
     print(f"{words} words per document: {winner} wins in this run")
 
 # %% [markdown]
-# Light documents: loading costs less than a collective, so every TP rank loading its own copy
-# wins. Heavy documents on fewer cores than ranks: four ranks tokenizing the same batch compete
-# for the cores, while the broadcast lets one rank load and the others wait for bytes; the
-# table shows which side of the crossover this machine is on. On a GPU node with cores to spare
+# What to expect, and what the table measured: with light documents loading costs less than a
+# collective, so every TP rank loading its own copy should win; with heavy documents on fewer
+# cores than ranks, four ranks tokenizing the same batch compete for the cores, while the
+# broadcast lets one rank load and the others wait for bytes. A machine busy with other work
+# blurs the light case (a few hundred microseconds either way); the heavy case is the one where
+# the choice matters. On a GPU node with cores to spare
 # per rank, duplicated loading costs CPU, not time, and the crossover moves towards "every rank
 # loads" (torchtitan and picotron do that); with heavy decoding (images, video) or few cores
 # per GPU, the broadcast wins.
