@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader
 
 import ezpz_nb as ez
 from ezpz_nb import viz
-from ezpz_nb.data import TPBroadcastDataLoader
+from ezpz_nb.data import RandomTokenDataset, TPBroadcastDataLoader
 from ezpz_nb.examples import throughput
 from ezpz_nb.examples.throughput import TokenizingDataset, make_loader, train
 from ezpz_nb.ledger import Ledger, record
@@ -122,22 +122,26 @@ def sweep(configs, epochs=1):
 
 SETTINGS = [(0, None, False), (1, 2, False), (2, 2, False), (2, 4, False)]
 (runs,) = ez.launch(sweep, SETTINGS, world_size=1)
-print("| num_workers | prefetch_factor | data wait per step (median) | data-wait share |")
-print("|---|---|---|---|")
+print("| num_workers | prefetch_factor | data wait per step | step | epoch start | epoch end |")
+print("|---|---|---|---|---|---|")
 waits = {}
 for (workers, prefetch, _), led in zip(SETTINGS, runs, strict=True):
-    steady = [t for t in led.timings() if t.step > 0]
-    waits[(workers, prefetch)] = statistics.median(t.data_s for t in steady)
-    share = led.diagnose().data_share[0]
+    timed = led.timings()
+    steady = [t for t in timed if t.step > 0]
+    waits[(workers, prefetch)] = wait = statistics.median(t.data_s for t in steady)
+    step = statistics.median(t.total_s for t in steady)
+    start, end = timed[0].data_s, timed[-1].end_s
     print(
-        f"| {workers} | {prefetch or '-'} | {1e3 * waits[(workers, prefetch)]:.2f} ms | {share:.0%} |"
+        f"| {workers} | {prefetch or '-'} | {1e3 * wait:.2f} ms | {1e3 * step:.2f} ms "
+        f"| {1e3 * start:.0f} ms | {1e3 * end:.0f} ms |"
     )
 best = min(waits, key=waits.get)
 print(f"\nthis run's shortest wait: num_workers={best[0]}, prefetch_factor={best[1]}")
 
 # %% [markdown]
-# With one worker, the next batch is tokenized while the step runs: the wait shrinks by about
-# the step's own time. With two, two batches are made at once, if there are two free cores.
+# Medians over the steps after the first; "epoch start" is the first step's wait (workers
+# forked), "epoch end" the last `next()` (workers shut down). With one worker, the next batch is
+# tokenized while the step runs: the wait shrinks by about the step's own time. With two, two batches are made at once, if there are two free cores.
 # `prefetch_factor` helps only when the loading time per batch varies (it evens out bursts);
 # it cannot make loading faster on average. On this notebook's machine the table says which
 # won; on a machine with more cores than ranks, more workers keep winning until loading is
@@ -253,45 +257,55 @@ for threads in (1, 2):
 
 
 # %%
-def tp_step_ms(words, broadcast):
+# (documents, sequence length, batch): one batch cheap to make and big to send (random tokens,
+# 2 x 32 x 4096 int64 = 2 MiB), one costly to make (tokenizing long documents) and small to send.
+TP_CASES = {
+    "cheap to load, 2 MiB to send": (None, 4096, 32),
+    "costly to load, 4 KiB to send": (600, 32, 8),
+}
+
+
+def tp_step_ms(case, broadcast):
     """Median step time of one TP group loading 6 batches one way or the other."""
-    ds = TokenizingDataset(48, words=words)
-    loader = DataLoader(ds, batch_size=8)  # one DP replica: every TP rank reads the same batches
+    words, seq_length, batch = TP_CASES[case]
+    n = 6 * batch
+    if words is None:
+        ds = RandomTokenDataset(1024, seq_length, num_samples=n)
+    else:
+        ds = TokenizingDataset(n, seq_length=seq_length, words=words)
+    loader = DataLoader(
+        ds, batch_size=batch
+    )  # one DP replica: every TP rank reads the same batches
     if broadcast:
         loader = TPBroadcastDataLoader(loader, dist.group.WORLD)
     rec = record(loader)
     for _batch in rec:
         with rec.collective():  # TP ranks meet in every layer; one all-reduce stands for them
             dist.all_reduce(torch.zeros(1))
-    steps = [t.total_s for t in rec.ledger().timings()]
-    return 1e3 * statistics.median(steps)
+    return 1e3 * statistics.median(t.total_s for t in rec.ledger().timings())
 
 
 def tp_table():
-    rows = {}
-    for words in (2, 300):
-        for broadcast in (False, True):
-            rows[(words, broadcast)] = tp_step_ms(words, broadcast)
-    return rows
+    return {(case, b): tp_step_ms(case, b) for case in TP_CASES for b in (False, True)}
 
 
 tp = ez.launch(tp_table, world_size=4)
 table = {k: max(rank[k] for rank in tp) for k in tp[0]}
-print("| words per document | every TP rank loads | leader loads + broadcasts |")
-print("|---|---|---|")
-for words in (2, 300):
-    print(f"| {words} | {table[(words, False)]:.2f} ms | {table[(words, True)]:.2f} ms |")
-for words in (2, 300):
-    winner = "every rank loads" if table[(words, False)] < table[(words, True)] else "broadcast"
-    print(f"{words} words per document: {winner} wins in this run")
+print("| batch | every TP rank loads | leader loads + broadcasts | this run |")
+print("|---|---|---|---|")
+for case in TP_CASES:
+    each, bcast = table[(case, False)], table[(case, True)]
+    won = "every rank loads" if each < bcast else "broadcast"
+    print(f"| {case} | {each:.2f} ms | {bcast:.2f} ms | {won} |")
 
 # %% [markdown]
-# What to expect, and what the table measured: with light documents loading costs less than a
-# collective, so every TP rank loading its own copy should win; with heavy documents on fewer
-# cores than ranks, four ranks tokenizing the same batch compete for the cores, while the
-# broadcast lets one rank load and the others wait for bytes. A machine busy with other work
-# blurs the light case (a few hundred microseconds either way); the heavy case is the one where
-# the choice matters. On a GPU node with cores to spare
+# The two sides of the crossover: a batch that costs less to make than to send (random tokens,
+# 2 MiB) should go to "every rank loads", since the broadcast moves 2 MiB through the group every
+# step for nothing; a batch that costs much more to make than to send goes to the broadcast,
+# most clearly when the TP ranks share fewer cores than there are ranks (four ranks tokenizing
+# the same documents on 2 cores each take twice as long). On a busy 2-core laptop the cheap
+# case is within noise (a few ms either way): rerun the cell and watch which row keeps its
+# winner. On a GPU node with cores to spare
 # per rank, duplicated loading costs CPU, not time, and the crossover moves towards "every rank
 # loads" (torchtitan and picotron do that); with heavy decoding (images, video) or few cores
 # per GPU, the broadcast wins.
