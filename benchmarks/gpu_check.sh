@@ -2,7 +2,8 @@
 # One short run (well under 5 minutes) of the GPU paths, for a machine with CUDA GPUs:
 #   1. the GPU tests (pytest; they skip on machines without CUDA),
 #   2. tp_broadcast under torchrun on nccl, one GPU per rank, ledger checked,
-#   3. uneven steps under torchrun on nccl must fail, not hang (needs 2+ GPUs).
+#   3. uneven steps under torchrun on nccl must fail, not hang (needs 2+ GPUs),
+#   4. pin_memory / non_blocking host-to-device copies, measured (benchmarks/pin_memory.py).
 # Prints PASS/FAIL per check and a summary; exits 1 if any check failed.
 #
 # Usage, from anywhere:  bash benchmarks/gpu_check.sh     (PYTHON=... picks the interpreter)
@@ -53,6 +54,10 @@ if [ "$NPROC" -ge 2 ]; then
 else
     echo "SKIP  uneven steps on nccl: needs 2 GPUs (NCCL takes one GPU per rank)"
 fi
+
+echo "== 4. pin_memory and non_blocking: host-to-device copies while kernels run"
+timeout 120 "$PY" benchmarks/pin_memory.py
+report "pin_memory / non_blocking copies measured" $?
 
 echo "gpu_check: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

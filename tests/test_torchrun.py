@@ -114,6 +114,29 @@ def test_uneven_steps_under_torchrun_fail_with_a_named_error_not_a_hang(tmp_path
     assert "step_mismatch" in {p.kind for p in ledger.check()}
 
 
+def test_step_times_under_torchrun_name_the_straggler(tmp_path):
+    """Guards issue 26 under torch's launcher: each rank's file carries a time line per
+    step (format 3), the merged ledger's verdict names the rank with the heavy shard,
+    and rank 0 prints that verdict."""
+    proc = torchrun(
+        3,
+        "throughput",
+        "--out",
+        str(tmp_path),
+        "--heavy-rank",
+        "1",
+        "--num-samples",
+        "192",
+        "--check",
+    )
+    assert proc.returncode == 0, output(proc)
+    ledger = Ledger.load(tmp_path)
+    assert ledger.ranks() == [0, 1, 2] and all(r.times is not None for r in ledger.records)
+    assert all(r.times.entered_at is not None for r in ledger.records if r.times)
+    assert ledger.diagnose().straggler == 1, ledger.diagnose().text
+    assert "Rank 1 is the straggler" in proc.stdout, output(proc)
+
+
 def test_capstone_under_torchrun_matches_one_process(tmp_path):
     """The README's capstone line: FSDP2 x TP under torchrun, ledger files with the loss of
     every step, equal to the single-process reference."""

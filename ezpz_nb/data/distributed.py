@@ -333,7 +333,11 @@ def _cuda_in_use() -> bool:
     return not _is_dist() or uses_nccl()
 
 
-def _worker_context(num_workers: int) -> str | None:
+def worker_context(num_workers: int) -> str | None:
+    """The DataLoader ``multiprocessing_context`` for workers started inside a rank.
+
+    ``"fork"`` on Linux before CUDA is used, else None (the platform's default).
+    """
     if num_workers == 0 or not sys.platform.startswith("linux") or torch.cuda.is_initialized():
         return None
     # Ranks started by a forkserver or spawn inherit that start method, and a
@@ -447,7 +451,7 @@ def get_random_dataset_fsdp_tp(
         pin_memory=pin_memory and _cuda_in_use(),
         drop_last=drop_last,
         persistent_workers=num_workers > 0,
-        multiprocessing_context=_worker_context(num_workers),
+        multiprocessing_context=worker_context(num_workers),
     )
     if use_dist and broadcast_within_tp and tp_group is not None:
         dl = TPBroadcastDataLoader(dl, tp_group, mode=broadcast)

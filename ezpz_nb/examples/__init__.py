@@ -12,12 +12,13 @@ Modules: :mod:`~ezpz_nb.examples.dp_sharding` (shard over DP, not the world),
 :mod:`~ezpz_nb.examples.tp_broadcast` (the TP leader loads and broadcasts),
 :mod:`~ezpz_nb.examples.step_alignment` (uneven step counts, and two fixes),
 :mod:`~ezpz_nb.examples.capstone` (a tiny language model trained with FSDP2 x TP,
-its losses against one process).
+its losses against one process), :mod:`~ezpz_nb.examples.throughput` (step times
+per rank: data wait, compute, waiting for a straggler).
 Submodules are imported on use so ``import ezpz_nb.examples`` stays cheap.
 """
 
 from __future__ import annotations
 
-EXAMPLES = ("dp_sharding", "tp_broadcast", "step_alignment", "capstone")
+EXAMPLES = ("dp_sharding", "tp_broadcast", "step_alignment", "capstone", "throughput")
 
 __all__ = ["EXAMPLES"]

@@ -202,6 +202,12 @@ def _arg_docs(doc: str) -> dict[str, str]:
     return {k: v.replace("%", "%%") for k, v in plain.items()}
 
 
+def _optional_of(hint: Any) -> type:
+    """``int`` for ``int | None``; ``str`` for a folder (``str | Path | None``) or no hint."""
+    kinds = [a for a in typing.get_args(hint) if a is not type(None)]
+    return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float) else str
+
+
 def parser_for(run: Callable[..., Ledger], description: str | None) -> argparse.ArgumentParser:
     """The command line of a walkthrough, read off its worker's signature.
 
@@ -223,8 +229,8 @@ def parser_for(run: Callable[..., Ledger], description: str | None) -> argparse.
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
         elif typing.get_origin(hint) is typing.Literal:
             p.add_argument(flag, choices=typing.get_args(hint), default=default, help=text)
-        else:  # int, float, or a folder that defaults to None
-            kind = str if default is None else type(default)
+        else:  # int, float, or an optional int or folder that defaults to None
+            kind = type(default) if default is not None else _optional_of(hint)
             p.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument(
         "--backend",
@@ -299,6 +305,9 @@ def _run_and_report(run: Callable[..., Ledger], args: argparse.Namespace) -> int
         return 0
     merged = Ledger.from_results(parts)
     print(merged.summary(), flush=True)
+    if merged.timings():
+        # The run timed its steps (record(timings=True)): say who waits for data.
+        print(merged.diagnose(), flush=True)
     if args.out is not None:
         print(
             f"Ledger files in {args.out}/ (one per rank); in a notebook: "

@@ -18,9 +18,10 @@ went wrong, in plain words::
     print(ledger.summary())
 
 Ledger files (``record(..., path=...)``, :meth:`Ledger.save`, :meth:`Ledger.load`)
-are JSON lines, format version 2, one object per line with a ``kind``:
+are JSON lines, format version 3 (:mod:`ezpz_nb.ledger.codec` writes and
+reads them), one object per line with a ``kind``:
 
-* ``header`` (first line): ``{"ezpz_nb_ledger": 2, "kind": "header",
+* ``header`` (first line): ``{"ezpz_nb_ledger": 3, "kind": "header",
   "num_samples": 64, "rank": 3, "world_size": 4, "pid": 1234, "run_id": "..."}``
   (a file of one rank; :meth:`Ledger.save` of a merged ledger leaves out the
   per-process keys). ``run_id`` is torchrun's ``TORCHELASTIC_RUN_ID`` when there
@@ -30,17 +31,21 @@ are JSON lines, format version 2, one object per line with a ``kind``:
 * ``loss`` (optional): ``{"kind": "loss", "rank": 3, "epoch": 0, "step": 5,
   "loss": 2.31}``, the loss of that step, written after its step line by
   :meth:`RecordingLoader.log_loss` (a step's line is written before its loss exists).
+* ``time`` (version 3): ``{"kind": "time", "rank": 3, "epoch": 0, "step": 5,
+  "data_s": 0.004, "compute_s": 0.011, "collective_s": 0.002, "other_s": 0.0,
+  "start_at": 1.7e9, "entered_at": 1.7e9}``, how the step's time was spent
+  (:class:`StepTimes`), written when the loop comes back for the next batch.
 * ``end``: ``{"kind": "end", "rank": 3, "steps": 32}``, written when the rank
   finished; a file without one was cut short (``Ledger.complete``).
 
 Readers skip kinds they do not know and keys they do not know, and give keys
-an older writer did not write their defaults, so new kinds of line (``loss``)
-and new keys (``cp_rank``/``cp_size``, the coordinates of a third parallel
-dimension) are added without a new version; the version
-goes up only when an older reader would misread a file. Version 1 files (a
-header without ``kind`` and bare records, written once at the end) still load.
-A key a file lacks takes its field's default: ``worker_ids`` (the DataLoader
-worker of each sample, see :func:`tag_worker`) was added this way.
+an older writer did not write their defaults; every older version still loads
+(``codec.HISTORY`` says what each added). A key a file lacks takes its field's
+default: ``worker_ids`` (the DataLoader worker of each sample, see
+:func:`tag_worker`) was added this way.
+
+:meth:`Ledger.timings` turns the times into each rank's wait for the slowest
+one, and :meth:`Ledger.diagnose` names the straggler in words.
 
 :meth:`Ledger.merge_runs` joins the ledgers of one job stopped and resumed
 (notebook 09); the ``rank_duplicate`` check finds a rank that saw a sample
@@ -51,15 +56,20 @@ from __future__ import annotations
 
 from ezpz_nb.ledger.book import Ledger
 from ezpz_nb.ledger.checks import Problem
+from ezpz_nb.ledger.codec import VERSION as FORMAT_VERSION
 from ezpz_nb.ledger.recording import RecordingLoader, record, tag_worker
-from ezpz_nb.ledger.records import FORMAT_VERSION, StepRecord, batch_digest
+from ezpz_nb.ledger.records import StepRecord, StepTimes, batch_digest
+from ezpz_nb.ledger.timing import Diagnosis, StepTiming
 
 __all__ = [
     "FORMAT_VERSION",
+    "Diagnosis",
     "Ledger",
     "Problem",
     "RecordingLoader",
     "StepRecord",
+    "StepTimes",
+    "StepTiming",
     "batch_digest",
     "record",
     "tag_worker",

@@ -2,66 +2,23 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ezpz_nb.ledger import codec
 from ezpz_nb.ledger.checks import Problem, check_records
-from ezpz_nb.ledger.records import (
-    FORMAT_VERSION,
-    StepRecord,
-    _end_line,
-    _header,
-    _loss_line,
-    _step_from,
-    _step_line,
-)
+from ezpz_nb.ledger.records import StepRecord
+from ezpz_nb.ledger.timing import Diagnosis, StepTiming, diagnose, epoch_start, step_timings
 
 __all__ = ["Ledger"]
 
 
 def _read_file(file: Path) -> Ledger:
-    """One ledger file, version 1 or 2; a torn last line (a kill mid-write) is dropped."""
-    text = file.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    objs: list[dict[str, Any]] = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            objs.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1 and not text.endswith("\n"):
-                break  # the write in progress when the process died
-            raise ValueError(f"{file}, line {i + 1}: not a ledger line: {line[:80]!r}") from None
-    head = objs[0] if objs and "ezpz_nb_ledger" in objs[0] else {}
-    version = head.get("ezpz_nb_ledger", 1)
-    if version > FORMAT_VERSION:
-        raise ValueError(
-            f"{file} is a version {version} ledger; this ezpz_nb reads up to "
-            f"version {FORMAT_VERSION}: upgrade ezpz_nb to read it"
-        )
-    recs, ended = [], set()
-    losses: dict[tuple[int, int, int], float] = {}
-    for d in objs:
-        kind = d.get("kind", "header" if "ezpz_nb_ledger" in d else "step")
-        if kind == "step":
-            recs.append(_step_from(d))
-        elif kind == "loss" and {"rank", "epoch", "step", "loss"} <= d.keys():
-            losses[(d["rank"], d["epoch"], d["step"])] = d["loss"]
-        elif kind == "end":
-            ended.add(d["rank"])
-    if losses:
-        recs = [replace(r, loss=losses.get((r.rank, r.epoch, r.step), r.loss)) for r in recs]
-    complete: dict[int, bool] = {}
-    if version >= 2:  # version 1 files say nothing about how the run ended
-        ranks = {r.rank for r in recs} | ended
-        if "rank" in head:
-            ranks.add(head["rank"])
-        complete = {r: r in ended for r in ranks}
-    return Ledger(recs, head.get("num_samples"), complete)
+    """One ledger file, of any version the codec reads."""
+    got = codec.decode(file.read_text(encoding="utf-8"), name=str(file))
+    return Ledger(got.records, got.num_samples, got.complete)
 
 
 @dataclass
@@ -176,15 +133,17 @@ class Ledger:
         path.parent.mkdir(parents=True, exist_ok=True)
         steps: dict[int, int] = dict.fromkeys(self.complete, 0)
         with path.open("w", encoding="utf-8") as f:
-            f.write(_header(self.num_samples))
+            f.write(codec.encode_header(self.num_samples))
             for r in self.records:
-                f.write(_step_line(r))
+                f.write(codec.encode_step(r))
                 if r.loss is not None:
-                    f.write(_loss_line(r))
+                    f.write(codec.encode_loss(r))
+                if r.times is not None:
+                    f.write(codec.encode_times(r))
                 steps[r.rank] = steps.get(r.rank, 0) + 1
             for rank, n in sorted(steps.items()):
                 if self.complete.get(rank, True):
-                    f.write(_end_line(rank, n))
+                    f.write(codec.encode_end(rank, n))
         return path
 
     @classmethod
@@ -268,6 +227,31 @@ class Ledger:
         for r in recs:
             out[row[r.rank], r.step, : len(r.sample_ids)] = r.sample_ids
         return out
+
+    # --------------------------------------------------------------- timings
+    def timings(self, epoch: int | None = None) -> list[StepTiming]:
+        """Each rank's step times with its wait for the last rank (see :mod:`~ezpz_nb.ledger.timing`).
+
+        Args:
+            epoch: Only this epoch; by default all.
+
+        Returns:
+            One :class:`~ezpz_nb.ledger.StepTiming` per timed record, by epoch,
+            step and rank; empty when the run recorded no times.
+        """
+        recs = self.records if epoch is None else [r for r in self.records if r.epoch == epoch]
+        return step_timings(recs)
+
+    def diagnose(self) -> Diagnosis:
+        """Which rank is the straggler, each rank's data-wait share, and who waits: in words.
+
+        ``print(ledger.diagnose())`` gives the verdict; its attributes give the figures.
+        """
+        return diagnose(self.records)
+
+    def epoch_start(self) -> dict[int, dict[int, float]]:
+        """``{epoch: {rank: data wait of its first step}}``: what each epoch's start costs."""
+        return epoch_start(self.records)
 
     # ---------------------------------------------------------------- checks
     def check(self) -> list[Problem]:

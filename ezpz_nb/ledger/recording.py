@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
@@ -13,17 +14,10 @@ from torch.utils.data import Dataset, IterableDataset, Subset, get_worker_info
 from ezpz_nb import events
 from ezpz_nb.data.distributed import forward_set_epoch
 from ezpz_nb.data.groups import Layout
+from ezpz_nb.ledger import codec
 from ezpz_nb.ledger.book import Ledger
-from ezpz_nb.ledger.records import (
-    StepRecord,
-    _end_line,
-    _header,
-    _loss_line,
-    _sample_ids,
-    _step_line,
-    _worker_ids,
-    batch_digest,
-)
+from ezpz_nb.ledger.clock import StepClock
+from ezpz_nb.ledger.records import StepRecord, batch_digest, batch_ints, with_times
 
 __all__ = ["RecordingLoader", "record", "tag_worker"]
 
@@ -57,13 +51,26 @@ class RecordingLoader:
             header now, each step as it is taken (flushed), the end record on
             :meth:`close`. Whatever kills the process, the file keeps the
             steps taken so far.
+        timings: Measure each step (:class:`~ezpz_nb.ledger.StepTimes`): the
+            wait for the batch, the loop's own work, and the time in the
+            blocks marked :meth:`collective`. False records no times and
+            makes :meth:`compute` and :meth:`collective` do nothing.
 
     Use it as a context manager to write the end record only when the block
-    finishes without an exception::
+    finishes without an exception, and mark the step's collective so the
+    ledger can tell who waited for whom::
 
         with record(loader, layout, path=f"ledger/rank{layout.rank}.jsonl") as rec:
             for batch in rec:
-                ...
+                loss = model(batch).mean()      # the step's own work
+                loss.backward()
+                with rec.collective():          # where the ranks meet
+                    for p in model.parameters():
+                        dist.all_reduce(p.grad)
+                opt.step()
+
+    A step's times are taken when the loop comes back for the next batch: a
+    loop that leaves early (``break``) records no times for its last step.
     """
 
     def __init__(
@@ -75,6 +82,7 @@ class RecordingLoader:
         ledger_list: list[StepRecord] | None = None,
         publish: bool = True,
         path: str | Path | None = None,
+        timings: bool = True,
     ) -> None:
         self.loader = loader
         self.layout = layout if layout is not None else _default_layout()
@@ -84,12 +92,14 @@ class RecordingLoader:
         self._next_epoch: int | None = epoch
         self._last_epoch = epoch - 1
         self._file: IO[str] | None = None
+        self._clock = StepClock() if timings else None
+        self._idle: AbstractContextManager[object] = nullcontext()
         if path is not None:
             path = Path(path)
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("w", encoding="utf-8")
             self._write(
-                _header(
+                codec.encode_header(
                     self.num_samples(),
                     rank=self.layout.rank,
                     world_size=self.layout.world_size,
@@ -110,7 +120,7 @@ class RecordingLoader:
         if self._file is None:
             return
         if finished:
-            self._write(_end_line(self.layout.rank, len(self.records)))
+            self._write(codec.encode_end(self.layout.rank, len(self.records)))
         self._file.close()
         self._file = None
 
@@ -128,11 +138,51 @@ class RecordingLoader:
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
+    def compute(self) -> AbstractContextManager[object]:
+        """``with rec.compute():`` marks the step's own work (forward, backward, update).
+
+        Optional: without it, all the loop does outside :meth:`collective`
+        counts as compute. With it, the rest of the loop's time (logging,
+        evaluation) is counted apart, as ``other_s``.
+        """
+        return self._clock.compute if self._clock is not None else self._idle
+
+    def collective(self) -> AbstractContextManager[object]:
+        """``with rec.collective():`` marks the step's collective (the gradient all-reduce).
+
+        The rank's entry into the first such block of a step is stamped; the
+        ledger's wait of each rank is the time from its entry to the last
+        rank's entry, so the transfer itself is not counted as waiting.
+        """
+        return self._clock.collective if self._clock is not None else self._idle
+
     def __iter__(self) -> Iterator[Any]:
         epoch = self._next_epoch if self._next_epoch is not None else self._last_epoch + 1
         self._next_epoch, self._last_epoch = None, epoch
         lay = self.layout
-        for step, batch in enumerate(self.loader):
+        clock = self._clock
+        if clock is not None:
+            clock.asking()  # before iter(): starting the workers is the first step's wait
+        it = iter(self.loader)
+        step = 0
+        while True:
+            if clock is not None and step:
+                clock.asking()
+            try:
+                batch = next(it)
+            except StopIteration:
+                if clock is not None and step:
+                    # The epoch's end is the last step's: a second time line for it
+                    # replaces the first (workers shutting down take time here).
+                    last = self.records[-1]
+                    assert last.times is not None
+                    ended = replace(last.times, end_s=clock.ended())
+                    self._amend(with_times(last, ended))
+                    if self._file is not None:
+                        self._write(codec.encode_times(self.records[-1]))
+                return
+            if clock is not None:
+                clock.got()
             rec = StepRecord(
                 epoch=epoch,
                 step=step,
@@ -141,20 +191,35 @@ class RecordingLoader:
                 dp_size=lay.dp_size,
                 tp_rank=lay.tp_rank,
                 tp_size=lay.tp_size,
-                sample_ids=_sample_ids(batch),
+                sample_ids=batch_ints(batch, "index"),
                 source=getattr(self.loader, "source", "loaded"),
                 digest=batch_digest(batch),
-                worker_ids=_worker_ids(batch),
+                worker_ids=batch_ints(batch, "worker_id"),
                 cp_rank=lay.cp_rank,
                 cp_size=lay.cp_size,
             )
             self.records.append(rec)
-            self._write(_step_line(rec))
+            self._write(codec.encode_step(rec))
             if self.ledger_list is not None:
                 self.ledger_list.append(rec)
             if self.publish:
                 events.publish(rec)
+            if clock is not None:
+                clock.handed()
             yield batch
+            if clock is not None:
+                timed = self._amend(with_times(self.records[-1], clock.finish()))
+                if self._file is not None:
+                    self._write(codec.encode_times(timed))
+            step += 1
+
+    def _amend(self, rec: StepRecord) -> StepRecord:
+        """Put ``rec`` in place of the last record (and of its copy in ``ledger_list``)."""
+        last = self.records[-1]
+        if self.ledger_list and self.ledger_list[-1] is last:
+            self.ledger_list[-1] = rec
+        self.records[-1] = rec
+        return rec
 
     def log_loss(self, loss: float) -> None:
         """Attach the loss of the step just taken to its record (and to the file).
@@ -169,15 +234,7 @@ class RecordingLoader:
         """
         if not self.records:
             raise RuntimeError("log_loss() before the first step: iterate the loader first")
-        rec = replace(self.records[-1], loss=float(loss))
-        if (
-            self.ledger_list is not None
-            and self.ledger_list
-            and self.ledger_list[-1] is self.records[-1]
-        ):
-            self.ledger_list[-1] = rec
-        self.records[-1] = rec
-        self._write(_loss_line(rec))
+        self._write(codec.encode_loss(self._amend(replace(self.records[-1], loss=float(loss)))))
 
     def num_samples(self) -> int | None:
         """Length of the loader's full dataset, if it has one.
@@ -207,10 +264,17 @@ def record(
     ledger_list: list[StepRecord] | None = None,
     publish: bool = True,
     path: str | Path | None = None,
+    timings: bool = True,
 ) -> RecordingLoader:
     """Wrap ``loader`` in a :class:`RecordingLoader` (same arguments)."""
     return RecordingLoader(
-        loader, layout, epoch=epoch, ledger_list=ledger_list, publish=publish, path=path
+        loader,
+        layout,
+        epoch=epoch,
+        ledger_list=ledger_list,
+        publish=publish,
+        path=path,
+        timings=timings,
     )
 
 

@@ -1,24 +1,56 @@
-"""A step record and the ledger file's lines: what one rank held at one step.
+"""A step record: what one rank held at one step, and how long the step took.
 
-The file format itself is described in :mod:`ezpz_nb.ledger`.
+The file format is :mod:`ezpz_nb.ledger.codec`'s.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ezpz_nb.data.tree import flatten_batch
 
-__all__ = ["FORMAT_VERSION", "StepRecord", "batch_digest"]
+__all__ = ["StepRecord", "StepTimes", "batch_digest", "batch_ints", "with_times"]
 
-#: Version of the ledger file format this module writes (see the module docstring).
-FORMAT_VERSION = 2
+
+@dataclass(frozen=True)
+class StepTimes:
+    """How one rank spent one step, as its recorder measured it (seconds).
+
+    The four durations tile the step: ``data_s + compute_s + collective_s +
+    other_s`` is the wall time from asking for this batch to asking for the next.
+
+    Attributes:
+        data_s: Waiting for the batch: the time inside the loader's ``next()``
+            (for an epoch's first step also ``iter()``, where workers start).
+        compute_s: The step's own work: the time in ``rec.compute()`` blocks,
+            or, when the loop marks none, everything the loop did between two
+            batches outside ``rec.collective()`` blocks.
+        collective_s: Time inside ``rec.collective()`` blocks (waiting for the
+            other ranks, then the transfer); 0 when the loop marks none.
+        other_s: The rest of the loop's time when it marks ``rec.compute()``
+            (logging, evaluation...); 0 otherwise.
+        start_at: Wall-clock time (``time.time()``) when the rank asked for
+            the batch.
+        entered_at: Wall-clock time when the rank entered the step's first
+            collective block; ``None`` without one. The ledger compares it
+            across ranks: a rank's wait is the time to the last rank's entry.
+        end_s: On an epoch's last step only: the time in the loader's final
+            ``next()``, which found the epoch over (workers shut down there
+            unless ``persistent_workers``); 0 on other steps.
+    """
+
+    data_s: float
+    compute_s: float
+    collective_s: float = 0.0
+    other_s: float = 0.0
+    start_at: float = 0.0
+    entered_at: float | None = None
+    end_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +79,9 @@ class StepRecord:
         cp_size: Size of the CP group; 1 without CP.
         loss: The training loss of this step, when the loop reported one
             (:meth:`RecordingLoader.log_loss`); ``None`` otherwise.
+        times: How long the step took (:class:`StepTimes`); ``None`` when not
+            measured. Not part of a record's equality: two runs that held the
+            same batches compare equal however long they took.
 
     The fields from ``worker_ids`` on have defaults, so older files load.
     """
@@ -67,6 +102,21 @@ class StepRecord:
     cp_rank: int = 0
     cp_size: int = 1
     loss: float | None = None
+    times: StepTimes | None = field(default=None, compare=False)
+
+
+def with_times(rec: StepRecord, times: StepTimes) -> StepRecord:
+    """A copy of ``rec`` with ``times``, made without ``dataclasses.replace``.
+
+    ``replace`` re-runs the frozen ``__init__`` (one ``object.__setattr__`` per
+    field): 5-12 us here, most of the timings' budget of 20 us per step. The
+    record has no ``__post_init__`` to skip, so a copy of its fields is the same
+    record, in about 1 us.
+    """
+    new = object.__new__(StepRecord)
+    new.__dict__.update(rec.__dict__)
+    new.__dict__["times"] = times
+    return new
 
 
 def batch_digest(batch: Any) -> str:
@@ -81,8 +131,12 @@ def batch_digest(batch: Any) -> str:
     return h.hexdigest()
 
 
-def _batch_ints(batch: Any, key: str) -> tuple[int, ...]:
-    """The first ``key`` entry found in a (nested) batch, as a tuple of ints."""
+def batch_ints(batch: Any, key: str) -> tuple[int, ...]:
+    """The first ``key`` entry found in a (nested) batch, as a tuple of ints.
+
+    ``batch_ints(batch, "index")`` gives the sample ids of a batch, ``"worker_id"``
+    the DataLoader worker of each sample; ``()`` when the batch has no such key.
+    """
     if isinstance(batch, dict):
         if key in batch:
             ids = batch[key]
@@ -95,54 +149,7 @@ def _batch_ints(batch: Any, key: str) -> tuple[int, ...]:
     else:
         return ()
     for v in values:
-        found = _batch_ints(v, key)
+        found = batch_ints(v, key)
         if found:
             return found
     return ()
-
-
-def _sample_ids(batch: Any) -> tuple[int, ...]:
-    return _batch_ints(batch, "index")
-
-
-def _worker_ids(batch: Any) -> tuple[int, ...]:
-    return _batch_ints(batch, "worker_id")
-
-
-def _line(obj: dict[str, Any]) -> str:
-    return json.dumps(obj) + "\n"
-
-
-def _header(num_samples: int | None, **extra: Any) -> str:
-    return _line(
-        {"ezpz_nb_ledger": FORMAT_VERSION, "kind": "header", "num_samples": num_samples, **extra}
-    )
-
-
-def _step_line(rec: StepRecord) -> str:
-    return _line({"kind": "step", **asdict(rec)})
-
-
-def _loss_line(rec: StepRecord) -> str:
-    # A step's line is written when its batch is yielded, before any loss
-    # exists: the loss follows in a line of its own, naming its step.
-    return _line(
-        {"kind": "loss", "rank": rec.rank, "epoch": rec.epoch, "step": rec.step, "loss": rec.loss}
-    )
-
-
-def _end_line(rank: int, steps: int) -> str:
-    return _line({"kind": "end", "rank": rank, "steps": steps})
-
-
-_STEP_FIELDS = tuple(f.name for f in fields(StepRecord))
-
-
-def _step_from(d: dict[str, Any]) -> StepRecord:
-    # Keys a newer writer added are skipped (see the module docstring); keys
-    # an older writer did not know take their defaults.
-    known = {k: d[k] for k in _STEP_FIELDS if k in d}
-    for k in ("sample_ids", "worker_ids"):
-        if k in known:
-            known[k] = tuple(known[k])
-    return StepRecord(**known)

@@ -8,6 +8,8 @@ it draws kept as plain arrays in ``fig.ezpz_data``:
   (which rank held which samples, and who loaded them);
 * :mod:`.ranks`: :func:`timeline`, :func:`layout` (how far each rank got; the
   dp x tp grid);
+* :mod:`.timeline`: :func:`step_timeline` (each rank's steps split into data
+  wait, compute and collective wait, and the straggler named);
 * :mod:`.training`: :func:`loss_curves` (the loss per step of several runs,
   against a reference run);
 * :mod:`.widgets` and :mod:`.progress`: the live explorer and run progress
@@ -29,6 +31,7 @@ _WHERE = {
     "loss_curves": "training",
     "timeline": "ranks",
     "layout": "ranks",
+    "step_timeline": "timeline",
     "png_bytes": "figure",
     "EzFigure": "figure",
 }

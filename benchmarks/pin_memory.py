@@ -1,0 +1,82 @@
+"""What do ``pin_memory`` and ``non_blocking`` buy on this GPU? Prints one table.
+
+A batch of ``(32, 2048)`` int64 tokens (512 KiB) and one of ``(32, 3, 224, 224)``
+float32 images (18 MiB) go from host to device in a loop, while the device
+runs a matmul standing in for the previous step's kernels:
+
+* pageable, blocking:     ``batch.to("cuda")`` from ordinary memory;
+* pinned, blocking:       from page-locked memory (``DataLoader(pin_memory=True)``);
+* pinned, non_blocking:   ``batch.to("cuda", non_blocking=True)``: the copy is
+  queued and the host goes on, so it overlaps with the kernels.
+
+Per copy: the host's time in the call (what the training loop waits for) and
+the wall time of a step (kernel + copy, synchronised). A blocking copy on the
+default stream also waits for the kernels queued before it, so its host time
+is the kernel's plus the copy's; a non-blocking copy from pinned memory returns
+at once. A pageable copy with ``non_blocking=True`` is staged through a pinned
+buffer and blocks anyway.
+
+Measured on one H200 (torch 2.11, CUDA 13.0): host time in ``.to()`` 2.7 ms
+(tokens) and 3.0-4.2 ms (images) blocking, 0.02-0.03 ms pinned non-blocking;
+the images' step 4.3 ms from pageable memory, 3.1 ms from pinned.
+
+Run: ``.venv/bin/python benchmarks/pin_memory.py`` on a machine with CUDA
+(``make gpu-check`` runs it); without CUDA it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+SHAPES: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+    "tokens (32, 2048) int64": ((32, 2048), torch.int64),
+    "images (32, 3, 224, 224) float32": ((32, 3, 224, 224), torch.float32),
+}
+
+
+def measure(
+    batch: torch.Tensor, non_blocking: bool, work: torch.Tensor, reps: int = 30
+) -> tuple[float, float]:
+    """Median host time in ``.to()`` and median step wall time, in ms."""
+    host, step = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        work @ work  # the previous step's kernels, queued on the device
+        t1 = time.perf_counter()
+        batch.to("cuda", non_blocking=non_blocking)
+        t2 = time.perf_counter()
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        host.append(t2 - t1)
+        step.append(t3 - t0)
+    return 1e3 * statistics.median(host), 1e3 * statistics.median(step)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA device: pin_memory and non_blocking have nothing to show on a CPU")
+        return 0
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    work = torch.randn(4096, 4096, device="cuda")
+    print("\n| batch | copy | host time in .to() (ms) | step: kernel + copy (ms) |")
+    print("|---|---|---|---|")
+    for name, (shape, dtype) in SHAPES.items():
+        pageable = torch.ones(shape, dtype=dtype)
+        pinned = pageable.pin_memory()
+        for label, batch, nb in (
+            ("pageable, blocking", pageable, False),
+            ("pinned, blocking", pinned, False),
+            ("pinned, non_blocking", pinned, True),
+        ):
+            measure(batch, nb, work, reps=3)  # warm-up
+            host, step = measure(batch, nb, work)
+            print(f"| {name} | {label} | {host:.3f} | {step:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,368 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 · Is data loading the bottleneck?
+#
+# Most people open a data loader's code because training is slow, not because it is wrong. This
+# notebook measures, per rank and per step, where the time goes: waiting for the next batch,
+# the step's own work, and waiting in the collective for the slowest rank. The ledger records
+# it (`record(...)`, as in every notebook), the loop marks its collective with
+# `with rec.collective():`, and `ledger.diagnose()` says in words who waited for whom.
+#
+# **Learning goals**
+#
+# - Read each rank's data-wait share, and what `num_workers`, `prefetch_factor` and
+#   `persistent_workers` change.
+# - Find a straggler on a timeline, and fix it by giving its loader more hands or by
+#   rebalancing the work.
+# - Count processes and threads against cores; decide whether a TP leader should load and
+#   broadcast, or every TP rank load.
+#
+# The numbers are this machine's and this run's; the relations are the lesson. Timings move
+# with the machine's load: rerun a cell and the figures change, the relations do not.
+
+# %%
+# %matplotlib inline
+import inspect
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+import ezpz_nb as ez
+from ezpz_nb import viz
+from ezpz_nb.data import RandomTokenDataset, TPBroadcastDataLoader
+from ezpz_nb.examples import throughput
+from ezpz_nb.examples.throughput import TokenizingDataset, make_loader, train
+from ezpz_nb.ledger import Ledger, record
+
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+print(f"{CORES} core(s) for this notebook")
+
+# %% [markdown]
+# ## Samples that cost real work
+#
+# Each sample is a document generated from its index and **tokenized** in `__getitem__`: pure
+# Python, as a tokenizer's pre-processing is. No sleep: the time is CPU time, so it competes for
+# cores exactly as real loading does.
+
+# %%
+print(inspect.getsource(TokenizingDataset.__getitem__))
+ds = TokenizingDataset(8, words=120)
+t0 = time.perf_counter()
+sample = ds[0]
+print(f"one sample: {1e3 * (time.perf_counter() - t0):.2f} ms, {sample['length']} tokens")
+
+# %% [markdown]
+# ## 1. The baseline: how much of each step waits for data?
+#
+# `throughput.run` trains a tiny model on 2 ranks, data parallel. Its loop is the one you would
+# write, plus one line that marks the collective:
+#
+# ```python
+# with record(loader) as rec:
+#     for batch in rec:
+#         loss = model(batch).loss; loss.backward()   # the step's own work
+#         with rec.collective():                      # where the ranks meet
+#             for p in model.parameters(): dist.all_reduce(p.grad)
+#         opt.step()
+# ```
+#
+# Each rank's clock stamps its entry into the collective; a rank's **wait** is the time from its
+# entry to the last rank's entry (the transfer after that is not waiting).
+
+# %%
+base = Ledger.from_results(ez.launch(throughput.run, world_size=2, num_samples=128))
+verdict = base.diagnose()
+print(verdict)
+assert all(r.times is not None for r in base.records)
+assert set(verdict.data_share) == {0, 1}
+viz.step_timeline(base)
+
+# %% [markdown]
+# Orange is waiting for data, blue the step's work, vermillion waiting for the other rank,
+# green the all-reduce itself. With `num_workers=0` the rank tokenizes inside `next(loader)`:
+# every millisecond of loading is a millisecond the model does not train.
+#
+# ## 2. Workers, prefetching, and the start of each epoch
+#
+# `num_workers=k` forks k processes that load batches while the rank computes;
+# `prefetch_factor` is how many batches each worker keeps ready. The sweep runs on **one rank**
+# so that the workers have cores of their own: a worker only helps when a core is free for it
+# (here: the notebook's cores minus the ranks). On a GPU node the same holds per rank: 8 ranks
+# with 4 workers each need 40 cores.
+
+
+# %%
+def sweep(configs, epochs=1):
+    """Train once per loader setting on this rank; each setting's ledger."""
+    out = []
+    for num_workers, prefetch, persistent in configs:
+        ds = TokenizingDataset(64, words=240)
+        loader = make_loader(
+            ds,
+            num_workers=num_workers,
+            prefetch_factor=prefetch,
+            persistent_workers=persistent,
+        )
+        with record(loader) as rec:
+            train(rec, epochs=epochs, hidden=64)
+        out.append(rec.ledger())
+    return out
+
+
+SETTINGS = [(0, None, False), (1, 2, False), (2, 2, False), (2, 4, False)]
+# threads=1: one intra-op thread, so the step's compute does not fight the workers for cores
+# (section 4 shows what two threads per rank cost on a busy 2-core machine).
+(runs,) = ez.launch(sweep, SETTINGS, world_size=1, threads=1)
+print("| num_workers | prefetch_factor | data wait per step | step | epoch start | epoch end |")
+print("|---|---|---|---|---|---|")
+waits = {}
+for (workers, prefetch, _), led in zip(SETTINGS, runs, strict=True):
+    timed = led.timings()
+    steady = [t for t in timed if t.step > 0]
+    waits[(workers, prefetch)] = wait = statistics.median(t.data_s for t in steady)
+    step = statistics.median(t.total_s for t in steady)
+    start, end = timed[0].data_s, timed[-1].end_s
+    print(
+        f"| {workers} | {prefetch or '-'} | {1e3 * wait:.2f} ms | {1e3 * step:.2f} ms "
+        f"| {1e3 * start:.0f} ms | {1e3 * end:.0f} ms |"
+    )
+best = min(waits, key=waits.get)
+print(f"\nthis run's shortest wait: num_workers={best[0]}, prefetch_factor={best[1]}")
+
+# %% [markdown]
+# Medians over the steps after the first; "epoch start" is the first step's wait (workers
+# forked), "epoch end" the last `next()` (workers shut down). With one worker, the next batch is
+# tokenized while the step runs: the wait shrinks by about the step's own time. With two, two batches are made at once, if there are two free cores.
+# `prefetch_factor` helps only when the loading time per batch varies (it evens out bursts);
+# it cannot make loading faster on average. On this notebook's machine the table says which
+# won; on a machine with more cores than ranks, more workers keep winning until loading is
+# faster than the step.
+#
+# **Predict**: the workers are started in `iter(loader)`, at every epoch. What does the first
+# step of the second epoch wait for, with and without `persistent_workers=True`?
+#
+# <details><summary>Answer</summary>
+#
+# Without: the workers are forked again (and shut down at the epoch's end), so the first step
+# waits for a fork and a batch. With: the workers stay; the first step waits for one batch.
+# </details>
+
+# %%
+(starts,) = ez.launch(sweep, [(2, 2, False), (2, 2, True)], epochs=2, world_size=1, threads=1)
+for name, led in zip(("persistent_workers=False", "persistent_workers=True"), starts, strict=True):
+    first = led.epoch_start()
+    end = [r.times.end_s for r in led.records if r.times and r.times.end_s]
+    print(
+        f"{name}: first step waits {1e3 * first[0][0]:.0f} ms (epoch 0), "
+        f"{1e3 * first[1][0]:.0f} ms (epoch 1); epoch ends take "
+        f"{', '.join(f'{1e3 * e:.0f} ms' for e in end)}"
+    )
+
+# %% [markdown]
+# The recorder counts the epoch's start (`iter()`, where workers start) in the first step's data
+# wait, and the epoch's end (the last `next()`, where workers are shut down) as `end_s` of the
+# last step, so nothing the loader does escapes the timings.
+#
+# ## 3. A straggler
+#
+# Now rank 1's shard holds documents five times longer (`heavy_rank=1`: the sampler is not
+# shuffled, so rank 1 holds every odd index). **Predict** before running: which rank waits for
+# data, which rank waits in the collective, and how long is each step?
+
+# %%
+slow = Ledger.from_results(
+    ez.launch(throughput.run, world_size=2, num_samples=128, words=240, heavy_rank=1)
+)
+verdict = slow.diagnose()
+print(verdict)
+assert verdict.straggler == 1, verdict.text
+viz.step_timeline(slow)
+
+# %% [markdown]
+# Rank 1 waits for data; rank 0 finishes its own loading and work early, then waits in the
+# all-reduce for rank 1 (vermillion). Every step takes as long as rank 1's: one slow shard
+# slows every rank. Two fixes:
+#
+# - **More hands where the work is**: `heavy_rank_workers=2` gives rank 1 two loader workers
+#   (they need free cores: on 2 cores they compete with both ranks).
+# - **Rebalance**: `shuffle=True` spreads the long documents over both ranks, so no rank carries
+#   all of them. This needs no extra core.
+#
+# Read the two verdicts: on a machine with free cores both fixes remove the straggler; on a
+# loaded 2-core laptop the workers compete with the ranks and the verdict may still name rank 1.
+# The timeline below is the shuffled run's.
+
+# %%
+fixes = {
+    "2 workers on rank 1": dict(heavy_rank_workers=2, persistent_workers=True, epochs=2),
+    "shuffled": dict(shuffle=True),
+}
+for name, kwargs in fixes.items():
+    led = Ledger.from_results(
+        ez.launch(throughput.run, world_size=2, num_samples=128, words=240, heavy_rank=1, **kwargs)
+    )
+    print(f"--- {name}\n{led.diagnose()}")
+viz.step_timeline(led)
+
+# %% [markdown]
+# ## 4. Oversubscription: processes x threads against cores
+#
+# Every rank is a process; every DataLoader worker is another; each may run several intra-op
+# threads (`torch.get_num_threads()`, set by `OMP_NUM_THREADS` or `torch.set_num_threads`). When
+# ranks x (1 + workers) x threads exceeds the cores, they take turns, and a step's time grows with
+# every extra thread. `ez.launch` gives each rank `cores // ranks` threads; DataLoader workers
+# run with 1 thread each (torch sets it in every worker). On a cluster, ask the scheduler for
+# the cores you will use: Slurm's `--cpus-per-task` per rank, then `OMP_NUM_THREADS` to match.
+
+
+# %%
+def matmul_step_ms(n=256, steps=20):
+    """The median time of one float32 matmul step on this rank."""
+    a = torch.randn(n, n)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        a @ a
+        times.append(time.perf_counter() - t0)
+    return torch.get_num_threads(), 1e3 * statistics.median(times)
+
+
+print("| ranks | threads per rank | threads in all | cores | matmul step (median, ms) |")
+print("|---|---|---|---|---|")
+for threads in (1, 2):
+    got = ez.launch(matmul_step_ms, world_size=2, threads=threads)
+    print(f"| 2 | {got[0][0]} | {2 * got[0][0]} | {CORES} | {max(ms for _, ms in got):.2f} |")
+
+# %% [markdown]
+# With more threads than cores, a second thread per rank buys nothing and often costs: the
+# threads wait for each other at every parallel region. Count before you set the knobs:
+# `ranks_per_node x (1 + num_workers) x threads <= cores_per_node`.
+#
+# ## 5. TP: the leader loads and broadcasts, or every TP rank loads?
+#
+# TP peers need the same batch. Either the leader loads and broadcasts it
+# (`TPBroadcastDataLoader`: one collective per batch), or every TP rank loads the same batch
+# itself (no collective, but the loading is done TP times, on the node's cores). Which wins
+# depends on loading cost against broadcast cost, and on free cores. Here 4 ranks form one TP
+# group on this machine's cores.
+
+
+# %%
+# (documents, sequence length, batch): one batch cheap to make and big to send (random tokens,
+# 2 x 32 x 4096 int64 = 2 MiB), one costly to make (tokenizing long documents) and small to send.
+TP_CASES = {
+    "cheap to load, 2 MiB to send": (None, 4096, 32),
+    "costly to load, 4 KiB to send": (600, 32, 8),
+}
+
+
+def tp_step_ms(case, broadcast):
+    """Median step time of one TP group loading 6 batches one way or the other."""
+    words, seq_length, batch = TP_CASES[case]
+    n = 6 * batch
+    if words is None:
+        ds = RandomTokenDataset(1024, seq_length, num_samples=n)
+    else:
+        ds = TokenizingDataset(n, seq_length=seq_length, words=words)
+    loader = DataLoader(
+        ds, batch_size=batch
+    )  # one DP replica: every TP rank reads the same batches
+    if broadcast:
+        loader = TPBroadcastDataLoader(loader, dist.group.WORLD)
+    rec = record(loader)
+    for _batch in rec:
+        with rec.collective():  # TP ranks meet in every layer; one all-reduce stands for them
+            dist.all_reduce(torch.zeros(1))
+    return 1e3 * statistics.median(t.total_s for t in rec.ledger().timings())
+
+
+def tp_table():
+    return {(case, b): tp_step_ms(case, b) for case in TP_CASES for b in (False, True)}
+
+
+tp = ez.launch(tp_table, world_size=4)
+table = {k: max(rank[k] for rank in tp) for k in tp[0]}
+print("| batch | every TP rank loads | leader loads + broadcasts | this run |")
+print("|---|---|---|---|")
+for case in TP_CASES:
+    each, bcast = table[(case, False)], table[(case, True)]
+    won = "every rank loads" if each < bcast else "broadcast"
+    print(f"| {case} | {each:.2f} ms | {bcast:.2f} ms | {won} |")
+
+# %% [markdown]
+# The two sides of the crossover: a batch that costs less to make than to send (random tokens,
+# 2 MiB) should go to "every rank loads", since the broadcast moves 2 MiB through the group every
+# step for nothing; a batch that costs much more to make than to send goes to the broadcast,
+# most clearly when the TP ranks share fewer cores than there are ranks (four ranks tokenizing
+# the same documents on 2 cores each take twice as long). On a busy 2-core laptop the cheap
+# case is within noise (a few ms either way): rerun the cell and watch which row keeps its
+# winner. On a GPU node with cores to spare
+# per rank, duplicated loading costs CPU, not time, and the crossover moves towards "every rank
+# loads" (torchtitan and picotron do that); with heavy decoding (images, video) or few cores
+# per GPU, the broadcast wins.
+#
+# ## 6. `pin_memory` and `non_blocking` (GPUs only)
+#
+# On a GPU, a batch is copied from host memory to the device. From ordinary (pageable) memory
+# the copy is staged through a pinned buffer and blocks the host. `DataLoader(pin_memory=True)`
+# makes the loader's thread put each batch in page-locked memory, and
+# `batch.to("cuda", non_blocking=True)` then starts the copy and returns at once, so it overlaps
+# with the previous step's kernels. Nothing of this can be shown on this CPU-only machine:
+# `make gpu-check` measures the copy with and without pinning when a GPU is present.
+
+# %%
+print("GPU here:", torch.cuda.is_available())
+
+# %% [markdown]
+# ## Exercise: make the straggler's loader keep up
+#
+# The checker runs the slow run of section 3 (rank 1 holds the long documents) and then yours,
+# in one launch, for 2 epochs. Write `faster_loader(dataset, rank, world_size)` returning the
+# DataLoader each rank trains on. It passes when rank 1's data-wait share in the last epoch
+# (after its first step) is at most half the slow loader's, or when the work is rebalanced so
+# that no rank is the straggler. Loading before the loop, or moving it to the epoch's first step,
+# hides the wait instead of removing it: the checker measures both and says so.
+
+# %% tags=["workshop"]
+import ezpz_nb.workshop.throughput as ex
+
+
+def faster_loader(dataset, rank, world_size):
+    raise NotImplementedError  # your code: return a DataLoader over this rank's shard
+
+
+# %% tags=["workshop"]
+ex.check_faster_loader(faster_loader)
+
+# %% tags=["solutions"]
+import ezpz_nb.workshop.throughput as ex
+
+
+def faster_loader(dataset, rank, world_size):
+    # Rebalance: a shuffled sampler spreads the long documents over every rank.
+    return make_loader(dataset, batch_size=ex.BATCH_SIZE, shuffle=True)
+
+
+# %% tags=["solutions"]
+assert ex.check_faster_loader(faster_loader).passed
+
+# %% [markdown]
+# ## What to take away
+#
+# - `ledger.diagnose()` and `viz.step_timeline(ledger)` tell data wait from compute from waiting
+#   for a straggler, per rank; measure before changing a knob.
+# - Workers and prefetching hide loading behind the step only with free cores; count
+#   `ranks x (1 + workers) x threads` against the cores, and keep workers with
+#   `persistent_workers=True` when epochs are short.
+# - One slow shard slows every rank: rebalance the work, or give that rank more hands.
