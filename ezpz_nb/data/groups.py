@@ -132,9 +132,7 @@ def layout_table(world_size: int, tp_size: int) -> list[tuple[int, int, int]]:
     return [(r, r // tp_size, r % tp_size) for r in range(world_size)]
 
 
-def tp_groups_across_nodes(
-    world_size: int, tp_size: int, local_world_size: int
-) -> list[list[int]]:
+def tp_groups_across_nodes(world_size: int, tp_size: int, local_world_size: int) -> list[list[int]]:
     """The TP groups whose ranks sit on more than one node.
 
     torchrun numbers ranks node by node, ``local_world_size`` per node, so a TP
