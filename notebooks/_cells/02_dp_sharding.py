@@ -9,7 +9,8 @@
 # %% [markdown]
 # # 02 · Data-parallel sharding
 #
-# **Time:** about 25 minutes, then exercises 3 and 4 of `05_workshop` (about 10 minutes).
+# **Time:** 30 to 35 minutes with the predictions, then exercises 3 and 4 of `05_workshop`
+# (10 to 15 minutes). Running the cells alone takes under a minute.
 #
 # In data parallelism (DP) every replica trains on **different** samples and the gradients are
 # averaged. Who gets which sample is decided by `torch.utils.data.DistributedSampler`. This
