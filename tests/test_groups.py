@@ -16,7 +16,7 @@ from ezpz_nb.data.groups import (
 
 
 def test_layout_table_puts_tp_innermost():
-    """Guards the layout everyone shares (ezpz, Megatron, DeviceMesh): world 4, tp 2 gives
+    """Guards the layout ezpz and Megatron share (a ("dp", "tp") DeviceMesh too): world 4, tp 2 gives
     TP groups [0,1],[2,3] and DP groups [0,2],[1,3]."""
     assert layout_table(4, 2) == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     assert layout_table(4, 1) == [(r, r, 0) for r in range(4)]
