@@ -54,39 +54,6 @@ print(ids)
 assert ids == [(0, 4), (1, 4), (2, 4), (3, 4)]
 
 # %% [markdown]
-# ### On GPUs: every collective on the rank's own GPU
-#
-# Every collective here takes CPU tensors, because these ranks use **gloo**. A GPU job uses
-# **NCCL** (`dist.init_process_group("nccl")`), and NCCL only moves CUDA tensors: a CPU tensor
-# in `all_reduce` raises (`No backend type associated with device type cpu`). So, in a GPU job:
-#
-# - Give each rank its own GPU **first**: `torch.cuda.set_device(local_rank)` with
-#   `local_rank = int(os.environ["LOCAL_RANK"])` (torchrun sets it), or
-#   `dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))`. Without it
-#   every rank's `torch.cuda.current_device()` is 0, and `broadcast_object_list` and
-#   `all_gather_object` put their tensors there: all ranks on `cuda:0`.
-# - Put the tensors of a collective on that device: `torch.tensor([x], device="cuda")`.
-# - Agreements that live on the CPU (a step count, a flag, a Python object) can go on a gloo
-#   side group, `cpu_group = dist.new_group(backend="gloo")`, passed as `group=`: no copy to the
-#   GPU and back. (Or start both backends at once: `init_process_group("cpu:gloo,cuda:nccl")`.)
-#
-# The side group is an ordinary subgroup, so it runs here too:
-
-
-# %%
-def cpu_agreement():
-    cpu_group = dist.new_group(backend="gloo")  # every rank calls it, as for any group
-    have_batch = torch.tensor([1])  # a CPU tensor: fine on a gloo group, even in an NCCL job
-    dist.all_reduce(have_batch, op=dist.ReduceOp.MIN, group=cpu_group)
-    return dist.get_backend(cpu_group), have_batch.item()
-
-
-agreed = ez.launch(cpu_agreement, world_size=4)
-print(agreed)
-assert agreed == [("gloo", 1)] * 4
-
-
-# %% [markdown]
 # ## `all_reduce`: everyone gets the total
 #
 # Rank `r` starts with `[r + 1]`, and `dist.all_reduce` combines the tensors of all ranks. This
@@ -178,6 +145,39 @@ for rank, (arrived, left) in enumerate(times):
     print(f"rank {rank}: arrived at +{arrived - t0:.2f} s, left at +{left - t0:.2f} s")
 last_arrival = max(a for a, _ in times)
 assert all(left >= last_arrival for _, left in times)
+
+# %% [markdown]
+# ## On GPUs: every collective on the rank's own GPU
+#
+# Every collective so far took CPU tensors, because these ranks use **gloo**. A GPU job uses
+# **NCCL** (`dist.init_process_group("nccl")`), and NCCL only moves CUDA tensors: a CPU tensor
+# in `all_reduce` raises (`No backend type associated with device type cpu`). So, in a GPU job:
+#
+# - Give each rank its own GPU **first**: `torch.cuda.set_device(local_rank)` with
+#   `local_rank = int(os.environ["LOCAL_RANK"])` (torchrun sets it), or
+#   `dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))`. Without it
+#   every rank's `torch.cuda.current_device()` is 0, and `broadcast_object_list` and
+#   `all_gather_object` put their tensors there: all ranks on `cuda:0`.
+# - Put the tensors of a collective on that device: `torch.tensor([x], device="cuda")`.
+# - Agreements that live on the CPU (a step count, a flag, a Python object) can go on a gloo
+#   side group, `cpu_group = dist.new_group(backend="gloo")`, passed as `group=`: no copy to the
+#   GPU and back. (Or start both backends at once: `init_process_group("cpu:gloo,cuda:nccl")`.)
+#
+# The side group is an ordinary subgroup, so it runs here too:
+
+
+# %%
+def cpu_agreement():
+    cpu_group = dist.new_group(backend="gloo")  # every rank calls it (groups: see below)
+    have_batch = torch.tensor([1])  # a CPU tensor: fine on a gloo group, even in an NCCL job
+    dist.all_reduce(have_batch, op=dist.ReduceOp.MIN, group=cpu_group)
+    return dist.get_backend(cpu_group), have_batch.item()
+
+
+agreed = ez.launch(cpu_agreement, world_size=4)
+print(agreed)
+assert agreed == [("gloo", 1)] * 4
+
 
 # %% [markdown]
 # ## Ranks that stay: `ez.Cluster` and `%%ranks`
@@ -350,8 +350,8 @@ assert hang.stacks[1].call == "all_reduce"
 # (`dist.init_process_group(timeout=timedelta(...))` changes it). What you see then depends on
 # the backend:
 #
-# - **gloo**: the waiting call raises in the rank's own thread, so the traceback names your
-#   line, as the report above does.
+# - **gloo**: the waiting call raises in the rank's own thread, so its traceback names your
+#   line (as `HangError` does here).
 # - **NCCL**: collectives run on the GPU, and a watchdog thread notices the timeout and
 #   **aborts the process**. Its message names the collective (`OpType=ALLREDUCE`, its sequence
 #   number) but not your line. NCCL's counterpart of `HangError` is the **Flight Recorder**: with
