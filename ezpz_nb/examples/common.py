@@ -166,7 +166,13 @@ def base_parser(description: str | None) -> argparse.ArgumentParser:
         action="store_true",
         help="exit with status 1 if the merged ledger shows a problem",
     )
-    p.add_argument("--tp-size", type=int, default=2, help="ranks per tensor-parallel group")
+    p.add_argument(
+        "--tp-size",
+        type=int,
+        default=2,
+        help="ranks per tensor-parallel group; one that divides --nproc_per_node keeps each "
+        "group on one node (rank 0 warns when a group spans nodes)",
+    )
     p.add_argument("--num-samples", type=int, default=64, help="dataset length")
     p.add_argument("--batch-size", type=int, default=4, help="samples per batch per DP replica")
     p.add_argument("--epochs", type=int, default=2, help="passes over the data")
