@@ -151,7 +151,7 @@ def stream_epochs(wrap, epochs=3):
 
 
 try:
-    ez.launch(stream_epochs, seed_style, world_size=4, timeout=3)
+    ez.launch(stream_epochs, seed_style, world_size=4, timeout=5)
 except ez.HangError as err:
     drift = err
 drifted = Ledger.from_events(drift.events, num_samples=12)
