@@ -483,7 +483,7 @@ assert [join_hang.stacks[r].call for r in (2, 3)] == ["all_reduce", "all_reduce"
 #   claims leaves them waiting in `broadcast_object_list` (30 minutes on gloo, 10 on NCCL, by
 #   default, while the leaders stay alive; under torchrun the gloo peers fail within seconds
 #   with `Connection closed by peer` once the leaders exit). Over several epochs they take the
-#   next epoch's batches first and hang only after the last.
+#   next epoch's batches first and hang only in the last epoch.
 # - Announcing each step from the leader (ezpz_nb's `TPBroadcastDataLoader`) ends the epoch on
 #   every rank of a TP group together; it does nothing for DP replicas of different lengths.
 # - The sampler's `drop_last` decides what happens to samples that do not divide over the DP
