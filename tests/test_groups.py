@@ -6,11 +6,17 @@ import pytest
 import torch.distributed as dist
 
 import ezpz_nb as ez
-from ezpz_nb.data.groups import Layout, layout_table, make_layout, valid_tp_sizes
+from ezpz_nb.data.groups import (
+    Layout,
+    layout_table,
+    make_layout,
+    tp_groups_across_nodes,
+    valid_tp_sizes,
+)
 
 
 def test_layout_table_puts_tp_innermost():
-    """Guards the layout everyone shares (ezpz, Megatron, DeviceMesh): world 4, tp 2 gives
+    """Guards the layout ezpz and Megatron share (a ("dp", "tp") DeviceMesh too): world 4, tp 2 gives
     TP groups [0,1],[2,3] and DP groups [0,2],[1,3]."""
     assert layout_table(4, 2) == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     assert layout_table(4, 1) == [(r, r, 0) for r in range(4)]
@@ -30,6 +36,42 @@ def test_make_layout_outside_a_process_group():
     assert make_layout() == Layout(0, 1, 0, 1, 0, 1)
     with pytest.raises(ValueError, match=r"valid tp sizes are \[1\]"):
         make_layout(2)
+
+
+def test_tp_groups_stay_on_a_node_only_when_tp_divides_the_ranks_per_node():
+    """Guards the README's old claim that tp <= nproc_per_node keeps TP on one node: at 12
+    ranks, 6 per node, tp 4 puts [4, 5, 6, 7] on two nodes; tp 3 (it divides 6) does not."""
+    assert tp_groups_across_nodes(12, 4, 6) == [[4, 5, 6, 7]]
+    assert tp_groups_across_nodes(12, 3, 6) == []
+    assert tp_groups_across_nodes(12, 6, 6) == [] and tp_groups_across_nodes(12, 12, 6) == [
+        list(range(12))
+    ]
+    assert tp_groups_across_nodes(8, 2, 3) == [[2, 3]]  # uneven nodes: 0-2 | 3-5 | 6-7
+    with pytest.raises(ValueError, match="valid tp sizes"):
+        tp_groups_across_nodes(12, 5, 6)
+
+
+def _layout_warnings(local_world_size):
+    import os
+    import warnings
+
+    from ezpz_nb.data.groups import release_groups
+
+    os.environ["LOCAL_WORLD_SIZE"] = local_world_size  # as torchrun sets it on each node
+    release_groups()  # build the groups again, as a fresh torchrun process would
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_layout(2)
+    return [str(w.message) for w in caught if w.category is ez.DataLayoutWarning]
+
+
+def test_make_layout_warns_when_a_tp_group_spans_nodes():
+    """Guards the torchrun examples' warning: with 3 ranks per node, tp 2 at world 4 puts
+    [2, 3] on two nodes and rank 0 says so once; with 2 per node nothing is said."""
+    spans = ez.launch(_layout_warnings, "3", world_size=4, timeout=60)
+    assert len(spans[0]) == 1 and spans[1:] == [[], [], []]
+    assert "[[2, 3]] span two nodes" in spans[0][0] and "e.g. one of [1]" in spans[0][0]
+    assert ez.launch(_layout_warnings, "2", world_size=4, timeout=60) == [[], [], [], []]
 
 
 def _groups_run():

@@ -111,7 +111,11 @@ def test_never_seen_blames_drop_last_only_when_drop_last_could_drop_that_many():
     )
     (p,) = few.check()
     assert p.kind == "never_seen" and len(p.samples) == 3
-    assert "drop_last=True drops" in p.message and "more than" not in p.message
+    assert "more than" not in p.message
+    # Two flags, each named with what it drops (02 and 04 teach them apart).
+    assert "The sampler's drop_last=True drops the samples that do not divide" in p.message
+    assert "(at most 1 here)" in p.message
+    assert "the DataLoader's drop_last=True drops each replica's last partial batch" in p.message
     half = Ledger(
         [rec(r, s, [8 * r + 2 * s, 8 * r + 2 * s + 1]) for r in (0, 1) for s in (0, 1)],
         num_samples=24,
@@ -123,6 +127,30 @@ def test_never_seen_blames_drop_last_only_when_drop_last_could_drop_that_many():
         in p.message
     )
     assert "instead of the DP group" in p.message
+
+
+def test_dp_duplicate_blames_padding_only_when_padding_could_repeat_that_many():
+    """Guards a misleading hint: DistributedSampler pads fewer than dp_size slots, so 1 repeat
+    over 2 replicas can be padding, while 2 repeats (as after a resume at another world size,
+    notebook 09) cannot, and the hint must not send the learner to drop_last."""
+    padded = Ledger([rec(0, 0, [0, 2]), rec(1, 0, [1, 0])], num_samples=3)
+    (p,) = padded.check()
+    assert p.kind == "dp_duplicate" and p.samples == (0,)
+    assert "pads the last shards" in p.message and "overlap" not in p.message
+    overlap = Ledger([rec(0, 0, [0, 1]), rec(1, 0, [1, 0])], num_samples=2)
+    (p,) = overlap.check()
+    assert p.kind == "dp_duplicate" and p.samples == (0, 1)
+    assert "more than the sampler's padding repeats (at most 1 with 2 DP replicas)" in p.message
+    assert "pads the last shards" not in p.message and "another world size" in p.message
+
+
+def test_step_mismatch_says_extra_steps_pair_with_the_next_epoch():
+    """Guards the hint's claim about when a step mismatch hangs: with more epochs to come the
+    extra collective pairs with the next epoch's first one, so it does not hang there."""
+    ledger = Ledger([rec(0, 0, [0]), rec(0, 1, [2]), rec(1, 0, [1])], num_samples=3)
+    (p,) = ledger.check()
+    assert p.kind == "step_mismatch" and "next epoch's first one" in p.message
+    assert "after the last epoch it meets nothing: a hang" in p.message
 
 
 def test_checks_are_per_epoch():

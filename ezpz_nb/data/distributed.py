@@ -260,8 +260,10 @@ class TPBroadcastDataLoader:
         Peers have nothing to restore: after the restart they follow the
         leader's announcements as always, so any rank's state may be loaded on
         a peer. On the leader, a saved ``"loader"`` state goes to the wrapped
-        loader's ``load_state_dict`` (it resumes without loading what was
-        consumed). Without one (a plain ``DataLoader``), the leader loads and
+        loader's ``load_state_dict``: over a map-style dataset its sampler's
+        state resumes without loading what was consumed; over an
+        ``IterableDataset`` without ``state_dict`` torchdata fast-forwards by
+        reading the consumed items again. Without one (a plain ``DataLoader``), the leader loads and
         throws away the first ``"steps"`` batches of the next epoch, as ezpz's
         fsdp_tp example skips consumed batches: correct, but it pays for loading
         them. Call ``set_epoch`` with the saved epoch as usual.

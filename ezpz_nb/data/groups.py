@@ -1,8 +1,9 @@
 """The DP x TP rank layout: who shares data with whom.
 
 Ranks are arranged as a ``dp_size x tp_size`` grid with TP innermost, the
-layout of ezpz, Megatron-LM, picotron and DeviceMesh: at world 4 with tp 2 the
-TP groups are ``[0, 1], [2, 3]`` and the DP groups ``[0, 2], [1, 3]``.
+layout of ezpz, Megatron-LM and picotron (a DeviceMesh follows the order of the
+dimensions it is given; ``("dp", "tp")`` puts TP innermost): at world 4 with
+tp 2 the TP groups are ``[0, 1], [2, 3]`` and the DP groups ``[0, 2], [1, 3]``.
 TP peers must hold the *same* batch; DP replicas must hold *different* ones.
 
 Example (inside a rank, e.g. ``ez.launch(fn, world_size=4)``)::
@@ -19,7 +20,14 @@ from typing import Any
 
 from ezpz_nb._dist import on_teardown, uses_nccl
 
-__all__ = ["Layout", "layout_table", "make_layout", "release_groups", "valid_tp_sizes"]
+__all__ = [
+    "Layout",
+    "layout_table",
+    "make_layout",
+    "release_groups",
+    "tp_groups_across_nodes",
+    "valid_tp_sizes",
+]
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,56 @@ def layout_table(world_size: int, tp_size: int) -> list[tuple[int, int, int]]:
     return [(r, r // tp_size, r % tp_size) for r in range(world_size)]
 
 
+def tp_groups_across_nodes(world_size: int, tp_size: int, local_world_size: int) -> list[list[int]]:
+    """The TP groups whose ranks sit on more than one node.
+
+    torchrun numbers ranks node by node, ``local_world_size`` per node, so a TP
+    group of consecutive ranks stays on one node only when ``tp_size`` divides
+    ``local_world_size``: ``tp_size <= local_world_size`` is not enough (12
+    ranks, 6 per node, tp 4: ``[4, 5, 6, 7]`` spans two nodes).
+
+    Args:
+        world_size: Number of ranks.
+        tp_size: Ranks per TP group; must divide ``world_size``.
+        local_world_size: Ranks per node (torchrun's ``LOCAL_WORLD_SIZE``).
+
+    Returns:
+        The global ranks of each TP group that spans nodes; empty when none does.
+    """
+    _check(world_size, tp_size)
+    if local_world_size < 1:
+        raise ValueError(f"local_world_size must be >= 1, got {local_world_size}")
+    starts = range(0, world_size, tp_size)
+    return [
+        list(range(s, s + tp_size))
+        for s in starts
+        if s // local_world_size != (s + tp_size - 1) // local_world_size
+    ]
+
+
+def _warn_if_tp_spans_nodes(rank: int, world_size: int, tp_size: int) -> None:
+    import os
+    import warnings
+
+    from ezpz_nb.data.distributed import DataLayoutWarning
+
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")  # set by torchrun; ez.launch: one node
+    # One warning for the job (rank 0's log), not one per rank.
+    if rank != 0 or not local.isdigit() or int(local) < 1:
+        return
+    spans = tp_groups_across_nodes(world_size, tp_size, int(local))
+    if spans:
+        fits = [d for d in valid_tp_sizes(world_size) if int(local) % d == 0]
+        warnings.warn(
+            f"TP group(s) {spans[:3]}{' ...' if len(spans) > 3 else ''} span two nodes "
+            f"({local} ranks per node, tp_size={tp_size}): TP's traffic, the heaviest, "
+            f"crosses the network. Use a tp_size that divides the ranks per node "
+            f"(--nproc_per_node), e.g. one of {fits}.",
+            DataLayoutWarning,
+            stacklevel=3,
+        )
+
+
 def _groups_from_mesh(dp_size: int, tp_size: int) -> tuple[Any, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -192,6 +250,11 @@ def make_layout(tp_size: int = 1, *, use_device_mesh: bool = True) -> Layout:
     Returns:
         The :class:`Layout` of the calling rank.
 
+    Warns:
+        DataLayoutWarning: On rank 0 under torchrun (``LOCAL_WORLD_SIZE`` set),
+            when a TP group spans nodes because ``tp_size`` does not divide the ranks per
+            node (see :func:`tp_groups_across_nodes`).
+
     Raises:
         ValueError: If ``tp_size`` does not divide the world size (the message
             lists the valid sizes).
@@ -207,6 +270,7 @@ def make_layout(tp_size: int = 1, *, use_device_mesh: bool = True) -> Layout:
     cached = _CACHE.get((tp_size, use_device_mesh))
     if cached is not None and cached[0] is world:  # same process group: groups still valid
         return cached[1]
+    _warn_if_tp_spans_nodes(rank, world_size, tp_size)
     dp_size = world_size // tp_size
     groups = None
     if use_device_mesh:

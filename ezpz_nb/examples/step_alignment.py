@@ -1,9 +1,13 @@
 """Walkthrough 3: every rank must take the same number of steps.
 
 Each training step ends in a collective over the DP replicas (the gradient
-all-reduce of DDP or FSDP). If one replica runs out of batches first, it
-leaves the loop while the others wait for it in that collective: with torch's
-default timeout, for 30 minutes on gloo or 10 on NCCL.
+all-reduce of DDP or FSDP). If one replica runs out of batches first, the
+others' extra collective pairs with whatever it calls next: with epochs to go,
+its first step of the next epoch (steps silently mixed, no error); after the
+last epoch, nothing, so they wait: with torch's default timeout, for 30
+minutes on gloo or 10 on NCCL, as long as the finished ranks stay alive
+(under torchrun they exit, and gloo then fails within seconds with
+"Connection closed by peer", naming no step).
 
 ``--uneven`` shards by hand, ``range(dp_rank, num_samples, dp_size)``, as many
 scripts do instead of using ``DistributedSampler``. With the default 65
@@ -58,9 +62,12 @@ class AgreedSteps:
     """Yield a loader's batches only while *every* rank of ``group`` still has one.
 
     Before each step the ranks all-reduce (MIN) a flag "I have a batch"; the
-    first rank to run out stops them all at the same step. One tiny collective
-    per step is the price; a rank's extra batches are skipped (the ledger
-    shows them as never seen).
+    first rank to run out stops them all at the same step. A rank's extra
+    batches are skipped (the ledger shows them as never seen). The price is one
+    collective per step, and under nccl ``have.item()`` is a device-to-host
+    sync every step that stops the CPU running ahead of the GPU: agree on a
+    gloo side group (``dist.new_group(backend="gloo")``) instead, or run a
+    fixed number of steps over streams that never end.
 
     Args:
         loader: The rank's loader.
@@ -113,8 +120,10 @@ def _sync(value: torch.Tensor, group: Any, timeout_s: float, where: str) -> None
         raise StepTimeoutError(
             f"rank {dist.get_rank()} waited {timeout_s:g} s in the gradient all_reduce of "
             f"{where} with its DP group (ranks {ranks}): another replica took fewer steps "
-            "and left the loop. Give every replica the same number of batches "
-            "(DistributedSampler) or agree on the steps (guard=True)."
+            "and left the loop (with several epochs, the mismatch began in an earlier "
+            "epoch: its extra steps paired with the next epoch's first ones). Give every "
+            "replica the same number of batches (DistributedSampler) or agree on the steps "
+            "(guard=True)."
         ) from exc
 
 
@@ -135,7 +144,9 @@ def run(
     Call it on every rank (``ez.launch(run, world_size=4)`` or torchrun).
 
     Args:
-        tp_size: Ranks per TP group; must divide the world size.
+        tp_size: Ranks per TP group; must divide the world size. One that also
+            divides --nproc_per_node keeps each group on one node (rank 0 warns
+            when a group spans nodes).
         num_samples: Dataset length (65 makes the hand-made shards uneven).
         batch_size: Samples per batch per DP replica.
         epochs: Passes over the data.

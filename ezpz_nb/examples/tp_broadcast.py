@@ -58,7 +58,9 @@ def run(
     Call it on every rank (``ez.launch(run, world_size=4)`` or torchrun).
 
     Args:
-        tp_size: Ranks per TP group; must divide the world size.
+        tp_size: Ranks per TP group; must divide the world size. One that also
+            divides --nproc_per_node keeps each group on one node (rank 0 warns
+            when a group spans nodes).
         num_samples: Dataset length.
         batch_size: Samples per batch per DP replica.
         epochs: Passes over the data.

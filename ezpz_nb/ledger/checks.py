@@ -68,8 +68,10 @@ def _check_steps(epoch: int, recs: list[StepRecord], ranks: set[int]) -> list[Pr
     return [
         Problem(
             "step_mismatch",
-            f"Epoch {epoch}: ranks took different numbers of steps ({parts}). The ranks with "
-            "fewer steps finish first and the others wait in their next collective: a hang.",
+            f"Epoch {epoch}: ranks took different numbers of steps ({parts}). Collectives pair "
+            "by call order: the extra step's collective meets the next epoch's first one on "
+            "the ranks with fewer steps (steps silently mixed), and after the last epoch it "
+            "meets nothing: a hang.",
             epoch,
             ranks=tuple(sorted(counts)),
         )
@@ -132,13 +134,16 @@ def _why_never_seen(missing: int, recs: list[StepRecord]) -> str:
     """What can leave ``missing`` samples unseen, given the epoch's replicas and batches."""
     dp_size = max(r.dp_size for r in recs)
     batch = max(len(r.sample_ids) for r in recs)
-    # drop_last drops at most the remainder over the replicas (the sampler's) and one
-    # partial batch per replica (the DataLoader's).
-    droppable = (dp_size - 1) + dp_size * (batch - 1)
+    # Two flags called drop_last: the sampler's drops at most the remainder over the
+    # replicas, the DataLoader's at most one partial batch per replica.
+    by_sampler, by_loader = dp_size - 1, dp_size * (batch - 1)
+    droppable = by_sampler + by_loader
     if missing <= droppable:
         return (
-            "drop_last=True drops the samples that do not divide evenly over the DP "
-            "replicas and the last partial batch (or the epoch was cut short)."
+            "The sampler's drop_last=True drops the samples that do not divide evenly over "
+            f"the DP replicas (at most {by_sampler} here); the DataLoader's drop_last=True "
+            f"drops each replica's last partial batch (at most {by_loader} in all). Or the "
+            "epoch was cut short."
         )
     return (
         f"That is more than drop_last can drop (at most {droppable} with {dp_size} DP "
@@ -146,6 +151,24 @@ def _why_never_seen(missing: int, recs: list[StepRecord]) -> str:
         "was split into more shards than there are DP replicas (a DistributedSampler over "
         "the whole world instead of the DP group, e.g. no dp_group), so some shards were "
         "never read."
+    )
+
+
+def _why_duplicated(dups: int, recs: list[StepRecord]) -> str:
+    """What can make ``dups`` samples reach two DP replicas in one epoch."""
+    dp_size = max(r.dp_size for r in recs)
+    # DistributedSampler pads total_size - N < dp_size slots: at most dp_size - 1 repeats.
+    if dups <= dp_size - 1:
+        return (
+            "With the sampler's drop_last=False, DistributedSampler pads the last shards by "
+            "repeating the first samples of the epoch's order (at most "
+            f"{dp_size - 1} with {dp_size} DP replicas)."
+        )
+    return (
+        f"That is more than the sampler's padding repeats (at most {dp_size - 1} with "
+        f"{dp_size} DP replicas): the replicas' shards overlap. Look for samplers that "
+        "disagree (another seed, num_replicas or epoch on some ranks), or a resumed run "
+        "whose saved position was written at another world size."
     )
 
 
@@ -169,8 +192,7 @@ def _check_dp(epoch: int, recs: list[StepRecord], num_samples: int | None) -> li
                 "dp_duplicate",
                 f"Epoch {epoch}: {len(dups)} sample(s) {_ids(dups)} were seen by more than one DP "
                 f"replica (e.g. sample {eg} by DP ranks {sorted(seen_by[eg])}). Their gradients "
-                "count twice; with drop_last=False DistributedSampler pads the last shard by "
-                "repeating the first samples.",
+                f"count twice. {_why_duplicated(len(dups), recs)}",
                 epoch,
                 ranks=tuple(sorted({x for d in seen_by[eg] for x in ranks_by_dp[d]})),
                 samples=tuple(dups),

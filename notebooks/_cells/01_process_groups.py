@@ -9,7 +9,8 @@
 # %% [markdown]
 # # 01 · Process groups
 #
-# **Time:** about 25 minutes, then exercises 1 and 2 of `05_workshop` (about 10 minutes).
+# **Time:** 35 to 45 minutes with the predictions, then exercises 1 and 2 of `05_workshop`
+# (about 10 minutes). Running the cells alone takes under a minute.
 #
 # Distributed data loading is built from a handful of collective calls. This notebook runs each
 # one on 4 real gloo ranks, so you can see what every rank holds before and after. Before each
@@ -51,7 +52,6 @@ def whoami():
 ids = ez.launch(whoami, world_size=4)
 print(ids)
 assert ids == [(0, 4), (1, 4), (2, 4), (3, 4)]
-
 
 # %% [markdown]
 # ## `all_reduce`: everyone gets the total
@@ -147,6 +147,39 @@ last_arrival = max(a for a, _ in times)
 assert all(left >= last_arrival for _, left in times)
 
 # %% [markdown]
+# ## On GPUs: every collective on the rank's own GPU
+#
+# Every collective so far took CPU tensors, because these ranks use **gloo**. A GPU job uses
+# **NCCL** (`dist.init_process_group("nccl")`), and NCCL only moves CUDA tensors: a CPU tensor
+# in `all_reduce` raises (`No backend type associated with device type cpu`). So, in a GPU job:
+#
+# - Give each rank its own GPU **first**: `torch.cuda.set_device(local_rank)` with
+#   `local_rank = int(os.environ["LOCAL_RANK"])` (torchrun sets it), or
+#   `dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))`. Without it
+#   every rank's `torch.cuda.current_device()` is 0, and `broadcast_object_list` and
+#   `all_gather_object` put their tensors there: all ranks on `cuda:0`.
+# - Put the tensors of a collective on that device: `torch.tensor([x], device="cuda")`.
+# - Agreements that live on the CPU (a step count, a flag, a Python object) can go on a gloo
+#   side group, `cpu_group = dist.new_group(backend="gloo")`, passed as `group=`: no copy to the
+#   GPU and back. (Or start both backends at once: `init_process_group("cpu:gloo,cuda:nccl")`.)
+#
+# The side group is an ordinary subgroup, so it runs here too:
+
+
+# %%
+def cpu_agreement():
+    cpu_group = dist.new_group(backend="gloo")  # every rank calls it (groups: see below)
+    have_batch = torch.tensor([1])  # a CPU tensor: fine on a gloo group, even in an NCCL job
+    dist.all_reduce(have_batch, op=dist.ReduceOp.MIN, group=cpu_group)
+    return dist.get_backend(cpu_group), have_batch.item()
+
+
+agreed = ez.launch(cpu_agreement, world_size=4)
+print(agreed)
+assert agreed == [("gloo", 1)] * 4
+
+
+# %% [markdown]
 # ## Ranks that stay: `ez.Cluster` and `%%ranks`
 #
 # `ez.launch` starts fresh ranks every time. An `ez.Cluster` keeps them running, so state set in
@@ -214,6 +247,13 @@ cluster.close()  # ends the ranks; %%ranks would start new ones when next used
 # 2. `src=` in `broadcast` is a **global** rank. Inside the group `[2, 3]` the first member is
 #    global rank 2; `dist.get_global_rank(group, 0)` finds it.
 #
+# Two options bend these rules, and are worth knowing when you read other people's code:
+# `dist.new_group(ranks, use_local_synchronization=True)` lets ranks outside `ranks` skip the
+# call (only the members meet; all ranks must still create overlapping groups in the same
+# order), and `sort_ranks=False` keeps the order given, so group rank 0 of
+# `dist.new_group([3, 2], sort_ranks=False)` is global rank 3, not the smallest. That is one more
+# reason to ask the group (`dist.get_global_rank(group, 0)`) rather than compute the leader.
+#
 # Below, ranks 0 and 1 form one group and ranks 2 and 3 another. Each rank `all_reduce`s its
 # rank number in its group, then each group broadcasts from its first member.
 #
@@ -245,6 +285,19 @@ def subgroup_demo():
 sub = ez.launch(subgroup_demo, world_size=4)
 print(sub)
 assert sub == [(1.0, 0.0), (1.0, 0.0), (5.0, 2.0), (5.0, 2.0)]
+
+
+# %%
+def unsorted_group():
+    group = dist.new_group([3, 2], sort_ranks=False)  # every rank, same list
+    if dist.get_rank() not in (2, 3):
+        return None
+    return dist.get_global_rank(group, 0), dist.get_rank(group)
+
+
+leaders = ez.launch(unsorted_group, world_size=4)
+print(leaders)  # (global rank of group rank 0, my group rank) on ranks 2 and 3
+assert leaders[2:] == [(3, 1), (3, 0)]
 
 
 # %% [markdown]
@@ -294,8 +347,21 @@ assert hang.stacks[1].call == "all_reduce"
 #
 # Without a short timeout, a hang lasts until the collective timeout of the process group:
 # torch's default is **30 minutes on gloo and 10 minutes on NCCL**, the backend of GPU clusters
-# (`dist.init_process_group(timeout=timedelta(...))` changes it). Then the job dies with a
-# message about a timed-out collective that names no line of your code.
+# (`dist.init_process_group(timeout=timedelta(...))` changes it). What you see then depends on
+# the backend:
+#
+# - **gloo**: the waiting call raises in the rank's own thread, so its traceback names your
+#   line (as `HangError` does here).
+# - **NCCL**: collectives run on the GPU, and a watchdog thread notices the timeout and
+#   **aborts the process**. Its message names the collective (`OpType=ALLREDUCE`, its sequence
+#   number) but not your line. NCCL's counterpart of `HangError` is the **Flight Recorder**: with
+#   `TORCH_FR_BUFFER_SIZE=2000` (formerly `TORCH_NCCL_TRACE_BUFFER_SIZE`) each rank keeps its
+#   last collectives with their stacks, and `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes them to one
+#   file per rank when the watchdog fires (`TORCH_FR_DUMP_TEMP_FILE` sets the path prefix).
+#   `torchfrtrace DIR`, installed with torch, reads all ranks' files and names the first
+#   collective they disagree on.
+# - Under **torchrun** a rank that finished its script exits, and a gloo rank still waiting for
+#   it fails within seconds with `Connection closed by peer`, naming no step (notebook 02).
 #
 # On NCCL this very mismatch may not hang at all: NCCL implements `barrier()` as an `all_reduce`
 # of a one-element tensor, so rank 0's barrier can pair up with rank 1's one-element
@@ -399,10 +465,16 @@ assert 3 not in missing.failures
 #   runs in each rank's own namespace, where the notebook's functions travel but its data does not.
 # - Subgroups: every rank creates every group; `src=` is a global rank
 #   (`dist.get_global_rank(group, 0)`).
+# - Subgroup options: `use_local_synchronization=True` lets non-members skip `new_group`;
+#   `sort_ranks=False` makes group rank 0 the first rank listed, not the smallest.
+# - On NCCL: `torch.cuda.set_device(local_rank)` (or `device_id=`) first, collective tensors on
+#   that GPU, CPU-side agreements on a `dist.new_group(backend="gloo")` side group.
 # - Collectives pair up by call order. Ranks that disagree on the sequence hang (for 30 minutes
 #   on gloo, 10 on NCCL, by default) or, on NCCL, may even go on out of step.
 #   `TORCH_DISTRIBUTED_DEBUG=DETAIL` names the mismatched calls; `dist.monitored_barrier` names
-#   the rank that did not arrive.
+#   the rank that did not arrive. On NCCL a timeout aborts the process: the Flight Recorder
+#   (`TORCH_FR_BUFFER_SIZE`, `TORCH_NCCL_DUMP_ON_TIMEOUT=1`, `torchfrtrace`) says where each
+#   rank was.
 #
 # Now do exercises 1 and 2 in `05_workshop.ipynb`.
 #

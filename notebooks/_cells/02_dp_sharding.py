@@ -9,7 +9,8 @@
 # %% [markdown]
 # # 02 · Data-parallel sharding
 #
-# **Time:** about 25 minutes, then exercises 3 and 4 of `05_workshop` (about 10 minutes).
+# **Time:** 30 to 35 minutes with the predictions, then exercises 3 and 4 of `05_workshop`
+# (10 to 15 minutes). Running the cells alone takes under a minute.
 #
 # In data parallelism (DP) every replica trains on **different** samples and the gradients are
 # averaged. Who gets which sample is decided by `torch.utils.data.DistributedSampler`. This
@@ -26,6 +27,7 @@
 
 # %%
 # %matplotlib inline
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
@@ -243,6 +245,82 @@ assert any(p.kind == "step_mismatch" for p in partial.check())
 viz.timeline(partial, error=hang)
 
 # %% [markdown]
+# ### With several epochs, the hang waits for the last one
+#
+# Training runs more than one epoch, and collectives pair up by **call order**, not by epoch.
+# Run the same hand-made shards for 3 epochs; each step now gathers every rank's `(epoch, step)`
+# (an `all_gather` in place of the gradient `all_reduce`, so we can see who met whom).
+#
+# **Predict:** in which epoch does the hang happen? And what meets rank 0's third step of epoch 0?
+#
+# <details><summary>Answer</summary>
+#
+# Only in the last epoch. Rank 0's extra collective of epoch 0 (its step 2) pairs with the
+# **first** step of epoch 1 on ranks 2 and 3: no error, the steps of two epochs are silently
+# averaged together, and the drift grows by one step per epoch. Ranks 2 and 3 run out of
+# collectives after 3 x 2 = 6, while ranks 0 and 1 make 3 x 3 = 9: they hang in epoch 2, long
+# after the damage was done.
+#
+# </details>
+
+
+# %%
+def train_hand_sharded_epochs(epochs=3):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dataset = RandomTokenDataset(vocab_size=100, seq_length=4, num_samples=10)
+    my_share = Subset(dataset, range(rank, len(dataset), world))  # 3, 3, 2, 2 samples
+    loader = record(DataLoader(my_share, batch_size=1), make_layout(tp_size=1))
+    for epoch in range(epochs):
+        for step, _batch in enumerate(loader):
+            here = torch.tensor([epoch, step])
+            everyone = [torch.zeros_like(here) for _ in range(world)]
+            dist.all_gather(everyone, here)  # stands in for the gradient all_reduce
+            met = [tuple(t.tolist()) for t in everyone]
+            if rank == 0:
+                ez.publish({"epoch": epoch, "step": step, "met": met})  # sent to the notebook
+    return loader.ledger()
+
+
+try:
+    ez.launch(train_hand_sharded_epochs, world_size=4, timeout=5)
+except ez.HangError as err:
+    drift = err
+meetings = [e.item for e in drift.events if isinstance(e.item, dict)]
+for m in meetings:
+    print(f"rank 0 at epoch {m['epoch']} step {m['step']} met (epoch, step) per rank: {m['met']}")
+drifted = Ledger.from_events(drift.events, num_samples=10)
+for epoch in range(3):
+    print(f"epoch {epoch}: steps per rank {[len(drifted.steps(r, epoch)) for r in range(4)]}")
+
+# %% [markdown]
+# Each epoch's ledger shows the `step_mismatch` (3, 3, 2, 2 steps in epochs 0 and 1), yet only
+# epoch 2 hung: the earlier epochs "worked", with mixed-up steps. The timeline draws the three
+# epochs side by side.
+
+# %%
+assert {"epoch": 0, "step": 2, "met": [(0, 2), (0, 2), (1, 0), (1, 0)]} in meetings
+assert [[len(drifted.steps(r, e)) for r in range(4)] for e in range(3)] == [
+    [3, 3, 2, 2],
+    [3, 3, 2, 2],
+    [1, 1, 2, 2],  # ranks 0 and 1 hang in epoch 2, at their 7th collective
+]
+assert [drift.stacks[r].call for r in (0, 1)] == ["all_gather", "all_gather"]
+assert {p.epoch for p in drifted.check() if p.kind == "step_mismatch"} == {0, 1, 2}
+viz.timeline(drifted, error=drift)
+
+# %% [markdown]
+# ### Under torchrun, and on a GPU cluster
+#
+# Here the finished ranks stay alive (a notebook's ranks wait for the next cell), so the others
+# wait until the collective timeout: 30 minutes on gloo and 10 on NCCL by default, 5 s here.
+# Under torchrun a rank that finishes its script **exits**, and a gloo rank still waiting for it
+# fails within seconds with `Connection closed by peer`, an error that names no step and no
+# epoch. On NCCL, when the waiting rank notices depends on how the GPUs are connected; at worst
+# it waits out the collective timeout. Either way, the error points at the wrong place: the
+# cause is a step count that differed epochs earlier. The ledger (or one `all_reduce` of the
+# step count at the end of each epoch) shows it in the first epoch.
+
+# %% [markdown]
 # ## Summary
 #
 # - `DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank)` gives each DP replica its
@@ -251,7 +329,10 @@ viz.timeline(partial, error=hang)
 #   twice here); its `drop_last=True` drops the remainder (8 and 9 here).
 # - Call `sampler.set_epoch(epoch)` before each epoch, or every epoch repeats the same order.
 # - Hand-made `ds[rank::world]` sharding gives uneven step counts: the ranks with more data wait
-#   forever in a collective for ranks that have finished.
+#   in a collective for ranks that have finished. Over several epochs the extra collectives
+#   pair with the next epoch's first ones (steps silently mixed) and the hang comes only in the
+#   last epoch; under torchrun it shows as `Connection closed by peer` (gloo) once the finished
+#   ranks exit.
 #
 # Now do exercises 3 and 4 in `05_workshop.ipynb`.
 #

@@ -9,7 +9,8 @@
 # %% [markdown]
 # # 03 · Tensor parallelism and the leader broadcast
 #
-# **Time:** about 25 minutes, then exercise 5 of `05_workshop` (about 5 minutes).
+# **Time:** 30 to 35 minutes with the predictions, then exercise 5 of `05_workshop` (about 5
+# minutes). Running the cells alone takes under a minute.
 #
 # With tensor parallelism (TP) several ranks split **one** model replica between them, so they
 # must all compute on **the same batch**. Data parallelism (DP) still wants different batches per
@@ -45,8 +46,9 @@ from ezpz_nb.ledger import Ledger, batch_digest, record
 # %% [markdown]
 # ## The DP × TP layout
 #
-# 4 ranks with `tp_size=2` form a 2 × 2 grid, TP innermost (the layout of ezpz, Megatron-LM and
-# `DeviceMesh`): ranks 0 and 1 are one TP group (one model replica), ranks 2 and 3 the other.
+# 4 ranks with `tp_size=2` form a 2 × 2 grid, TP innermost (the layout of ezpz and Megatron-LM;
+# `DeviceMesh` lays out its dimensions in the order given, so `("dp", "tp")` puts TP innermost):
+# ranks 0 and 1 are one TP group (one model replica), ranks 2 and 3 the other.
 # The DP groups run across: ranks 0 and 2, ranks 1 and 3. Rows of the picture are TP groups.
 
 # %%
@@ -282,13 +284,17 @@ fig
 #
 # <details><summary>Answer</summary>
 #
-# At the small size, by far. Every collective has a fixed cost, whatever its size (a fraction of
-# a millisecond on gloo over loopback; smaller on NCCL, but there too): 6 tensors sent one by one
-# pay it 6 times, the packed batch once. Here even the pickled path, 2 collectives plus
-# pickling, beats one broadcast per tensor. At 1 MB the bytes dominate: one per tensor and packed
+# At the small size. Every collective has a fixed cost, whatever its size (a fraction of a
+# millisecond on gloo over loopback; smaller on NCCL, but there too): 6 tensors sent one by one
+# pay it 6 times, the packed batch once. At 1 MB the bytes dominate: one per tensor and packed
 # come out close (packing still saves 2 fixed costs, but copies the tensors into one buffer and
-# out again), and the pickled path is the slowest, since pickling 1 MB costs more than sending
-# it. Packing saves collectives, not bytes.
+# out again). Packing saves collectives, not bytes.
+#
+# Where the pickled path lands depends on the machine and the moment. It pays 2 collectives plus
+# pickling on both sides; one per tensor pays 6 collectives. At 20 KB those costs are close, so
+# one run can order the two bars either way (on a busy 2-core machine they swap from run to
+# run). At 1 MB pickling the bytes costs more than sending them, so there it is usually the
+# slowest. Compare bars within one run, and rerun before you conclude.
 #
 # </details>
 
@@ -373,8 +379,9 @@ plt.show()
 # - How the batch travels: packing the tensors into one broadcast wins when a batch has many
 #   small tensors (one fixed cost instead of one per tensor); for a large batch the bytes
 #   dominate and it is close to one broadcast per tensor. The pickled path pays for pickling and
-#   two collectives per batch, which hurts most on large batches. Compare the bars on your
-#   machine.
+#   two collectives per batch: against one broadcast per tensor on small batches it can go
+#   either way, and on large batches pickling dominates. Compare the bars on your machine, more
+#   than once.
 #
 # Now do exercise 5 in `05_workshop.ipynb`.
 #

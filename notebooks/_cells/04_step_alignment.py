@@ -9,7 +9,8 @@
 # %% [markdown]
 # # 04 · Step alignment
 #
-# **Time:** about 30 minutes, then exercises 6 and 7 of `05_workshop` (about 15 minutes).
+# **Time:** 40 to 50 minutes with the predictions, then exercises 6 and 7 of `05_workshop`
+# (15 to 20 minutes). Running the cells alone takes under a minute.
 #
 # Every collective pairs up with the same-numbered call on the other ranks (notebook 01). So
 # all ranks of a group must take **the same number of steps**, or the ranks with more steps wait
@@ -117,7 +118,51 @@ except ez.HangError as err:
 
 # %% [markdown]
 # The timeline shows the step counts: 3 on every rank, then the peers hang. Without a timeout
-# this waits for torch's default collective timeout: 30 minutes on gloo, 10 minutes on NCCL.
+# this waits for torch's default collective timeout (30 minutes on gloo, 10 minutes on NCCL),
+# because a notebook's finished ranks stay alive. Under torchrun the leaders would exit after
+# their script, and the gloo peers would fail within seconds with `Connection closed by peer`.
+#
+# With several epochs it is worse: nothing hangs until the last one. A peer's 4th broadcast of
+# epoch 0 pairs with its leader's **first** batch of epoch 1, so the peer trains on a batch of
+# the next epoch while its leader is still in this one, and the two drift one step further
+# apart every epoch. Over 3 epochs the leader sends 9 batches and the peer waits for 12: it
+# hangs only in the last epoch.
+#
+# **Predict:** over 3 epochs, how many steps does the ledger give a peer in each epoch, and what
+# does it hold at its 4th step of epoch 0?
+#
+# <details><summary>Answer</summary>
+#
+# 4, 4 and 1, against its leader's 3, 3 and 3. At its 4th step of epoch 0 it holds the
+# leader's first batch of epoch 1, samples 0 and 2 (this stream is not shuffled): the ledger
+# sees the peer take samples 0 and 2 twice in one epoch, and TP peers holding different batches.
+#
+# </details>
+
+
+# %%
+def stream_epochs(wrap, epochs=3):
+    layout = make_layout(tp_size=2)
+    stream = Stream(actual=12, claimed=16, dp_rank=layout.dp_rank, dp_size=layout.dp_size)
+    loader = DataLoader(stream, batch_size=2)
+    for epoch in range(epochs):  # the ledger publishes each step as it is taken
+        for _batch in record(wrap(loader, layout.tp_group), layout, epoch=epoch):
+            pass
+
+
+try:
+    ez.launch(stream_epochs, seed_style, world_size=4, timeout=5)
+except ez.HangError as err:
+    drift = err
+drifted = Ledger.from_events(drift.events, num_samples=12)
+for epoch in range(3):
+    print(f"epoch {epoch}: steps per rank {[len(drifted.steps(r, epoch)) for r in range(4)]}")
+print("peer 1, epoch 0:", [s.sample_ids for s in drifted.steps(1, 0)])
+assert [[len(drifted.steps(r, e)) for r in range(4)] for e in range(3)] == [[3, 4, 3, 4]] * 2 + [
+    [3, 1, 3, 1]
+]
+assert drifted.steps(1, 0)[3].sample_ids == drifted.steps(0, 1)[0].sample_ids == (0, 2)
+assert {"rank_duplicate", "step_mismatch", "tp_mismatch"} <= {p.kind for p in drifted.check()}
 
 # %%
 partial = Ledger.from_events(hang.events, num_samples=12)
@@ -217,7 +262,8 @@ for drop_last in (False, True):
 # <details><summary>Answer</summary>
 #
 # It hangs. Ranks 0 and 1 (replica 0, the one with **more** data) wait in the gradient
-# all-reduce of their third step for ranks 2 and 3, which have finished.
+# all-reduce of their third step for ranks 2 and 3, which have finished. (With more epochs to
+# go, that all-reduce would instead pair with replica 1's first step of the next epoch.)
 #
 # </details>
 
@@ -251,9 +297,19 @@ assert [dp_hang.stacks[r].state for r in (2, 3)] == ["finished", "finished"]
 # can agree **before every step**: one small all-reduce with `MIN` of "I still have a batch"
 # over the DP group, and all stop as soon as one has run out. `AgreedSteps` (from
 # `ezpz_nb.examples.step_alignment`, the walkthrough that also runs under torchrun) does this;
-# in exercise 7 you write it yourself. The price: one tiny collective per step, and the batches
-# a replica has beyond the agreed count are skipped this epoch: every rank takes 2 steps, and
-# the ledger reports replica 0's third batch (sample 8) as never seen.
+# in exercise 7 you write it yourself. Every rank takes 2 steps, and the batches a replica has
+# beyond the agreed count are skipped this epoch: the ledger reports replica 0's third batch
+# (sample 8) as never seen.
+#
+# The price is one small collective per step, and on a GPU it is more than its bytes. Under
+# NCCL the flag is a CUDA tensor, and `if not have` reads it on the CPU (an `.item()`): the CPU
+# waits for the GPU to finish everything queued so far, every step, and can no longer queue the
+# next step's kernels while the GPU works. (ezpz_nb's own TP announcements under nccl pay the
+# same: each peer copies the 32-byte header to the CPU every step, `ezpz_nb/data/broadcast.py`.)
+# Two ways around it: agree on a gloo side group, `dist.new_group(backend="gloo")`, so the flag
+# never leaves the CPU (notebook 01); or do not ask every step at all: run a fixed number of
+# steps over streams that never end (each rank starts its stream again when it runs out), as
+# torchtitan's training loop does.
 
 # %%
 agreed = Ledger.from_results(ez.launch(dp_epoch, True, world_size=4), num_samples=9)
@@ -416,7 +472,7 @@ assert [join_hang.stacks[r].call for r in (2, 3)] == ["all_reduce", "all_reduce"
 # | the TP peers and their leader | the peers do not load, so they cannot know when the leader's data ends | the leader announces every step and the end (`TPBroadcastDataLoader`) |
 # | DP replicas, map-style data | the shards differ in length (`ds[rank::world]`) | `DistributedSampler` (pads or, with its `drop_last=True`, drops) |
 # | DP replicas, true counts known | uneven data | agree once: `all_reduce(MIN)` of the counts |
-# | DP replicas, counts unknown or estimated | a stream, a `len()` that lies | agree each step: `all_reduce(MIN)` of "I have a batch" |
+# | DP replicas, counts unknown or estimated | a stream, a `len()` that lies | agree each step: `all_reduce(MIN)` of "I have a batch" (on NCCL: on a gloo side group), or a fixed step count over endless streams |
 # | DP replicas, every sample must be used | uneven data | `Join` with DDP or ZeRO; every other collective in the loop still needs the same count |
 #
 # ## Summary
@@ -425,7 +481,9 @@ assert [join_hang.stacks[r].call for r in (2, 3)] == ["all_reduce", "all_reduce"
 #   steps.
 # - ezpz's peers count steps with their own `len()`; a loader that yields fewer batches than it
 #   claims leaves them waiting in `broadcast_object_list` (30 minutes on gloo, 10 on NCCL, by
-#   default).
+#   default, while the leaders stay alive; under torchrun the gloo peers fail within seconds
+#   with `Connection closed by peer` once the leaders exit). Over several epochs they take the
+#   next epoch's batches first and hang only in the last epoch.
 # - Announcing each step from the leader (ezpz_nb's `TPBroadcastDataLoader`) ends the epoch on
 #   every rank of a TP group together; it does nothing for DP replicas of different lengths.
 # - The sampler's `drop_last` decides what happens to samples that do not divide over the DP
@@ -433,6 +491,8 @@ assert [join_hang.stacks[r].call for r in (2, 3)] == ["all_reduce", "all_reduce"
 # - Between DP replicas: equal shards (`DistributedSampler`), an agreed count (once if the
 #   counts are true, each step if they are not), or `Join`, which shadows only DDP's (or ZeRO's)
 #   collectives and divides by the initial world size unless told otherwise.
+# - Agreeing each step costs a collective, and on NCCL a device-to-host sync: agree on a gloo
+#   side group, or run a fixed number of steps over endless streams.
 #
 # Now do exercises 6 and 7 in `05_workshop.ipynb`.
 #

@@ -162,6 +162,12 @@ assert hang is not None and progress.behind() == [2, 3]
 # when the timeout expired. Its title says who caused the hang and who suffered it: ranks 2
 # and 3 finished early (fewer steps, marked with a bar), ranks 0 and 1 hung, waiting in
 # `all_reduce` for them. The longer bars belong to the victims, not the culprits.
+#
+# This run has one epoch. With more, ranks 2 and 3 would not be finished at that point: their
+# first `all_reduce` of the next epoch would answer the third one of ranks 0 and 1, the steps of
+# two epochs would be mixed without an error, and the hang would come only in the last epoch
+# (notebook 02 shows it). Under torchrun, finished ranks exit, and a gloo rank still waiting
+# fails within seconds with `Connection closed by peer` instead of a report like this one.
 
 # %%
 fig = viz.timeline(Ledger.from_events(hang.events), hang)

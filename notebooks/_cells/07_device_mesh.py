@@ -9,20 +9,24 @@
 # %% [markdown]
 # # 07 · DeviceMesh in the open, and a third dimension
 #
+# **Time:** about 40 minutes with the predictions (advanced track). Running the cells alone
+# takes under a minute.
+#
 # Until now `make_layout` built the DP and TP groups for us. Underneath it is torch's
 # `DeviceMesh`: the world laid out as an n-dimensional grid of ranks, with one process group
 # per row of each dimension. This notebook builds the mesh by hand, feeds its groups to the
 # sampler and the loader (as ezpz's own FSDP x TP example does), then adds a third dimension:
-# context parallelism (CP), where ranks hold the **same** samples but **different slices** of
+# context parallelism (CP), where ranks hold the **same** samples but **different parts** of
 # each sequence. It ends with pipeline stages and the global batch size.
 #
 # **Learning goals**
 #
 # - Build a `dp x tp` mesh with `init_device_mesh` and read a rank's coordinates and groups.
 # - Feed `mesh.get_group("dp")` to the sampler and `mesh.get_group("tp")` to the broadcast.
-# - Slice sequences over a CP dimension, with the position ids that go with each slice, and
-#   see in the ledger that CP peers share sample ids but not bytes.
-# - Know which pipeline stage needs which part of a batch.
+# - Split sequences over a CP dimension the way torch balances causal attention (head-tail),
+#   with the position ids of each part; count the work per rank; see in the ledger that CP
+#   peers share sample ids but not bytes.
+# - Know which pipeline stage needs which part of a batch (masks and packing included).
 # - Compute the global batch: micro-batch x gradient accumulation x DP size.
 
 # %%
@@ -130,29 +134,96 @@ viz.heatmap(on_mesh)
 # ## A third dimension: context parallelism
 #
 # Long sequences do not fit one rank's activations. Context parallelism splits **each
-# sequence** over the CP ranks: with `cp=2` and 8 tokens, CP rank 0 holds positions 0-3 and CP
-# rank 1 positions 4-7 **of the same samples**. So the data is still sharded over DP only; inside
-# a DP replica every CP rank takes the same samples, then keeps its own slice. Each slice needs
-# its **position ids** (4-7, not 0-3), or the model would think the second half starts the
-# sequence. (Attention then exchanges keys and values between CP ranks; that is the model's
-# business, not the loader's.)
+# sequence** over the CP ranks, **of the same samples**: the data is still sharded over DP
+# only; inside a DP replica every CP rank takes the same samples, then keeps its own part of
+# each sequence. Each part needs its **position ids** (the positions it holds, not 0, 1, 2...),
+# or the model would think its part starts the sequence. Attention then exchanges keys and
+# values between CP ranks (ring attention).
 #
-# With 8 ranks the mesh is `dp 2 x cp 2 x tp 2`. TP stays innermost: TP peers hold the same
-# slice, so the leader broadcast still works inside each TP group.
+# Which part? The obvious split is contiguous: with `cp=2` and 8 tokens, positions 0-3 and 4-7.
+# But attention is **causal**: position `p` attends to the `p + 1` positions up to itself, so
+# the rank holding the end of the sequence does most of the work. torch's `context_parallel`
+# (`torch.distributed.tensor.experimental`) therefore balances by default
+# (`enable_load_balance=True`) with a **head-tail** split: cut the sequence into `2 x cp` chunks
+# and give CP rank `r` chunk `r` and chunk `2 x cp - 1 - r`, when the length is a multiple of
+# `2 x cp`. At length 8 with 2 CP ranks, rank 0 holds positions `[0, 1, 6, 7]`.
 #
-# **Predict**: rank 6 sits at (dp 1, cp 1, tp 0). Which positions does it hold, and which rank
-# holds the same sample ids but positions 0-3?
+# **Predict**: at length 8 with 2 CP ranks, how many query-key pairs does each rank compute with
+# the contiguous split, and with the head-tail one?
 #
 # <details><summary>Answer</summary>
 #
-# Positions 4-7 (CP rank 1). Rank 4, at (dp 1, cp 0, tp 0), holds the same samples, positions 0-3;
-# rank 7 holds exactly what rank 6 holds (its TP peer).
+# Contiguous: 1 + 2 + 3 + 4 = 10 on rank 0, 5 + 6 + 7 + 8 = 26 on rank 1. Head-tail: 1 + 2 + 7 +
+# 8 = 18 and 3 + 4 + 5 + 6 = 18. At long lengths the contiguous split's last rank does about
+# `2 x cp - 1` times the first's work: 3x with 2 CP ranks.
+# </details>
+#
+# The head-tail order, built here on the CPU, and checked against torch's own load balancer:
+
+
+# %%
+def head_tail(length, cp_size):
+    """Positions each CP rank holds under torch's default head-tail split."""
+    chunks = torch.arange(length).view(2 * cp_size, length // (2 * cp_size))
+    return [torch.cat([chunks[r], chunks[2 * cp_size - 1 - r]]).tolist() for r in range(cp_size)]
+
+
+def contiguous(length, cp_size):
+    return torch.arange(length).view(cp_size, -1).tolist()
+
+
+def causal_pairs(positions):
+    """Query-key pairs a rank computes under a causal mask: position p sees p + 1 keys."""
+    return sum(p + 1 for p in positions)
+
+
+print("head-tail at length 8, cp 2:", head_tail(8, 2))
+for name, split in (("contiguous", contiguous), ("head-tail", head_tail)):
+    print(f"{name:>10}: query-key pairs per CP rank {[causal_pairs(p) for p in split(8, 2)]}")
+assert head_tail(8, 2) == [[0, 1, 6, 7], [2, 3, 4, 5]]
+assert [causal_pairs(p) for p in contiguous(8, 2)] == [10, 26]
+assert [causal_pairs(p) for p in head_tail(8, 2)] == [18, 18]
+long = [causal_pairs(p) for p in contiguous(8192, 2)]
+assert 2.99 < long[1] / long[0] < 3  # tends to 2 x cp - 1 = 3
+assert len({causal_pairs(p) for p in head_tail(8192, 4)}) == 1  # balanced at any cp
+
+try:  # torch's own order (a private module: its path may move between releases)
+    from torch.distributed.tensor.experimental._context_parallel._load_balancer import (
+        _create_default_load_balancer,
+    )
+except ImportError:
+    print("this torch keeps its load balancer elsewhere; the comparison is skipped")
+else:
+    for length, cp in ((8, 2), (16, 4), (24, 3)):
+        order = _create_default_load_balancer(length, cp, "cpu")._generate_indices()[0]
+        assert order.tolist() == sum(head_tail(length, cp), []), (length, cp)
+    # Not a multiple of 2 x cp: torch does not balance (None) and splits contiguously.
+    assert _create_default_load_balancer(6, 2, "cpu") is None
+    print("matches torch's _HeadTailLoadBalancer at (8, 2), (16, 4) and (24, 3)")
+
+# %% [markdown]
+# Where the split happens differs between libraries. torch's `context_parallel` gives every CP
+# rank the **whole batch** and shards it inside the `context_parallel(mesh, buffers=...,
+# buffer_seq_dims=...)` context, so the loader stays as it is; its ring attention runs on CUDA
+# only. picotron slices each sequence in the loader instead (contiguously). Below the loader
+# does the head-tail slice itself, so that the ledger can show what each rank holds.
+#
+# With 8 ranks the mesh is `dp 2 x cp 2 x tp 2`. TP stays innermost: TP peers hold the same
+# part, so the leader broadcast still works inside each TP group.
+#
+# **Predict**: rank 6 sits at (dp 1, cp 1, tp 0). Which positions does it hold, and which rank
+# holds the same sample ids but positions `[0, 1, 6, 7]`?
+#
+# <details><summary>Answer</summary>
+#
+# Positions `[2, 3, 4, 5]` (CP rank 1). Rank 4, at (dp 1, cp 0, tp 0), holds the same samples,
+# positions `[0, 1, 6, 7]`; rank 7 holds exactly what rank 6 holds (its TP peer).
 # </details>
 
 
 # %%
 class CPSlices:
-    """Yield each batch of `loader` cut to this CP rank's slice of every sequence."""
+    """Yield each batch of `loader` cut to this CP rank's head-tail part of every sequence."""
 
     def __init__(self, loader, cp_rank, cp_size):
         self.loader, self.cp_rank, self.cp_size = loader, cp_rank, cp_size
@@ -163,13 +234,11 @@ class CPSlices:
 
     def __iter__(self):
         for batch in self.loader:
-            length = batch["input_ids"].shape[1] // self.cp_size
-            cut = slice(self.cp_rank * length, (self.cp_rank + 1) * length)
-            positions = torch.arange(batch["input_ids"].shape[1])[cut]
+            mine = torch.tensor(head_tail(batch["input_ids"].shape[1], self.cp_size)[self.cp_rank])
             yield {
-                "input_ids": batch["input_ids"][:, cut],
-                "labels": batch["labels"][:, cut],
-                "position_ids": positions.expand(len(batch["index"]), -1),
+                "input_ids": batch["input_ids"][:, mine],
+                "labels": batch["labels"][:, mine],
+                "position_ids": mine.expand(len(batch["index"]), -1),
                 "index": batch["index"],
             }
 
@@ -205,13 +274,14 @@ for rank in range(8):
         f"positions of its first sample {positions[rank]}"
     )
 assert with_cp.ok  # CP peers differ in bytes, which is right; TP peers do not
-assert positions[6] == [4, 5, 6, 7] and positions[4] == [0, 1, 2, 3]
+assert positions[6] == [2, 3, 4, 5] and positions[4] == [0, 1, 6, 7]
 assert with_cp.sample_ids(4, 0) == with_cp.sample_ids(6, 0) != with_cp.sample_ids(0, 0)
 step0 = {r.rank: r for r in with_cp.records if r.step == 0}
 assert step0[6].digest == step0[7].digest != step0[4].digest
-# The two CP slices put back together are the whole sequence the dataset holds.
+# The two CP parts put back in position order are the whole sequence the dataset holds.
 sample = RandomTokenDataset(100, 8, num_samples=8)[with_cp.sample_ids(4, 0)[0]]
-assert results[4][2] + results[6][2] == sample["input_ids"].tolist()
+rebuilt = dict(zip(positions[4] + positions[6], results[4][2] + results[6][2], strict=True))
+assert [rebuilt[p] for p in range(8)] == sample["input_ids"].tolist()
 
 # %% [markdown]
 # The heatmap labels rows with all three coordinates: inside a DP replica (between white lines)
@@ -242,8 +312,8 @@ for rank, pos in positions.items():
 ax.set_yticks(range(8), [f"r{r} ({where[r]})" for r in range(8)], fontsize=8)
 ax.set_xlabel("token position in the sequence")
 ax.set_title(
-    "Positions each rank holds of its first sample:\nCP ranks split the sequence, "
-    "TP peers hold the same slice",
+    "Positions each rank holds of its first sample:\nCP ranks split the sequence "
+    "head-tail, TP peers hold the same part",
     fontsize=10,
 )
 plt.show()
@@ -252,25 +322,33 @@ plt.show()
 # ## Pipeline stages: who needs what
 #
 # With pipeline parallelism (PP) the model's layers are split into stages on different ranks.
-# Only the **first** stage embeds tokens, so only it needs `input_ids`; only the **last** stage
-# computes the loss, so only it needs `labels`; the stages between receive activations from the
-# previous stage and need no data at all. Sending each stage just what it uses saves loading
-# and memory. All stages of one pipeline must still agree on the *samples* (the labels must
-# belong to the inputs): shard over DP, never over PP.
+# Only the **first** stage embeds tokens, so only it needs `input_ids` (and `position_ids`);
+# only the **last** stage computes the loss, so it needs `labels` **and** `loss_mask` (which
+# tokens count: not padding, not the prompt). A stage that applies an explicit attention mask
+# needs `attention_mask` too: Megatron-LM's `get_batch_on_this_tp_rank` gives the first stage
+# `tokens`, `position_ids` and `attention_mask`, the last `labels`, `loss_mask` and
+# `attention_mask`. With **packed** sequences (several documents in one row) every stage's
+# attention needs the document boundaries, so that no token attends across documents: Megatron
+# passes them to every stage as `cu_seqlens` in its `PackedSeqParams`. The stages between
+# otherwise receive activations from the previous stage and need no batch. All stages of one
+# pipeline must still agree on the *samples* (the labels must belong to the inputs): shard over
+# DP, never over PP.
 #
-# Below a `pp 2 x dp 2` mesh. Both stages of a pipeline build the same sampler (DP group) and
-# keep only their part.
-
+# Below a `pp 2 x dp 2` mesh. Both stages of a pipeline build the same sampler (DP group), add
+# the masks a real batch carries, and keep only their part.
 
 # %%
+# What each stage keeps of a batch (unpacked sequences; packed ones add cu_seqlens to every stage).
+NEEDS = {
+    "first": {"index", "input_ids", "position_ids", "attention_mask"},
+    "last": {"index", "labels", "loss_mask", "attention_mask"},
+}
+
+
 def pipeline_parts():
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
     stage, last = mesh["pp"].get_local_rank(), mesh["pp"].size() - 1
-    keep = (
-        {"index"}
-        | ({"input_ids"} if stage == 0 else set())
-        | ({"labels"} if stage == last else set())
-    )
+    keep = (NEEDS["first"] if stage == 0 else set()) | (NEEDS["last"] if stage == last else set())
     built = get_random_dataset_fsdp_tp(
         batch_size=2,
         vocab_size=100,
@@ -279,14 +357,20 @@ def pipeline_parts():
         seed=0,
         dp_group=mesh.get_group("dp"),
     )
-    got = [{k: v for k, v in b.items() if k in keep} for b in built["dataloader"]]
+    got = []
+    for batch in built["dataloader"]:
+        ids = batch["input_ids"]
+        batch["position_ids"] = torch.arange(ids.shape[1]).expand_as(ids)
+        batch["attention_mask"] = torch.ones_like(ids)
+        batch["loss_mask"] = torch.ones(ids.shape)  # 0 where a token must not count
+        got.append({k: v for k, v in batch.items() if k in keep})
     return stage, sorted(got[0]), [b["index"].tolist() for b in got]
 
 
 parts = cluster.run(pipeline_parts)
 for rank, (stage, keys, ids) in enumerate(parts):
     print(f"rank {rank}: stage {stage} keeps {keys}, samples {ids}")
-assert parts[0][1] == ["index", "input_ids"] and parts[2][1] == ["index", "labels"]
+assert parts[0][1] == sorted(NEEDS["first"]) and parts[2][1] == sorted(NEEDS["last"])
 assert parts[0][2] == parts[2][2]  # stage 0 and stage 1 of pipeline 0: the same samples
 
 # %% [markdown]
@@ -333,9 +417,15 @@ cluster.close()
 #   innermost; `mesh["dp"].get_local_rank()` is a rank's coordinate, `mesh.get_group("dp")` its
 #   group. `make_layout` builds the same grid.
 # - Shard over the DP group, broadcast in the TP group, whatever other dimensions exist.
-# - CP ranks hold the same samples, different slices of each sequence, with their position ids;
-#   the ledger records `cp_rank` and only asks ranks of the same CP slice for identical bytes.
-# - Pipeline stages share samples: the first needs `input_ids`, the last `labels`.
+# - CP ranks hold the same samples, different parts of each sequence, with their position ids.
+#   torch balances causal attention with a head-tail split (rank `r`: chunks `r` and
+#   `2 x cp - 1 - r`); a contiguous split gives the last rank up to `2 x cp - 1` times the work.
+#   torch shards inside `context_parallel` (whole batch on every CP rank; ring attention on
+#   CUDA); the ledger records `cp_rank` and only asks ranks of the same CP part for identical
+#   bytes.
+# - Pipeline stages share samples: the first needs `input_ids` and `position_ids`, the last
+#   `labels` and `loss_mask` (both the attention mask, if the model takes one); with packed
+#   sequences every stage needs the document boundaries (`cu_seqlens`).
 # - Global batch = micro-batch x accumulation x DP size; TP, CP and PP add no samples.
 #
 # Next: **08 · Capstone**: a real model trained with FSDP2 x TP on this layout.

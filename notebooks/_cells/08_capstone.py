@@ -9,6 +9,8 @@
 # %% [markdown]
 # # 08 · Capstone: a tiny language model, FSDP2 x TP, fed by the TP broadcast
 #
+# **Time:** about 40 minutes with the predictions (advanced track).
+#
 # Everything so far moved samples around without training anything. Here 4 real ranks train a
 # small decoder with the two parallelisms a real job combines: **FSDP2** (`fully_shard`) over the
 # DP dimension of a `dp 2 x tp 2` mesh and **tensor parallelism** (`parallelize_module`) over the

@@ -9,6 +9,9 @@
 # %% [markdown]
 # # 09 · Resume mid-epoch, exactly
 #
+# **Time:** about 45 minutes with the predictions (advanced track). Running the cells alone
+# takes under a minute.
+#
 # Long jobs get stopped: a preemption, a time limit, a crash. The model and optimizer go into a
 # checkpoint, but the **data loader's place** in the epoch must go too, or the resumed run
 # repeats the samples it already trained on (or skips some). This notebook stops a job halfway
@@ -20,9 +23,11 @@
 # - Resume a `DistributedSampler` by skipping the consumed batches (what ezpz's fsdp_tp example
 #   does), and see what the skip costs.
 # - Save and restore `torchdata`'s `StatefulDataLoader` per rank (`state_dict` /
-#   `load_state_dict`): it resumes without loading the consumed samples again.
+#   `load_state_dict`): over a map-style dataset it resumes without loading the consumed
+#   samples; a stream is read again up to its place unless it saves its own state.
 # - Resume the TP broadcast: only the TP leader's state matters; peers follow it.
-# - Resume on a **different world size**: see what breaks and save a position that survives it.
+# - Resume on a **different world size**: see what breaks and save a position that survives
+#   it, for the rest of the epoch and not beyond.
 # - Merge the two runs' ledgers into one (`Ledger.merge_runs`) and check it.
 
 # %%
@@ -35,7 +40,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import ezpz_nb as ez
@@ -238,6 +243,72 @@ assert [stateful_job.sample_ids(r, EPOCH) for r in (0, 1)] == straight
 assert stateful_loads == [[6, 6], [6, 6]]
 
 # %% [markdown]
+# That holds because the dataset is **map-style**: the loader's place is the sampler's place,
+# and a sampler can skip indices without touching the data. A stream (an `IterableDataset`,
+# notebook 10) has no sampler. If it does not save its own place, `StatefulDataLoader` can only
+# **fast-forward**: start the stream again and read, and throw away, the items already consumed
+# (it logs a warning saying so). A stream that defines `state_dict` and `load_state_dict` (as
+# torchtitan's datasets do) is saved inside the loader's state and resumes from there.
+#
+# Each rank does the same with its own shard of the stream, so one process shows it. `Lines`
+# counts its reads; `ResumableLines` also keeps its position (a file offset, in a real stream).
+
+
+# %%
+class Lines(IterableDataset):
+    """A stream of `n` lines that counts how many it had to read."""
+
+    def __init__(self, n):
+        self.n, self.reads = n, 0
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.reads += 1
+            yield {"index": i}
+
+
+class ResumableLines(Lines):
+    """The same stream, with its place in `state_dict` (torchdata's Stateful protocol)."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.pos = 0
+
+    def __iter__(self):
+        for i in range(self.pos, self.n):
+            self.reads += 1
+            self.pos = i + 1
+            yield {"index": i}
+        self.pos = 0  # an epoch that ended: the next starts at the top
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.pos = state["pos"]
+
+
+def resume_stream(cls, n=12, stop_after=3):
+    """Stop after `stop_after` batches, resume in a fresh loader; count the reads."""
+    first = stateful_loader(cls(n), batch_size=BATCH)
+    it = iter(first)
+    seen = [i for _ in range(stop_after) for i in next(it)["index"].tolist()]
+    state = first.state_dict()
+    resumed = stateful_loader(cls(n), batch_size=BATCH)
+    resumed.load_state_dict(state)  # Lines: torchdata logs that it fast-forwards
+    seen += [i for batch in resumed for i in batch["index"].tolist()]
+    return seen, resumed.dataset.reads, state["dataset_state"]
+
+
+stream_reads = {}
+for cls in (Lines, ResumableLines):
+    seen, reads, saved = resume_stream(cls)
+    print(f"{cls.__name__:>14}: resumed run read {reads} lines to give 6; its saved state {saved}")
+    assert seen == list(range(12))  # either way, every line once
+    stream_reads[cls.__name__] = reads
+assert stream_reads == {"Lines": 12, "ResumableLines": 6}
+
+# %% [markdown]
 # ## 3. The TP broadcast: the leader's state is the one that counts
 #
 # With tensor parallelism only the TP leader loads (notebook 03); its peers receive each batch.
@@ -329,19 +400,30 @@ assert [len(resized_runs[1].steps(r, EPOCH)) for r in range(4)] == [0, 0, 3, 3]
 # many samples of the epoch's order the whole job consumed, `steps x batch x dp_size`. The sampler
 # below continues that order from there and deals the rest over however many replicas there
 # are now. With `start=0` it gives what `DistributedSampler` gives (checked below).
+#
+# The position belongs to **one** epoch. A sampler that kept skipping `start` samples in the
+# epochs after the resumed one would quietly train every later epoch on part of the data (16 of
+# 24 samples here, epoch after epoch, and no error). So `ResumableSampler` applies `start` only
+# in `start_epoch`; torchdata's `StatefulDistributedSampler` does the same by clearing its
+# offset once it has been used. The resumed run below goes on for two more epochs with the same
+# sampler, and the checks cover all three.
 
 
 # %%
 class ResumableSampler(DistributedSampler):
-    """DistributedSampler that starts `start` samples into the epoch's global order."""
+    """DistributedSampler that starts `start` samples into epoch `start_epoch`'s global order.
 
-    def __init__(self, dataset, start=0, **kwargs):
+    The saved place belongs to that one epoch: any other epoch starts at its beginning.
+    """
+
+    def __init__(self, dataset, start=0, start_epoch=0, **kwargs):
         super().__init__(dataset, **kwargs)
-        self.start = start
+        self.start, self.start_epoch = start, start_epoch
 
     def _rest(self):
         g = torch.Generator().manual_seed(self.seed + self.epoch)  # as DistributedSampler does
-        rest = torch.randperm(len(self.dataset), generator=g).tolist()[self.start :]
+        skip = self.start if self.epoch == self.start_epoch else 0
+        rest = torch.randperm(len(self.dataset), generator=g).tolist()[skip:]
         return rest[: len(rest) - len(rest) % self.num_replicas]  # drop_last
 
     def __iter__(self):
@@ -351,7 +433,7 @@ class ResumableSampler(DistributedSampler):
         return len(self._rest()) // self.num_replicas
 
 
-def part_global(ckpt, stop_after):
+def part_global(ckpt, stop_after, last_epoch=EPOCH + 2):
     layout = make_layout(tp_size=1)
     dataset = Counted(N)
     file = Path(ckpt) / "job.pt"  # one file for the job: the position is global
@@ -362,21 +444,23 @@ def part_global(ckpt, stop_after):
     sampler = ResumableSampler(
         dataset,
         start=place["consumed"],
+        start_epoch=place["epoch"],
         num_replicas=layout.dp_size,
         rank=layout.dp_rank,
         shuffle=True,
         seed=SEED,
         drop_last=True,
     )
-    sampler.set_epoch(place["epoch"])
     loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler)
-    rec = record(loader, layout, epoch=place["epoch"])
-    for step, _batch in enumerate(rec):
-        if step + 1 == stop_after:
-            if layout.rank == 0:
-                consumed = place["consumed"] + (step + 1) * BATCH * layout.dp_size
-                torch.save({"epoch": place["epoch"], "consumed": consumed}, file)
-            break
+    rec = record(loader, layout, epoch=place["epoch"])  # later passes: the next epochs
+    for epoch in range(place["epoch"], last_epoch + 1):
+        sampler.set_epoch(epoch)
+        for step, _batch in enumerate(rec):
+            if step + 1 == stop_after:
+                if layout.rank == 0:
+                    consumed = place["consumed"] + (step + 1) * BATCH * layout.dp_size
+                    torch.save({"epoch": epoch, "consumed": consumed}, file)
+                return rec.ledger(), dataset.loads
     return rec.ledger(), dataset.loads
 
 
@@ -387,6 +471,20 @@ plain.set_epoch(EPOCH)
 again = ResumableSampler(range(N), num_replicas=2, rank=1, shuffle=True, seed=SEED, drop_last=True)
 again.set_epoch(EPOCH)
 assert list(again) == list(plain)
+# Resumed 8 samples into epoch EPOCH on 4 replicas: that epoch deals the rest, the next two
+# deal whole epochs, exactly as DistributedSampler does.
+for epoch in (EPOCH, EPOCH + 1, EPOCH + 2):
+    shards = []
+    for r in range(4):
+        resumed = ResumableSampler(
+            range(N), start=8, start_epoch=EPOCH, num_replicas=4, rank=r, seed=SEED, drop_last=True
+        )
+        resumed.set_epoch(epoch)
+        shards.append(list(resumed))
+    dealt = sorted(i for shard in shards for i in shard)
+    assert len(dealt) == (N - 8 if epoch == EPOCH else N) and len(set(dealt)) == len(dealt)
+    if epoch != EPOCH:
+        assert shards == uninterrupted(dp_size=4, epoch=epoch)
 
 regrown, regrown_runs, regrown_loads = job(part_global, world_sizes=(2, 4), stop_after=2)
 print(regrown.summary())
@@ -396,16 +494,19 @@ print(
 
 # %% [markdown]
 # Stopped after 2 steps on 2 ranks (8 samples consumed), resumed on 4: the 16 left are dealt
-# out 4 per rank, 2 steps each. Every sample once, and nothing loaded twice. The summary's `step_mismatch` is expected here and
+# out 4 per rank, 2 steps each; then two whole epochs of 6 per rank. Every sample once per epoch,
+# and nothing loaded twice. The summary's `step_mismatch` in the resumed epoch is expected and
 # harmless: the first run had 2 ranks, the second 4, so ranks 2 and 3 took only the resumed
 # run's steps; inside each run every rank took the same number (the assertions check both).
 
 # %%
-assert exactly_once(regrown) == dict.fromkeys(range(N), 1)
-assert {p.kind for p in regrown.check()} == {"step_mismatch"}
+for epoch in (EPOCH, EPOCH + 1, EPOCH + 2):  # every epoch whole, not only the resumed one
+    assert exactly_once(regrown, epoch) == dict.fromkeys(range(N), 1), epoch
+assert {(p.kind, p.epoch) for p in regrown.check()} == {("step_mismatch", EPOCH)}
 assert all(p.kind != "step_mismatch" for run in regrown_runs for p in run.check())
 assert [len(regrown_runs[1].steps(r, EPOCH)) for r in range(4)] == [2, 2, 2, 2]
-assert regrown_loads == [[4, 4], [4, 4, 4, 4]]
+assert [len(regrown_runs[1].steps(r, EPOCH + 2)) for r in range(4)] == [3, 3, 3, 3]
+assert regrown_loads == [[4, 4], [4 + 6 + 6] * 4]
 viz.heatmap(regrown)
 
 # %% [markdown]
@@ -413,13 +514,16 @@ viz.heatmap(regrown)
 #
 # - A checkpoint holds the data's place, not only the model: the epoch (for `set_epoch`) and how
 #   far into it the job got.
-# - Skipping the consumed batches is exact, but it loads them again.
+# - Skipping the consumed batches of the loader (`islice`) is exact, but it loads them again;
+#   skipping in the sampler (part 4) loads nothing.
 # - `StatefulDataLoader` saves each rank's place (`state_dict()` per rank, `load_state_dict()` in
-#   the new process) and resumes without loading the consumed samples.
+#   the new process). Over a map-style dataset it resumes without loading the consumed samples;
+#   a stream is fast-forwarded (read again up to its place) unless it has its own `state_dict`.
 # - With the TP broadcast, only the TP leader's state holds the loader's place; peers follow the
 #   leader after a restart as before.
 # - A per-rank place (a step count, a per-rank loader state) is tied to the world size. Save a
-#   global position (samples consumed in the epoch's order) to resume on another one.
+#   global position (samples consumed in the epoch's order) to resume on another one, and apply
+#   it to that epoch only.
 # - `Ledger.merge_runs(first, second)` turns the runs of one job into one ledger, and its checks
 #   prove the restart repeated nothing and skipped nothing.
 #

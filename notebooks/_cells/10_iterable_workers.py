@@ -9,6 +9,9 @@
 # %% [markdown]
 # # 10 · Iterable data with workers
 #
+# **Time:** about 40 minutes with the predictions (advanced track). Running the cells alone
+# takes under a minute.
+#
 # Big corpora are streams: files read line by line, shards fetched one after another. A stream
 # is an `IterableDataset`, and no `DistributedSampler` can shard it: the dataset must shard
 # itself. With DataLoader workers it is sharded twice: over the ranks **and** over each rank's
@@ -17,6 +20,8 @@
 #
 # **Learning goals**
 #
+# - Split a stream the way real ones are split: whole shards (files) per rank, not every n-th
+#   sample, and see what per-sample striding costs in reads.
 # - Shard an `IterableDataset` over rank x `get_worker_info()`; see the classic bug where every
 #   worker yields the same samples, caught by the ledger with the worker id of each sample.
 # - Seed the randomness inside workers so that DP replicas differ and reruns repeat.
@@ -37,14 +42,67 @@ from ezpz_nb.ledger import Ledger, record, tag_worker
 N, BATCH = 16, 2
 
 # %% [markdown]
-# ## A stream, sharded over the ranks
+# ## A stream is files: split whole shards
 #
-# `Stream` yields samples `0..n-1` (a sample id stands in for a line of a file). Each rank keeps
-# every `world`-th sample, as a stream sharded over the DP replicas does. Each rank's
-# `DataLoader` has 2 workers. Only a worker knows which worker it is
+# A corpus on disk is a list of **shards**: files of many samples each, read from start to end.
+# Ranks split a stream by giving each rank whole shards: HF `datasets`' `split_dataset_by_node`
+# hands out whole shards when the number of shards divides by the world size, and WebDataset's
+# `split_by_node` splits its list of tar files. A rank then reads only its own files.
+#
+# The other way, keeping every `world`-th **sample**, gives the same samples, but each rank must
+# read the whole stream to find its own, and throw away `world - 1` of every `world` it reads
+# (`split_dataset_by_node` falls back to that when the shards do not divide). Inside a rank the
+# DataLoader's workers split again, so with striding every worker of every rank reads everything.
+#
+# Below, 16 samples in 8 shards of 2, and what each of 2 ranks must read to get its half. The
+# stream needs no ranks to count its reads, so this runs in the notebook.
+
+# %%
+SHARDS = [[2 * s, 2 * s + 1] for s in range(8)]  # 8 files of 2 samples: 16 samples
+
+
+class ShardStream(IterableDataset):
+    """Whole shards per rank: rank r reads shards r, r + world, ...; counts samples read."""
+
+    def __init__(self, rank, world):
+        self.rank, self.world, self.reads = rank, world, 0
+
+    def __iter__(self):
+        for shard in SHARDS[self.rank :: self.world]:
+            for i in shard:  # open the file, read it to its end
+                self.reads += 1
+                yield i
+
+
+class StridedStream(ShardStream):
+    """Every world-th sample: rank r reads the whole stream and keeps 1 in `world`."""
+
+    def __iter__(self):
+        for n, i in enumerate(i for shard in SHARDS for i in shard):
+            self.reads += 1
+            if n % self.world == self.rank:
+                yield i
+
+
+reads, covered = {}, {}
+for cls in (ShardStream, StridedStream):
+    ranks = [cls(rank=r, world=2) for r in (0, 1)]
+    held = [list(stream) for stream in ranks]
+    print(f"{cls.__name__:>13}: rank 0 gets {held[0]}, and each rank reads", end=" ")
+    print(f"{[stream.reads for stream in ranks]} samples")
+    reads[cls.__name__] = [stream.reads for stream in ranks]
+    covered[cls.__name__] = sorted(held[0] + held[1])
+assert covered["ShardStream"] == covered["StridedStream"] == list(range(16))  # each covers all
+assert reads == {"ShardStream": [8, 8], "StridedStream": [16, 16]}
+
+# %% [markdown]
+# ## Over the ranks and the workers
+#
+# Each rank's `DataLoader` has 2 workers. Only a worker knows which worker it is
 # (`torch.utils.data.get_worker_info()`), so the ledger cannot ask the loader: `tag_worker`
 # wraps the dataset so each sample carries its `worker_id`, and `record` writes it into the
-# ledger next to the sample id.
+# ledger next to the sample id. `Stream` below gives whole shards to each rank, and, if
+# `by_worker`, splits the rank's shards over its workers too.
 #
 # The ranks here are started by a forkserver; `multiprocessing_context="fork"` starts the
 # workers as forks of the rank, which is quick, instead of fresh processes that import torch again.
@@ -52,18 +110,19 @@ N, BATCH = 16, 2
 
 # %%
 class Stream(IterableDataset):
-    """Samples 0..n-1, sharded over the ranks, and over the workers if `by_worker`."""
+    """The shards of SHARDS, split over the ranks, and over the workers if `by_worker`."""
 
-    def __init__(self, n, rank, world, by_worker):
-        self.n, self.rank, self.world, self.by_worker = n, rank, world, by_worker
+    def __init__(self, rank, world, by_worker):
+        self.rank, self.world, self.by_worker = rank, world, by_worker
 
     def __iter__(self):
         info = get_worker_info()  # None in the main process
         worker, workers = (info.id, info.num_workers) if info and self.by_worker else (0, 1)
-        # One shard per (rank, worker) pair: world * workers shards in all.
-        shard, shards = self.rank * workers + worker, self.world * workers
-        for i in range(shard, self.n, shards):
-            yield {"input_ids": torch.full((4,), i), "index": i}
+        # One share of shards per (rank, worker) pair: world * workers shares in all.
+        share, shares = self.rank * workers + worker, self.world * workers
+        for shard in SHARDS[share::shares]:
+            for i in shard:
+                yield {"input_ids": torch.full((4,), i), "index": i}
 
 
 def loader_for(dataset, **kwargs):
@@ -78,7 +137,7 @@ def loader_for(dataset, **kwargs):
 
 def stream_epoch(by_worker):
     layout = make_layout(tp_size=1)
-    stream = Stream(N, layout.rank, layout.world_size, by_worker)
+    stream = Stream(layout.rank, layout.world_size, by_worker)
     rec = record(loader_for(stream), layout)
     for _batch in rec:
         pass
@@ -93,7 +152,8 @@ def stream_epoch(by_worker):
 # <details><summary>Answer</summary>
 #
 # 8 steps, each sample twice. Every worker runs `__iter__` on its own copy of the dataset, so
-# both workers of rank 0 yield `0, 2, 4, ..., 14`; the loader takes batches from them in turn.
+# both workers of rank 0 yield its shards, `0, 1, 4, 5, 8, 9, 12, 13`; the loader takes batches
+# from them in turn.
 # Twice the steps, every sample counted twice, and nothing fails.
 # </details>
 
@@ -120,7 +180,10 @@ viz.heatmap(naive)
 # worker ids it would still see the repeats, but not whose they were.) The `dp_duplicate` check
 # alone would miss this: no sample crossed DP replicas.
 #
-# The fix is one line: shard over `rank * workers + worker` out of `world * workers`.
+# The fix is one line: split the shards over `rank * workers + worker` out of
+# `world * workers` (with 8 shards, 2 ranks and 2 workers, each worker reads 2 whole shards).
+# The shards must divide over ranks x workers, or some workers get more than others: have many
+# more shards than that. (The later sections stride per sample to keep their code short.)
 
 # %%
 fixed = Ledger.from_results(ez.launch(stream_epoch, True, world_size=2), num_samples=N)
@@ -297,11 +360,19 @@ assert together.ok
 # %% [markdown]
 # Without agreement the ledger finds a `step_mismatch`: in training, the rank with more batches
 # would wait in its next gradient `all_reduce` for a partner that has left (the hang of notebook
-# 04). With it, both ranks stop at the shorter one's end. The price is one tiny `all_reduce` per
-# step, and the longer rank's tail of the stream is not used this epoch.
+# 04), or, with epochs to come, pair it with the other's next epoch. With it, both ranks stop at
+# the shorter one's end, and the longer rank's tail of the stream is not used this epoch.
+#
+# The price is one `all_reduce` per step, and on GPUs a device-to-host sync: under NCCL the
+# flag is a CUDA tensor, and `if not have` waits for the GPU to finish all queued work, every
+# step. Agree on a gloo side group (`dist.new_group(backend="gloo")`, pass it as `group`) to keep
+# the flag on the CPU, or, as torchtitan does, run a fixed number of steps over streams that
+# restart when they run out, so that no rank ever needs to ask.
 #
 # ## Summary
 #
+# - Split a stream by whole shards (files) per rank, as `split_dataset_by_node` (when the shards
+#   divide) and WebDataset do; striding per sample makes every rank and worker read everything.
 # - An `IterableDataset` shards itself: over `rank x get_worker_info()` (`rank * workers +
 #   worker` of `world * workers`), or every worker yields the same samples.
 # - Only a worker knows its id, so the sample carries it (`tag_worker`); the ledger's
@@ -310,4 +381,5 @@ assert together.ok
 #   or identical `manual_seed`s make every DP replica draw the same.
 # - `persistent_workers` keep their copy of the dataset: pass the epoch through shared memory (or
 #   restart the workers).
-# - An uneven stream: agree at every step (`all_reduce(MIN)` of "I have a batch").
+# - An uneven stream: agree at every step (`all_reduce(MIN)` of "I have a batch"; on NCCL on a
+#   gloo side group), or run a fixed number of steps over streams that never end.
