@@ -619,6 +619,9 @@ IDS = [c[0].__name__ for c in CASES]
 
 @pytest.mark.parametrize("checker,rights,wrongs", CASES, ids=IDS)
 def test_right_solutions_pass(checker, rights, wrongs):
+    """Guards against checkers that fail correct code written another way: the shipped
+    solution and the unusual right answers (group_src, a masked sum, sorted-key sends,
+    a sampler class of one's own, gathered flags) all pass."""
     for fn in rights:
         result = checker(fn)
         assert result.passed, f"{fn.__name__}: {result.message}"
@@ -627,6 +630,9 @@ def test_right_solutions_pass(checker, rights, wrongs):
 
 @pytest.mark.parametrize("checker,rights,wrongs", CASES, ids=IDS)
 def test_wrong_solutions_are_explained(checker, rights, wrongs):
+    """Guards against checkers a learner can dodge (rank arithmetic for the leader, "not
+    ascending" for a shuffle, counting without loading, reading ahead to a cap): each is
+    called wrong, with a message that points at what to look at."""
     for fn, phrase in wrongs:
         result = checker(fn)
         assert not result.passed
@@ -636,12 +642,14 @@ def test_wrong_solutions_are_explained(checker, rights, wrongs):
 
 @pytest.mark.parametrize("checker", [c[0] for c in CASES], ids=IDS)
 def test_blank_says_not_done(checker, capsys):
+    """Guards the shipped state: a blank is "not done yet", never "wrong" or a traceback."""
     result = checker(blank)
     assert result.status == "not done" and not result.passed
     assert "not done yet" in capsys.readouterr().out
 
 
 def test_none_everywhere_is_not_done():
+    """Guards the half-filled blank (a body without return): "not done", not "wrong"."""
     assert ex.check_global_sum(returns_none).status == "not done"
 
 
@@ -667,17 +675,21 @@ def test_none_everywhere_is_not_done():
     ],
 )
 def test_hang_is_reported_with_stacks(checker, fn):
+    """Guards the workshop room: an answer that hangs is stopped and reported with where
+    each rank was, never a cell that runs forever."""
     result = checker(fn, timeout=8)
     assert result.status == "wrong"
     assert "hung" in result.message and "Where each rank was" in result.message
 
 
 def test_not_a_function():
+    """Guards the common slip check(fn()) for check(fn): said plainly, before ranks start."""
     result = ex.check_global_sum(42)
     assert result.status == "wrong" and "expected a function" in result.message
 
 
 def test_verdict_is_printed_once_and_repr_is_short(capsys):
+    """Guards the notebook's look: one printed verdict, not a second one in the repr."""
     result = ex.check_steps_over_stream(SOL["steps_over_stream"])
     out = capsys.readouterr().out
     assert out.count("steps_over_stream: correct") == 1
@@ -686,6 +698,7 @@ def test_verdict_is_printed_once_and_repr_is_short(capsys):
 
 
 def test_shipped_blanks_say_not_done(capsys):
+    """Guards the notebook as shipped: its seven blanks, run as written, say "not done"."""
     ns = {"__name__": "__main__"}
     checks = []
     for src in _workshop_cells("workshop"):
