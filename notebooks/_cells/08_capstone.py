@@ -9,6 +9,9 @@
 # %% [markdown]
 # # 08 · Capstone: a tiny language model, FSDP2 x TP, fed by the TP broadcast
 #
+# **Time:** about 45 minutes (advanced track): 30 for the run and the data bugs, 15 for the TP
+# plan and its exercise.
+#
 # Everything so far moved samples around without training anything. Here 4 real ranks train a
 # small decoder with the two parallelisms a real job combines: **FSDP2** (`fully_shard`) over the
 # DP dimension of a `dp 2 x tp 2` mesh and **tensor parallelism** (`parallelize_module`) over the
@@ -402,12 +405,18 @@ cluster.close()
 # %% [markdown]
 # ## Summary
 #
-# - `parallelize_module` (Colwise/Rowwise) on `mesh["tp"]`, then `fully_shard` on `mesh["dp"]`,
-#   fed by `get_random_dataset_fsdp_tp(dp_group=..., tp_group=..., broadcast_within_tp=True)`.
+# - A TP plan pairs a `ColwiseParallel` layer (each rank holds half the output features) with a
+#   `RowwiseParallel` one (half the input features, then one all-reduce of the partial sums);
+#   `parallelize_module` applies it on `mesh["tp"]`, then `fully_shard` on `mesh["dp"]`, fed by
+#   `get_random_dataset_fsdp_tp(dp_group=..., tp_group=..., broadcast_within_tp=True)`.
+# - A plan whose layers do not pair stops at the first forward; one that drops the all-reduce
+#   trains silently and leaves the reference.
 # - Check `ReduceOp.AVG` on your backend; `set_force_sum_reduction_for_comms(True)` makes the
 #   divide explicit if it does not average.
 # - A sound FSDP2 x TP run reproduces the single-process losses at the same global batch within
-#   float32 reordering (`rtol=1e-4, atol=1e-5`; seen: about `1e-7`).
+#   float32 reordering (`rtol=1e-4, atol=1e-5`; seen: about `1e-7`). In bfloat16 that tolerance
+#   fails sound runs: check the same run in float32, or bound the gap to an fp32 reference
+#   statistically over many steps.
 # - Data bugs still let the loss fall; only the comparison shows them (gaps > 0.01), and the
 #   ledger names them: `never_seen` without `dp_group`, `tp_mismatch` for rank-seeded data,
 #   identical epochs without `set_epoch`.
