@@ -344,7 +344,7 @@ def send_as_raw_bytes(batch, group):
     out, at = {}, 0
     for k, shape, dtype in spec[0]:
         n = torch.empty(shape, dtype=dtype).reshape(-1).view(torch.uint8).numel()
-        out[k] = flat[at : at + n].view(dtype).reshape(shape).clone()
+        out[k] = flat[at : at + n].clone().view(dtype).reshape(shape)  # clone: aligned
         at += n
     return out
 
