@@ -100,9 +100,9 @@ def check_global_sum(
                 if out.shape == want.shape and torch.equal(out, inputs[r]):
                     raise _wrong(
                         f"rank {r} returned its own input {_fmt(out)} instead of the "
-                        f"sum over all {world} ranks {_fmt(want)}: call "
-                        "dist.all_reduce(x) (it sums in place on every rank) and "
-                        "return x."
+                        f"sum over all {world} ranks {_fmt(want)}: nothing was exchanged "
+                        "between the ranks. Look for the collective of notebook 01 that "
+                        "combines every rank's tensor."
                     )
                 if out.shape != want.shape or not torch.allclose(out.float(), want):
                     raise _wrong(
@@ -372,8 +372,8 @@ def check_run_epochs(
                         raise _wrong(
                             f"rank {r} saw the same order in epoch {earlier} and epoch "
                             f"{e} ({out[e]}): the sampler reshuffles only when told a "
-                            "new epoch. Call loader.sampler.set_epoch(...) with a "
-                            "different number before each pass."
+                            "new epoch. Look at what your loop tells loader.sampler "
+                            "(set_epoch) before each pass."
                         )
         by_place = {(dp, tp): out for dp, tp, out, _ in got}
         for (dp, tp), out in by_place.items():
