@@ -1,13 +1,17 @@
 """The workshop checkers, fed right, wrong, blank and hanging solutions on real gloo ranks.
 
-Guards against checkers that pass everything (wrong answers must be called wrong),
-that fail correct code written another way (they must judge behaviour, not
-source), and that raise or hang on the shipped blanks.
+Guards against checkers that pass everything (wrong answers must be called wrong,
+including the dodges a learner writes to turn a checker green without the
+skill), that fail correct code written another way (they must judge behaviour,
+not source), and that raise or hang on the shipped blanks. The shipped
+solutions and blanks are read from the notebook's source, never copied here.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
+import json
 import re
 from pathlib import Path
 
@@ -19,6 +23,35 @@ from torch.utils.data import DistributedSampler
 import ezpz_nb.workshop.exercises as ex
 
 
+def _workshop_cells(variant: str) -> list[str]:
+    """Code cells of 05 as notebooks/_build.py writes them (``workshop`` or ``solutions``)."""
+    root = Path(__file__).resolve().parent.parent / "notebooks"
+    spec = importlib.util.spec_from_file_location("nb_build", root / "_build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    suffix = "" if variant == "workshop" else "_solutions"
+    nb = build.notebooks()[f"05_workshop{suffix}.ipynb"]
+    return [cell.source for cell in nb.cells if cell.cell_type == "code"]
+
+
+def _shipped_solutions() -> dict:
+    """The solutions notebook's functions, defined as the notebook defines them.
+
+    Read from the stored notebook (plain JSON, which ``_build.py --check`` keeps equal
+    to the source): ranks import this module, and must not pay for jupytext.
+    """
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "05_workshop_solutions.ipynb"
+    ns: dict = {"__name__": "workshop_solutions"}
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "code" and not re.match(r"\s*assert ex\.check_", src):
+            exec(compile(src, "<solutions cell>", "exec"), ns)
+    return ns
+
+
+SOL = _shipped_solutions()
+
+
 def blank(*args):
     raise NotImplementedError("your code here")
 
@@ -27,23 +60,20 @@ def returns_none(*args):
     return None
 
 
-# ------------------------------------------------------------------ solutions
-def sum_in_place(x):
-    dist.all_reduce(x)
-    return x
-
-
+# ------------------------------------------------------------------ 1. global sum
 def sum_by_gather(x):
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, x)
     return torch.stack(parts).sum(0)
 
 
-def share_right(x, group):
-    dist.broadcast(x, src=dist.get_global_rank(group, 0), group=group)
+def sum_by_average(x):
+    # Dodge: AVG looks like a reduction, but it is not the sum.
+    dist.all_reduce(x, op=dist.ReduceOp.AVG)
     return x
 
 
+# ------------------------------------------------------------------ 2. group broadcast
 def share_by_group_src(x, group):
     dist.broadcast(x, group=group, group_src=0)  # the group's rank 0, named as such
     return x
@@ -57,9 +87,14 @@ def share_by_masked_sum(x, group):
     return x
 
 
+def share_by_first_listed(x, group):
+    # Unusual but right: get_process_group_ranks lists the members by group rank.
+    dist.broadcast(x, src=dist.get_process_group_ranks(group)[0], group=group)
+    return x
+
+
 def share_leader_rank_number(x, group):
-    # The cheat the old checker passed: it "shares" the leader's rank number,
-    # which every rank can compute alone; nothing is communicated.
+    # Dodge: "shares" the leader's rank number, which every rank can compute alone.
     return torch.full_like(x, float(dist.get_global_rank(group, 0)))
 
 
@@ -77,57 +112,159 @@ def share_over_world(x, group):
     return x
 
 
-def sampler_right(dataset, layout):
+def share_by_rank_arithmetic(x, group):
+    # Dodge: the leader computed from the global rank, right for consecutive pairs only.
+    r = dist.get_rank()
+    dist.broadcast(x, src=r - r % 2, group=group)
+    return x
+
+
+def share_by_smallest_member(x, group):
+    # Dodge: the smallest member is the leader only when the group sorted its ranks.
+    dist.broadcast(x, src=min(dist.get_process_group_ranks(group)), group=group)
+    return x
+
+
+def share_by_rank_minus_group_rank(x, group):
+    # Dodge: global rank minus group rank is the leader only for consecutive groups.
+    dist.broadcast(x, src=dist.get_rank() - dist.get_rank(group), group=group)
+    return x
+
+
+# ------------------------------------------------------------------ 3. DP sampler
+class BlocksOfAPermutation:
+    """Unusual but right: contiguous blocks of one permutation drawn from seed + epoch."""
+
+    def __init__(self, n, dp_rank, dp_size, seed):
+        self.n, self.dp_rank, self.dp_size, self.seed, self.epoch = n, dp_rank, dp_size, seed, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        per = self.n // self.dp_size
+        perm = torch.randperm(self.n, generator=g).tolist()
+        return iter(perm[self.dp_rank * per : (self.dp_rank + 1) * per])
+
+
+def sampler_blocks(dataset, layout, seed):
+    return BlocksOfAPermutation(len(dataset), layout.dp_rank, layout.dp_size, seed)
+
+
+def sampler_seed_offset(dataset, layout, seed):
+    # Unusual but right: any seed derived from `seed` alone, the same on every rank.
     return DistributedSampler(
-        dataset,
-        num_replicas=layout.dp_size,
-        rank=layout.dp_rank,
-        shuffle=True,
-        drop_last=True,
-        seed=0,
+        dataset, layout.dp_size, layout.dp_rank, shuffle=True, seed=3 * seed + 7, drop_last=True
     )
 
 
-def sampler_as_blocks_of_a_permutation(dataset, layout):
-    # Unusual but right: a plain list, contiguous blocks of one shared permutation.
+def sampler_fixed_seed(dataset, layout, seed):
+    # Dodge (the old shipped solution): shuffled, but the same order whatever the seed.
+    return DistributedSampler(
+        dataset, layout.dp_size, layout.dp_rank, shuffle=True, seed=0, drop_last=True
+    )
+
+
+class FixedOrder:
+    """A sampler stand-in whose order ignores the epoch: for the "not ascending" dodges."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def set_epoch(self, epoch):
+        pass
+
+    def __iter__(self):
+        return iter(self.ids)
+
+
+def _shard(dataset, layout):
     per = len(dataset) // layout.dp_size
-    perm = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(5)).tolist()
+    return list(range(layout.dp_rank * per, (layout.dp_rank + 1) * per))
+
+
+def sampler_reversed(dataset, layout, seed):
+    # Dodge: "not ascending" without a shuffle.
+    return FixedOrder(_shard(dataset, layout)[::-1])
+
+
+def sampler_pairwise_swapped(dataset, layout, seed):
+    # Dodge: "not ascending" without a shuffle.
+    ids = _shard(dataset, layout)
+    for k in range(0, len(ids) - 1, 2):
+        ids[k], ids[k + 1] = ids[k + 1], ids[k]
+    return FixedOrder(ids)
+
+
+class ReshuffledPerPass(BlocksOfAPermutation):
+    """Dodge: a new order every time it is read, whatever epoch it was told."""
+
+    def set_epoch(self, epoch):
+        pass
+
+    def __iter__(self):
+        self.epoch += 1
+        return super().__iter__()
+
+
+def sampler_per_pass(dataset, layout, seed):
+    return ReshuffledPerPass(len(dataset), layout.dp_rank, layout.dp_size, seed)
+
+
+class FromGlobalRandomness(BlocksOfAPermutation):
+    """Dodge: a new permutation from torch's global generator; the seed is never used."""
+
+    def __iter__(self):
+        perm = torch.randperm(self.n).tolist()
+        per = self.n // self.dp_size
+        return iter(perm[self.dp_rank * per : (self.dp_rank + 1) * per])
+
+
+def sampler_unreproducible(dataset, layout, seed):
+    return FromGlobalRandomness(len(dataset), layout.dp_rank, layout.dp_size, seed)
+
+
+def sampler_list(dataset, layout, seed):
+    # A plain list has no set_epoch: it cannot give each epoch its own order.
+    perm = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+    per = len(dataset) // layout.dp_size
     return perm[layout.dp_rank * per : (layout.dp_rank + 1) * per]
 
 
-def sampler_strided(dataset, layout):
-    # The pitfall notebook 02 warns about: 27 samples give replicas 14 and 13.
-    return list(range(layout.dp_rank, len(dataset), layout.dp_size))
+def sampler_strided(dataset, layout, seed):
+    # The pitfall notebook 02 warns about: an odd count gives the replicas unequal shards.
+    return FixedOrder(list(range(layout.dp_rank, len(dataset), layout.dp_size)))
 
 
-def sampler_padded(dataset, layout):
-    return DistributedSampler(dataset, num_replicas=layout.dp_size, rank=layout.dp_rank)
+def sampler_padded(dataset, layout, seed):
+    return DistributedSampler(dataset, layout.dp_size, layout.dp_rank, seed=seed)
 
 
-def sampler_unshuffled(dataset, layout):
+def sampler_unshuffled(dataset, layout, seed):
     return DistributedSampler(
-        dataset, num_replicas=layout.dp_size, rank=layout.dp_rank, shuffle=False, drop_last=True
+        dataset, layout.dp_size, layout.dp_rank, shuffle=False, drop_last=True, seed=seed
     )
 
 
-def sampler_over_world(dataset, layout):
-    return DistributedSampler(dataset, drop_last=True)
+def sampler_over_world(dataset, layout, seed):
+    return DistributedSampler(dataset, drop_last=True, seed=seed)
 
 
-def sampler_same_rank(dataset, layout):
-    return DistributedSampler(dataset, num_replicas=layout.dp_size, rank=0, drop_last=True)
+def sampler_same_rank(dataset, layout, seed):
+    return DistributedSampler(dataset, layout.dp_size, 0, drop_last=True, seed=seed)
 
 
+def sampler_seeded_by_rank(dataset, layout, seed):
+    # Dodge: a per-rank seed looks random, but TP peers no longer agree.
+    return DistributedSampler(
+        dataset, layout.dp_size, layout.dp_rank, drop_last=True, seed=seed + dist.get_rank()
+    )
+
+
+# ------------------------------------------------------------------ 4. set_epoch
 def _ids(loader):
     return [i for b in loader for i in b["index"].tolist()]
-
-
-def epochs_right(loader, n):
-    out = []
-    for e in range(n):
-        loader.sampler.set_epoch(e)
-        out.append(_ids(loader))
-    return out
 
 
 def epochs_from_one(loader, n):
@@ -156,6 +293,17 @@ def epochs_shuffled_afterwards(loader, n):
     return out
 
 
+def epochs_read_twice(loader, n):
+    # Dodge: a first pass to look at the data, then the pass it reports: two epochs' worth
+    # of loading per epoch, and the order reported is not the first one the loader gave.
+    out = []
+    for e in range(n):
+        loader.sampler.set_epoch(e)
+        _ids(loader)
+        out.append(_ids(loader))
+    return out
+
+
 def epochs_per_rank_seed(loader, n):
     # A new order every epoch, but set_epoch differs between ranks: TP peers and
     # DP replicas no longer agree.
@@ -166,71 +314,7 @@ def epochs_per_rank_seed(loader, n):
     return out
 
 
-def steps_min(stream, train_step):
-    steps = 0
-    for batch in _with_end(stream):
-        more = torch.tensor(0 if batch is None else 1)
-        dist.all_reduce(more, op=dist.ReduceOp.MIN)
-        if not more:
-            return steps
-        train_step(batch)
-        steps += 1
-
-
-def _with_end(stream):
-    yield from stream
-    while True:
-        yield None
-
-
-def steps_by_gathered_flags(stream, train_step):
-    # Unusual but right: gather everyone's "done" flag, stop when any is set.
-    it, steps = iter(stream), 0
-    while True:
-        batch = next(it, None)
-        flags = [None] * dist.get_world_size()
-        dist.all_gather_object(flags, batch is None)
-        if any(flags):
-            return steps
-        train_step(batch)
-        steps += 1
-
-
-def steps_by_len(stream, train_step):
-    n = torch.tensor(len(stream))  # a stream has no len()
-    dist.all_reduce(n, op=dist.ReduceOp.MIN)
-    for _ in range(int(n)):
-        train_step(next(stream))
-    return int(n)
-
-
-def steps_local(stream, train_step):
-    steps = 0
-    for batch in stream:  # each rank stops when its own stream ends: the others hang
-        train_step(batch)
-        steps += 1
-    return steps
-
-
-def steps_materialized(stream, train_step):
-    batches = list(stream)  # the endless stream never ends: a hang
-    n = torch.tensor(len(batches))
-    dist.all_reduce(n, op=dist.ReduceOp.MIN)
-    for b in batches[: int(n)]:
-        train_step(b)
-    return int(n)
-
-
-def steps_one_short(stream, train_step):
-    return steps_min(stream, train_step) and 0  # steps, then claims 0
-
-
-def send_as_object(batch, group):
-    box = [batch]
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-    return box[0]
-
-
+# ------------------------------------------------------------------ 5. send a batch
 def send_shapes_then_tensors(batch, group):
     src = dist.get_global_rank(group, 0)
     spec = [None if batch is None else {k: (v.shape, v.dtype) for k, v in batch.items()}]
@@ -241,17 +325,66 @@ def send_shapes_then_tensors(batch, group):
     return out
 
 
+def send_in_sorted_key_order(batch, group):
+    # Unusual but right: tensors sent in sorted key order, the dict rebuilt in that order
+    # (the old checker's digest in insertion order rejected it).
+    src = dist.get_global_rank(group, 0)
+    spec = [None if batch is None else {k: (v.shape, v.dtype) for k, v in batch.items()}]
+    dist.broadcast_object_list(spec, src=src, group=group)
+    out = {}
+    for k in sorted(spec[0]):
+        shape, dtype = spec[0][k]
+        out[k] = batch[k] if batch is not None else torch.empty(shape, dtype=dtype)
+        dist.broadcast(out[k], src=src, group=group)
+    return out
+
+
+def send_as_raw_bytes(batch, group):
+    # Unusual but right: every tensor's bytes packed into one uint8 buffer.
+    src = dist.get_global_rank(group, 0)
+    spec = [None if batch is None else [(k, v.shape, v.dtype) for k, v in batch.items()]]
+    dist.broadcast_object_list(spec, src=src, group=group)
+    if batch is not None:
+        flat = torch.cat([v.contiguous().reshape(-1).view(torch.uint8) for v in batch.values()])
+    else:
+        sizes = [
+            torch.empty(s, dtype=d).reshape(-1).view(torch.uint8).numel() for _, s, d in spec[0]
+        ]
+        flat = torch.empty(sum(sizes), dtype=torch.uint8)
+    dist.broadcast(flat, src=src, group=group)
+    out, at = {}, 0
+    for k, shape, dtype in spec[0]:
+        n = torch.empty(shape, dtype=dtype).reshape(-1).view(torch.uint8).numel()
+        out[k] = flat[at : at + n].clone().view(dtype).reshape(shape)  # clone: aligned
+        at += n
+    return out
+
+
+def send_packed_as_float32(batch, group):
+    # Dodge: one float32 buffer for every tensor; large token ids lose their low bits.
+    src = dist.get_global_rank(group, 0)
+    spec = [None if batch is None else [(k, v.shape, v.dtype) for k, v in batch.items()]]
+    dist.broadcast_object_list(spec, src=src, group=group)
+    sizes = [torch.Size(s).numel() for _, s, _ in spec[0]]
+    if batch is not None:
+        flat = torch.cat([v.reshape(-1).float() for v in batch.values()])
+    else:
+        flat = torch.empty(sum(sizes))
+    dist.broadcast(flat, src=src, group=group)
+    return {k: p.reshape(s).to(d) for (k, s, d), p in zip(spec[0], flat.split(sizes), strict=True)}
+
+
 def send_nothing(batch, group):
     return batch
 
 
 def send_flattened_to_peers(batch, group):
-    out = send_as_object(batch, group)  # the right bytes, but the peers lose the shapes
+    out = SOL["send_batch"](batch, group)  # the right bytes, but the peers lose the shapes
     return out if batch is not None else {k: v.reshape(-1) for k, v in out.items()}
 
 
 def send_bytes_as_uint8(batch, group):
-    out = send_as_object(batch, group)  # the same bytes again, read with another dtype
+    out = SOL["send_batch"](batch, group)  # the same bytes again, read with another dtype
     return out if batch is not None else {k: v.view(torch.uint8) for k, v in out.items()}
 
 
@@ -261,22 +394,7 @@ def send_only_on_leader(batch, group):
     return batch
 
 
-def leader_announces(loader, group):
-    src = dist.get_global_rank(group, 0)
-    if dist.get_rank(group) == 0:
-        for batch in loader:
-            dist.broadcast_object_list([batch], src=src, group=group)
-            yield batch
-        dist.broadcast_object_list([None], src=src, group=group)  # the end
-    else:
-        while True:
-            box = [None]
-            dist.broadcast_object_list(box, src=src, group=group)
-            if box[0] is None:
-                return
-            yield box[0]
-
-
+# ------------------------------------------------------------------ 6. leader-announced loop
 def leader_sends_whole_epoch(loader, group):
     # Unusual but right: the leader reads the epoch, then sends it in one message.
     box = [list(loader) if dist.get_rank(group) == 0 else None]
@@ -307,77 +425,205 @@ def peers_count_len(loader, group):
         yield box[0]
 
 
+def peers_count_dataset_size(loader, group):
+    # Dodge: peers take the step count from the dataset's size instead of the leader's word.
+    src = dist.get_global_rank(group, 0)
+    if dist.get_rank(group) == 0:
+        yield from ((b, dist.broadcast_object_list([b], src=src, group=group))[0] for b in loader)
+        return
+    for _ in range(-(-len(loader.dataset) // loader.batch_size)):
+        box = [None]
+        dist.broadcast_object_list(box, src=src, group=group)
+        yield box[0]
+
+
 def everyone_loads(loader, group):
     yield from loader  # the peers' own copies happen to be equal; the counts tell
 
 
 def peers_load_and_discard(loader, group):
-    # Announces right, but the peers also read their dataset (and throw it away).
+    # Announces right, but the peers also read their stream (and throw it away).
     if dist.get_rank(group) != 0:
         for _ in loader:
             pass
-    yield from leader_announces(loader, group)
+    yield from SOL["leader_batches"](loader, group)
+
+
+def peers_count_by_reading(loader, group):
+    # Dodge: each peer reads its own stream to count the steps, then receives that many.
+    src = dist.get_global_rank(group, 0)
+    if dist.get_rank(group) == 0:
+        for batch in loader:
+            dist.broadcast_object_list([batch], src=src, group=group)
+            yield batch
+        return
+    for _ in range(sum(1 for _ in loader)):
+        box = [None]
+        dist.broadcast_object_list(box, src=src, group=group)
+        yield box[0]
+
+
+# ------------------------------------------------------------------ 7. step count over a stream
+def steps_by_gathered_flags(stream, train_step):
+    # Unusual but right: gather everyone's "done" flag, stop when any is set.
+    it, steps = iter(stream), 0
+    while True:
+        batch = next(it, None)
+        flags = [None] * dist.get_world_size()
+        dist.all_gather_object(flags, batch is None)
+        if any(flags):
+            return steps
+        train_step(batch)
+        steps += 1
+
+
+def steps_over_padded_stream(stream, train_step):
+    # Unusual but right: the stream padded with None forever, one MIN all-reduce per step.
+    steps = 0
+    for batch in itertools.chain(stream, itertools.repeat(None)):
+        more = torch.tensor(0 if batch is None else 1)
+        dist.all_reduce(more, op=dist.ReduceOp.MIN)
+        if not more:
+            return steps
+        train_step(batch)
+        steps += 1
+
+
+def steps_by_len(stream, train_step):
+    n = torch.tensor(len(stream))  # a stream has no len()
+    dist.all_reduce(n, op=dist.ReduceOp.MIN)
+    for _ in range(int(n)):
+        train_step(next(stream))
+    return int(n)
+
+
+def steps_read_ahead_to_a_cap(stream, train_step, cap=1000):
+    # Dodge: read ahead up to a cap, agree once on the shortest, then step.
+    batches = list(itertools.islice(stream, cap))
+    n = torch.tensor(len(batches))
+    dist.all_reduce(n, op=dist.ReduceOp.MIN)
+    for b in batches[: int(n)]:
+        train_step(b)
+    return int(n)
+
+
+def steps_in_chunks(stream, train_step, chunk=8):
+    # Dodge: agree once per chunk of batches read ahead: fewer collectives, too many reads.
+    steps = 0
+    while True:
+        batches = list(itertools.islice(stream, chunk))
+        n = torch.tensor(len(batches))
+        dist.all_reduce(n, op=dist.ReduceOp.MIN)
+        for b in batches[: int(n)]:
+            train_step(b)
+        steps += int(n)
+        if int(n) < chunk:
+            return steps
+
+
+def steps_local(stream, train_step):
+    steps = 0
+    for batch in stream:  # each rank stops when its own stream ends: the others hang
+        train_step(batch)
+        steps += 1
+    return steps
+
+
+def steps_materialized(stream, train_step):
+    batches = list(stream)  # the endless stream never ends: a hang
+    n = torch.tensor(len(batches))
+    dist.all_reduce(n, op=dist.ReduceOp.MIN)
+    for b in batches[: int(n)]:
+        train_step(b)
+    return int(n)
+
+
+def steps_one_short(stream, train_step):
+    return SOL["steps_over_stream"](stream, train_step) and 0  # steps, then claims 0
 
 
 CASES = [
-    # (checker, right solutions, [(wrong solution, phrase its message must contain)])
+    # (checker, right solutions, [(wrong solution, phrase its message must contain)]);
+    # the first right solution of each is the one shipped in the solutions notebook.
     (
         ex.check_global_sum,
-        [sum_in_place, sum_by_gather],
+        [SOL["global_sum"], sum_by_gather],
         [
             (lambda x: x, "its own input"),
             # The right answer for the documented inputs, hard-coded: the second call fails.
             (lambda x: torch.tensor([10.0, 60.0]), "second call"),
+            (sum_by_average, "expected the sum"),
         ],
     ),
     (
         ex.check_share_from_leader,
-        [share_right, share_by_group_src, share_by_masked_sum],
+        [SOL["share_from_leader"], share_by_group_src, share_by_masked_sum, share_by_first_listed],
         [
             (share_leader_rank_number, "expected its group leader's values"),
             (share_nothing, "received nothing"),
             (share_from_global_zero, "not part of group"),
             (share_over_world, "rank 0's values"),
+            (share_by_rank_arithmetic, "raised"),
+            (share_by_smallest_member, "global rank 3, the rank its group numbers 0"),
+            (share_by_rank_minus_group_rank, "raised"),
         ],
     ),
     (
         ex.check_make_sampler,
-        [sampler_right, sampler_as_blocks_of_a_permutation],
+        [SOL["make_sampler"], sampler_blocks, sampler_seed_offset],
         [
-            (sampler_strided, "[14, 13] samples"),
+            (sampler_fixed_seed, "two different seeds gave the same order"),
+            (sampler_reversed, "set_epoch(0) and set_epoch(1)"),
+            (sampler_pairwise_swapped, "set_epoch(0) and set_epoch(1)"),
+            (sampler_per_pass, "reading the sampler twice"),
+            (sampler_unreproducible, "reading the sampler twice"),
+            (sampler_list, "without set_epoch"),
+            (sampler_strided, "unequal shards"),
             (sampler_padded, "drop_last=True drops"),
             (sampler_unshuffled, "ascending order"),
             (sampler_over_world, "TP peers disagree"),
             (sampler_same_rank, "rank=layout.dp_rank"),
+            (sampler_seeded_by_rank, "TP peers disagree"),
         ],
     ),
     (
         ex.check_run_epochs,
-        [epochs_right, epochs_from_one],
+        [SOL["run_epochs"], epochs_from_one],
         [
             (epochs_no_set_epoch, "set_epoch"),
             (epochs_shuffled_afterwards, "its loader yielded"),
             (epochs_per_rank_seed, "TP peers"),
+            (epochs_read_twice, "time(s) for"),
         ],
     ),
     (
         ex.check_send_batch,
-        [send_as_object, send_shapes_then_tensors],
+        [SOL["send_batch"], send_shapes_then_tensors, send_in_sorted_key_order, send_as_raw_bytes],
         [
             (send_nothing, "returned None"),
             (send_flattened_to_peers, "with shape"),
             (send_bytes_as_uint8, "dtype torch.uint8"),
+            (send_packed_as_float32, "other bytes"),
         ],
     ),
     (
         ex.check_leader_batches,
-        [leader_announces, leader_sends_whole_epoch, leader_flag_then_tensors],
-        [(everyone_loads, "read its dataset"), (peers_load_and_discard, "read its dataset")],
+        [SOL["leader_batches"], leader_sends_whole_epoch, leader_flag_then_tensors],
+        [
+            (everyone_loads, "read its stream"),
+            (peers_load_and_discard, "read its stream"),
+            (peers_count_by_reading, "read its stream"),
+        ],
     ),
     (
         ex.check_steps_over_stream,
-        [steps_min, steps_by_gathered_flags],
-        [(steps_by_len, "has no len()"), (steps_one_short, "returned 0")],
+        [SOL["steps_over_stream"], steps_by_gathered_flags, steps_over_padded_stream],
+        [
+            (steps_by_len, "has no len()"),
+            (steps_one_short, "returned 0"),
+            (steps_read_ahead_to_a_cap, "pulled"),
+            (steps_in_chunks, "pulled"),
+        ],
     ),
 ]
 IDS = [c[0].__name__ for c in CASES]
@@ -385,6 +631,9 @@ IDS = [c[0].__name__ for c in CASES]
 
 @pytest.mark.parametrize("checker,rights,wrongs", CASES, ids=IDS)
 def test_right_solutions_pass(checker, rights, wrongs):
+    """Guards against checkers that fail correct code written another way: the shipped
+    solution and the unusual right answers (group_src, a masked sum, sorted-key sends,
+    a sampler class of one's own, gathered flags) all pass."""
     for fn in rights:
         result = checker(fn)
         assert result.passed, f"{fn.__name__}: {result.message}"
@@ -393,6 +642,9 @@ def test_right_solutions_pass(checker, rights, wrongs):
 
 @pytest.mark.parametrize("checker,rights,wrongs", CASES, ids=IDS)
 def test_wrong_solutions_are_explained(checker, rights, wrongs):
+    """Guards against checkers a learner can dodge (rank arithmetic for the leader, "not
+    ascending" for a shuffle, counting without loading, reading ahead to a cap): each is
+    called wrong, with a message that points at what to look at."""
     for fn, phrase in wrongs:
         result = checker(fn)
         assert not result.passed
@@ -402,12 +654,14 @@ def test_wrong_solutions_are_explained(checker, rights, wrongs):
 
 @pytest.mark.parametrize("checker", [c[0] for c in CASES], ids=IDS)
 def test_blank_says_not_done(checker, capsys):
+    """Guards the shipped state: a blank is "not done yet", never "wrong" or a traceback."""
     result = checker(blank)
     assert result.status == "not done" and not result.passed
     assert "not done yet" in capsys.readouterr().out
 
 
 def test_none_everywhere_is_not_done():
+    """Guards the half-filled blank (a body without return): "not done", not "wrong"."""
     assert ex.check_global_sum(returns_none).status == "not done"
 
 
@@ -417,14 +671,24 @@ def test_none_everywhere_is_not_done():
         (ex.check_send_batch, send_only_on_leader),
         # ezpz's peers count their own len(): the first round claims more batches than come.
         (ex.check_leader_batches, peers_count_len),
+        # Peers count from the stream's claimed size: it claims more than comes.
+        (ex.check_leader_batches, peers_count_dataset_size),
         # Each rank stops when its own stream ends: the others wait in train_step's all-reduce.
         (ex.check_steps_over_stream, steps_local),
         # Reading an endless stream to its end never finishes.
         (ex.check_steps_over_stream, steps_materialized),
     ],
-    ids=["send_only_on_leader", "peers_count_len", "steps_local", "steps_materialized"],
+    ids=[
+        "send_only_on_leader",
+        "peers_count_len",
+        "peers_count_dataset_size",
+        "steps_local",
+        "steps_materialized",
+    ],
 )
 def test_hang_is_reported_with_stacks(checker, fn):
+    """Guards the workshop room: an answer that hangs is stopped and reported with where
+    each rank was, never a cell that runs forever."""
     # The verdict holds wherever the ranks were when the timeout ran out, even before
     # they reached the hang: nothing here has to finish first, so a short one will do.
     result = checker(fn, timeout=2)
@@ -433,32 +697,25 @@ def test_hang_is_reported_with_stacks(checker, fn):
 
 
 def test_not_a_function():
+    """Guards the common slip check(fn()) for check(fn): said plainly, before ranks start."""
     result = ex.check_global_sum(42)
     assert result.status == "wrong" and "expected a function" in result.message
 
 
 def test_verdict_is_printed_once_and_repr_is_short(capsys):
-    result = ex.check_steps_over_stream(steps_min)
+    """Guards the notebook's look: one printed verdict, not a second one in the repr."""
+    result = ex.check_steps_over_stream(SOL["steps_over_stream"])
     out = capsys.readouterr().out
     assert out.count("steps_over_stream: correct") == 1
     assert repr(result) == "CheckResult('steps_over_stream', 'correct')"
     assert str(result) == result.message
 
 
-def _workshop_as_shipped():
-    """The workshop notebook's code cells, as notebooks/_build.py writes them for learners."""
-    root = Path(__file__).resolve().parent.parent / "notebooks"
-    spec = importlib.util.spec_from_file_location("nb_build", root / "_build.py")
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    workshop = build.notebooks()["05_workshop.ipynb"]
-    return [cell.source for cell in workshop.cells if cell.cell_type == "code"]
-
-
 def test_shipped_blanks_say_not_done(capsys):
+    """Guards the notebook as shipped: its seven blanks, run as written, say "not done"."""
     ns = {"__name__": "__main__"}
     checks = []
-    for src in _workshop_as_shipped():
+    for src in _workshop_cells("workshop"):
         call = re.fullmatch(r"\s*ex\.check_(\w+)\((\w+)\);?\s*", src)
         if call:
             checks.append(call.groups())

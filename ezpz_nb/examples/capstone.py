@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
 import torch
@@ -52,7 +52,6 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ezpz_nb.data import get_random_dataset_fsdp_tp
 from ezpz_nb.data.distributed import _splitmix64
-from ezpz_nb.data.groups import Layout
 from ezpz_nb.examples.common import (
     SHARD_OVER,
     ShardOver,
@@ -70,8 +69,10 @@ __all__ = [
     "TinyLM",
     "avg_reduces_correctly",
     "main",
+    "parallelize",
     "reference_losses",
     "run",
+    "tp_plan",
 ]
 
 VOCAB = 32
@@ -196,31 +197,45 @@ def avg_reduces_correctly(group: Any = None) -> bool:
     return math.isclose(out.item(), (n + 1) / 2, rel_tol=1e-6)
 
 
-def _parallelize(model: TinyLM, layout: Layout, mesh: Any, force_sum: bool) -> TinyLM:
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+def tp_plan() -> dict[str, Any]:
+    """The TP plan of one :class:`Block`: submodule name -> how it is split over ``tp``.
 
-    if layout.tp_size > 1:
-        plan = {
-            "attn.wq": ColwiseParallel(),
-            "attn.wk": ColwiseParallel(),
-            "attn.wv": ColwiseParallel(),
-            "attn.wo": RowwiseParallel(),
-            "w1": ColwiseParallel(),
-            "w2": RowwiseParallel(),
-        }
+    ``ColwiseParallel`` shards a linear layer's output features (the query, key
+    and value: whole heads; the MLP's first layer: hidden units) and hands on a
+    local tensor sharded on its last dimension. ``RowwiseParallel`` shards the
+    matching input features, so each rank's product is a partial sum; its output
+    hook all-reduces the partial sums into the replicated result, one all-reduce
+    after the attention and one after the MLP. Notebook 08 writes this plan out
+    in its own cells and checks it equals this one.
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {
+        "attn.wq": ColwiseParallel(),
+        "attn.wk": ColwiseParallel(),
+        "attn.wv": ColwiseParallel(),
+        "attn.wo": RowwiseParallel(),
+        "w1": ColwiseParallel(),
+        "w2": RowwiseParallel(),
+    }
+
+
+def parallelize(model: TinyLM, mesh: Any, plan: dict[str, Any] | None = None) -> TinyLM:
+    """TP inside each block over ``mesh["tp"]`` (``plan``, default :func:`tp_plan`), then FSDP2.
+
+    ``fully_shard`` makes each block one FSDP2 unit over ``mesh["dp"]`` (its
+    parameters gathered just before it runs), then the root takes the rest (the
+    embeddings, the final norm, the head).
+    """
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if mesh["tp"].size() > 1:
         for block in model.blocks:
-            parallelize_module(block, mesh["tp"], plan)
+            parallelize_module(block, mesh["tp"], tp_plan() if plan is None else plan)
     for block in model.blocks:
         fully_shard(block, mesh=mesh["dp"])
-    sharded = fully_shard(model, mesh=mesh["dp"])  # the same object, now an FSDPModule
-    if force_sum:
-        # SUM collectives, then FSDP2 divides by the DP size itself.
-        sharded.set_force_sum_reduction_for_comms(True)
+    fully_shard(model, mesh=mesh["dp"])
     return model
 
 
@@ -243,6 +258,7 @@ def run(
     model_seed: int = 0,
     seed: int = 1337,
     out: str | None = None,
+    shard_model: Callable[[TinyLM, Any], nn.Module] | None = None,
 ) -> Ledger:
     """Train :class:`TinyLM` with FSDP2 over DP and TP over TP; log each step's loss.
 
@@ -263,6 +279,8 @@ def run(
         model_seed: Seed of the model's initial weights (the same on every rank).
         seed: Shuffle seed of the sampler.
         out: Folder to write this rank's ledger file to (``rank{r}.jsonl``).
+        shard_model: ``f(model, mesh)`` that applies TP and FSDP2 and returns the
+            model (default :func:`parallelize`); notebook 08 passes its own.
 
     Returns:
         This rank's :class:`~ezpz_nb.ledger.Ledger`, with the loss of every
@@ -280,7 +298,10 @@ def run(
     force_sum = reduce == "sum" or (
         reduce == "auto" and not avg_reduces_correctly(mesh.get_group("dp"))
     )
-    model = _parallelize(_new_model(model_seed).to(dev), layout, mesh, force_sum)
+    model = (shard_model or parallelize)(_new_model(model_seed).to(dev), mesh)
+    if force_sum:
+        # SUM collectives, then FSDP2 divides by the DP size itself.
+        model.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
     opt = _optimizer(model, lr)
     dataset = RuleTokenDataset(num_samples=num_samples, seed=dist.get_rank() if rank_seeded else 0)
     dp_group = mesh.get_group("dp")

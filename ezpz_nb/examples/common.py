@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import argparse
+import collections.abc
 import inspect
 import os
 import re
@@ -202,6 +203,12 @@ def _arg_docs(doc: str) -> dict[str, str]:
     return {k: v.replace("%", "%%") for k, v in plain.items()}
 
 
+def _takes_code(hint: Any) -> bool:
+    """True for a ``Callable`` hint, alone or ``| None``."""
+    kinds = [hint, *typing.get_args(hint)]
+    return any(typing.get_origin(k) is collections.abc.Callable for k in kinds)
+
+
 def _optional_of(hint: Any) -> type:
     """``int`` for ``int | None``; ``str`` for a folder (``str | Path | None``) or no hint."""
     kinds = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -225,6 +232,8 @@ def parser_for(run: Callable[..., Ledger], description: str | None) -> argparse.
         if default is inspect.Parameter.empty:
             raise TypeError(f"{run.__qualname__}: parameter {name!r} needs a default")
         flag, hint, text = f"--{name.replace('_', '-')}", hints.get(name), helps.get(name)
+        if _takes_code(hint):
+            continue  # a function (a notebook's own code) has no command line form
         if isinstance(default, bool):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
         elif typing.get_origin(hint) is typing.Literal:

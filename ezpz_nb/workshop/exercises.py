@@ -13,8 +13,9 @@ returns a :class:`CheckResult`:
 
 Checkers never read the learner's source and never trust what it says about
 itself: any code that behaves right passes, and code that only looks right
-fails. Inputs an answer could be fitted to (values, lengths, shapes) are drawn
-anew for each check. What runs on the ranks lives in :mod:`ezpz_nb.workshop.jobs`.
+fails. Inputs an answer could be fitted to (values, seeds, lengths, shapes) are drawn
+anew for each check. What runs on the ranks lives in :mod:`ezpz_nb.workshop.jobs`;
+the checkers of exercises 5-7 in :mod:`ezpz_nb.workshop.batch_exercises` (imported here).
 Every checker also takes ``timeout=`` (seconds, default :data:`CHECK_TIMEOUT`)
 after which the learner's code is reported as hung and its ranks are stopped.
 
@@ -35,12 +36,18 @@ Example::
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
 from ezpz_nb.workshop import jobs
+from ezpz_nb.workshop.batch_exercises import (
+    check_leader_batches,
+    check_send_batch,
+    check_steps_over_stream,
+)
 from ezpz_nb.workshop.verdicts import (
     CHECK_TIMEOUT,
     CheckResult,
@@ -48,7 +55,6 @@ from ezpz_nb.workshop.verdicts import (
     _fmt,
     _fresh_seed,
     _ranks,
-    _Verdict,
     _verdict,
     _wrong,
 )
@@ -94,9 +100,9 @@ def check_global_sum(
                 if out.shape == want.shape and torch.equal(out, inputs[r]):
                     raise _wrong(
                         f"rank {r} returned its own input {_fmt(out)} instead of the "
-                        f"sum over all {world} ranks {_fmt(want)}: call "
-                        "dist.all_reduce(x) (it sums in place on every rank) and "
-                        "return x."
+                        f"sum over all {world} ranks {_fmt(want)}: nothing was exchanged "
+                        "between the ranks. Look for the collective of notebook 01 that "
+                        "combines every rank's tensor."
                     )
                 if out.shape != want.shape or not torch.allclose(out.float(), want):
                     raise _wrong(
@@ -114,47 +120,69 @@ def check_global_sum(
 
 
 # ----------------------------------------------------------------- 2. group broadcast
+def _layout_words(groups: tuple[tuple[int, ...], ...], sort_ranks: bool) -> str:
+    listed = ", ".join(str(list(g)) for g in groups)
+    return f"groups {listed}" + ("" if sort_ranks else " made with sort_ranks=False")
+
+
 def check_share_from_leader(
     fn: Callable[[torch.Tensor, Any], torch.Tensor], *, timeout: float = CHECK_TIMEOUT
 ) -> CheckResult:
     """Exercise 2: ``fn(x, group)`` gives every rank of ``group`` the group leader's ``x``.
 
-    4 ranks in TP groups ``[0, 1]`` and ``[2, 3]``; each rank holds 3 values
-    drawn for this check. Ranks 0 and 1 must return rank 0's values, ranks 2
-    and 3 rank 2's: only a collective can tell a rank what those are.
+    4 ranks, several layouts in turn (:data:`~ezpz_nb.workshop.jobs.SHARE_LAYOUTS`):
+    consecutive pairs ``[0, 1]``, ``[2, 3]``; strided pairs; and groups of other
+    sizes made with ``new_group(..., sort_ranks=False)``, whose rank 0 is the
+    first rank listed, not the smallest. Each rank holds 3 values drawn for this
+    check and layout. Every rank must return its group's rank 0's values: only
+    asking the group tells which rank that is, and only a collective what it holds.
     """
     seed = _fresh_seed()
 
     def body() -> str:
         got = _ranks(jobs.job_share, fn, seed, timeout=timeout)
-        inputs = jobs.share_inputs(len(got), seed)
-        for r, out in enumerate(got):
-            leader = r - r % 2
-            want = inputs[leader]
-            if not isinstance(out, torch.Tensor):
-                raise _wrong(f"rank {r} returned {type(out).__name__} {out!r}; return a tensor.")
-            if out.shape == want.shape and torch.equal(out.float(), want):
-                continue
-            if leader and out.shape == want.shape and torch.equal(out.float(), inputs[0]):
+        world = len(got)
+        for k, (groups, sort_ranks) in enumerate(jobs.SHARE_LAYOUTS):
+            inputs = jobs.share_inputs(world, seed + k)
+            where = f" (layout {k + 1}: {_layout_words(groups, sort_ranks)})"
+            for r in range(world):
+                out = got[r][k] if isinstance(got[r], list) else got[r]
+                leader = jobs.share_leader(groups, sort_ranks, r)
+                want = inputs[leader]
+                if not isinstance(out, torch.Tensor):
+                    raise _wrong(
+                        f"rank {r} returned {type(out).__name__} {out!r}{where}; return a tensor."
+                    )
+                if out.shape == want.shape and torch.equal(out.float(), want):
+                    continue
+                held = [
+                    q
+                    for q in range(world)
+                    if out.shape == want.shape and torch.equal(out.float(), inputs[q])
+                ]
+                if r != leader and held == [r]:
+                    raise _wrong(
+                        f"rank {r} still holds its own values {_fmt(out)}{where}: it "
+                        f"received nothing from its leader, global rank {leader}, the "
+                        "rank its group numbers 0."
+                    )
+                if held:
+                    raise _wrong(
+                        f"rank {r} holds rank {held[0]}'s values{where}, but its group's "
+                        f"rank 0 is global rank {leader}. The leader is whichever rank "
+                        "the group numbers 0, not a rank you compute from rank numbers "
+                        "(the smallest member, r - r % 2): ask the group, and broadcast "
+                        "inside it."
+                    )
                 raise _wrong(
-                    f"rank {r} got rank 0's values {_fmt(out)}, but its group is "
-                    f"[{leader}, {leader + 1}] and its leader is rank {leader}: "
-                    "broadcast inside the group (group=group), from the group's "
-                    "rank 0, whose global rank is dist.get_global_rank(group, 0)."
+                    f"rank {r} holds {_fmt(out)}{where}, expected its group leader's "
+                    f"values {_fmt(want)} (global rank {leader}'s, drawn for this "
+                    "check): only a collective inside the group can bring them."
                 )
-            if r != leader and out.shape == want.shape and torch.equal(out.float(), inputs[r]):
-                raise _wrong(
-                    f"rank {r} still holds its own values {_fmt(out)}: it received "
-                    f"nothing from its leader (rank {leader}, values {_fmt(want)})."
-                )
-            raise _wrong(
-                f"rank {r} holds {_fmt(out)}, expected its group leader's values "
-                f"{_fmt(want)} (rank {leader}'s, drawn for this check): send them "
-                "with a collective inside the group."
-            )
         return (
-            f"Ranks 0 and 1 hold rank 0's values {_fmt(inputs[0])}; ranks 2 and 3 hold "
-            f"rank 2's {_fmt(inputs[2])}."
+            f"In all {len(jobs.SHARE_LAYOUTS)} layouts (consecutive and strided pairs, "
+            "groups of 1, 3 and 4 listed out of order) every rank held its group "
+            "leader's values."
         )
 
     return _verdict("share_from_leader", body)
@@ -170,74 +198,132 @@ def _overlap_hint(both: list[int], dp_size: int) -> str:
     return "each replica must get its own share (rank=layout.dp_rank)."
 
 
-def check_make_sampler(
-    fn: Callable[[Any, Any], Iterable[int]], *, timeout: float = CHECK_TIMEOUT
-) -> CheckResult:
-    """Exercise 3: ``fn(dataset, layout)`` returns a sampler that shards over DP replicas.
+def _sampler_pass(k: int) -> str:
+    which, epoch = jobs.SAMPLER_PASSES[k]
+    fresh = " (a fresh sampler)" if which == 2 else ""
+    return f"seed {'B' if which == 1 else 'A'}{fresh}, set_epoch({epoch})"
 
-    4 ranks as dp 2 x tp 2 and 27 samples, which do not divide over the 2
-    replicas. Exactly what the exercise asks: TP peers get the same indices in
-    the same order; no sample on two replicas or twice on one; every replica
-    gets 27 // 2 = 13 (the one left over is dropped); the order is shuffled
-    (not ascending). Any iterable of indices passes, a sampler or a list.
+
+def _check_shards(shards: list[list[int]], n: int, at: str) -> None:
+    """Raise unless the DP replicas' shards of one pass are disjoint, equal and complete."""
+    dp_size = len(shards)
+    for d, ids in enumerate(shards):
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise _wrong(
+                f"DP replica {d} got samples {twice[:8]} more than once{at}: no sample "
+                "may be seen twice in an epoch. " + _overlap_hint(twice, dp_size)
+            )
+    for d, ids in enumerate(shards[1:], start=1):
+        both = sorted(set(shards[0]) & set(ids))
+        if both:
+            raise _wrong(
+                f"DP replicas 0 and {d} both got samples {both[:8]}{at}: no sample may "
+                "go to two replicas; " + _overlap_hint(both, dp_size)
+            )
+    lengths = [len(ids) for ids in shards]
+    want = n // dp_size
+    if len(set(lengths)) > 1:
+        raise _wrong(
+            f"the DP replicas got {lengths} samples{at}: unequal shards give unequal "
+            "step counts, and the replica with more steps waits forever in its "
+            f"next collective (notebook 02). Give each replica {want} and drop the "
+            f"{n - want * dp_size} left over (drop_last=True)."
+        )
+    if lengths[0] != want:
+        raise _wrong(
+            f"each DP replica got {lengths[0]} samples{at}; {n} samples over {dp_size} "
+            f"replicas give {want} each: drop only the {n - want * dp_size} that "
+            "do not divide."
+        )
+    for d, ids in enumerate(shards):
+        if ids == sorted(ids):
+            raise _wrong(
+                f"DP replica {d} gets its samples in ascending order {ids[:6]}...{at}: "
+                "shuffle, or training sees the data in one fixed order."
+            )
+
+
+def _check_shuffle(shards: list[list[list[int]]]) -> None:
+    """Raise unless the order is the seed's and the epoch's: ``shards[pass][replica]``."""
+    passes = [_sampler_pass(k) for k in range(len(shards))]
+    if shards[0] == shards[1]:
+        raise _wrong(
+            f"the order was the same for set_epoch(0) and set_epoch(1) "
+            f"({shards[0][0][:6]}... on replica 0): a shuffle gives each epoch its own "
+            "order. Look at what your sampler does with the epoch it is given."
+        )
+    if shards[1] != shards[2]:
+        raise _wrong(
+            f"reading the sampler twice after the same set_epoch(1) gave two orders "
+            f"({shards[1][0][:6]}... then {shards[2][0][:6]}...): the order must follow "
+            "the epoch set, not how often the sampler was read (a job resumed at that "
+            "epoch must see it again)."
+        )
+    if shards[3] == shards[0]:
+        raise _wrong(
+            f"two different seeds gave the same order ({passes[0]} and {passes[3]}): "
+            "a shuffle's order depends on its seed. Look at where your order comes from."
+        )
+    if shards[4] != shards[0]:
+        raise _wrong(
+            f"the same seed and epoch gave another order on a fresh sampler ({passes[0]}: "
+            f"{shards[0][0][:6]}..., then {shards[4][0][:6]}...): the order must follow "
+            "from the seed and the epoch alone, so that every rank, and a rerun, draws "
+            "the same one. Look at which random generator your order comes from."
+        )
+
+
+def check_make_sampler(
+    fn: Callable[[Any, Any, int], Iterable[int]], *, timeout: float = CHECK_TIMEOUT
+) -> CheckResult:
+    """Exercise 3: ``fn(dataset, layout, seed)`` returns a sampler that shards over DP replicas.
+
+    4 ranks as dp 2 x tp 2 and an odd number of samples (drawn per check), which
+    do not divide over the 2 replicas. The checker calls ``set_epoch`` before
+    each pass, as a training loop does, and requires exactly what the exercise
+    asks: TP peers get the same indices in the same order; no sample on two
+    replicas or twice on one; every replica gets ``n // 2`` (the one left over
+    is dropped); and a shuffle: the order changes with the epoch, stays the
+    same for the same seed and epoch (on a fresh sampler too, and read twice),
+    and changes with the seed. Any object with ``set_epoch`` and ``__iter__`` passes.
     """
-    n = jobs.SAMPLER_SAMPLES
+    check_seed = _fresh_seed()
+    n = jobs.sampler_samples(check_seed)
+    seed_a, seed_b = random.Random(check_seed).sample(range(1, 2**20), 2)
 
     def body() -> str:
-        got = _ranks(jobs.job_sampler, fn, n, timeout=timeout)
-        _each_returned(got, "a sampler (or a list of indices)")
-        by_dp: dict[int, tuple[int, list[int]]] = {}
-        for r, (dp, _tp, ids) in enumerate(got):
-            first, peer = by_dp.setdefault(dp, (r, ids))
-            if ids != peer:
+        got = _ranks(jobs.job_sampler, fn, n, (seed_a, seed_b, seed_a), timeout=timeout)
+        _each_returned(got, "a sampler")
+        for r, (_dp, _tp, passes) in enumerate(got):
+            bad = [p for p in passes if isinstance(p, str)]
+            if bad:
                 raise _wrong(
-                    f"TP peers disagree: rank {first} got {peer[:6]}... and rank {r} "
-                    f"got {ids[:6]}... TP peers must see the same samples in the same "
-                    "order: shard over the DP group only (num_replicas=layout.dp_size, "
-                    "rank=layout.dp_rank), with the same seed on every rank."
+                    f"rank {r} returned {bad[0]}: the checker calls sampler.set_epoch(epoch) "
+                    "before each epoch, as a training loop does; return a sampler that has it."
                 )
-        dp_size = len(by_dp)
-        shards = [by_dp[d][1] for d in sorted(by_dp)]
-        for d, ids in enumerate(shards):
-            twice = sorted({i for i in ids if ids.count(i) > 1})
-            if twice:
-                raise _wrong(
-                    f"DP replica {d} got samples {twice[:8]} more than once: no sample "
-                    "may be seen twice in an epoch. " + _overlap_hint(twice, dp_size)
-                )
-        for d, ids in enumerate(shards[1:], start=1):
-            both = sorted(set(shards[0]) & set(ids))
-            if both:
-                raise _wrong(
-                    f"DP replicas 0 and {d} both got samples {both[:8]}: no sample may "
-                    "go to two replicas; " + _overlap_hint(both, dp_size)
-                )
-        lengths = [len(ids) for ids in shards]
-        want = n // dp_size
-        if len(set(lengths)) > 1:
-            raise _wrong(
-                f"the DP replicas got {lengths} samples: unequal shards give unequal "
-                "step counts, and the replica with more steps waits forever in its "
-                f"next collective (notebook 02). Give each replica {want} and drop the "
-                f"{n - want * dp_size} left over (drop_last=True)."
-            )
-        if lengths[0] != want:
-            raise _wrong(
-                f"each DP replica got {lengths[0]} samples; {n} samples over {dp_size} "
-                f"replicas give {want} each: drop only the {n - want * dp_size} that "
-                "do not divide."
-            )
-        for d, ids in enumerate(shards):
-            if ids == sorted(ids):
-                raise _wrong(
-                    f"DP replica {d} gets its samples in ascending order {ids[:6]}...: "
-                    "shuffle (shuffle=True, the same seed on every rank), or training "
-                    "sees the data in the same fixed order every epoch."
-                )
+        by_dp: dict[int, tuple[int, list[list[int]]]] = {}
+        for r, (dp, _tp, passes) in enumerate(got):
+            first, peer = by_dp.setdefault(dp, (r, passes))
+            for k, (a, b) in enumerate(zip(peer, passes, strict=True)):
+                if a != b:
+                    raise _wrong(
+                        f"TP peers disagree ({_sampler_pass(k)}): rank {first} got "
+                        f"{a[:6]}... and rank {r} got {b[:6]}... TP peers must see the "
+                        "same samples in the same order: shard over the DP group only, "
+                        "and draw the order the same way on every rank."
+                    )
+        dps = sorted(by_dp)
+        shards = [[by_dp[d][1][k] for d in dps] for k in range(len(jobs.SAMPLER_PASSES))]
+        for k, pass_shards in enumerate(shards):
+            _check_shards(pass_shards, n, f" ({_sampler_pass(k)})")
+        _check_shuffle(shards)
+        want = n // len(dps)
         return (
-            f"TP peers share their replica's indices; the {dp_size} DP replicas got "
-            f"{want} disjoint samples each, shuffled, and the {n - want * dp_size} left "
-            "over was dropped."
+            f"TP peers share their replica's indices; the {len(dps)} DP replicas got "
+            f"{want} disjoint samples each of {n}, the {n - want * len(dps)} left over "
+            "dropped; the order changed with the epoch and the seed, and came back for "
+            "the same seed and epoch."
         )
 
     return _verdict("make_sampler", body)
@@ -286,8 +372,8 @@ def check_run_epochs(
                         raise _wrong(
                             f"rank {r} saw the same order in epoch {earlier} and epoch "
                             f"{e} ({out[e]}): the sampler reshuffles only when told a "
-                            "new epoch. Call loader.sampler.set_epoch(...) with a "
-                            "different number before each pass."
+                            "new epoch. Look at what your loop tells loader.sampler "
+                            "(set_epoch) before each pass."
                         )
         by_place = {(dp, tp): out for dp, tp, out, _ in got}
         for (dp, tp), out in by_place.items():
@@ -310,182 +396,3 @@ def check_run_epochs(
         )
 
     return _verdict("run_epochs", body)
-
-
-# ----------------------------------------------------------------- 5. send a batch
-def check_send_batch(
-    fn: Callable[[Any, Any], dict], *, timeout: float = CHECK_TIMEOUT
-) -> CheckResult:
-    """Exercise 5: ``fn(batch, group)``: the leader's dict of tensors reaches its peers.
-
-    4 ranks as dp 2 x tp 2. Each TP leader holds a batch (``input_ids`` int64
-    [2, 8], ``index`` int64 [2]); its peer passes ``None`` and knows no shapes.
-    Every rank must return a dict with the leader's keys, shapes, dtypes and
-    exact bytes. A second call sends a batch with other keys, shapes and dtypes.
-    """
-    seed = _fresh_seed()
-
-    def body() -> str:
-        got = _ranks(jobs.job_send, fn, seed, timeout=timeout)
-        for k in range(2):
-            again = " on the second call (other keys and shapes)" if k else ""
-            for r, (tp_rank, rounds) in enumerate(got):
-                leader = r - tp_rank
-                (digest, spec), out = got[leader][1][k][0], rounds[k][1]
-                if isinstance(out, str):
-                    hint = (
-                        " Peers start with None: they must receive the batch from the leader."
-                        if tp_rank
-                        else ""
-                    )
-                    raise _wrong(
-                        f"rank {r} returned {out}{again}, expected the batch as a dict.{hint}"
-                    )
-                if sorted(out[1]) != sorted(spec):
-                    raise _wrong(
-                        f"rank {r} returned the keys {sorted(out[1])}{again}, its "
-                        f"leader (rank {leader}) sent {sorted(spec)}."
-                    )
-                for key, (shape, dtype) in spec.items():
-                    if out[1][key] != (shape, dtype):
-                        raise _wrong(
-                            f"rank {r} returned {key!r} with shape {out[1][key][0]} "
-                            f"and dtype {out[1][key][1]}{again}; its leader (rank "
-                            f"{leader}) sent shape {shape}, dtype {dtype}. Send the "
-                            "shapes and dtypes too, not only the bytes."
-                        )
-                if out[0] != digest:
-                    raise _wrong(
-                        f"rank {r} returned a batch whose bytes differ from its "
-                        f"leader's (rank {leader}){again}. Send from the group's "
-                        "rank 0 inside the group."
-                    )
-        return (
-            "Every peer returned its leader's batch, byte for byte, with the same keys, "
-            "shapes and dtypes, for two different batches."
-        )
-
-    return _verdict("send_batch", body)
-
-
-# ----------------------------------------------------------------- 6. leader-announced loop
-def _round_setting(k: int, actual: int, claimed: int, workers: int) -> str:
-    batches, said = -(-actual // jobs.LOOP_BATCH), -(-claimed // jobs.LOOP_BATCH)
-    also = f", {workers} DataLoader workers" if workers else ""
-    return (
-        f"round {k + 1}: the leader's loader yields {batches} batches, its len() says {said}{also}"
-    )
-
-
-def _loop_round(got: list[Any], actual: int, setting: str) -> None:
-    setting = f" ({setting})"
-    for r, (tp_rank, mine, loads, want) in enumerate(got):
-        leader = r - tp_rank
-        sent = got[leader][1]
-        bad = [b for b in mine if isinstance(b, str)]
-        if bad:
-            raise _wrong(
-                f"rank {r} yielded {bad[0]}{setting}: yield the batches (dicts) themselves."
-            )
-        if tp_rank == 0:
-            if [ids for ids, _ in mine] != want:
-                raise _wrong(
-                    f"the leader, rank {r}, yielded {len(mine)} batches, but its "
-                    f"loader has {len(want)}{setting}: iterate the loader itself "
-                    "to its end, not range(len(loader)): len() is only an estimate."
-                )
-            if loads != actual:
-                raise _wrong(
-                    f"rank {r}'s dataset was read {loads} times for {actual} "
-                    f"samples{setting}: the leader loads each batch once."
-                )
-        else:
-            if loads:
-                raise _wrong(
-                    f"rank {r} (a TP peer) read its dataset {loads} times, itself or "
-                    f"through its DataLoader workers{setting}: only the leader loads; "
-                    "peers must not iterate the loader, only receive."
-                )
-            if mine != sent:
-                n_same = sum(1 for a, b in zip(mine, sent, strict=False) if a == b)
-                raise _wrong(
-                    f"rank {r} (a TP peer) yielded {len(mine)} batches, {n_same} of "
-                    f"them its leader's; the leader (rank {leader}) yielded "
-                    f"{len(sent)}{setting}: peers must yield exactly the leader's "
-                    "batches and stop when the leader says the epoch ended."
-                )
-
-
-def check_leader_batches(
-    fn: Callable[[Any, Any], Iterable[Any]], *, timeout: float = CHECK_TIMEOUT
-) -> CheckResult:
-    """Exercise 6: ``fn(loader, group)`` yields the leader's batches on every rank of ``group``.
-
-    4 ranks as dp 2 x tp 2; every rank gets a DataLoader over a dataset that
-    counts its ``__getitem__`` calls (workers included), whose ``len()`` lies:
-    first it claims more batches than come, then fewer (with 2 workers), in
-    amounts drawn per check. Judged by the counts and by what each rank
-    yielded: the leader yields every batch of its loader and reads each
-    sample once; its peers read nothing and yield exactly the leader's
-    batches, byte for byte; no rank waits for a batch that never comes.
-    """
-    rounds = jobs.leader_loop_rounds(_fresh_seed())
-
-    def body() -> str:
-        for k, (actual, claimed, workers) in enumerate(rounds):
-            setting = _round_setting(k, actual, claimed, workers)
-            try:  # one launch per round, so that a hang says which lie caused it
-                got = _ranks(jobs.job_leader_loop, fn, actual, claimed, workers, timeout=timeout)
-            except _Verdict as v:
-                if v.status != "wrong":
-                    raise
-                raise _wrong(f"In {setting}: {v.message}") from None
-            _each_returned(got, "an iterable of batches")
-            _loop_round(got, actual, setting)
-        return (
-            "In both rounds only the leaders (ranks 0 and 2) read their datasets, once "
-            "per sample, and every peer yielded its leader's batches, ending with it, "
-            "whether len() claimed more batches or fewer."
-        )
-
-    return _verdict("leader_batches", body)
-
-
-# ----------------------------------------------------------------- 7. step count over a stream
-def check_steps_over_stream(
-    fn: Callable[[Any, Callable[[Any], None]], int], *, timeout: float = CHECK_TIMEOUT
-) -> CheckResult:
-    """Exercise 7: ``fn(stream, train_step)`` steps every rank the same number of times.
-
-    4 DP ranks; each rank's stream is a generator (no ``len()``) of a different
-    number of batches, drawn per check, and on one rank it never ends.
-    ``train_step`` all-reduces over every rank, so unequal calls hang. Every
-    rank must call it as many times as the shortest stream has batches, and
-    return that number.
-    """
-    seed = _fresh_seed()
-
-    def body() -> str:
-        counts = jobs.stream_counts(seed, 4)
-        got = _ranks(jobs.job_stream, fn, counts, timeout=timeout)
-        _each_returned(got, "the number of steps taken")
-        want = min(c for c in counts if c is not None)
-        plan = ", ".join(f"rank {r} {'endless' if c is None else c}" for r, c in enumerate(counts))
-        for r, (out, calls) in enumerate(got):
-            if calls != want:
-                raise _wrong(
-                    f"rank {r} called train_step {calls} times; with batches per rank "
-                    f"{plan}, every rank can take {want} steps and no more: stop when "
-                    "the first rank runs out, and not before."
-                )
-            if out != calls:
-                raise _wrong(
-                    f"rank {r} returned {out!r} but took {calls} steps: return the "
-                    "number of steps taken, as an int."
-                )
-        return (
-            f"Every rank took {want} steps and stopped together when the shortest stream "
-            f"ran out ({plan})."
-        )
-
-    return _verdict("steps_over_stream", body)

@@ -17,7 +17,8 @@
 # ranks did: *not done yet*, what is wrong (and a hint), or *correct*. The checkers judge
 # behaviour: the values your ranks end with, the samples their loaders really yielded, how
 # often each rank's dataset was read. Any code that behaves right passes; code that only looks
-# right does not, and the inputs are drawn anew for every check.
+# right does not. What an answer could be fitted to (the values to sum or share, seeds, lengths,
+# shapes) is drawn anew for every check, and each checker tries more than one setting.
 #
 # | exercises | after notebook | skill |
 # |---|---|---|
@@ -91,11 +92,15 @@ assert ex.check_global_sum(global_sum).passed
 # ### Exercise 2: broadcast inside a group
 #
 # Write `share_from_leader(x, group)`: afterwards every rank of `group` must hold the values of
-# the group's first member (its *leader*). The checker runs 4 ranks in the groups `[0, 1]` and
-# `[2, 3]`; each rank starts with 3 values of its own, drawn anew for every check, so only a
-# collective can tell a rank what its leader holds.
+# the group's *leader*, the member the group numbers 0. Each rank starts with 3 values of its
+# own, drawn anew for every check, so only a collective can tell a rank what its leader holds.
+# The checker runs 4 ranks in several layouts in turn: the groups `[0, 1]` and `[2, 3]`, the
+# strided pairs `[0, 2]` and `[1, 3]`, and groups of other sizes made with
+# `dist.new_group(ranks, sort_ranks=False)`, which numbers the members in the order listed: there
+# the leader of `[3, 2, 1, 0]` is global rank 3.
 #
-# *Hint*: `src=` is a **global** rank. Which global rank is the group's rank 0?
+# *Hint*: `src=` is a **global** rank. Which global rank does the group number 0? Ask the group;
+# rank arithmetic fits one layout only.
 
 
 # %% tags=["workshop"]
@@ -122,22 +127,25 @@ assert ex.check_share_from_leader(share_from_leader).passed
 #
 # ### Exercise 3: shard over the DP group
 #
-# Write `make_sampler(dataset, layout)`: return a sampler (or any iterable of indices) for
-# `dataset`. The checker runs 4 ranks as 2 DP replicas of 2 ranks each (notebook 03 explains
+# Write `make_sampler(dataset, layout, seed)`: return a sampler for `dataset`, an object the
+# training loop iterates for indices and tells the epoch with `sampler.set_epoch(epoch)` before
+# each pass. The checker runs 4 ranks as 2 DP replicas of 2 ranks each (notebook 03 explains
 # why two ranks share one replica; here it only matters that they must get the same data).
 # `layout` has `dp_rank`, `dp_size`, `tp_rank`, `tp_size`, `dp_group` and `tp_group`.
 #
-# `dataset` has **27** samples, which do not divide over 2 replicas. What is wanted, exactly
-# (what the sampler's `drop_last=True` gives):
+# `dataset` has an **odd** number of samples `n` (drawn for every check), which does not divide
+# over 2 replicas. What is wanted, exactly (what the sampler's `drop_last=True` gives):
 #
 # - the 2 ranks of a replica get the same indices, in the same order;
 # - no sample goes to two replicas, and none twice to one;
-# - equal shard lengths: 27 // 2 = 13 per replica; the 1 sample left over is dropped;
-# - a shuffled order (not ascending).
+# - equal shard lengths: `n // 2` per replica; the 1 sample left over is dropped;
+# - a shuffle: the order follows from `seed` and the epoch alone. Another epoch or another seed
+#   gives another order; the same seed and epoch give the same order again, on every rank, on a
+#   fresh sampler, and however often it is read.
 
 
 # %% tags=["workshop"]
-def make_sampler(dataset, layout):
+def make_sampler(dataset, layout, seed):
     raise NotImplementedError("your code here")
 
 
@@ -146,14 +154,14 @@ ex.check_make_sampler(make_sampler)
 
 
 # %% tags=["solutions"]
-def make_sampler(dataset, layout):
+def make_sampler(dataset, layout, seed):
     return DistributedSampler(
         dataset,
         num_replicas=layout.dp_size,
         rank=layout.dp_rank,
         shuffle=True,
         drop_last=True,
-        seed=0,
+        seed=seed,
     )
 
 
@@ -202,8 +210,8 @@ assert ex.check_run_epochs(run_epochs).passed
 #
 # Write `send_batch(batch, group)`: on the group's leader `batch` is a dict of tensors; on the
 # other ranks of the group it is `None` and they do not know its keys, shapes or dtypes. Every
-# rank must return the leader's batch, byte for byte. The checker calls it twice, with batches
-# of different keys and shapes.
+# rank must return the leader's batch, byte for byte, key by key (the order of the keys does not
+# matter). The checker calls it twice, with batches of different keys, shapes and dtypes.
 #
 # *Hint*: either send the batch as an object, or send its shapes first and then the tensors.
 
@@ -238,10 +246,11 @@ assert ex.check_send_batch(send_batch).passed
 # iterate `loader`; every rank must get the leader's batches, and all must stop together when
 # the leader's loader ends.
 #
-# Each rank is handed its own loader, and its `len()` is only an estimate: the checker runs it
-# once with a `len()` that claims more batches than come, once with one that claims fewer (and
-# 2 DataLoader workers). Its dataset counts how often it is read, on each rank and in the
-# workers: a peer that reads it fails, whatever it then yields.
+# Each rank is handed its own loader over a filtered stream (an `IterableDataset`): how many
+# batches it holds is known only by reading it, and its `len()` is only an estimate. The checker
+# runs it once with a `len()` that claims more batches than come, once with one that claims
+# fewer (and 2 DataLoader workers). The stream counts how often it is read, on each rank and in
+# the workers: a peer that reads it fails, whatever it then yields.
 #
 # *Hint*: peers cannot count their steps. Each step, the leader must tell them whether a batch
 # follows. `dist.broadcast_object_list` sends any picklable object, `None` included.
@@ -285,7 +294,9 @@ assert ex.check_leader_batches(leader_batches).passed
 # of batches, unknown in advance, and on one rank the stream never ends. Call
 # `train_step(batch)` once per step: it all-reduces a gradient over all ranks, so every rank must
 # call it the same number of times. Take as many steps as every rank can (stop when the first
-# stream runs out) and return the number of steps taken.
+# stream runs out) and return the number of steps taken. The streams hold hundreds of batches,
+# and each counts what is pulled from it: a rank may read at most one batch beyond the steps
+# it takes.
 #
 # *Hint*: before each step, the ranks must agree that every one of them still has a batch.
 # `next(it, None)` returns `None` at the end instead of raising.
@@ -333,12 +344,13 @@ assert ex.check_steps_over_stream(steps_over_stream).passed
 # ## Summary
 #
 # Every checker passed on real ranks. Other solutions pass too: exercise 2 can name the source
-# by its place in the group (`dist.broadcast(x, group=group, group_src=0)`); exercise 3 can
-# return a plain list cut from one shared permutation; exercise 4 can number epochs from 1;
+# by its place in the group (`dist.broadcast(x, group=group, group_src=0)`); exercise 3 can be
+# a small class of your own that cuts contiguous blocks of `torch.randperm(n)` drawn from a
+# generator seeded with `seed + epoch`; exercise 4 can number epochs from 1;
 # exercise 5 can send the shapes first with `broadcast_object_list` and the tensors with
-# `dist.broadcast` (what makes the packed path of notebook 03 fast); exercise 6 can send a
-# "more?" flag each step, then the batch; exercise 7 can gather every rank's "done" flag with
-# `all_gather_object`.
+# `dist.broadcast` (what makes the packed path of notebook 03 fast), in any order of the keys;
+# exercise 6 can send a "more?" flag each step, then the batch; exercise 7 can gather every
+# rank's "done" flag with `all_gather_object`.
 
 # %% [markdown]
 # ## What next
