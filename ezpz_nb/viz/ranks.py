@@ -124,7 +124,7 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
     by_status = {s: [k for k in ranks if status[k] == s] for s in _STATUS_STYLE}
     by_status = {s: ks for s, ks in by_status.items() if ks}
 
-    notes = len(ranks) <= 16 and any(short.values())
+    beside = len(ranks) <= 16 and any(short.values())
     fig = new_figure(10.0, 2.2 + 0.3 * max(len(ranks), 2), rows=len(ranks))
     ax = fig.subplots()
     start, spans = 0, []
@@ -152,7 +152,7 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
                 linewidths=3 if marker == "|" else 1.5,
                 clip_on=False,
             )
-        if notes and short[k]:
+        if beside and short[k]:
             # Beside the frame, so the x axis ends where the data does.
             text = short[k] if len(short[k]) <= 40 else short[k][:39] + "..."
             ax.annotate(
@@ -163,7 +163,7 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
         rank_label(k, *pos[k], cp=cp.get(k)) if k in pos else f"r{k} (no steps)" for k in ranks
     ]
     ax.set_yticks(range(len(ranks)), labels, fontsize=FONT)
-    ax.set_ylim(len(ranks) - 0.5, -0.5)
+    ax.set_ylim(max(len(ranks), 1) - 0.5, -0.5)
     ax.set_xlim(0, max(most, 1) + 0.25)
     ax.set_xlabel("steps taken (epochs one after another)", fontsize=FONT + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -26,6 +26,7 @@
 
 # %%
 # %matplotlib inline
+import torch  # noqa: F401 - cells pasted from the README use torch.
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
