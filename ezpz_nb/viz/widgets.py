@@ -25,10 +25,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from ezpz_nb.errors import EzpzError
 from ezpz_nb.ledger import Ledger
 from ezpz_nb.viz.progress import Progress
 
-__all__ = ["Explorer", "Progress", "explore_rank"]
+__all__ = ["Explorer", "ExplorerClosed", "Progress", "explore_rank"]
+
+
+class ExplorerClosed(EzpzError):
+    """An :class:`Explorer` was asked to run after :meth:`Explorer.close`."""
 
 
 def explore_rank(
@@ -139,6 +144,39 @@ def _png_output(png: bytes, title: str) -> dict[str, Any]:
     }
 
 
+def _error_outputs(error: BaseException | None) -> list[dict[str, Any]]:
+    """One line saying what failed, then the full message folded (click to open).
+
+    A RankError from 8 ranks repeats the same message 8 times, with 8 tracebacks:
+    the line names the ranks once, the fold keeps every detail.
+    """
+    import html
+
+    failures = getattr(error, "failures", None) or {}
+    raised = [f for f in failures.values() if f.kind != "stopped"]
+    messages = sorted({f.message for f in raised})
+    if len(messages) == 1:
+        ranks = ", ".join(str(f.rank) for f in raised)
+        line = f"rank{'s' if len(raised) > 1 else ''} {ranks}: {messages[0]}"
+    else:
+        line = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    details = html.escape(str(error))
+    return [
+        {
+            "output_type": "display_data",
+            "metadata": {},
+            "data": {
+                "text/html": (
+                    f'<div class="ezpz-error"><b>{html.escape(line)}</b>'
+                    "<details><summary>the full error (every rank's traceback)</summary>"
+                    f"<pre>{details}</pre></details></div>"
+                ),
+                "text/plain": line,
+            },
+        }
+    ]
+
+
 def _text_output(text: str, name: str = "stdout") -> dict[str, Any]:
     return {
         "output_type": "stream",
@@ -241,6 +279,7 @@ class Explorer:
         self.ledger: Ledger | None = None
         self.error: BaseException | None = None
         self.runs = 0
+        self.closed = False
         self._cluster: Any = None
         self._run_lock = threading.Lock()
         self._syncing = False
@@ -261,7 +300,7 @@ class Explorer:
         return cfg
 
     def _changed(self, change: dict[str, Any]) -> None:
-        if self._syncing:
+        if self._syncing or self.closed:
             return
         if change["owner"] is self.controls["world_size"]:
             self._sync_tp_choices()
@@ -292,7 +331,12 @@ class Explorer:
 
         Raises:
             KeyError: On an unknown control name.
+            ExplorerClosed: After :meth:`close`.
         """
+        if self.closed:
+            raise ExplorerClosed(
+                "this explorer was closed (its ranks are stopped): run its cell again for a new one"
+            )
         unknown = set(values) - set(self.controls)
         if unknown:
             raise KeyError(f"unknown control(s) {sorted(unknown)}; known: {sorted(self.controls)}")
@@ -329,9 +373,12 @@ class Explorer:
         """Run the current settings on the ranks now and redraw (synchronous).
 
         Returns:
-            The merged ledger, or ``None`` if the run failed (see :attr:`error`).
+            The merged ledger, or ``None`` if the run failed (see :attr:`error`)
+            or the explorer is closed.
         """
         with self._run_lock:  # a timer thread and a direct call never overlap
+            if self.closed:  # a change pending when it was closed must not start ranks
+                return None
             world = self.controls["world_size"].value
             cfg = self.config()
             self.status.value = f"<i>running on {world} rank(s)...</i>"
@@ -369,7 +416,7 @@ class Explorer:
                 fig = getattr(viz, name)(self.ledger)
                 outputs.append(_png_output(viz.png_bytes(fig), f"{name} of run {self.runs}"))
             return "all checks passed" if self.ledger.ok else "problems found (see summary)"
-        outputs.append(_text_output(f"{type(self.error).__name__}: {self.error}", "stderr"))
+        outputs += _error_outputs(self.error)
         partial = Ledger.from_events(getattr(self.error, "events", []))
         if partial.records:  # show how far each rank got before it failed
             fig = viz.timeline(partial, self.error)
@@ -377,11 +424,20 @@ class Explorer:
         return "the run failed"
 
     def close(self) -> None:
-        """Stop the ranks and any pending run."""
+        """Stop the ranks and any pending run, for good: the controls are disabled.
+
+        Closed means closed: a later change of a control starts nothing, and
+        :meth:`set` raises :class:`ExplorerClosed`. Run the cell again for a new explorer.
+        """
+        self.closed = True
         self._debouncer.cancel()
-        if self._cluster is not None:
-            self._cluster.close()
-            self._cluster = None
+        with self._run_lock:  # let a run in flight finish drawing first
+            if self._cluster is not None:
+                self._cluster.close()
+                self._cluster = None
+        for w in self.controls.values():
+            w.disabled = True
+        self.status.value = "<b>closed</b>: its ranks are stopped; run the cell again for a new one"
 
     def __enter__(self) -> Explorer:
         return self

@@ -100,12 +100,14 @@ explorer
 
 # %% [markdown]
 # The controls can also be set from code; `set` changes several at once and runs once.
-# Without `dp_group` the ledger finds TP peers holding different samples:
+# Without `dp_group` the ledger finds TP peers holding different samples. The cell then puts
+# the explorer back in the sound setup that "Things to try" starts from.
 
 # %%
 wrong = explorer.set(dp_group=False, broadcast=False)
 print(wrong.summary())
 assert "tp_mismatch" in {p.kind for p in wrong.check()}
+assert explorer.set(dp_group=True, broadcast=True).ok  # back to the sound setup
 
 # %% [markdown]
 # ## Progress, and a rank that falls behind
@@ -170,7 +172,11 @@ fig
 
 # %%
 cluster.close()
-explorer.close()
+
+# %% [markdown]
+# The explorer above stays live for the things to try. When you are done, `explorer.close()`
+# stops its ranks for good: its controls turn grey and a change starts nothing (run its cell
+# again for a new one). Restarting the kernel stops them too.
 
 # %% [markdown]
 # ## Summary
