@@ -107,7 +107,8 @@ explorer
 wrong = explorer.set(dp_group=False, broadcast=False)
 print(wrong.summary())
 assert "tp_mismatch" in {p.kind for p in wrong.check()}
-assert explorer.set(dp_group=True, broadcast=True).ok  # back to the sound setup
+back = explorer.set(dp_group=True, broadcast=True)  # the setup "Things to try" starts from
+assert {p.kind for p in back.check()} == {"dp_duplicate"}  # only the padded sample, as above
 
 # %% [markdown]
 # ## Progress, and a rank that falls behind
