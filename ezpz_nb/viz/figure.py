@@ -23,13 +23,14 @@ BLUE, ORANGE, SKY, GREEN, YELLOW = "#0072B2", "#E69F00", "#56B4E9", "#009E73", "
 VERMILLION, PURPLE, GREY = "#D55E00", "#CC79A7", "#999999"
 MISSING = "#d9d9d9"  # an empty batch slot: light grey, drawn in the legends that show it
 
-# What a notebook shows: PNGs at DPI, at their own width up to about WIDTH_PX (the
-# output area of JupyterLab beside its file browser on a laptop; wider images are
-# scaled down to fit it). Figures stay within MAX_WIDTH so they are never scaled,
-# and no text is smaller than FONT points (FONT * DPI / 72 = 10 px, above the 9 px
-# that tests/test_figure_legibility.py requires).
+# What a notebook shows: PNGs at DPI (``_repr_png_``, the widgets, and matplotlib's
+# inline backend, which renders at the figure's own dpi), at their own width up to the
+# output area's, WIDTH_PX: 848 px measured in JupyterLab 4 in a 1280 px wide browser
+# window with the file browser open. Wider images are scaled down to fit, so figures
+# stay within MAX_WIDTH, and no text is smaller than FONT points (FONT * DPI / 72 =
+# 10 px, above the 9 px that tests/test_figure_legibility.py requires).
 DPI = 90
-WIDTH_PX = 900
+WIDTH_PX = 840
 MAX_WIDTH = WIDTH_PX / DPI
 FONT = 8
 
@@ -60,7 +61,9 @@ def new_figure(width: float, height: float, rows: int = 0) -> EzFigure:
     # small figures, but it doubles the render time of a 64-rank one.
     big = rows > 24
     fig = EzFigure(
-        figsize=(min(width, MAX_WIDTH), min(height, 14.0)), layout=None if big else "constrained"
+        figsize=(min(width, MAX_WIDTH), min(height, 14.0)),
+        dpi=DPI,
+        layout=None if big else "constrained",
     )
     if big:
         fig.subplots_adjust(left=0.13, right=0.9, top=0.9, bottom=0.08, wspace=0.05)

@@ -22,6 +22,7 @@ from ezpz_nb.viz.figure import (
     FONT,
     GREEN,
     GREY,
+    MAX_WIDTH,
     ORANGE,
     PURPLE,
     SKY,
@@ -181,7 +182,7 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
     ]
     fig.legend(handles=handles, loc="outside lower left", fontsize=FONT, frameon=False, ncols=3)
     title = f"Step timeline: bars should end together\n{_verdict(by_status, error)}"
-    fig.suptitle(wrap(title, 9.6, FONT + 3), fontsize=FONT + 3)
+    fig.suptitle(wrap(title, MAX_WIDTH - 0.4, FONT + 3), fontsize=FONT + 3)
     fig.ezpz_data = {
         "ranks": ranks,
         "epochs": epochs,
