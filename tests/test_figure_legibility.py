@@ -277,3 +277,14 @@ def test_the_checks_catch_what_they_guard() -> None:
     fig.axes[0].set_xticks([0.5, 1.5, 2.5])
     texts, _ = render(fig)
     assert fractional_ticks(fig, {id(t) for t, _ in texts}, None) == ["0.5", "1.5", "2.5"]
+
+
+def test_summary_lines_break_between_words_before_the_output_edge() -> None:
+    """Guards: summary lines longer than JupyterLab's output area, which it breaks mid-word
+    (its output CSS has ``word-break: break-all``)."""
+    ledger = sampler_ledger(4, 2, 11, 2, 2, rank_seeded=True)  # padding and TP byte mismatches
+    text = ledger.summary()
+    assert {p.kind for p in ledger.check()} == {"dp_duplicate", "tp_mismatch"}
+    assert max(len(line) for line in text.splitlines()) <= 96
+    messages = " ".join(f"- {p.kind}: {p.message}" for p in ledger.check())
+    assert messages.split() == [w for w in text.split() if w][-len(messages.split()) :]
