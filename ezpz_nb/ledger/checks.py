@@ -136,8 +136,9 @@ def _why_never_seen(missing: int, recs: list[StepRecord]) -> str:
     droppable = (dp_size - 1) + dp_size * (batch - 1)
     if missing <= droppable:
         return (
-            "drop_last=True drops the samples that do not divide evenly over the DP "
-            "replicas and the last partial batch (or the epoch was cut short)."
+            "The sampler's drop_last=True drops the samples that do not divide evenly over "
+            "the DP replicas; the DataLoader's drop_last=True drops each replica's last "
+            "partial batch (or the epoch was cut short)."
         )
     return (
         f"That is more than drop_last can drop (at most {droppable} with {dp_size} DP "

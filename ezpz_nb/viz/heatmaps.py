@@ -109,7 +109,7 @@ def _draw_cells(ax: Any, img: np.ndarray, rep: np.ndarray, vmax: int, digits: bo
         )
 
 
-def _caption(ledger: Ledger, rows: list[tuple[int, int, int]]) -> str:
+def _caption(ledger: Ledger) -> str:
     """What the rows should look like, for this run's layout."""
     tp = max((r.tp_size for r in ledger.records), default=1)
     if cp_ranks(ledger):
@@ -171,7 +171,7 @@ def heatmap(ledger: Ledger, epoch: int | None = None) -> Figure:
     data["digits"] = cells <= _ANNOTATE_MAX and _digits_fit(vmax, cell_w, cell_h)
     width = max(6.5, _LEFT + _RIGHT + columns * cell_w)
     hint = "" if data["digits"] else " Cells too small for digits: read ids on the colour bar."
-    title = wrap(_caption(ledger, rows) + "." + hint, width - 0.4, FONT + 2)
+    title = wrap(_caption(ledger) + "." + hint, width - 0.4, FONT + 2)
     missing = any((m < 0).any() for m in data["ids"].values())
     legend = int(missing) + int(any(r.any() for r in data["repeats"].values()))
     fig = new_figure(

@@ -67,10 +67,10 @@ print(ledger.summary())
 assert [p.kind for p in ledger.check()] == ["dp_duplicate", "dp_duplicate"]
 
 # %% [markdown]
-# The heatmap has one row per rank and one column per sample of each batch; the two epochs
-# sit side by side. Rows inside a TP group (between the white lines) are identical, the two
-# groups differ, and the boxed cell in each epoch is the padding: a sample the other replica
-# already had. `set_epoch` reshuffled the second epoch.
+# The heatmap has one row per rank and one column per sample of each batch; each epoch is a
+# panel, the second below the first. Rows inside a TP group (between the white lines) are
+# identical, the two groups differ, and the cell framed in vermillion in each epoch is the
+# padding: a sample the other replica already had. `set_epoch` reshuffled the second epoch.
 
 # %%
 viz.heatmap(ledger)
