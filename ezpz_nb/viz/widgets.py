@@ -15,18 +15,16 @@ module for :func:`explore_rank` do not pay for it.
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import contextlib
 import io
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.ledger import Ledger
+from ezpz_nb.viz.outputs import Debouncer, error_outputs, png_output, text_output
 from ezpz_nb.viz.progress import Progress
 
 __all__ = ["Explorer", "ExplorerClosed", "Progress", "explore_rank"]
@@ -98,91 +96,6 @@ def explore_rank(
         for _ in rec:
             pass
     return rec.ledger()
-
-
-class _Debouncer:
-    """Call ``fn`` once, ``delay`` seconds after the last of a burst of pokes.
-
-    In a kernel the call is scheduled on its event loop, so it runs in the main
-    thread once the kernel is idle; elsewhere a timer thread runs it.
-    """
-
-    def __init__(self, delay: float, fn: Callable[[], Any]) -> None:
-        self.delay = delay
-        self.fn = fn
-        self._handle: Any = None
-        self._lock = threading.Lock()
-
-    def poke(self) -> None:
-        if self.delay <= 0:
-            self.fn()
-            return
-        with self._lock:
-            self.cancel()
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                loop = None
-            if loop is not None:
-                self._handle = loop.call_later(self.delay, self.fn)
-            else:
-                self._handle = threading.Timer(self.delay, self.fn)
-                self._handle.daemon = True
-                self._handle.start()
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
-def _png_output(png: bytes, title: str) -> dict[str, Any]:
-    return {
-        "output_type": "display_data",
-        "metadata": {},
-        "data": {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": title},
-    }
-
-
-def _error_outputs(error: BaseException | None) -> list[dict[str, Any]]:
-    """One line saying what failed, then the full message folded (click to open).
-
-    A RankError from 8 ranks repeats the same message 8 times, with 8 tracebacks:
-    the line names the ranks once, the fold keeps every detail.
-    """
-    import html
-
-    failures = getattr(error, "failures", None) or {}
-    raised = [f for f in failures.values() if f.kind != "stopped"]
-    messages = sorted({f.message for f in raised})
-    if len(messages) == 1:
-        ranks = ", ".join(str(f.rank) for f in raised)
-        line = f"rank{'s' if len(raised) > 1 else ''} {ranks}: {messages[0]}"
-    else:
-        line = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-    details = html.escape(str(error))
-    return [
-        {
-            "output_type": "display_data",
-            "metadata": {},
-            "data": {
-                "text/html": (
-                    f'<div class="ezpz-error"><b>{html.escape(line)}</b>'
-                    "<details><summary>the full error (every rank's traceback)</summary>"
-                    f"<pre>{details}</pre></details></div>"
-                ),
-                "text/plain": line,
-            },
-        }
-    ]
-
-
-def _text_output(text: str, name: str = "stdout") -> dict[str, Any]:
-    return {
-        "output_type": "stream",
-        "name": name,
-        "text": text if text.endswith("\n") else text + "\n",
-    }
 
 
 class Explorer:
@@ -283,7 +196,7 @@ class Explorer:
         self._cluster: Any = None
         self._run_lock = threading.Lock()
         self._syncing = False
-        self._debouncer = _Debouncer(debounce, self.refresh)
+        self._debouncer = Debouncer(debounce, self.refresh)
         for w in self.controls.values():
             w.observe(self._changed, names="value")
         if run:
@@ -396,10 +309,10 @@ class Explorer:
             try:
                 verdict = self._draw(outputs)
             except Exception:  # noqa: BLE001 - a timer callback has nowhere else to report
-                outputs.append(_text_output(traceback.format_exc(), "stderr"))
+                outputs.append(text_output(traceback.format_exc(), "stderr"))
                 verdict = "drawing failed"
             if logs.getvalue().strip():
-                outputs.append(_text_output("rank output:\n" + logs.getvalue(), "stderr"))
+                outputs.append(text_output("rank output:\n" + logs.getvalue(), "stderr"))
             self.output.outputs = tuple(outputs)
             self.status.value = (
                 f"run {self.runs}: world {world}, tp {cfg['tp_size']} - {verdict} ({took:.1f} s)"
@@ -411,16 +324,16 @@ class Explorer:
         from ezpz_nb import viz  # matplotlib only where something is drawn
 
         if self.ledger is not None:
-            outputs.append(_text_output(self.ledger.summary()))
+            outputs.append(text_output(self.ledger.summary()))
             for name in self.plots:
                 fig = getattr(viz, name)(self.ledger)
-                outputs.append(_png_output(viz.png_bytes(fig), f"{name} of run {self.runs}"))
+                outputs.append(png_output(viz.png_bytes(fig), f"{name} of run {self.runs}"))
             return "all checks passed" if self.ledger.ok else "problems found (see summary)"
-        outputs += _error_outputs(self.error)
+        outputs += error_outputs(self.error)
         partial = Ledger.from_events(getattr(self.error, "events", []))
         if partial.records:  # show how far each rank got before it failed
             fig = viz.timeline(partial, self.error)
-            outputs.append(_png_output(viz.png_bytes(fig), f"timeline of run {self.runs}"))
+            outputs.append(png_output(viz.png_bytes(fig), f"timeline of run {self.runs}"))
         return "the run failed"
 
     def close(self) -> None:
