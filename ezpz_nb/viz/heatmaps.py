@@ -207,7 +207,8 @@ def heatmap(ledger: Ledger, epoch: int | None = None) -> Figure:
         ax.set_xlim(-0.5, columns - 0.5)
         group_separators(ax, rows)
         label_rows(ax, rows, labels, row_height=cell_h)
-        n_rep = int(reps.sum())
+        # Counted once per batch slot: TP peers share a slot and its repeat.
+        n_rep = len({(dp[y], x) for y, x in zip(*np.nonzero(reps.reshape(img.shape)), strict=True)})
         ax.set_title(
             f"epoch {e}: "
             + (f"{n_rep} repeated sample(s), framed" if n_rep else "no sample repeated"),
