@@ -288,3 +288,21 @@ def test_summary_lines_break_between_words_before_the_output_edge() -> None:
     assert max(len(line) for line in text.splitlines()) <= 96
     messages = " ".join(f"- {p.kind}: {p.message}" for p in ledger.check())
     assert messages.split() == [w for w in text.split() if w][-len(messages.split()) :]
+
+
+def test_notebooks_show_figures_at_their_own_width() -> None:
+    """Guards: JupyterLab shrinking a figure (and its text) to fit a narrow output area: the
+    display metadata says "unconfined", with matplotlib's inline backend on or off."""
+    from IPython.core.formatters import DisplayFormatter
+    from IPython.core.pylabtools import select_figure_formats
+
+    fig = viz.layout(4, 2)
+    formatter = DisplayFormatter()
+    assert formatter.format(fig)[1] == {"image/png": {"unconfined": True}}
+
+    class Shell:  # what select_figure_formats reads: the shell's display formatter
+        display_formatter = formatter
+
+    select_figure_formats(Shell, {"png"})  # what `%matplotlib inline` registers
+    data, metadata = formatter.format(fig)
+    assert "image/png" in data and metadata == {"image/png": {"unconfined": True}}

@@ -33,6 +33,8 @@ DPI = 90
 WIDTH_PX = 840
 MAX_WIDTH = WIDTH_PX / DPI
 FONT = 8
+# Output metadata: JupyterLab shows the image at its own width, never scaled down.
+UNCONFINED = {"unconfined": True}
 
 
 class EzFigure(Figure):
@@ -46,6 +48,13 @@ class EzFigure(Figure):
 
     def _repr_png_(self) -> bytes:
         return png_bytes(self)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        # Only metadata: the PNG itself comes from _repr_png_, or from matplotlib's inline
+        # backend where it is on (it renders at the figure's dpi). "unconfined": JupyterLab
+        # shows the image at its own width, scrolling a narrow output instead of shrinking
+        # the text below legibility (figures fit the usual output width anyway, MAX_WIDTH).
+        return {}, {"image/png": UNCONFINED}
 
 
 def png_bytes(fig: Figure, dpi: int = DPI) -> bytes:

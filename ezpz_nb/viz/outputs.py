@@ -53,9 +53,13 @@ class Debouncer:
 
 
 def png_output(png: bytes, title: str) -> dict[str, Any]:
+    """A display_data output of ``png``, shown at its own width in JupyterLab."""
+    # Imported here: ranks import the explorer's module and need no matplotlib.
+    from ezpz_nb.viz.figure import UNCONFINED
+
     return {
         "output_type": "display_data",
-        "metadata": {},
+        "metadata": {"image/png": UNCONFINED},
         "data": {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": title},
     }
 
@@ -94,6 +98,7 @@ def error_outputs(error: BaseException | None) -> list[dict[str, Any]]:
 
 
 def text_output(text: str, name: str = "stdout") -> dict[str, Any]:
+    """A stream output (``stdout`` or ``stderr``) of ``text``, newline-terminated."""
     return {
         "output_type": "stream",
         "name": name,
