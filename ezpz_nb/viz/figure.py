@@ -74,6 +74,8 @@ def new_figure(width: float, height: float, rows: int = 0) -> EzFigure:
         dpi=DPI,
         layout=None if big else "constrained",
     )
+    if not big:  # a margin, so no label touches the edge of the image
+        fig.get_layout_engine().set(w_pad=0.08, h_pad=0.06)
     if big:
         fig.subplots_adjust(left=0.13, right=0.9, top=0.9, bottom=0.08, wspace=0.05)
     FigureCanvasAgg(fig)  # a canvas makes savefig/print_png work without pyplot
@@ -126,10 +128,10 @@ def label_rows(
 def wrap(text: str, width: float, fontsize: float) -> str:
     """``text`` broken between words into lines that fit ``width`` inches at ``fontsize``.
 
-    Lines already broken stay broken; the width of a character is taken as 0.55 em
-    (DejaVu Sans averages about 0.5-0.6).
+    Lines already broken stay broken; the width of a character is taken as 0.6 em
+    (DejaVu Sans averages about 0.5-0.6: wider, to keep a margin).
     """
-    chars = max(20, int(width * 72 / (0.55 * fontsize)))
+    chars = max(20, int(width * 72 / (0.6 * fontsize)))
     return "\n".join(textwrap.fill(line, chars) for line in text.split("\n"))
 
 

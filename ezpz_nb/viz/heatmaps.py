@@ -37,7 +37,7 @@ from ezpz_nb.viz.figure import (
 __all__ = ["heatmap", "repeat_mask"]
 
 # Inches: the rank labels and axis title on the left, the colour bar on the right.
-_LEFT, _RIGHT = 1.7, 1.1
+_LEFT, _RIGHT = 1.7, 1.35
 _MAX_CELL, _ROW = 0.42, 0.3
 # Above this many cells, digits are slow to draw (each is a Text artist).
 _ANNOTATE_MAX = 1200
