@@ -25,8 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 from torch.utils.data import DistributedSampler
 
-from ezpz_nb import viz
-from ezpz_nb.launcher.errors import RankError, RankFailure
+from ezpz_nb import RankError, RankFailure, viz
 from ezpz_nb.ledger import Ledger, StepRecord
 from ezpz_nb.viz.figure import DPI, WIDTH_PX
 
@@ -95,10 +94,19 @@ def sampler_ledger(
 def rank_error(ranks: list[int], stopped: list[int]) -> RankError:
     """A RankError as the launcher raises it: ``ranks`` raised, ``stopped`` were stopped."""
     failures = {
-        r: RankFailure(r, "exception", "KeyError", "KeyError: 'input_ids'", "Traceback ...")
+        r: RankFailure(
+            rank=r,
+            kind="exception",
+            exc_type="KeyError",
+            message="KeyError: 'input_ids'",
+            traceback="Traceback ...",
+        )
         for r in ranks
     }
-    failures |= {r: RankFailure(r, "stopped", "", "stopped while waiting") for r in stopped}
+    failures |= {
+        r: RankFailure(rank=r, kind="stopped", exc_type="", message="stopped while waiting")
+        for r in stopped
+    }
     return RankError(failures)
 
 
