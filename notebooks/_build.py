@@ -88,6 +88,9 @@ def to_notebook(source: nbformat.NotebookNode, variant: str | None = None) -> nb
         tags = [t for t in cell.metadata.get("tags", []) if t not in VARIANTS]
         if tags:
             new.metadata["tags"] = tags
+        if cell.metadata.get("jupyter", {}).get("source_hidden"):
+            # JupyterLab shows such a cell collapsed (the Colab install cell of 00).
+            new.metadata["jupyter"] = {"source_hidden": True}
         nb.cells.append(new)
     return nb
 

@@ -66,3 +66,27 @@ def leave_before_barrier(steps: int = 3) -> object:
     if layout.rank % 2:
         dist.barrier()
     return rec.ledger()
+
+
+def seeded_tokens(seed_by_rank: bool, broadcast: bool) -> object:
+    """dp 2 x tp 2 over 8 samples; the dataset seeded by global rank (ezpz's pitfall) or not.
+
+    Without the broadcast, rank-seeded TP peers hold the same sample ids and
+    different tokens; with it they receive their leader's tokens.
+    """
+    layout = make_layout(2)
+    seed = dist.get_rank() if seed_by_rank else 0
+    dataset = RandomTokenDataset(vocab_size=64, seq_length=4, num_samples=8, seed=seed)
+    loader = get_random_dataset_fsdp_tp(
+        2,
+        64,
+        4,
+        dp_group=layout.dp_group,
+        tp_group=layout.tp_group,
+        broadcast_within_tp=broadcast,
+        dataset=dataset,
+    )["dataloader"]
+    rec = record(loader, layout)
+    for _ in rec:
+        pass
+    return rec.ledger()

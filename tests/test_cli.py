@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from contextlib import suppress
 from pathlib import Path
@@ -244,6 +245,8 @@ def test_lab_binds_loopback_and_allows_root_when_root():
     assert args[:2] == ["--ServerApp.ip=127.0.0.1", "--ServerApp.root_dir=/x"]
     assert ("--ServerApp.allow_root=True" in args) == (os.geteuid() == 0)
     assert args[-1] == "--foo" and "--ServerApp.open_browser=False" in args
+    assert "--ContentsManager.hide_globs=_cells" in args  # a checkout's sources stay hidden
+    assert not any("default_url" in a for a in args)  # /x has no notebook 00 to open on
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -315,6 +318,13 @@ def test_lab_serves_the_notebooks_and_stops_cleanly(tmp_path):
     assert f"copied {len(shipped_files())} file(s) to {root}" in log_text
 
 
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Report a redirect as an HTTPError instead of following it (to read where it points)."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
 @pytest.mark.system
 def test_make_lab_serves_the_checkout_notebooks(tmp_path):
     # The README's `make lab`, with JupyterLab told not to open a browser.
@@ -333,8 +343,15 @@ def test_make_lab_serves_the_checkout_notebooks(tmp_path):
     try:
         wait_up(lab, timeout=90)
         listed = {item["name"] for item in lab.api("contents")["content"]}
-        # notebooks/ itself: its sources folder is there, nothing was copied.
-        assert "_cells" in listed and "00_setup_check.ipynb" in listed
+        # notebooks/ itself (the log below says so), less its sources: only the learner's files.
+        assert "00_setup_check.ipynb" in listed and (ROOT / "notebooks" / "_cells").is_dir()
+        assert not listed & {"_cells", "_build.py"}, listed
+        # It opens on notebook 00, not on the Launcher.
+        opener = urllib.request.build_opener(NoRedirect)
+        with pytest.raises(urllib.error.HTTPError) as moved:
+            opener.open(lab.url(""), timeout=10)
+        where = moved.value.headers["Location"].split("?")[0]
+        assert where.endswith("/lab/tree/00_setup_check.ipynb"), where
         server = psutil.Process(proc.pid).children(recursive=True)
         os.killpg(proc.pid, signal.SIGTERM)  # what Ctrl-C in the terminal reaches
         proc.wait(30)

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _plot_workers import leave_before_barrier, stop_early, train_uneven, uneven_steps
+from _plot_workers import (
+    leave_before_barrier,
+    seeded_tokens,
+    stop_early,
+    train_uneven,
+    uneven_steps,
+)
 from torch.utils.data import DistributedSampler
 
 import ezpz_nb as ez
@@ -288,3 +294,26 @@ def test_heatmap_and_timeline_label_cp_positions():
     ]
     timeline = viz.timeline(Ledger(recs))
     assert [t.get_text() for t in timeline.axes[0].get_yticklabels()] == fig.ezpz_data["labels"]
+
+
+@pytest.mark.parametrize(
+    ("seed_by_rank", "broadcast", "mismatched_rows"),
+    [(True, False, {1, 3}), (True, True, set()), (False, False, set())],
+)
+def test_digests_mark_tp_peers_whose_bytes_differ_from_their_leader(
+    cluster, seed_by_rank, broadcast, mismatched_rows
+):
+    """Guards: 08's rank-seeded bug drawn as matching sample ids: the digest figure marks the
+    tp1 ranks at every step, and nothing when the broadcast or a rank-free seed fixes it."""
+    ledger = Ledger.from_results(cluster.run(seeded_tokens, seed_by_rank, broadcast))
+    data = viz.digests(ledger).ezpz_data
+    assert data["ranks"] == [0, 1, 2, 3] and len(data["columns"]) == 2  # 4 samples / batch 2
+    rows = {i for i, bad in enumerate(data["mismatch"].any(axis=1)) if bad}
+    assert rows == mismatched_rows
+    if mismatched_rows:  # every step of the tp1 rows, none of the leaders'
+        assert data["mismatch"][[1, 3]].all() and data["steps_mismatched"] == 2
+        assert {p.kind for p in ledger.check()} == {"tp_mismatch"}
+    else:
+        assert data["steps_mismatched"] == 0 and ledger.ok
+    for row in data["digests"]:  # what is drawn is the ledger's digest
+        assert all(len(d) == 32 for d in row)

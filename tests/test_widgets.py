@@ -13,15 +13,21 @@ import ezpz_nb as ez
 from ezpz_nb.examples.explore import explore_rank
 from ezpz_nb.ledger import Ledger
 from ezpz_nb.viz.progress import _widget_frontend
-from ezpz_nb.viz.widgets import Explorer, Progress
+from ezpz_nb.viz.widgets import Explorer, ExplorerClosed, Progress
 
 
 def images(explorer: Explorer) -> list[str]:
-    return [o["data"]["image/png"] for o in explorer.output.outputs if "data" in o]
+    return [
+        o["data"]["image/png"] for o in explorer.output.outputs if "image/png" in o.get("data", {})
+    ]
 
 
 def texts(explorer: Explorer) -> str:
-    return "".join(o.get("text", "") for o in explorer.output.outputs)
+    """What the outputs say in plain text: streams, and the one line of a folded error."""
+    return "".join(
+        o.get("text", "") or o.get("data", {}).get("text/plain", "")
+        for o in explorer.output.outputs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +83,35 @@ def test_a_failing_setting_is_shown_then_recovered(explorer):
     assert "larger than a DP shard" in texts(explorer) and not images(explorer)
     explorer.controls["batch_size"].value = 2
     assert explorer.error is None and len(images(explorer)) == 2
+
+
+def test_the_same_error_on_every_rank_is_one_line_with_the_details_folded(explorer):
+    """Guards: the explorer printing one rank's ValueError 8 times in a paragraph, then 8
+    tracebacks, after a bad setting."""
+    explorer.set(world_size=8, tp_size=1, drop_last=True, batch_size=16, num_samples=10)
+    assert isinstance(explorer.error, ez.RankError) and len(explorer.error.ranks) == 8
+    (out,) = [o for o in explorer.output.outputs if "text/html" in o.get("data", {})]
+    line = out["data"]["text/plain"]
+    assert "\n" not in line and line.startswith("ranks 0, 1, 2, 3, 4, 5, 6, 7: ")
+    assert line.count("larger than a DP shard") == 1
+    html = out["data"]["text/html"]
+    bold, folded = html.split("<details>")
+    assert "Traceback" not in bold and folded.count("Traceback") == 8
+    explorer.set(world_size=4, tp_size=2, drop_last=False, batch_size=2)
+    assert explorer.error is None
+
+
+def test_closed_means_closed():
+    """Guards: a control changed after ``explorer.close()`` starting new ranks."""
+    ex = Explorer(world_size=2, tp_size=1, num_samples=4, batch_size=1, debounce=0)
+    runs = ex.runs
+    ex.close()
+    ex.controls["num_samples"].value = 6
+    assert ex.runs == runs and ex._cluster is None
+    assert all(w.disabled for w in ex.controls.values()) and "closed" in ex.status.value
+    assert ex.refresh() is None and ex.runs == runs
+    with pytest.raises(ExplorerClosed, match="run its cell again"):
+        ex.set(num_samples=8)
 
 
 def test_a_burst_of_changes_is_one_run():

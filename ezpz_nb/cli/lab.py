@@ -16,10 +16,15 @@ from pathlib import Path
 from ezpz_nb.cli.notebooks import NotebookCopy, copy_notebooks
 from ezpz_nb.cli.resources import is_packaged, notebooks_dir
 
-__all__ = ["WORKDIR", "jupyter_args", "lab_folder", "run_lab"]
+__all__ = ["HIDDEN", "START", "WORKDIR", "jupyter_args", "lab_folder", "run_lab"]
 
 # Where an installed ezpz_nb copies its notebooks when no folder is named.
 WORKDIR = "ezpz_nb_notebooks"
+# The notebook the lab opens on, instead of JupyterLab's Launcher.
+START = "00_setup_check.ipynb"
+# Not the learner's: the notebooks' sources and their build script (in a checkout), on
+# top of what jupyter_server hides anyway (its default list, repeated: setting replaces it).
+HIDDEN = ("_cells", "_build.py", "__pycache__", "*.pyc", "*.pyo", ".DS_Store", "*~")
 
 
 def lab_folder(folder: str | Path | None = None) -> tuple[Path, NotebookCopy | None]:
@@ -50,8 +55,15 @@ def jupyter_args(
     open_browser: bool = True,
     extra: list[str] | None = None,
 ) -> list[str]:
-    """The ``jupyter lab`` options: loopback only, ``folder`` as root, root allowed."""
+    """The ``jupyter lab`` options: loopback only, ``folder`` as root, root allowed.
+
+    The lab opens on notebook 00 (when ``folder`` has it) and does not list the
+    notebooks' sources (``_cells/``, ``_build.py``): only what is the learner's.
+    """
     args = ["--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={folder}"]
+    if (folder / START).exists():
+        args.append(f"--LabApp.default_url=/lab/tree/{START}")
+    args += [f"--ContentsManager.hide_globs={glob}" for glob in HIDDEN]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # JupyterLab refuses to run as root unless told; containers and CI boxes often are.
         args.append("--ServerApp.allow_root=True")

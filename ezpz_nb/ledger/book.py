@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -295,4 +296,9 @@ class Ledger:
         lines += [f"- {p.kind}: {p.message}" for p in problems] or [
             "All checks passed on what was recorded." if cut else "All checks passed."
         ]
-        return "\n".join(lines)
+        # Broken between words here: JupyterLab's output area breaks long lines anywhere,
+        # in the middle of a word (word-break: break-all), 848 px being ~108 characters.
+        return "\n".join(
+            textwrap.fill(line, 96, subsequent_indent="  ", break_on_hyphens=False)
+            for line in lines
+        )

@@ -4,8 +4,10 @@ Every figure function takes a :class:`~ezpz_nb.ledger.Ledger` (or a layout) and
 returns a matplotlib Figure that shows itself as a PNG in a notebook, with what
 it draws kept as plain arrays in ``fig.ezpz_data``:
 
-* :mod:`.samples`: :func:`heatmap`, :func:`coverage`, :func:`loaded_vs_received`
-  (which rank held which samples, and who loaded them);
+* :mod:`.heatmaps`: :func:`heatmap` (which rank held which samples, step by step);
+* :mod:`.samples`: :func:`coverage`, :func:`loaded_vs_received` (was every sample
+  seen once; who loaded them);
+* :mod:`.peers`: :func:`digests` (did TP peers hold the same bytes at each step);
 * :mod:`.ranks`: :func:`timeline`, :func:`layout` (how far each rank got; the
   dp x tp grid);
 * :mod:`.timeline`: :func:`step_timeline` (each rank's steps split into data
@@ -24,10 +26,11 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "heatmap": "samples",
+    "heatmap": "heatmaps",
+    "digests": "peers",
     "coverage": "samples",
     "loaded_vs_received": "samples",
-    "repeat_mask": "samples",
+    "repeat_mask": "heatmaps",
     "loss_curves": "training",
     "timeline": "ranks",
     "layout": "ranks",

@@ -19,8 +19,10 @@ from ezpz_nb.data.groups import layout_table
 from ezpz_nb.ledger import Ledger
 from ezpz_nb.viz.figure import (
     BLUE,
+    FONT,
     GREEN,
     GREY,
+    MAX_WIDTH,
     ORANGE,
     PURPLE,
     SKY,
@@ -29,6 +31,7 @@ from ezpz_nb.viz.figure import (
     cp_ranks,
     new_figure,
     rank_label,
+    wrap,
 )
 
 __all__ = ["layout", "timeline"]
@@ -122,9 +125,10 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
     by_status = {s: [k for k in ranks if status[k] == s] for s in _STATUS_STYLE}
     by_status = {s: ks for s, ks in by_status.items() if ks}
 
-    fig = new_figure(10.0, 1.8 + 0.3 * max(len(ranks), 2), rows=len(ranks))
+    beside = len(ranks) <= 16 and any(short.values())
+    fig = new_figure(10.0, 2.2 + 0.3 * max(len(ranks), 2), rows=len(ranks))
     ax = fig.subplots()
-    start = 0
+    start, spans = 0, []
     for i, e in enumerate(epochs):
         width = max(steps[e].values(), default=0)
         for y, k in enumerate(ranks):
@@ -134,7 +138,7 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
                 )
         if i:
             ax.axvline(start, color=GREY, linestyle=":", linewidth=1)
-        ax.text(start, -0.7, f"epoch {e}", fontsize=8, va="bottom")
+        spans.append((start, width))
         start += width
     for y, k in enumerate(ranks):
         if status[k] in _STATUS_STYLE:
@@ -147,28 +151,38 @@ def timeline(ledger: Ledger, error: BaseException | None = None) -> Figure:
                 color=color,
                 zorder=3,
                 linewidths=3 if marker == "|" else 1.5,
+                clip_on=False,
             )
-        if len(ranks) <= 16 and short[k]:
-            text = short[k] if len(short[k]) <= 50 else short[k][:49] + "..."
-            ax.text(total[k] + max(most, 1) * 0.03, y, text, fontsize=7, va="center")
+        if beside and short[k]:
+            # Beside the frame, so the x axis ends where the data does.
+            text = short[k] if len(short[k]) <= 40 else short[k][:39] + "..."
+            ax.annotate(
+                text, (1.02, y), xycoords=("axes fraction", "data"), fontsize=FONT, va="center"
+            )
     cp = cp_ranks(ledger) or {}
     labels = [
         rank_label(k, *pos[k], cp=cp.get(k)) if k in pos else f"r{k} (no steps)" for k in ranks
     ]
-    ax.set_yticks(range(len(ranks)), labels, fontsize=8 if len(ranks) <= 16 else 6)
-    ax.set_ylim(len(ranks) - 0.5, -1.0)
-    ax.set_xlim(0, max(most, 1) * (1.7 if len(ranks) <= 16 and any(short.values()) else 1.05))
-    ax.set_xlabel("steps taken (epochs one after another)")
+    ax.set_yticks(range(len(ranks)), labels, fontsize=FONT)
+    ax.set_ylim(max(len(ranks), 1) - 0.5, -0.5)
+    ax.set_xlim(0, max(most, 1) + 0.25)
+    ax.set_xlabel("steps taken (epochs one after another)", fontsize=FONT + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("global rank")
+    ax.tick_params(labelsize=FONT)
+    ax.set_ylabel("global rank", fontsize=FONT + 1)
+    if len(epochs) > 1:  # which span of steps is which epoch, above the frame
+        top = ax.secondary_xaxis("top")
+        narrow = min(w for _, w in spans) < 0.12 * max(most, 1)
+        top.set_xticks(
+            [a + w / 2 for a, w in spans], [f"e{e}" if narrow else f"epoch {e}" for e in epochs]
+        )
+        top.tick_params(length=0, labelsize=FONT)
     handles = [Patch(color=BLUE, label="steps")] + [
         Patch(color=_STATUS_STYLE[s][1], label=_STATUS_STYLE[s][2]) for s in by_status
     ]
-    ax.legend(
-        handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
-    )
+    fig.legend(handles=handles, loc="outside lower left", fontsize=FONT, frameon=False, ncols=3)
     title = f"Step timeline: bars should end together\n{_verdict(by_status, error)}"
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(wrap(title, MAX_WIDTH - 0.4, FONT + 3), fontsize=FONT + 3)
     fig.ezpz_data = {
         "ranks": ranks,
         "epochs": epochs,
@@ -204,7 +218,7 @@ def layout(world_size: int, tp_size: int) -> Figure:
     grid = np.zeros((dp_size, tp_size), dtype=np.int64)
     for rank, d, t in table:
         grid[d, t] = rank
-    fig = new_figure(3.5 + 1.1 * tp_size, 1.6 + 0.55 * dp_size, rows=dp_size)
+    fig = new_figure(3.5 + 1.1 * tp_size, max(2.8, 1.6 + 0.55 * dp_size), rows=dp_size)
     ax = fig.subplots()
     # Light Okabe-Ito colours, one per TP position, so black text stays readable.
     light = [SKY, ORANGE, YELLOW, PURPLE, GREEN]
@@ -218,21 +232,25 @@ def layout(world_size: int, tp_size: int) -> Figure:
     small = world_size <= 32
     for (d, t), rank in np.ndenumerate(grid):
         text = f"r{rank}\n(dp{d},tp{t})" if small else f"r{rank}"
-        ax.text(t, d, text, ha="center", va="center", fontsize=8 if small else 6)
+        ax.text(t, d, text, ha="center", va="center", fontsize=FONT)
     for d in range(dp_size):  # a frame around each TP group
         ax.add_patch(
             Rectangle(
                 (-0.45, d - 0.42), tp_size - 0.1, 0.84, fill=False, edgecolor="black", linewidth=1.5
             )
         )
-    ax.set_xticks(range(tp_size), [f"tp{t}" for t in range(tp_size)])
-    ax.set_yticks(range(dp_size), [f"dp{d}" for d in range(dp_size)])
-    ax.set_xlabel("tp_rank (each column is a DP group)")
-    ax.set_ylabel("dp_rank (each row is a TP group)")
+    ax.set_xticks(range(tp_size), [f"tp{t}" for t in range(tp_size)], fontsize=FONT)
+    ax.set_yticks(range(dp_size), [f"dp{d}" for d in range(dp_size)], fontsize=FONT)
+    ax.set_xlabel("tp_rank (each column is a DP group)", fontsize=FONT + 1)
+    ax.set_ylabel("dp_rank (each row is a TP group)", fontsize=FONT + 1)
     ax.set_title(
-        f"world {world_size} = dp {dp_size} x tp {tp_size}: each framed row shares one "
-        "batch,\neach column holds different data",
-        fontsize=10,
+        wrap(
+            f"world {world_size} = dp {dp_size} x tp {tp_size}: each framed row shares one "
+            "batch, each column holds different data",
+            3.0 + 1.1 * tp_size,
+            FONT + 2,
+        ),
+        fontsize=FONT + 2,
     )
     fig.ezpz_data = {
         "grid": grid,

@@ -12,9 +12,21 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from ezpz_nb.ledger import Ledger
-from ezpz_nb.viz.figure import BLUE, GREEN, ORANGE, PURPLE, SKY, VERMILLION, YELLOW, new_figure
+from ezpz_nb.viz.figure import (
+    BLUE,
+    FONT,
+    GREEN,
+    ORANGE,
+    PURPLE,
+    SKY,
+    VERMILLION,
+    YELLOW,
+    new_figure,
+    wrap,
+)
 
 __all__ = ["loss_curves"]
 
@@ -74,13 +86,15 @@ def loss_curves(
             linewidth=1.2,
             label=f"{reference} (reference)",
         )
-    ax.set_xlabel("step (epochs one after another)")
-    ax.set_ylabel("training loss")
+    ax.set_xlabel("step (epochs one after another)", fontsize=FONT + 1)
+    ax.set_ylabel("training loss", fontsize=FONT + 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+    ax.tick_params(labelsize=FONT)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right", frameon=False)
+    ax.legend(fontsize=FONT, loc="upper right", frameon=False)
     title = "Loss per step"
     if reference is not None:
         title += f": curves on the dashed one are the same training as {reference!r}"
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(wrap(title, 7.1, FONT + 3), fontsize=FONT + 3)
     fig.ezpz_data = {"losses": losses, "max_gap": gaps}
     return fig

@@ -15,73 +15,24 @@ ipywidgets is imported only when a widget is built.
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import contextlib
 import io
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
+from ezpz_nb.errors import EzpzError
 from ezpz_nb.examples.explore import explore_rank
 from ezpz_nb.ledger import Ledger
+from ezpz_nb.viz.outputs import Debouncer, error_outputs, png_output, text_output
 from ezpz_nb.viz.progress import Progress
 
-__all__ = ["Explorer", "Progress", "explore_rank"]
+__all__ = ["Explorer", "ExplorerClosed", "Progress", "explore_rank"]
 
 
-class _Debouncer:
-    """Call ``fn`` once, ``delay`` seconds after the last of a burst of pokes.
-
-    In a kernel the call is scheduled on its event loop, so it runs in the main
-    thread once the kernel is idle; elsewhere a timer thread runs it.
-    """
-
-    def __init__(self, delay: float, fn: Callable[[], Any]) -> None:
-        self.delay = delay
-        self.fn = fn
-        self._handle: Any = None
-        self._lock = threading.Lock()
-
-    def poke(self) -> None:
-        if self.delay <= 0:
-            self.fn()
-            return
-        with self._lock:
-            self.cancel()
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                loop = None
-            if loop is not None:
-                self._handle = loop.call_later(self.delay, self.fn)
-            else:
-                self._handle = threading.Timer(self.delay, self.fn)
-                self._handle.daemon = True
-                self._handle.start()
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
-def _png_output(png: bytes, title: str) -> dict[str, Any]:
-    return {
-        "output_type": "display_data",
-        "metadata": {},
-        "data": {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": title},
-    }
-
-
-def _text_output(text: str, name: str = "stdout") -> dict[str, Any]:
-    return {
-        "output_type": "stream",
-        "name": name,
-        "text": text if text.endswith("\n") else text + "\n",
-    }
+class ExplorerClosed(EzpzError):
+    """An :class:`Explorer` was asked to run after :meth:`Explorer.close`."""
 
 
 class Explorer:
@@ -178,10 +129,11 @@ class Explorer:
         self.ledger: Ledger | None = None
         self.error: BaseException | None = None
         self.runs = 0
+        self.closed = False
         self._cluster: Any = None
         self._run_lock = threading.Lock()
         self._syncing = False
-        self._debouncer = _Debouncer(debounce, self.refresh)
+        self._debouncer = Debouncer(debounce, self.refresh)
         for w in self.controls.values():
             w.observe(self._changed, names="value")
         if run:
@@ -198,7 +150,7 @@ class Explorer:
         return cfg
 
     def _changed(self, change: dict[str, Any]) -> None:
-        if self._syncing:
+        if self._syncing or self.closed:
             return
         if change["owner"] is self.controls["world_size"]:
             self._sync_tp_choices()
@@ -229,7 +181,12 @@ class Explorer:
 
         Raises:
             KeyError: On an unknown control name.
+            ExplorerClosed: After :meth:`close`.
         """
+        if self.closed:
+            raise ExplorerClosed(
+                "this explorer was closed (its ranks are stopped): run its cell again for a new one"
+            )
         unknown = set(values) - set(self.controls)
         if unknown:
             raise KeyError(f"unknown control(s) {sorted(unknown)}; known: {sorted(self.controls)}")
@@ -266,9 +223,12 @@ class Explorer:
         """Run the current settings on the ranks now and redraw (synchronous).
 
         Returns:
-            The merged ledger, or ``None`` if the run failed (see :attr:`error`).
+            The merged ledger, or ``None`` if the run failed (see :attr:`error`)
+            or the explorer is closed.
         """
         with self._run_lock:  # a timer thread and a direct call never overlap
+            if self.closed:  # a change pending when it was closed must not start ranks
+                return None
             world = self.controls["world_size"].value
             cfg = self.config()
             self.status.value = f"<i>running on {world} rank(s)...</i>"
@@ -286,10 +246,10 @@ class Explorer:
             try:
                 verdict = self._draw(outputs)
             except Exception:  # noqa: BLE001 - a timer callback has nowhere else to report
-                outputs.append(_text_output(traceback.format_exc(), "stderr"))
+                outputs.append(text_output(traceback.format_exc(), "stderr"))
                 verdict = "drawing failed"
             if logs.getvalue().strip():
-                outputs.append(_text_output("rank output:\n" + logs.getvalue(), "stderr"))
+                outputs.append(text_output("rank output:\n" + logs.getvalue(), "stderr"))
             self.output.outputs = tuple(outputs)
             self.status.value = (
                 f"run {self.runs}: world {world}, tp {cfg['tp_size']} - {verdict} ({took:.1f} s)"
@@ -301,24 +261,33 @@ class Explorer:
         from ezpz_nb import viz  # matplotlib only where something is drawn
 
         if self.ledger is not None:
-            outputs.append(_text_output(self.ledger.summary()))
+            outputs.append(text_output(self.ledger.summary()))
             for name in self.plots:
                 fig = getattr(viz, name)(self.ledger)
-                outputs.append(_png_output(viz.png_bytes(fig), f"{name} of run {self.runs}"))
+                outputs.append(png_output(viz.png_bytes(fig), f"{name} of run {self.runs}"))
             return "all checks passed" if self.ledger.ok else "problems found (see summary)"
-        outputs.append(_text_output(f"{type(self.error).__name__}: {self.error}", "stderr"))
+        outputs += error_outputs(self.error)
         partial = Ledger.from_events(getattr(self.error, "events", []))
         if partial.records:  # show how far each rank got before it failed
             fig = viz.timeline(partial, self.error)
-            outputs.append(_png_output(viz.png_bytes(fig), f"timeline of run {self.runs}"))
+            outputs.append(png_output(viz.png_bytes(fig), f"timeline of run {self.runs}"))
         return "the run failed"
 
     def close(self) -> None:
-        """Stop the ranks and any pending run."""
+        """Stop the ranks and any pending run, for good: the controls are disabled.
+
+        Closed means closed: a later change of a control starts nothing, and
+        :meth:`set` raises :class:`ExplorerClosed`. Run the cell again for a new explorer.
+        """
+        self.closed = True
         self._debouncer.cancel()
-        if self._cluster is not None:
-            self._cluster.close()
-            self._cluster = None
+        with self._run_lock:  # let a run in flight finish drawing first
+            if self._cluster is not None:
+                self._cluster.close()
+                self._cluster = None
+        for w in self.controls.values():
+            w.disabled = True
+        self.status.value = "<b>closed</b>: its ranks are stopped; run the cell again for a new one"
 
     def __enter__(self) -> Explorer:
         return self

@@ -59,14 +59,21 @@ def job_tp_plan(make_plan: Callable[[], dict], size: dict[str, int]) -> Any:
         for name, mod in named:  # after TP's output hooks: those may fail too
             mod.register_forward_hook(lambda *_, n=name: entered.remove(n))
         for name, p in block.named_parameters():
-            placements = getattr(p, "placements", ())
+            placements: tuple[Any, ...] = getattr(p, "placements", ())
             # After fully_shard a TP-split parameter lives on the 2-D (dp, tp) mesh.
             if len(placements) == 2 and placements[1].is_shard():
                 sharded.append(name)
         return model
 
     try:
-        ledger = capstone.run(tp_size=2, reduce="avg", shard_model=shard, **size)
+        ledger = capstone.run(
+            tp_size=2,
+            reduce="avg",
+            shard_model=shard,
+            num_samples=size["num_samples"],
+            batch_size=size["batch_size"],
+            epochs=size["epochs"],
+        )
     except Exception as exc:  # noqa: BLE001 - reported as the verdict; every rank fails alike
         where = entered[-1] if entered else None
         return "raised", where, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"

@@ -25,10 +25,10 @@
 # says which one.
 
 # %% [markdown]
-# On Colab, or any Jupyter where ezpz_nb is not installed, the next cell installs it from the
-# project's repository first (it takes a minute). Where ezpz_nb is installed it does nothing.
+# The next cell is folded: it installs ezpz_nb on Colab, or any Jupyter where it is missing
+# (it takes a minute). Here ezpz_nb is installed, so it does nothing: run it and move on.
 
-# %%
+# %% jupyter={"source_hidden": true}
 import importlib.util
 import subprocess
 import sys

@@ -88,7 +88,7 @@ print(padded.summary())
 # </details>
 #
 # In the heatmap each row is a rank, each column a step, each cell the sample id; the repeats
-# are marked.
+# are framed in vermillion.
 
 # %%
 for r in padded.ranks():

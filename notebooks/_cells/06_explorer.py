@@ -67,10 +67,10 @@ print(ledger.summary())
 assert [p.kind for p in ledger.check()] == ["dp_duplicate", "dp_duplicate"]
 
 # %% [markdown]
-# The heatmap has one row per rank and one column per sample of each batch; the two epochs
-# sit side by side. Rows inside a TP group (between the white lines) are identical, the two
-# groups differ, and the boxed cell in each epoch is the padding: a sample the other replica
-# already had. `set_epoch` reshuffled the second epoch.
+# The heatmap has one row per rank and one column per sample of each batch; each epoch is a
+# panel, the second below the first. Rows inside a TP group (between the white lines) are
+# identical, the two groups differ, and the cell framed in vermillion in each epoch is the
+# padding: a sample the other replica already had. `set_epoch` reshuffled the second epoch.
 
 # %%
 viz.heatmap(ledger)
@@ -100,12 +100,15 @@ explorer
 
 # %% [markdown]
 # The controls can also be set from code; `set` changes several at once and runs once.
-# Without `dp_group` the ledger finds TP peers holding different samples:
+# Without `dp_group` the ledger finds TP peers holding different samples. The cell then puts
+# the explorer back in the sound setup that "Things to try" starts from.
 
 # %%
 wrong = explorer.set(dp_group=False, broadcast=False)
 print(wrong.summary())
 assert "tp_mismatch" in {p.kind for p in wrong.check()}
+back = explorer.set(dp_group=True, broadcast=True)  # the setup "Things to try" starts from
+assert {p.kind for p in back.check()} == {"dp_duplicate"}  # only the padded sample, as above
 
 # %% [markdown]
 # ## Progress, and a rank that falls behind
@@ -176,7 +179,11 @@ fig
 
 # %%
 cluster.close()
-explorer.close()
+
+# %% [markdown]
+# The explorer above stays live for the things to try. When you are done, `explorer.close()`
+# stops its ranks for good: its controls turn grey and a change starts nothing (run its cell
+# again for a new one). Restarting the kernel stops them too.
 
 # %% [markdown]
 # ## Summary

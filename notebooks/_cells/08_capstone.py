@@ -39,6 +39,7 @@
 import math
 
 import torch
+import torch.distributed as dist
 
 import ezpz_nb as ez
 from ezpz_nb import viz
@@ -114,7 +115,6 @@ assert {k: type(v) for k, v in TP_PLAN.items()} == {
 
 # %%
 def what_each_rank_holds():
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.debug import CommDebugMode
@@ -338,6 +338,12 @@ assert check_tp_plan(my_plan, cluster=cluster).passed
 # the same twice); the ledger shows it as identical epochs.
 # </details>
 
+# %% [markdown]
+# Running them prints four red `DataLayoutWarning`s: **this warning is the point**. The
+# "no dp_group" run hands `get_random_dataset_fsdp_tp` a TP group without a DP group, and each of
+# its 4 ranks warns before a single step runs, naming the bug and the fix (`dp_group=...`). The
+# library catches this one for you; the other two bugs pass without a word.
+
 # %%
 broken = {
     "no dp_group": {"shard_over": "world"},
@@ -364,26 +370,41 @@ fig
 # %% [markdown]
 # ## The ledger's diagnosis
 #
-# The loss says *that* something is wrong; the ledger says *what*. Next to each curve, the heatmap
-# of the same run and the check's words.
+# The loss says *that* something is wrong; the ledger says *what*. For each bug, the summary
+# with the check's words, then the one figure that shows it.
+#
+# **No `dp_group`**: the heatmap of sample ids looks healthy (TP peers match, groups differ),
+# because the broadcast hides the shards of ranks 1 and 3. Coverage shows what is missing: look
+# for the white cells with a dot, samples no rank saw, half of every epoch.
 
 # %%
 no_dp = runs["no dp_group"]
 print(no_dp.summary())
 assert {p.kind for p in no_dp.check()} == {"never_seen"}
 assert len(no_dp.losses()) == len(reference) // 2  # half the samples: half the steps
-viz.heatmap(no_dp, epoch=0)
+fig = viz.coverage(no_dp)
+assert (fig.ezpz_data["replica"] == -1).sum() == SIZE["num_samples"]  # half of each of 2 epochs
+fig
+
+# %% [markdown]
+# **Rank-seeded data without the broadcast**: TP peers held the same sample *ids* (a heatmap of
+# ids would match row for row) but different *bytes*, because each rank generated its own
+# tokens. The ledger keeps a hash of each batch's bytes; `viz.digests` compares every rank's with
+# its TP leader's (tp0), step by step. Look for the vermillion cells: the tp1 rows, at every step.
 
 # %%
 seeded = runs["rank-seeded, no broadcast"]
 print(seeded.summary())
 assert {p.kind for p in seeded.check()} == {"tp_mismatch"}
-viz.heatmap(seeded, epoch=0)
+fig = viz.digests(seeded, epoch=0)
+assert fig.ezpz_data["steps_mismatched"] == len(fig.ezpz_data["columns"])  # every step
+fig
 
 # %% [markdown]
-# Without `set_epoch` the check finds nothing wrong: every sample is seen once per epoch. The
-# heatmap's two epoch panels are identical, and the curve leaves the reference exactly where the
-# second epoch starts (step 4): before that, the two runs saw the same batches.
+# **No `set_epoch`**: the check finds nothing wrong: every sample is seen once per epoch. The
+# heatmap shows it: its two epoch panels, one above the other, are identical cell for cell, and
+# the curve leaves the reference exactly where the second epoch starts (step 4): before that,
+# the two runs saw the same batches.
 
 # %%
 same = runs["no set_epoch"]

@@ -297,7 +297,7 @@ viz.heatmap(stale)
 
 # %% [markdown]
 # The ledger's checks pass for both: no epoch repeats or misses a sample. A stale order is only
-# visible side by side: the heatmap's two panels are identical, as in notebook 02 without
+# visible across epochs: the heatmap's two epoch panels are identical, as in notebook 02 without
 # `set_epoch`.
 #
 # %% [markdown]
