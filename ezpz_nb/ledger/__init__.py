@@ -50,17 +50,19 @@ twice, as when every DataLoader worker yields the same stream (notebook 10).
 from __future__ import annotations
 
 from ezpz_nb.ledger.book import Ledger
-from ezpz_nb.ledger.checks import Problem
+from ezpz_nb.ledger.checks import Allowance, Problem, check_records
 from ezpz_nb.ledger.recording import RecordingLoader, record, tag_worker
 from ezpz_nb.ledger.records import FORMAT_VERSION, StepRecord, batch_digest
 
 __all__ = [
     "FORMAT_VERSION",
+    "Allowance",
     "Ledger",
     "Problem",
     "RecordingLoader",
     "StepRecord",
     "batch_digest",
+    "check_records",
     "record",
     "tag_worker",
 ]
