@@ -1,0 +1,368 @@
+"""What runs inside each rank: build the user's loader, iterate it, observe every batch.
+
+The rank makes no collective call of its own while it iterates, so a loader that
+would leave ranks with different step counts is *measured* (its ranks simply stop
+at different steps) instead of hanging the check. Every failure of the user's code
+is caught and returned (and published, so it survives another rank's hang) as an
+:class:`Outcome` naming its phase.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ezpz_nb.data.groups import Layout
+from ezpz_nb.ledger import Allowance, StepRecord
+
+__all__ = ["KEYS", "Grid", "Outcome", "observe_batch", "run_rank"]
+
+#: What ``key=`` accepts besides a field name: ``"auto"`` looks for ``index``
+#: then ``__key__``; ``"digest"`` tells samples apart by the bytes they hold.
+KEYS = ("auto", "digest")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A ``dp x cp x tp`` layout (TP innermost, then CP, DP outermost)."""
+
+    dp: int
+    tp: int = 1
+    cp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the layout needs."""
+        return self.dp * self.cp * self.tp
+
+    def __str__(self) -> str:
+        return f"dp={self.dp},tp={self.tp}" + (f",cp={self.cp}" if self.cp > 1 else "")
+
+
+@dataclass
+class Outcome:
+    """What one rank observed, or how the user's code failed there."""
+
+    rank: int
+    records: list[StepRecord] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)
+    structure: str = ""
+    num_samples: int | None = None
+    allowance: Allowance | None = None
+    shuffles: bool = False  # the loader's sampler says it shuffles
+    phase: str = "done"  # "factory", "iterate", "structure", "timeout" or "done"
+    error: str = ""
+    loader_s: float = 0.0  # time spent inside the loader's __next__
+    observe_s: float = 0.0  # time spent observing batches
+    state: Any = None  # the loader's state_dict() where a resume check asked for it
+
+
+class _Ready:
+    """Published once a rank's factory returned: a later hang is the loader's, not the factory's."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+
+class KeyError_(Exception):
+    """A batch without a way to tell its samples apart (turned into a VerifyError)."""
+
+
+# ------------------------------------------------------------------ observing a batch
+def _leaf_bytes(x: Any) -> bytes:
+    if hasattr(x, "detach") and hasattr(x, "numpy"):  # a torch tensor
+        t = x.detach().cpu().contiguous().reshape(-1)
+        return bytes(t.view(-1).numpy().view("uint8").data) if t.numel() else b""
+    if hasattr(x, "tobytes"):  # numpy array or scalar
+        return bytes(x.tobytes())
+    if isinstance(x, bytes):
+        return x
+    return repr(x).encode()
+
+
+def _is_node(x: Any) -> bool:
+    # A list of tensors or dicts is structure ((x, y) batches); a list of
+    # strings or numbers is one column (a HF batch's text, a list of keys).
+    return isinstance(x, (dict, list, tuple)) or hasattr(x, "shape")
+
+
+def _leaves(batch: Any) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+
+    def walk(obj: Any, path: str) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{path}/{k}")
+        elif isinstance(obj, (list, tuple)) and obj and _is_node(obj[0]):
+            for i, v in enumerate(obj):
+                walk(v, f"{path}/{i}")
+        else:
+            out.append((path, obj))
+
+    walk(batch, "")
+    return out
+
+
+def _structure(batch: Any) -> str:
+    """Keys and leaf types, not sizes (the last batch may be smaller)."""
+    parts = []
+    for path, leaf in _leaves(batch):
+        kind = type(leaf).__name__
+        dtype = getattr(leaf, "dtype", None)
+        parts.append(f"{path or '.'}:{kind}{f'[{dtype}]' if dtype is not None else ''}")
+    return " ".join(parts)
+
+
+def _find(batch: Any, name: str) -> Any:
+    if isinstance(batch, dict):
+        if name in batch:
+            return batch[name]
+        values: Iterable[Any] = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        values = batch
+    else:
+        return None
+    for v in values:
+        found = _find(v, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _as_list(values: Any) -> list[Any]:
+    if hasattr(values, "tolist"):
+        out = values.tolist()
+        return out if isinstance(out, list) else [out]
+    if isinstance(values, (list, tuple)):
+        return list(values)
+    return [values]
+
+
+def _hash_id(text: str) -> int:
+    # 62 bits: an int every JSON reader keeps exact enough, collisions negligible.
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 2
+
+
+def _samples_by_digest(batch: Any) -> list[str]:
+    leaves = _leaves(batch)
+    sized = [v for _, v in leaves if hasattr(v, "__len__") and not isinstance(v, (str, bytes))]
+    if not sized:
+        return [hashlib.blake2b(b"".join(_leaf_bytes(v) for _, v in leaves)).hexdigest()[:16]]
+    n = len(sized[0])
+    out = []
+    for i in range(n):
+        h = hashlib.blake2b(digest_size=8)
+        for v in sized:
+            h.update(_leaf_bytes(v[i]))
+        out.append(h.hexdigest())
+    return out
+
+
+def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str, list[int]]:
+    """Sample ids, their names (for hashed keys), the batch's digest and worker ids.
+
+    Args:
+        batch: One batch as the loader yields it.
+        key: ``"auto"``, ``"digest"`` or the name of a field holding sample ids/keys.
+
+    Raises:
+        KeyError_: The batch has no such field (``"auto"``: neither ``index`` nor ``__key__``).
+    """
+    names: dict[int, str] = {}
+    if key == "digest":
+        values: list[Any] = _samples_by_digest(batch)
+    else:
+        found = None
+        for name in ("index", "__key__") if key == "auto" else (key,):
+            found = _find(batch, name)
+            if found is not None:
+                break
+        if found is None:
+            want = "an 'index' or '__key__' field" if key == "auto" else f"a {key!r} field"
+            raise KeyError_(
+                f"the batch has no {want} to tell its samples apart (its structure: "
+                f"{_structure(batch)}). Add the sample's index to each sample "
+                "({'input_ids': ..., 'index': i}), name the field that identifies a sample "
+                "(key='id'), or pass key='digest' to identify samples by their bytes."
+            )
+        values = _as_list(found)
+    ids = []
+    for v in values:
+        if isinstance(v, (int, bool)) or (hasattr(v, "__index__") and not isinstance(v, str)):
+            ids.append(int(v))
+        else:
+            text = v.decode() if isinstance(v, bytes) else str(v)
+            i = _hash_id(text)
+            names[i] = text
+            ids.append(i)
+    h = hashlib.blake2b(digest_size=16)
+    for _, leaf in _leaves(batch):
+        h.update(_leaf_bytes(leaf))
+    workers = _find(batch, "worker_id")
+    return (
+        ids,
+        names,
+        h.hexdigest(),
+        [int(w) for w in _as_list(workers)] if workers is not None else [],
+    )
+
+
+# ------------------------------------------------------------------ the rank's job
+def rank_layout(grid: Grid) -> Layout:
+    """This rank's :class:`Layout` in ``grid``, with DP and TP groups (CP peers share no group)."""
+    import torch.distributed as dist
+
+    from ezpz_nb.data.groups import make_layout
+
+    if grid.cp == 1:
+        return make_layout(tp_size=grid.tp)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tp_rank, cp_rank, dp_rank = (
+        rank % grid.tp,
+        (rank // grid.tp) % grid.cp,
+        rank // (grid.tp * grid.cp),
+    )
+    tp_group = dp_group = None
+    # new_group is collective over the world: every rank makes every group, in order.
+    for start in range(0, world, grid.tp):
+        g = dist.new_group(list(range(start, start + grid.tp)))
+        if start <= rank < start + grid.tp:
+            tp_group = g
+    inner = grid.tp * grid.cp
+    for offset in range(inner):
+        members = list(range(offset, world, inner))
+        g = dist.new_group(members)
+        if rank in members:
+            dp_group = g
+    return Layout(
+        rank, world, dp_rank, grid.dp, tp_rank, grid.tp, dp_group, tp_group, cp_rank, grid.cp
+    )
+
+
+def _allowance(loader: Any) -> Allowance:
+    sampler = getattr(loader, "sampler", None)
+    sampler_drop = getattr(sampler, "drop_last", None) if hasattr(sampler, "num_replicas") else None
+    return Allowance(
+        sampler_drop_last=sampler_drop,
+        loader_drop_last=getattr(loader, "drop_last", None),
+        batch_size=getattr(loader, "batch_size", None),
+    )
+
+
+def _num_samples(loader: Any) -> int | None:
+    ds = getattr(loader, "dataset", None)
+    while hasattr(ds, "indices") and hasattr(ds, "dataset"):  # Subset: the whole dataset counts
+        ds = ds.dataset
+    try:
+        return len(ds)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _publish(item: Any) -> None:
+    from ezpz_nb.events import publish
+
+    publish(item)
+
+
+def _fail(out: Outcome, phase: str, error: str) -> Outcome:
+    out.phase, out.error = phase, error
+    _publish(out)  # another rank may hang: the notebook still learns this one failed
+    return out
+
+
+def run_rank(
+    make_loader: Callable[[Layout], Any],
+    grid: Grid,
+    epochs: int,
+    key: str,
+    budget_s: float,
+    *,
+    start_epoch: int = 0,
+    stop: tuple[int, int] | None = None,
+    state: Any = None,
+    publish_steps: bool = True,
+) -> Outcome:
+    """Build, iterate and observe the loader on this rank (run by the launcher).
+
+    Args:
+        make_loader: The user's factory, called with this rank's layout.
+        grid: The layout to build.
+        epochs: Epochs to run, counted from ``start_epoch``.
+        key: See :func:`observe_batch`.
+        budget_s: Stop iterating (phase ``"timeout"``) after this many seconds.
+        start_epoch: The first epoch's label (a resumed run starts mid-way).
+        stop: ``(epoch, steps)``: take ``loader.state_dict()`` after ``steps``
+            steps of ``epoch`` and stop there (a resume check).
+        state: A ``state_dict`` to load into the new loader before iterating.
+        publish_steps: Publish each record live (survives a hang).
+    """
+    deadline = time.monotonic() + budget_s
+    layout = rank_layout(grid)
+    out = Outcome(rank=layout.rank)
+    try:
+        loader = make_loader(layout)
+    except BaseException:  # the user's code: any failure is reported, never raised here
+        return _fail(out, "factory", traceback.format_exc())
+    if not hasattr(loader, "__iter__"):
+        return _fail(
+            out,
+            "factory",
+            f"make_loader returned {type(loader).__name__!s}, which is not iterable: return "
+            "the DataLoader (or any iterable of batches), not a batch or a dataset's length",
+        )
+    _publish(_Ready(layout.rank))
+    out.allowance, out.num_samples = _allowance(loader), _num_samples(loader)
+    sampler = getattr(loader, "sampler", None)
+    out.shuffles = (
+        bool(getattr(sampler, "shuffle", False)) or type(sampler).__name__ == "RandomSampler"
+    )
+    from ezpz_nb.data.distributed import forward_set_epoch
+
+    try:
+        for epoch in range(start_epoch, start_epoch + epochs):
+            forward_set_epoch(loader, epoch)
+            if state is not None and epoch == start_epoch:
+                loader.load_state_dict(state)
+            it = iter(loader)
+            step = 0
+            while True:
+                if stop is not None and (epoch, step) == stop:
+                    out.state = loader.state_dict()
+                    return out
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                t1 = time.perf_counter()
+                ids, names, digest, workers = observe_batch(batch, key)
+                if not out.structure:
+                    out.structure = _structure(batch)
+                rec = StepRecord(
+                    epoch, step, layout.rank, layout.dp_rank, layout.dp_size, layout.tp_rank,
+                    layout.tp_size, tuple(ids), "loaded", digest, tuple(workers),
+                    layout.cp_rank, layout.cp_size,
+                )  # fmt: skip
+                out.records.append(rec)
+                out.names.update(names)
+                if publish_steps:
+                    _publish(rec)
+                out.observe_s += time.perf_counter() - t1
+                out.loader_s += t1 - t0
+                step += 1
+                if time.monotonic() > deadline:
+                    out.phase = "timeout"
+                    return out
+            if stop is not None and stop == (epoch + 1, 0):
+                out.state = loader.state_dict()
+                return out
+    except KeyError_ as exc:
+        return _fail(out, "key", str(exc))
+    except BaseException:
+        return _fail(out, "iterate", traceback.format_exc())
+    return out
