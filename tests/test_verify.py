@@ -6,7 +6,9 @@ The factories are in ``_verify_loaders.py`` (shared with the torchrun script).
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+from pathlib import Path
 
 import _verify_loaders as L
 import pytest
@@ -217,3 +219,32 @@ def test_report_round_trips_through_json_and_raises_for_violations():
         report.raise_for_violations()
     assert isinstance(info.value, AssertionError) and "dp_duplicate" in str(info.value)
     assert parse_layout({"dp": 2, "cp": 2}).world_size == 4
+
+
+@pytest.mark.parametrize(
+    ("factory", "verdict"),
+    [("right", "pass"), ("world_sharded", "fail"), ("raises_on_rank1", "rank 1")],
+)
+def test_under_torchrun_it_runs_in_place(tmp_path, factory, verdict):
+    """torchrun --nproc_per_node=4: the same factories, the same verdicts, no ranks started.
+
+    Guards: a check that only works from a notebook (starting its own ranks
+    inside torchrun's, or hanging in the gather when one rank's factory raises).
+    """
+    from test_torchrun import torchrun_cmd
+
+    out = tmp_path / "report.json"
+    script = str(Path(__file__).parent / "_verify_torchrun.py")
+    cmd, env = torchrun_cmd(4, script, factory, "dp=2,tp=2", str(out))
+    proc = subprocess.run(
+        cmd, env=dict(env, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=150
+    )
+    assert out.exists(), proc.stderr[-3000:]
+    text = out.read_text()
+    if verdict == "rank 1":
+        assert text.startswith("VerifyError: rank 1: make_loader raised"), text
+    else:
+        report = Report.from_json(text)
+        assert report.verdict == verdict, report.table()
+        per_rank = 4 if factory == "right" else 2  # 24 samples over 2 replicas, or over 4
+        assert report.steps == {r: [per_rank] * 2 for r in range(4)}
