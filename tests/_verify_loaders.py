@@ -229,3 +229,48 @@ def hangs_on_rank1(layout: Any) -> DataLoader:
 
 def no_ids(layout: Any) -> DataLoader:
     return tuples(layout)
+
+
+# ------------------------------------------------------------------ resumable loaders
+def stateful(layout: Any, num_workers: int = 0) -> Any:
+    """torchdata's StatefulDataLoader over a DistributedSampler: it fast-forwards on load."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    ds = Squares()
+    s = _sampler(layout, ds, shuffle=True)
+    return StatefulDataLoader(ds, batch_size=3, sampler=s, num_workers=num_workers)
+
+
+def stateful_sampler(layout: Any) -> Any:
+    """StatefulDataLoader with torchdata's StatefulDistributedSampler."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+    ds = Squares()
+    s = StatefulDistributedSampler(
+        ds, num_replicas=layout.dp_size, rank=layout.dp_rank, shuffle=True, seed=3
+    )
+    return StatefulDataLoader(ds, batch_size=3, sampler=s)
+
+
+class Forgetful:
+    """Has state_dict/load_state_dict, but its state says nothing: every resume restarts."""
+
+    def __init__(self, layout: Any) -> None:
+        self.loader = right(layout)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def forgetful(layout: Any) -> Forgetful:
+    return Forgetful(layout)

@@ -24,14 +24,17 @@ from __future__ import annotations
 from ezpz_nb.verify.contract import check_contract, parse_layout
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.report import RULES, ContractViolation, Finding, Report, VerifyError
+from ezpz_nb.verify.resume import SCENARIOS, check_resume
 
 __all__ = [
     "RULES",
+    "SCENARIOS",
     "ContractViolation",
     "Finding",
     "Grid",
     "Report",
     "VerifyError",
     "check_contract",
+    "check_resume",
     "parse_layout",
 ]

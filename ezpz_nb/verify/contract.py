@@ -281,7 +281,7 @@ def judge(
     }
     return Report(
         what, {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp}, epochs, key, findings, steps,
-        seconds, ledger,
+        seconds, ledger=ledger,
     )  # fmt: skip
 
 

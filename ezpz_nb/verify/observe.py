@@ -254,11 +254,11 @@ def _allowance(loader: Any) -> Allowance:
 
 
 def _num_samples(loader: Any) -> int | None:
-    ds = getattr(loader, "dataset", None)
+    ds: Any = getattr(loader, "dataset", None)
     while hasattr(ds, "indices") and hasattr(ds, "dataset"):  # Subset: the whole dataset counts
         ds = ds.dataset
     try:
-        return len(ds)  # type: ignore[arg-type]
+        return len(ds)
     except TypeError:
         return None
 
@@ -284,7 +284,8 @@ def run_rank(
     *,
     start_epoch: int = 0,
     stop: tuple[int, int] | None = None,
-    state: Any = None,
+    states: list[Any] | None = None,
+    options: dict[str, Any] | None = None,
     publish_steps: bool = True,
 ) -> Outcome:
     """Build, iterate and observe the loader on this rank (run by the launcher).
@@ -298,14 +299,16 @@ def run_rank(
         start_epoch: The first epoch's label (a resumed run starts mid-way).
         stop: ``(epoch, steps)``: take ``loader.state_dict()`` after ``steps``
             steps of ``epoch`` and stop there (a resume check).
-        state: A ``state_dict`` to load into the new loader before iterating.
+        states: One ``state_dict`` per rank, to load into this rank's new loader
+            (after ``set_epoch``) before iterating.
+        options: Keyword arguments for ``make_loader`` (e.g. ``num_workers``).
         publish_steps: Publish each record live (survives a hang).
     """
     deadline = time.monotonic() + budget_s
     layout = rank_layout(grid)
     out = Outcome(rank=layout.rank)
     try:
-        loader = make_loader(layout)
+        loader = make_loader(layout, **(options or {}))
     except BaseException:  # the user's code: any failure is reported, never raised here
         return _fail(out, "factory", traceback.format_exc())
     if not hasattr(loader, "__iter__"):
@@ -326,8 +329,8 @@ def run_rank(
     try:
         for epoch in range(start_epoch, start_epoch + epochs):
             forward_set_epoch(loader, epoch)
-            if state is not None and epoch == start_epoch:
-                loader.load_state_dict(state)
+            if states is not None and epoch == start_epoch:
+                loader.load_state_dict(states[layout.rank])
             it = iter(loader)
             step = 0
             while True:

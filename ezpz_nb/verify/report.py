@@ -18,7 +18,7 @@ RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "equal_steps": ("every rank takes as many steps", ("step_mismatch", "hang", "timeout")),
     "global_batch": ("the global batch keeps its size", ("batch_size",)),
     "reshuffle": ("the order changes between epochs", ("order_unchanged",)),
-    "resume": ("a resumed run matches the straight one", ("divergence",)),
+    "resume": ("a resumed run matches the straight one", ("divergence", "resume_error")),
 }
 
 
@@ -107,6 +107,7 @@ class Report:
         steps: ``{rank: [steps in epoch 0, epoch 1, ...]}``.
         seconds: ``{"wall": ..., "loader": ..., "observe": ...}``: the check's own
             wall time and, summed over ranks, time inside the loader and time observing.
+        scenarios: The stops a resume check tried (empty for a contract check).
         ledger: The records behind the verdict (not serialised).
     """
 
@@ -117,6 +118,7 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     steps: dict[int, list[int]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    scenarios: list[str] = field(default_factory=list)
     ledger: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -139,7 +141,7 @@ class Report:
         out = {}
         for rule in RULES:
             found = [f for f in self.findings if f.rule == rule]
-            if rule == "resume" and not found and "resume" not in self.seconds:
+            if rule == "resume" and not self.scenarios:
                 continue
             out[rule] = (
                 "fail" if any(f.violation for f in found) else "expected" if found else "pass"
