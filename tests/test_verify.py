@@ -248,3 +248,35 @@ def test_under_torchrun_it_runs_in_place(tmp_path, factory, verdict):
         assert report.verdict == verdict, report.table()
         per_rank = 4 if factory == "right" else 2  # 24 samples over 2 replicas, or over 4
         assert report.steps == {r: [per_rank] * 2 for r in range(4)}
+
+
+def test_mesh_figure_colours_each_rank_by_its_first_broken_rule():
+    """Rank 1 broke dp_disjoint, rank 3 tp_identical, the others nothing: three colours.
+
+    Guards: a figure that colours the whole mesh for one rank's fault, or leaves a
+    rule that no single rank broke (samples never seen) unsaid.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.colors import to_hex
+    from matplotlib.patches import Rectangle
+
+    from ezpz_nb.verify import Finding
+    from ezpz_nb.verify.figure import RULE_COLORS
+
+    report = Report(
+        "hand-made", {"dp": 2, "tp": 2, "cp": 1}, 1, "index",
+        [
+            Finding("dp_disjoint", "dp_duplicate", 0, "x", rank=1, step=0, ranks=[1]),
+            Finding("tp_identical", "tp_mismatch", 0, "y", rank=3, step=2, ranks=[3]),
+            Finding("exactly_once", "never_seen", 0, "z", sample="7"),
+        ],
+    )  # fmt: skip
+    fig = report.figure()
+    cells = [p for p in fig.axes[0].patches if isinstance(p, Rectangle)]
+    colours = [to_hex(c.get_facecolor()) for c in cells]
+    assert colours[1] == RULE_COLORS["dp_disjoint"].lower()
+    assert colours[3] == RULE_COLORS["tp_identical"].lower()
+    assert colours[0] == colours[2] != colours[1]
+    assert "exactly_once" in fig.axes[0].get_title()

@@ -204,6 +204,7 @@ def findings_from(
                 step,
                 None if sample is None else names.get(sample, str(sample)),
                 worker,
+                ranks=list(p.ranks),
             )  # fmt: skip
         )
     return out

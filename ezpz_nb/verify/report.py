@@ -46,7 +46,7 @@ class ContractViolation(EzpzError, AssertionError):
         super().__init__(report.table())
 
 
-@dataclass(frozen=True)
+@dataclass
 class Finding:
     """One rule broken (or bent for a stated reason) in one epoch.
 
@@ -61,6 +61,7 @@ class Finding:
         sample: The first offending sample (its index, ``__key__`` or digest).
         worker: The DataLoader worker that produced it, when known.
         hint: A likely cause, when one is known.
+        ranks: Every rank involved (the figure colours them).
     """
 
     rule: str
@@ -73,6 +74,7 @@ class Finding:
     sample: str | None = None
     worker: int | None = None
     hint: str = ""
+    ranks: list[int] = field(default_factory=list)
 
     @property
     def violation(self) -> bool:
