@@ -132,7 +132,8 @@ def _why_never_seen(missing: int, recs: list[StepRecord]) -> str:
     if missing <= droppable:
         return (
             "drop_last=True drops the samples that do not divide evenly over the DP "
-            "replicas and the last partial batch (or the epoch was cut short)."
+            "replicas and the last partial batch (or the epoch was cut short, or the "
+            "loader skipped them)."
         )
     return (
         f"That is more than drop_last can drop (at most {droppable} with {dp_size} DP "

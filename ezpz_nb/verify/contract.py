@@ -115,6 +115,7 @@ def run_ranks(
     *,
     timeout: float,
     start_method: str | None = None,
+    cluster: Any = None,
     **job: Any,
 ) -> Ranks:
     """Run :func:`~ezpz_nb.verify.observe.run_rank` on ``grid``'s ranks (or in place under torchrun).
@@ -135,12 +136,23 @@ def run_ranks(
                 f"layout {grid} needs {grid.world_size} ranks but torchrun started "
                 f"{os.environ['WORLD_SIZE']}: match --nproc_per_node to the layout"
             )
+    if cluster is not None and cluster.world_size != grid.world_size:
+        raise VerifyError(
+            f"layout {grid} needs {grid.world_size} ranks but the cluster has "
+            f"{cluster.world_size}: pass a Cluster(world_size={grid.world_size}) or none"
+        )
     args = (make_loader, grid, job.pop("epochs"), job.pop("key"), timeout * _BUDGET_SHARE)
+    saved = cluster.timeout if cluster is not None else None
     try:
-        outcomes = launch(
-            run_rank, *args, world_size=grid.world_size, timeout=timeout,
-            start_method=start_method, **job,
-        )  # fmt: skip
+        if cluster is not None:
+            # Ranks kept between checks: imports (datasets...) are paid once per rank.
+            cluster.timeout = timeout
+            outcomes = cluster.run(run_rank, *args, **job)
+        else:
+            outcomes = launch(
+                run_rank, *args, world_size=grid.world_size, timeout=timeout,
+                start_method=start_method, **job,
+            )  # fmt: skip
     except HangError as exc:
         published = [e.item for e in exc.events]
         _raise_failures(x for x in published if isinstance(x, Outcome))
@@ -167,6 +179,9 @@ def run_ranks(
             f"(no Python exception to report):\n{exc}",
             rank=exc.ranks[0] if exc.ranks else None,
         ) from exc
+    finally:
+        if cluster is not None:
+            cluster.timeout = saved
     _raise_failures(outcomes)
     _check_structures(outcomes)
     return Ranks(list(outcomes))
@@ -296,6 +311,7 @@ def check_contract(
     shuffle: bool | None = None,
     timeout: float = 60.0,
     start_method: str | None = None,
+    cluster: Any = None,
 ) -> Report:
     """Run ``make_loader`` on real ranks and check the distributed data contract.
 
@@ -328,6 +344,9 @@ def check_contract(
         timeout: Seconds for the whole run; a loader still running at 3/4 of
             it is reported as endless, a hung one is stopped and reported.
         start_method: The launcher's start method (see :func:`ezpz_nb.launch`).
+        cluster: Run on this :class:`ezpz_nb.Cluster` (its world size must
+            match the layout) instead of fresh ranks: several checks then pay
+            the ranks' imports once. Its ranks are stopped if the loader hangs.
 
     Returns:
         A :class:`~ezpz_nb.verify.Report` (``.ok``, ``.table()``, ``.to_json()``).
@@ -341,7 +360,13 @@ def check_contract(
     check_args(make_loader, grid, epochs, key, timeout)
     t0 = time.perf_counter()
     ranks = run_ranks(
-        make_loader, grid, timeout=timeout, start_method=start_method, epochs=epochs, key=key
+        make_loader,
+        grid,
+        timeout=timeout,
+        start_method=start_method,
+        cluster=cluster,
+        epochs=epochs,
+        key=key,
     )
     name = getattr(make_loader, "__qualname__", type(make_loader).__name__)
     return judge(

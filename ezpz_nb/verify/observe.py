@@ -243,6 +243,25 @@ def rank_layout(grid: Grid) -> Layout:
     )
 
 
+def _unwrap(loader: Any) -> Any:
+    """The DataLoader inside common wrappers (``.loader``, ``.dataloader``...), for its settings."""
+    for _ in range(4):
+        if hasattr(loader, "sampler") or hasattr(loader, "dataset"):
+            return loader
+        inner = next(
+            (
+                getattr(loader, a)
+                for a in ("loader", "dataloader", "inner", "_loader")
+                if hasattr(loader, a)
+            ),
+            None,
+        )
+        if inner is None:
+            return loader
+        loader = inner
+    return loader
+
+
 def _allowance(loader: Any) -> Allowance:
     sampler = getattr(loader, "sampler", None)
     sampler_drop = getattr(sampler, "drop_last", None) if hasattr(sampler, "num_replicas") else None
@@ -319,8 +338,9 @@ def run_rank(
             "the DataLoader (or any iterable of batches), not a batch or a dataset's length",
         )
     _publish(_Ready(layout.rank))
-    out.allowance, out.num_samples = _allowance(loader), _num_samples(loader)
-    sampler = getattr(loader, "sampler", None)
+    inner = _unwrap(loader)
+    out.allowance, out.num_samples = _allowance(inner), _num_samples(inner)
+    sampler = getattr(inner, "sampler", None)
     out.shuffles = (
         bool(getattr(sampler, "shuffle", False)) or type(sampler).__name__ == "RandomSampler"
     )
