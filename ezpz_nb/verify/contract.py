@@ -169,8 +169,9 @@ def run_ranks(
             ) from exc
         records: dict[int, list[StepRecord]] = {}
         for x in published:
-            if isinstance(x, StepRecord):
-                records.setdefault(x.rank, []).append(x)
+            for rec in x if isinstance(x, list) else [x]:
+                if isinstance(rec, StepRecord):
+                    records.setdefault(rec.rank, []).append(rec)
         partial = [Outcome(rank=r, records=records.get(r, [])) for r in range(grid.world_size)]
         return Ranks(partial, hung=stuck)
     except RankError as exc:
@@ -265,7 +266,8 @@ def judge(
                 "equal_steps",
                 "hang",
                 max((r.epoch for r in records), default=0),
-                f"The loader itself hung (a collective inside it never completed): {where}. "
+                f"The loader itself hung (a collective inside it never completed) after at "
+                f"least {len([r for r in records if r.rank == rank])} steps: {where}. "
                 "Its ranks disagree on how many batches there are, or one rank stopped "
                 "early.",
                 rank=rank,
