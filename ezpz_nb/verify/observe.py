@@ -9,21 +9,18 @@ is caught and returned (and published, so it survives another rank's hang) as an
 
 from __future__ import annotations
 
-import hashlib
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ezpz_nb.data.groups import Layout
 from ezpz_nb.ledger import Allowance, StepRecord
+from ezpz_nb.verify.batches import NoSampleIds, observe_batch, structure
 
-__all__ = ["KEYS", "Grid", "Outcome", "observe_batch", "run_rank"]
+__all__ = ["Grid", "Outcome", "rank_layout", "run_rank"]
 
-#: What ``key=`` accepts besides a field name: ``"auto"`` looks for ``index``
-#: then ``__key__``; ``"digest"`` tells samples apart by the bytes they hold.
-KEYS = ("auto", "digest")
 # Seconds between two publications of a rank's new records (see run_rank).
 _PUBLISH_S = 0.2
 
@@ -63,154 +60,11 @@ class Outcome:
     state: Any = None  # the loader's state_dict() where a resume check asked for it
 
 
-class _Ready:
+class Ready:
     """Published once a rank's factory returned: a later hang is the loader's, not the factory's."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-
-
-class KeyError_(Exception):
-    """A batch without a way to tell its samples apart (turned into a VerifyError)."""
-
-
-# ------------------------------------------------------------------ observing a batch
-def _leaf_bytes(x: Any) -> bytes:
-    if hasattr(x, "detach") and hasattr(x, "numpy"):  # a torch tensor
-        t = x.detach().cpu().contiguous().reshape(-1)
-        return bytes(t.view(-1).numpy().view("uint8").data) if t.numel() else b""
-    if hasattr(x, "tobytes"):  # numpy array or scalar
-        return bytes(x.tobytes())
-    if isinstance(x, bytes):
-        return x
-    return repr(x).encode()
-
-
-def _is_node(x: Any) -> bool:
-    # A list of tensors or dicts is structure ((x, y) batches); a list of
-    # strings or numbers is one column (a HF batch's text, a list of keys).
-    return isinstance(x, (dict, list, tuple)) or hasattr(x, "shape")
-
-
-def _leaves(batch: Any) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-
-    def walk(obj: Any, path: str) -> None:
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(v, f"{path}/{k}")
-        elif isinstance(obj, (list, tuple)) and obj and _is_node(obj[0]):
-            for i, v in enumerate(obj):
-                walk(v, f"{path}/{i}")
-        else:
-            out.append((path, obj))
-
-    walk(batch, "")
-    return out
-
-
-def _structure(batch: Any) -> str:
-    """Keys and leaf types, not sizes (the last batch may be smaller)."""
-    parts = []
-    for path, leaf in _leaves(batch):
-        kind = type(leaf).__name__
-        dtype = getattr(leaf, "dtype", None)
-        parts.append(f"{path or '.'}:{kind}{f'[{dtype}]' if dtype is not None else ''}")
-    return " ".join(parts)
-
-
-def _find(batch: Any, name: str) -> Any:
-    if isinstance(batch, dict):
-        if name in batch:
-            return batch[name]
-        values: Iterable[Any] = batch.values()
-    elif isinstance(batch, (list, tuple)):
-        values = batch
-    else:
-        return None
-    for v in values:
-        found = _find(v, name)
-        if found is not None:
-            return found
-    return None
-
-
-def _as_list(values: Any) -> list[Any]:
-    if hasattr(values, "tolist"):
-        out = values.tolist()
-        return out if isinstance(out, list) else [out]
-    if isinstance(values, (list, tuple)):
-        return list(values)
-    return [values]
-
-
-def _hash_id(text: str) -> int:
-    # 62 bits: an int every JSON reader keeps exact enough, collisions negligible.
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 2
-
-
-def _samples_by_digest(batch: Any) -> list[str]:
-    leaves = _leaves(batch)
-    sized = [v for _, v in leaves if hasattr(v, "__len__") and not isinstance(v, (str, bytes))]
-    if not sized:
-        return [hashlib.blake2b(b"".join(_leaf_bytes(v) for _, v in leaves)).hexdigest()[:16]]
-    n = len(sized[0])
-    out = []
-    for i in range(n):
-        h = hashlib.blake2b(digest_size=8)
-        for v in sized:
-            h.update(_leaf_bytes(v[i]))
-        out.append(h.hexdigest())
-    return out
-
-
-def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str, list[int]]:
-    """Sample ids, their names (for hashed keys), the batch's digest and worker ids.
-
-    Args:
-        batch: One batch as the loader yields it.
-        key: ``"auto"``, ``"digest"`` or the name of a field holding sample ids/keys.
-
-    Raises:
-        KeyError_: The batch has no such field (``"auto"``: neither ``index`` nor ``__key__``).
-    """
-    names: dict[int, str] = {}
-    if key == "digest":
-        values: list[Any] = _samples_by_digest(batch)
-    else:
-        found = None
-        for name in ("index", "__key__") if key == "auto" else (key,):
-            found = _find(batch, name)
-            if found is not None:
-                break
-        if found is None:
-            want = "an 'index' or '__key__' field" if key == "auto" else f"a {key!r} field"
-            raise KeyError_(
-                f"the batch has no {want} to tell its samples apart (its structure: "
-                f"{_structure(batch)}). Add the sample's index to each sample "
-                "({'input_ids': ..., 'index': i}), name the field that identifies a sample "
-                "(key='id'), or pass key='digest' to identify samples by their bytes."
-            )
-        values = _as_list(found)
-    ids = []
-    for v in values:
-        if isinstance(v, (int, bool)) or (hasattr(v, "__index__") and not isinstance(v, str)):
-            ids.append(int(v))
-        else:
-            text = v.decode() if isinstance(v, bytes) else str(v)
-            i = _hash_id(text)
-            names[i] = text
-            ids.append(i)
-    h = hashlib.blake2b(digest_size=16)
-    for _, leaf in _leaves(batch):
-        h.update(_leaf_bytes(leaf))
-    workers = _find(batch, "worker_id")
-    return (
-        ids,
-        names,
-        h.hexdigest(),
-        [int(w) for w in _as_list(workers)] if workers is not None else [],
-    )
 
 
 # ------------------------------------------------------------------ the rank's job
@@ -339,7 +193,7 @@ def run_rank(
             f"make_loader returned {type(loader).__name__!s}, which is not iterable: return "
             "the DataLoader (or any iterable of batches), not a batch or a dataset's length",
         )
-    _publish(_Ready(layout.rank))
+    _publish(Ready(layout.rank))
     inner = _unwrap(loader)
     out.allowance, out.num_samples = _allowance(inner), _num_samples(inner)
     sampler = getattr(inner, "sampler", None)
@@ -368,7 +222,7 @@ def run_rank(
                 t1 = time.perf_counter()
                 ids, names, digest, workers = observe_batch(batch, key)
                 if not out.structure:
-                    out.structure = _structure(batch)
+                    out.structure = structure(batch)
                 rec = StepRecord(
                     epoch, step, layout.rank, layout.dp_rank, layout.dp_size, layout.tp_rank,
                     layout.tp_size, tuple(ids), "loaded", digest, tuple(workers),
@@ -391,7 +245,7 @@ def run_rank(
             if stop is not None and stop == (epoch + 1, 0):
                 out.state = loader.state_dict()
                 return out
-    except KeyError_ as exc:
+    except NoSampleIds as exc:
         return _fail(out, "key", str(exc))
     except BaseException:
         return _fail(out, "iterate", traceback.format_exc())

@@ -8,15 +8,9 @@ from dataclasses import replace
 from typing import Any
 
 from ezpz_nb.ledger import Ledger, StepRecord, check_records
-from ezpz_nb.verify.contract import (
-    Ranks,
-    check_args,
-    findings_from,
-    judge,
-    parse_layout,
-    run_ranks,
-)
+from ezpz_nb.verify.contract import check_args, findings_from, judge, parse_layout
 from ezpz_nb.verify.observe import Grid
+from ezpz_nb.verify.ranks import Ranks, run_ranks
 from ezpz_nb.verify.report import Finding, Report, VerifyError
 
 __all__ = ["SCENARIOS", "check_resume"]
