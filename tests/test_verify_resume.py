@@ -6,10 +6,13 @@ The outcomes below are what torchdata 0.11 does with torch 2.13 (the versions
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import _verify_loaders as L
 import pytest
 
-from ezpz_nb.verify import SCENARIOS, VerifyError, check_resume
+from ezpz_nb.verify import SCENARIOS, Report, VerifyError, check_resume
 
 pytestmark = pytest.mark.timeout(240)
 pytest.importorskip("torchdata")
@@ -86,3 +89,23 @@ def test_bad_resume_arguments_and_stateless_loaders_are_clear_errors():
     with pytest.raises(VerifyError, match="state_dict") as info:
         check_resume(L.right, "dp=2", scenarios=["mid-epoch"])
     assert info.value.rank == 0
+
+
+@pytest.mark.parametrize(("factory", "verdict"), [("stateful", "pass"), ("forgetful", "fail")])
+def test_under_torchrun_the_parts_run_in_place(tmp_path, factory, verdict):
+    """torchrun --nproc_per_node=2: each part builds a fresh loader in the same processes.
+
+    Guards: a resume check that only works where it can start ranks of its own.
+    """
+    from test_torchrun import torchrun_cmd
+
+    out = tmp_path / "report.json"
+    script = str(Path(__file__).parent / "_verify_torchrun.py")
+    cmd, env = torchrun_cmd(2, script, factory, "dp=2", str(out), "resume")
+    proc = subprocess.run(
+        cmd, env=dict(env, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=150
+    )
+    assert out.exists(), proc.stderr[-3000:]
+    report = Report.from_json(out.read_text())
+    assert report.verdict == verdict, report.table()
+    assert report.rule_verdicts()["resume"] == verdict

@@ -153,7 +153,8 @@ def check_resume(
 
     The loader must have ``state_dict()`` and ``load_state_dict()`` (torchdata's
     ``StatefulDataLoader``...). For each scenario each part of the run starts
-    fresh ranks (as a restarted job does): it builds the loader, calls
+    fresh ranks (as a restarted job does; under torchrun, which cannot restart
+    its processes, each part builds a fresh loader in them): it builds the loader, calls
     ``set_epoch``, loads the state the previous part saved, iterates to the next
     stop and saves ``state_dict()`` there. The parts' records are joined
     (:meth:`~ezpz_nb.ledger.Ledger.merge_runs`) and judged: exactly once per epoch,
@@ -181,6 +182,14 @@ def check_resume(
     grid = parse_layout(layout)
     grid2 = parse_layout(resume_layout) if resume_layout is not None else grid
     check_args(make_loader, grid, epochs, key, timeout)
+    from ezpz_nb.launcher.torchrun import in_torchrun_env
+
+    if in_torchrun_env() and grid2.world_size != grid.world_size:
+        raise VerifyError(
+            f"under torchrun the parts run in torchrun's {grid.world_size} processes: "
+            f"resume_layout={grid2} needs {grid2.world_size}; check another world size "
+            "from a notebook or a plain script (ranks of its own)"
+        )
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown or not scenarios:
         raise VerifyError(f"scenarios must be some of {list(SCENARIOS)}, got {list(scenarios)}")
