@@ -128,3 +128,21 @@ def test_the_installed_wheel_gives_the_command_and_the_plugin(tmp_path):
     assert check.returncode == 1 and "dp_duplicate" in check.stdout, check.stderr[-2000:]
     tests = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "test_contract.py")
     assert "1 failed, 2 passed" in tests.stdout, tests.stdout[-3000:]
+
+
+def test_check_under_torchrun_exits_1_and_rank_0_prints(tmp_path):
+    """`torchrun -m ezpz_nb check`: in place on torchrun's ranks, one table, a failing exit.
+
+    Guards: four copies of the report in a CI log, or a violation torchrun reports as success.
+    """
+    from test_torchrun import torchrun_cmd
+
+    cmd, env = torchrun_cmd(
+        4, "ezpz_nb", "check", f"{LOADERS}:world_sharded", "--layout", "dp=2,tp=2"
+    )
+    cmd[cmd.index("-m", 3) + 1] = "ezpz_nb"  # the package's own __main__, not an example
+    proc = subprocess.run(
+        cmd, env=dict(env, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=150
+    )
+    assert proc.returncode != 0
+    assert proc.stdout.count("samples by 'index': FAIL") == 1, proc.stdout + proc.stderr[-2000:]

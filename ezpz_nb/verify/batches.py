@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["KEYS", "NoSampleIds", "observe_batch", "structure"]
+__all__ = ["KEYS", "NoSampleIds", "observe_batch", "resolve_key", "structure"]
 
 #: What ``key=`` accepts besides a field name: ``"auto"`` looks for ``index``
 #: then ``__key__``; ``"digest"`` tells samples apart by the bytes they hold.
@@ -108,6 +108,13 @@ def _samples_by_digest(batch: Any) -> list[str]:
             h.update(_leaf_bytes(v[i]))
         out.append(h.hexdigest())
     return out
+
+
+def resolve_key(batch: Any, key: str) -> str:
+    """The field ``key="auto"`` reads in ``batch`` (``index`` or ``__key__``); else ``key``."""
+    if key != "auto":
+        return key
+    return next((n for n in ("index", "__key__") if _find(batch, n) is not None), key)
 
 
 def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str, list[int]]:

@@ -178,6 +178,7 @@ def judge(
         "loader": sum(o.loader_s for o in outs),
         "observe": sum(o.observe_s for o in outs),
     }
+    key = next((o.key for o in outs if o.key), key)  # "auto" -> the field it found
     return Report(
         what, {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp}, epochs, key, findings, steps,
         seconds, ledger=ledger,

@@ -17,7 +17,7 @@ from typing import Any
 
 from ezpz_nb.data.groups import Layout
 from ezpz_nb.ledger import Allowance, StepRecord
-from ezpz_nb.verify.batches import NoSampleIds, observe_batch, structure
+from ezpz_nb.verify.batches import NoSampleIds, observe_batch, resolve_key, structure
 
 __all__ = ["Grid", "Outcome", "rank_layout", "run_rank"]
 
@@ -50,6 +50,7 @@ class Outcome:
     records: list[StepRecord] = field(default_factory=list)
     names: dict[int, str] = field(default_factory=dict)
     structure: str = ""
+    key: str = ""  # the field that identified samples ("index", "__key__"...)
     num_samples: int | None = None
     allowance: Allowance | None = None
     shuffles: bool = False  # the loader's sampler says it shuffles
@@ -222,7 +223,7 @@ def run_rank(
                 t1 = time.perf_counter()
                 ids, names, digest, workers = observe_batch(batch, key)
                 if not out.structure:
-                    out.structure = structure(batch)
+                    out.structure, out.key = structure(batch), resolve_key(batch, key)
                 rec = StepRecord(
                     epoch, step, layout.rank, layout.dp_rank, layout.dp_size, layout.tp_rank,
                     layout.tp_size, tuple(ids), "loaded", digest, tuple(workers),
