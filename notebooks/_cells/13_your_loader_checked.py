@@ -374,6 +374,13 @@ if streaming is not None:
             w.write({"index": i, "tokens": bytes([i % 256]) * 8})
 
     def mosaic(layout):
+        import os
+
+        # streaming reads the job's layout from torchrun's variables; ez.launch's ranks
+        # are in a process group already, so hand it the same numbers.
+        world = str(dist.get_world_size())
+        os.environ.update(RANK=str(dist.get_rank()), WORLD_SIZE=world,
+                          LOCAL_RANK=str(dist.get_rank()), LOCAL_WORLD_SIZE=world)  # fmt: skip
         ds = StreamingDataset(
             local=str(mds), batch_size=4, replication=layout.tp_size, shuffle=False
         )
