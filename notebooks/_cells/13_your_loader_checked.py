@@ -176,6 +176,9 @@ import ezpz_nb as ez
 
 datasets.disable_progress_bars()
 folder = Path(tempfile.mkdtemp(prefix="ezpz-nb13-"))
+# Even with cache_dir= below, datasets leaves a lock file per load in its default cache
+# (~/.cache/huggingface/datasets): point that into the folder too, so nothing outlives it.
+datasets.config.HF_DATASETS_CACHE = folder / "hf"
 
 
 def write_shards(name, sizes):
@@ -387,6 +390,11 @@ if streaming is not None:
         return DataLoader(ds, batch_size=4)
 
     print(check_contract(mosaic, "dp=2,tp=2", epochs=1).table())
+
+# %%
+import shutil
+
+shutil.rmtree(folder, ignore_errors=True)  # the data this notebook wrote: nothing outlives it
 
 # %% [markdown]
 # ## In your project's CI
