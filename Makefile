@@ -27,8 +27,8 @@ lab: $(BIN)/.installed
 	$(BIN)/ezpz-nb lab $(LAB_FLAGS)
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check ezpz_nb tests benchmarks notebooks setup.py
-	$(BIN)/ruff format --check ezpz_nb tests benchmarks notebooks setup.py
+	$(BIN)/ruff check ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py
+	$(BIN)/ruff format --check ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py
 	$(BIN)/mypy
 	$(BIN)/python notebooks/_build.py --check
 
@@ -40,7 +40,7 @@ notebooks: $(BIN)/.installed
 
 # Rewrites the code in ruff's style; then rebuild the notebooks from their sources.
 format: $(BIN)/.installed
-	$(BIN)/ruff format ezpz_nb tests benchmarks notebooks setup.py
+	$(BIN)/ruff format ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py
 	$(BIN)/python notebooks/_build.py
 
 test: lint unit notebooks
