@@ -16,7 +16,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,loaders]'
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
@@ -28,8 +28,8 @@ lab: $(BIN)/.installed
 	$(BIN)/ezpz-nb lab $(LAB_FLAGS)
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check ezpz_nb tests benchmarks notebooks setup.py
-	$(BIN)/ruff format --check ezpz_nb tests benchmarks notebooks setup.py
+	$(BIN)/ruff check ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py
+	$(BIN)/ruff format --check ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py
 	$(BIN)/mypy
 	$(BIN)/python notebooks/_build.py --check
 
@@ -48,7 +48,7 @@ notebooks: $(BIN)/.installed
 
 # Rewrites the code in ruff's style; then rebuild the notebooks from their sources.
 format: $(BIN)/.installed
-	$(BIN)/ruff format ezpz_nb tests benchmarks notebooks setup.py
+	$(BIN)/ruff format ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py
 	$(BIN)/python notebooks/_build.py
 
 test: lint unit notebooks system

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 import socket
+import typing
 
 import pytest
 import torch
@@ -19,7 +20,14 @@ from torch.utils.data import DistributedSampler
 import ezpz_nb as ez
 from ezpz_nb import _dist
 from ezpz_nb.data.groups import layout_table
-from ezpz_nb.examples import capstone, common, dp_sharding, step_alignment, tp_broadcast
+from ezpz_nb.examples import (
+    capstone,
+    common,
+    dp_sharding,
+    step_alignment,
+    throughput,
+    tp_broadcast,
+)
 from ezpz_nb.ledger import Ledger
 
 WORLD, TP = 4, 2
@@ -279,18 +287,34 @@ def test_capstone_rule_dataset_is_the_same_everywhere_and_follows_its_rule():
 # ---------------------------------------------------- the command line
 
 
-@pytest.mark.parametrize("example", [dp_sharding, tp_broadcast, step_alignment, capstone])
+@pytest.mark.parametrize(
+    "example", [dp_sharding, tp_broadcast, step_alignment, capstone, throughput]
+)
 def test_command_line_is_the_workers_signature(example):
     """Guards defaults declared twice (the worker's and its parser's, which drifted apart
     before): every parameter of run() is an option with run()'s default and its help
-    from the docstring, and the launch options come on top."""
+    from the docstring, and the launch options come on top. A parameter that takes
+    code (capstone's shard_model, a notebook's function) has no option."""
     parser = common.parser_for(example.run, example.__doc__)
-    params = inspect.signature(example.run).parameters
+    hints = typing.get_type_hints(example.run)
+    params = {
+        k: p
+        for k, p in inspect.signature(example.run).parameters.items()
+        if "Callable" not in str(hints.get(k))
+    }
     got = vars(parser.parse_args([]))
     assert {k: got[k] for k in params} == {k: p.default for k, p in params.items()}
     assert set(got) - set(params) == {"backend", "timeout", "check"}
     helps = {a.dest: a.help for a in parser._actions}
     assert all(helps[k] and ":class:" not in helps[k] for k in params), helps
+
+
+def test_command_line_types_optional_numbers():
+    """Guards `--heavy-rank 1` arriving as the string "1" (an `int | None` option)."""
+    parser = common.parser_for(throughput.run, throughput.__doc__)
+    args = parser.parse_args(["--heavy-rank", "1", "--prefetch-factor", "4", "--out", "d"])
+    assert (args.heavy_rank, args.prefetch_factor, args.out) == (1, 4, "d")
+    assert parser.parse_args([]).heavy_rank is None
 
 
 def test_command_line_flips_switches_and_refuses_what_run_refuses(capsys):

@@ -11,6 +11,8 @@ Subcommands:
   the installed ones.
 * ``tour [--out DIR] [--notebooks DIR] [--timeout S] [NAME ...]``: run the
   notebooks headless; write executed copies and figures (PNG) to DIR.
+* ``check MODULE:FACTORY [--layout dp=2,tp=2] [--resume] [--json PATH]``: check a
+  data loader's distributed contract on real ranks; exit status 1 on a violation.
 """
 
 from __future__ import annotations
@@ -87,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=120.0, help="seconds one cell may take (default: 120)"
     )
     tour.add_argument("--kernel", default="python3", help="kernel name (default: python3)")
+
+    from ezpz_nb.cli.check import add_parser
+
+    add_parser(sub)
     return parser
 
 
@@ -146,4 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         return _notebooks(args)
     if args.command == "lab":
         return _lab(args, extra)
+    if args.command == "check":
+        from ezpz_nb.cli.check import run_check
+
+        return run_check(args)
     return _tour(args)

@@ -55,7 +55,7 @@ twice, as when every DataLoader worker yields the same stream (notebook 10).
 from __future__ import annotations
 
 from ezpz_nb.ledger.book import Ledger
-from ezpz_nb.ledger.checks import Problem
+from ezpz_nb.ledger.checks import Allowance, Problem, check_records
 from ezpz_nb.ledger.codec import VERSION as FORMAT_VERSION
 from ezpz_nb.ledger.recording import RecordingLoader, record, tag_worker
 from ezpz_nb.ledger.records import StepRecord, StepTimes, batch_digest
@@ -63,6 +63,7 @@ from ezpz_nb.ledger.timing import Diagnosis, StepTiming
 
 __all__ = [
     "FORMAT_VERSION",
+    "Allowance",
     "Diagnosis",
     "Ledger",
     "Problem",
@@ -71,6 +72,7 @@ __all__ = [
     "StepTimes",
     "StepTiming",
     "batch_digest",
+    "check_records",
     "record",
     "tag_worker",
 ]

@@ -10,47 +10,27 @@ words, so a learner can read what happened without knowing the code:
 * ``dp_duplicate``: a sample was seen by two DP replicas in one epoch;
 * ``never_seen``: samples no rank saw in an epoch;
 * ``rank_duplicate``: one rank saw a sample more than once in an epoch (the
-  DataLoader workers of an IterableDataset that all yield the same stream).
+  DataLoader workers of an IterableDataset that all yield the same stream);
+* ``batch_size``: the global batch (the DP replicas' batches together) changed
+  size from one step to another;
+* ``order_unchanged``: an epoch repeated the previous epoch's order although
+  shuffling was asked for (``set_epoch`` never reached the sampler).
+
+A finding that the loader's own settings explain (``drop_last`` and padding, see
+:class:`Allowance`) carries the reason in :attr:`Problem.expected`; each
+finding also names where it first shows (:attr:`Problem.first`).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Collection, Iterable
 
+from ezpz_nb.ledger.batches import check_batch, check_order, dp_allowed, never_allowed
+from ezpz_nb.ledger.problem import Allowance, Problem, _ids
 from ezpz_nb.ledger.records import StepRecord
 
-__all__ = ["Problem", "check_records"]
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One finding of :meth:`~ezpz_nb.ledger.Ledger.check`.
-
-    Attributes:
-        kind: ``"dp_duplicate"``, ``"never_seen"``, ``"tp_mismatch"``,
-            ``"step_mismatch"`` or ``"rank_duplicate"``.
-        message: What happened and what it means, in plain words.
-        epoch: The epoch it concerns.
-        ranks: Global ranks involved.
-        samples: Sample ids involved (duplicated or never seen).
-        steps: Steps involved (TP mismatches).
-    """
-
-    kind: Literal["dp_duplicate", "never_seen", "tp_mismatch", "step_mismatch", "rank_duplicate"]
-    message: str
-    epoch: int
-    ranks: tuple[int, ...] = ()
-    samples: tuple[int, ...] = ()
-    steps: tuple[int, ...] = ()
-
-
-def _ids(values: Iterable[int], limit: int = 8) -> str:
-    vals = sorted(values)
-    shown = ", ".join(str(v) for v in vals[:limit])
-    return f"[{shown}{', ...' if len(vals) > limit else ''}]"
+__all__ = ["Allowance", "Problem", "check_records"]
 
 
 def _check_steps(epoch: int, recs: list[StepRecord], ranks: set[int]) -> list[Problem]:
@@ -65,6 +45,7 @@ def _check_steps(epoch: int, recs: list[StepRecord], ranks: set[int]) -> list[Pr
     for rank, n in sorted(counts.items()):
         by_count[n].append(rank)
     parts = "; ".join(f"ranks {v} took {n}" for n, v in sorted(by_count.items()))
+    fewest = min(by_count)
     return [
         Problem(
             "step_mismatch",
@@ -74,6 +55,8 @@ def _check_steps(epoch: int, recs: list[StepRecord], ranks: set[int]) -> list[Pr
             "meets nothing: a hang.",
             epoch,
             ranks=tuple(sorted(counts)),
+            # The first rank to run out: the job hangs at its missing step.
+            first=(by_count[fewest][0], fewest, None),
         )
     ]
 
@@ -98,6 +81,9 @@ def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
     out = []
     if id_steps:
         step, peers = id_steps[0]
+        lead, *rest = sorted(peers, key=lambda p: (p.cp_rank, p.tp_rank, p.rank))
+        odd = next(p for p in rest if p.sample_ids != lead.sample_ids)
+        diff = [i for i in odd.sample_ids if i not in lead.sample_ids] or list(odd.sample_ids)
         eg = "; ".join(
             f"rank {p.rank} has {_ids(p.sample_ids, 4)}"
             for p in sorted(peers, key=lambda p: p.rank)
@@ -111,10 +97,17 @@ def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
                 epoch,
                 ranks=tuple(sorted({p.rank for _, ps in id_steps for p in ps})),
                 steps=tuple(s for s, _ in id_steps),
+                first=(odd.rank, step, diff[0] if diff else None),
             )
         )
     if byte_steps:
         step, peers = byte_steps[0]
+        by_cp: dict[int, StepRecord] = {}
+        odd_rank = None
+        for p in sorted(peers, key=lambda p: (p.tp_rank, p.rank)):
+            lead_rec = by_cp.setdefault(p.cp_rank, p)
+            if odd_rank is None and p.digest != lead_rec.digest:
+                odd_rank = p.rank
         out.append(
             Problem(
                 "tp_mismatch",
@@ -125,6 +118,7 @@ def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
                 epoch,
                 ranks=tuple(sorted({p.rank for _, ps in byte_steps for p in ps})),
                 steps=tuple(s for s, _ in byte_steps),
+                first=(odd_rank, step, None),
             )
         )
     return out
@@ -143,7 +137,7 @@ def _why_never_seen(missing: int, recs: list[StepRecord]) -> str:
             "The sampler's drop_last=True drops the samples that do not divide evenly over "
             f"the DP replicas (at most {by_sampler} here); the DataLoader's drop_last=True "
             f"drops each replica's last partial batch (at most {by_loader} in all). Or the "
-            "epoch was cut short."
+            "epoch was cut short, or the loader skipped them."
         )
     return (
         f"That is more than drop_last can drop (at most {droppable} with {dp_size} DP "
@@ -172,7 +166,28 @@ def _why_duplicated(dups: int, recs: list[StepRecord]) -> str:
     )
 
 
-def _check_dp(epoch: int, recs: list[StepRecord], num_samples: int | None) -> list[Problem]:
+def _first_on_second_replica(recs: list[StepRecord], dups: set[int]) -> tuple[int, int, int]:
+    """``(rank, step, sample)`` of the earliest step where a duplicate reaches a second replica."""
+    first_dp: dict[int, int] = {}
+    best: tuple[int, int, int] | None = None
+    for r in sorted(recs, key=lambda r: (r.step, r.dp_rank, r.rank)):
+        for i in r.sample_ids:
+            if i not in dups:
+                continue
+            dp = first_dp.setdefault(i, r.dp_rank)
+            if dp != r.dp_rank and best is None:
+                best = (r.rank, r.step, i)
+    assert best is not None  # every id in dups was seen by two replicas
+    return best
+
+
+def _check_dp(
+    epoch: int,
+    recs: list[StepRecord],
+    num_samples: int | None,
+    universe: Collection[int] | None = None,
+    allow: Allowance | None = None,
+) -> list[Problem]:
     ids_by_dp: dict[int, set[int]] = defaultdict(set)
     ranks_by_dp: dict[int, set[int]] = defaultdict(set)
     for r in recs:
@@ -182,10 +197,11 @@ def _check_dp(epoch: int, recs: list[StepRecord], num_samples: int | None) -> li
     replicas: Counter[int] = Counter()
     for ids in ids_by_dp.values():
         replicas.update(ids)
+    dp_size = max(r.dp_size for r in recs)
     out = []
     dups = sorted(i for i, n in replicas.items() if n > 1)
     if dups:
-        eg = dups[0]
+        rank, step, eg = _first_on_second_replica(recs, set(dups))
         seen_by = {eg: {d for d, ids in ids_by_dp.items() if eg in ids}}
         out.append(
             Problem(
@@ -196,18 +212,25 @@ def _check_dp(epoch: int, recs: list[StepRecord], num_samples: int | None) -> li
                 epoch,
                 ranks=tuple(sorted({x for d in seen_by[eg] for x in ranks_by_dp[d]})),
                 samples=tuple(dups),
+                expected=dp_allowed(allow, len(dups), dp_size, num_samples),
+                first=(rank, step, eg),
             )
         )
-    if num_samples is not None:
-        never = sorted(set(range(num_samples)).difference(replicas))
+    if universe is None and num_samples is not None:
+        universe = range(num_samples)
+    if universe is not None:
+        never = sorted(set(universe).difference(replicas))
         if never:
+            of = len(universe)
             out.append(
                 Problem(
                     "never_seen",
-                    f"Epoch {epoch}: {len(never)} of {num_samples} sample(s) {_ids(never)} were "
+                    f"Epoch {epoch}: {len(never)} of {of} sample(s) {_ids(never)} were "
                     f"never seen by any rank. {_why_never_seen(len(never), recs)}",
                     epoch,
                     samples=tuple(never),
+                    expected=never_allowed(allow, len(never), dp_size, num_samples),
+                    first=(None, None, never[0]),
                 )
             )
     return out
@@ -217,8 +240,12 @@ def _check_repeats(epoch: int, recs: list[StepRecord]) -> list[Problem]:
     # Within one rank, so TP peers (who rightly share every sample) never count.
     seen: dict[int, Counter[int]] = defaultdict(Counter)
     workers: dict[tuple[int, int], set[int]] = defaultdict(set)
-    for r in recs:
-        seen[r.rank].update(r.sample_ids)
+    again: dict[int, tuple[int, int]] = {}  # rank -> (step, sample) of its first repeat
+    for r in sorted(recs, key=lambda r: (r.step, r.rank)):
+        for i in r.sample_ids:
+            if seen[r.rank][i] and r.rank not in again:
+                again[r.rank] = (r.step, i)
+            seen[r.rank][i] += 1
         if len(r.worker_ids) == len(r.sample_ids):
             for i, w in zip(r.sample_ids, r.worker_ids, strict=True):
                 workers[(r.rank, i)].add(w)
@@ -242,6 +269,7 @@ def _check_repeats(epoch: int, recs: list[StepRecord]) -> list[Problem]:
             "worker id with ezpz_nb.ledger.tag_worker to tell)."
         )
     all_ids = sorted({i for v in repeated.values() for i in v})
+    step, sample = again[rank]
     return [
         Problem(
             "rank_duplicate",
@@ -250,18 +278,36 @@ def _check_repeats(epoch: int, recs: list[StepRecord]) -> list[Problem]:
             epoch,
             ranks=tuple(repeated),
             samples=tuple(all_ids),
+            first=(rank, step, sample),
         )
     ]
 
 
-def check_records(records: Iterable[StepRecord], num_samples: int | None = None) -> list[Problem]:
+def check_records(
+    records: Iterable[StepRecord],
+    num_samples: int | None = None,
+    *,
+    universe: Collection[int] | None = None,
+    allowance: Allowance | None = None,
+    shuffle: bool = False,
+    global_batch: bool = False,
+) -> list[Problem]:
     """Run every check, epoch by epoch.
 
     Args:
         records: Step records of all ranks, in any order. A rank of the
             layout (``dp_size * cp_size * tp_size`` ranks) with no record in an epoch
             counts as 0 steps there.
-        num_samples: Dataset length; without it ``never_seen`` is not checked.
+        num_samples: Dataset length; without it (or ``universe``) ``never_seen``
+            is not checked.
+        universe: The sample ids every epoch must cover, when they are not
+            ``range(num_samples)`` (ids hashed from keys, a stream's ids).
+        allowance: The loader's settings; findings they explain get
+            :attr:`Problem.expected` set (they are still returned).
+        shuffle: Shuffling was asked for: an epoch in the same order as the
+            previous one is an ``order_unchanged`` finding.
+        global_batch: Also check that the global batch keeps its size
+            (``batch_size``); off by default, as a partial last batch is common.
 
     Returns:
         One :class:`Problem` per kind and epoch found, empty when all is well.
@@ -280,6 +326,10 @@ def check_records(records: Iterable[StepRecord], num_samples: int | None = None)
     for epoch, recs in sorted(by_epoch.items()):
         problems += _check_steps(epoch, recs, ranks)
         problems += _check_tp(epoch, recs)
-        problems += _check_dp(epoch, recs, num_samples)
+        problems += _check_dp(epoch, recs, num_samples, universe, allowance)
         problems += _check_repeats(epoch, recs)
+        if global_batch:
+            problems += check_batch(epoch, recs, allowance)
+    if shuffle:
+        problems += check_order(by_epoch)
     return problems

@@ -1,0 +1,104 @@
+"""``ezpz-nb check MODULE:FACTORY --layout dp=2,tp=2``: a loader's contract from the shell.
+
+Exit status: 0 when every rule holds, 1 on a violation, 2 when the check could not
+run (the factory cannot be imported, or fails on a rank). Under torchrun it runs
+in place on torchrun's ranks and rank 0 prints the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "load_factory", "run_check"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``check`` subcommand to the dispatcher's subparsers."""
+    check = sub.add_parser(
+        "check",
+        help="check a data loader's distributed contract on real ranks",
+        description="Start the ranks of LAYOUT, call FACTORY(layout) on each, iterate the "
+        "loader it returns and check the distributed data contract (TP peers identical, "
+        "DP replicas disjoint, every sample once an epoch, equal steps, constant global "
+        "batch, reshuffled epochs). Exit status 1 on a violation, 2 when the check "
+        "cannot run.",
+    )
+    check.add_argument(
+        "factory",
+        metavar="MODULE:FACTORY",
+        help="e.g. myproject.data:make_loader or path/to/file.py:make_loader",
+    )
+    check.add_argument(
+        "--layout", default="dp=2", help="ranks, e.g. dp=2,tp=2 or dp=2,cp=2 (default: dp=2)"
+    )
+    check.add_argument("--epochs", type=int, default=2, help="epochs to run (default: 2)")
+    check.add_argument(
+        "--key", default="auto", help="how samples are told apart: auto, digest or a field name"
+    )
+    check.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds for the run (default: 60)"
+    )
+    check.add_argument(
+        "--resume", action="store_true", help="also stop and resume the loader (needs state_dict)"
+    )
+    check.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+
+
+def load_factory(spec: str) -> Any:
+    """``module:name`` or ``file.py:name`` -> the function.
+
+    Raises:
+        ValueError: Not of that form, or nothing of that name there.
+    """
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise ValueError(f"{spec!r}: write MODULE:FACTORY, e.g. myproject.data:make_loader")
+    if target.endswith(".py"):
+        path = Path(target).resolve()
+        if not path.is_file():
+            raise ValueError(f"{target}: no such file")
+        # Import it as a module named after the file, from its folder, so the ranks
+        # (which get functions by reference) can import it too.
+        sys.path.insert(0, str(path.parent))
+        module = importlib.import_module(path.stem)
+    else:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does
+        module = importlib.import_module(target)
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise ValueError(f"{target} has no {name!r}") from None
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Run the check the arguments describe; returns the exit status."""
+    from ezpz_nb.verify import VerifyError, check_contract, check_resume
+
+    try:
+        factory = load_factory(args.factory)
+    except (ValueError, ImportError) as exc:
+        print(f"ezpz-nb check: {exc}", file=sys.stderr)
+        return 2
+    kwargs = dict(epochs=args.epochs, key=args.key, timeout=args.timeout)
+    try:
+        report = check_contract(factory, args.layout, **kwargs)
+        reports = [report]
+        if args.resume:
+            reports.append(check_resume(factory, args.layout, **kwargs))
+    except VerifyError as exc:
+        print(f"ezpz-nb check: {exc}", file=sys.stderr)
+        return 2
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every rank has the report
+        for r in reports:
+            print(r.table())
+        if args.json:
+            import json
+
+            Path(args.json).write_text(json.dumps([r.to_dict() for r in reports], indent=2))
+    return 0 if all(r.ok for r in reports) else 1

@@ -1,0 +1,40 @@
+"""Check any loader's distributed contract on real ranks.
+
+:func:`check_contract` runs a loader factory on a ``dp x tp`` (``x cp``) layout of
+real gloo ranks (or in place under torchrun) and says, rule by rule, whether TP
+peers got identical bytes, DP replicas disjoint samples, every sample came
+exactly once an epoch, every rank took as many steps, the global batch kept its
+size and the order changed between epochs; :func:`check_resume` says whether a
+run stopped and resumed saw what a straight run sees. Both return a
+:class:`Report` (a table, JSON, a mesh figure)::
+
+    from ezpz_nb.verify import check_contract
+
+    def make_loader(layout):
+        sampler = DistributedSampler(ds, num_replicas=layout.dp_size, rank=layout.dp_rank)
+        return DataLoader(ds, batch_size=4, sampler=sampler)
+
+    report = check_contract(make_loader, "dp=2,tp=2", epochs=2)
+    print(report.table())
+    report.raise_for_violations()   # in a test
+"""
+
+from __future__ import annotations
+
+from ezpz_nb.verify.contract import check_contract, parse_layout
+from ezpz_nb.verify.observe import Grid
+from ezpz_nb.verify.report import RULES, ContractViolation, Finding, Report, VerifyError
+from ezpz_nb.verify.resume import SCENARIOS, check_resume
+
+__all__ = [
+    "RULES",
+    "SCENARIOS",
+    "ContractViolation",
+    "Finding",
+    "Grid",
+    "Report",
+    "VerifyError",
+    "check_contract",
+    "check_resume",
+    "parse_layout",
+]

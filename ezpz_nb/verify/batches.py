@@ -1,0 +1,166 @@
+"""What the check reads from one batch: sample ids (or keys, or digests), its bytes, its shape.
+
+Batches are whatever a loader yields: dicts of tensors (a DataLoader's default
+collate), tuples ``(x, y)``, a Hugging Face batch with lists of strings, numpy arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["KEYS", "NoSampleIds", "observe_batch", "resolve_key", "structure"]
+
+#: What ``key=`` accepts besides a field name: ``"auto"`` looks for ``index``
+#: then ``__key__``; ``"digest"`` tells samples apart by the bytes they hold.
+KEYS = ("auto", "digest")
+
+
+class NoSampleIds(Exception):
+    """A batch without a way to tell its samples apart (the check turns it into a VerifyError)."""
+
+
+def _leaf_bytes(x: Any) -> bytes:
+    if hasattr(x, "detach") and hasattr(x, "numpy"):  # a torch tensor
+        t = x.detach().cpu().contiguous().reshape(-1)
+        return bytes(t.view(-1).numpy().view("uint8").data) if t.numel() else b""
+    if hasattr(x, "tobytes"):  # numpy array or scalar
+        return bytes(x.tobytes())
+    if isinstance(x, bytes):
+        return x
+    return repr(x).encode()
+
+
+def _is_node(x: Any) -> bool:
+    # A list of tensors or dicts is structure ((x, y) batches); a list of
+    # strings or numbers is one column (a HF batch's text, a list of keys).
+    return isinstance(x, (dict, list, tuple)) or hasattr(x, "shape")
+
+
+def _leaves(batch: Any) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+
+    def walk(obj: Any, path: str) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{path}/{k}")
+        elif isinstance(obj, (list, tuple)) and obj and _is_node(obj[0]):
+            for i, v in enumerate(obj):
+                walk(v, f"{path}/{i}")
+        else:
+            out.append((path, obj))
+
+    walk(batch, "")
+    return out
+
+
+def structure(batch: Any) -> str:
+    """Keys and leaf types, not sizes (the last batch may be smaller)."""
+    parts = []
+    for path, leaf in _leaves(batch):
+        kind = type(leaf).__name__
+        dtype = getattr(leaf, "dtype", None)
+        parts.append(f"{path or '.'}:{kind}{f'[{dtype}]' if dtype is not None else ''}")
+    return " ".join(parts)
+
+
+def _find(batch: Any, name: str) -> Any:
+    if isinstance(batch, dict):
+        if name in batch:
+            return batch[name]
+        values: Iterable[Any] = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        values = batch
+    else:
+        return None
+    for v in values:
+        found = _find(v, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _as_list(values: Any) -> list[Any]:
+    if hasattr(values, "tolist"):
+        out = values.tolist()
+        return out if isinstance(out, list) else [out]
+    if isinstance(values, (list, tuple)):
+        return list(values)
+    return [values]
+
+
+def _hash_id(text: str) -> int:
+    # 62 bits: an int every JSON reader keeps exact enough, collisions negligible.
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 2
+
+
+def _samples_by_digest(batch: Any) -> list[str]:
+    leaves = _leaves(batch)
+    sized = [v for _, v in leaves if hasattr(v, "__len__") and not isinstance(v, (str, bytes))]
+    if not sized:
+        return [hashlib.blake2b(b"".join(_leaf_bytes(v) for _, v in leaves)).hexdigest()[:16]]
+    n = len(sized[0])
+    out = []
+    for i in range(n):
+        h = hashlib.blake2b(digest_size=8)
+        for v in sized:
+            h.update(_leaf_bytes(v[i]))
+        out.append(h.hexdigest())
+    return out
+
+
+def resolve_key(batch: Any, key: str) -> str:
+    """The field ``key="auto"`` reads in ``batch`` (``index`` or ``__key__``); else ``key``."""
+    if key != "auto":
+        return key
+    return next((n for n in ("index", "__key__") if _find(batch, n) is not None), key)
+
+
+def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str, list[int]]:
+    """Sample ids, their names (for hashed keys), the batch's digest and worker ids.
+
+    Args:
+        batch: One batch as the loader yields it.
+        key: ``"auto"``, ``"digest"`` or the name of a field holding sample ids/keys.
+
+    Raises:
+        NoSampleIds: The batch has no such field (``"auto"``: neither ``index`` nor ``__key__``).
+    """
+    names: dict[int, str] = {}
+    if key == "digest":
+        values: list[Any] = _samples_by_digest(batch)
+    else:
+        found = None
+        for name in ("index", "__key__") if key == "auto" else (key,):
+            found = _find(batch, name)
+            if found is not None:
+                break
+        if found is None:
+            want = "an 'index' or '__key__' field" if key == "auto" else f"a {key!r} field"
+            raise NoSampleIds(
+                f"the batch has no {want} to tell its samples apart (its structure: "
+                f"{structure(batch)}). Add the sample's index to each sample "
+                "({'input_ids': ..., 'index': i}), name the field that identifies a sample "
+                "(key='id'), or pass key='digest' to identify samples by their bytes."
+            )
+        values = _as_list(found)
+    ids = []
+    for v in values:
+        if isinstance(v, (int, bool)) or (hasattr(v, "__index__") and not isinstance(v, str)):
+            ids.append(int(v))
+        else:
+            text = v.decode() if isinstance(v, bytes) else str(v)
+            i = _hash_id(text)
+            names[i] = text
+            ids.append(i)
+    h = hashlib.blake2b(digest_size=16)
+    for _, leaf in _leaves(batch):
+        h.update(_leaf_bytes(leaf))
+    workers = _find(batch, "worker_id")
+    return (
+        ids,
+        names,
+        h.hexdigest(),
+        [int(w) for w in _as_list(workers)] if workers is not None else [],
+    )

@@ -1,0 +1,253 @@
+"""What runs inside each rank: build the user's loader, iterate it, observe every batch.
+
+The rank makes no collective call of its own while it iterates, so a loader that
+would leave ranks with different step counts is *measured* (its ranks simply stop
+at different steps) instead of hanging the check. Every failure of the user's code
+is caught and returned (and published, so it survives another rank's hang) as an
+:class:`Outcome` naming its phase.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ezpz_nb.data.groups import Layout
+from ezpz_nb.ledger import Allowance, StepRecord
+from ezpz_nb.verify.batches import NoSampleIds, observe_batch, resolve_key, structure
+
+__all__ = ["Grid", "Outcome", "rank_layout", "run_rank"]
+
+# Seconds between two publications of a rank's new records (see run_rank).
+_PUBLISH_S = 0.2
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A ``dp x cp x tp`` layout (TP innermost, then CP, DP outermost)."""
+
+    dp: int
+    tp: int = 1
+    cp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the layout needs."""
+        return self.dp * self.cp * self.tp
+
+    def __str__(self) -> str:
+        return f"dp={self.dp},tp={self.tp}" + (f",cp={self.cp}" if self.cp > 1 else "")
+
+
+@dataclass
+class Outcome:
+    """What one rank observed, or how the user's code failed there."""
+
+    rank: int
+    records: list[StepRecord] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)
+    structure: str = ""
+    key: str = ""  # the field that identified samples ("index", "__key__"...)
+    num_samples: int | None = None
+    allowance: Allowance | None = None
+    shuffles: bool = False  # the loader's sampler says it shuffles
+    phase: str = "done"  # "factory", "iterate", "structure", "timeout" or "done"
+    error: str = ""
+    loader_s: float = 0.0  # time spent inside the loader's __next__
+    observe_s: float = 0.0  # time spent observing batches
+    state: Any = None  # the loader's state_dict() where a resume check asked for it
+
+
+class Ready:
+    """Published once a rank's factory returned: a later hang is the loader's, not the factory's."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+
+# ------------------------------------------------------------------ the rank's job
+def rank_layout(grid: Grid) -> Layout:
+    """This rank's :class:`Layout` in ``grid``, with DP and TP groups (CP peers share no group)."""
+    import torch.distributed as dist
+
+    from ezpz_nb.data.groups import make_layout
+
+    if grid.cp == 1:
+        return make_layout(tp_size=grid.tp)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tp_rank, cp_rank, dp_rank = (
+        rank % grid.tp,
+        (rank // grid.tp) % grid.cp,
+        rank // (grid.tp * grid.cp),
+    )
+    tp_group = dp_group = None
+    # new_group is collective over the world: every rank makes every group, in order.
+    for start in range(0, world, grid.tp):
+        g = dist.new_group(list(range(start, start + grid.tp)))
+        if start <= rank < start + grid.tp:
+            tp_group = g
+    inner = grid.tp * grid.cp
+    for offset in range(inner):
+        members = list(range(offset, world, inner))
+        g = dist.new_group(members)
+        if rank in members:
+            dp_group = g
+    return Layout(
+        rank, world, dp_rank, grid.dp, tp_rank, grid.tp, dp_group, tp_group, cp_rank, grid.cp
+    )
+
+
+def _unwrap(loader: Any) -> Any:
+    """The DataLoader inside common wrappers (``.loader``, ``.dataloader``...), for its settings."""
+    for _ in range(4):
+        if hasattr(loader, "sampler") or hasattr(loader, "dataset"):
+            return loader
+        inner = next(
+            (
+                getattr(loader, a)
+                for a in ("loader", "dataloader", "inner", "_loader")
+                if hasattr(loader, a)
+            ),
+            None,
+        )
+        if inner is None:
+            return loader
+        loader = inner
+    return loader
+
+
+def _allowance(loader: Any) -> Allowance:
+    sampler = getattr(loader, "sampler", None)
+    sampler_drop = getattr(sampler, "drop_last", None) if hasattr(sampler, "num_replicas") else None
+    return Allowance(
+        sampler_drop_last=sampler_drop,
+        loader_drop_last=getattr(loader, "drop_last", None),
+        batch_size=getattr(loader, "batch_size", None),
+    )
+
+
+def _num_samples(loader: Any) -> int | None:
+    ds: Any = getattr(loader, "dataset", None)
+    while hasattr(ds, "indices") and hasattr(ds, "dataset"):  # Subset: the whole dataset counts
+        ds = ds.dataset
+    try:
+        return len(ds)
+    except TypeError:
+        return None
+
+
+def _publish(item: Any) -> None:
+    from ezpz_nb.events import publish
+
+    publish(item)
+
+
+def _fail(out: Outcome, phase: str, error: str) -> Outcome:
+    out.phase, out.error = phase, error
+    _publish(out)  # another rank may hang: the notebook still learns this one failed
+    return out
+
+
+def run_rank(
+    make_loader: Callable[[Layout], Any],
+    grid: Grid,
+    epochs: int,
+    key: str,
+    budget_s: float,
+    *,
+    start_epoch: int = 0,
+    stop: tuple[int, int] | None = None,
+    states: list[Any] | None = None,
+    options: dict[str, Any] | None = None,
+    publish_steps: bool = True,
+) -> Outcome:
+    """Build, iterate and observe the loader on this rank (run by the launcher).
+
+    Args:
+        make_loader: The user's factory, called with this rank's layout.
+        grid: The layout to build.
+        epochs: Epochs to run, counted from ``start_epoch``.
+        key: See :func:`observe_batch`.
+        budget_s: Stop iterating (phase ``"timeout"``) after this many seconds.
+        start_epoch: The first epoch's label (a resumed run starts mid-way).
+        stop: ``(epoch, steps)``: take ``loader.state_dict()`` after ``steps``
+            steps of ``epoch`` and stop there (a resume check).
+        states: One ``state_dict`` per rank, to load into this rank's new loader
+            (after ``set_epoch``) before iterating.
+        options: Keyword arguments for ``make_loader`` (e.g. ``num_workers``).
+        publish_steps: Publish the records live, in bunches (they survive a hang).
+    """
+    deadline = time.monotonic() + budget_s
+    layout = rank_layout(grid)
+    out = Outcome(rank=layout.rank)
+    try:
+        loader = make_loader(layout, **(options or {}))
+    except BaseException:  # noqa: BLE001 - the user's code: any failure is reported, never raised here
+        return _fail(out, "factory", traceback.format_exc())
+    if not hasattr(loader, "__iter__"):
+        return _fail(
+            out,
+            "factory",
+            f"make_loader returned {type(loader).__name__!s}, which is not iterable: return "
+            "the DataLoader (or any iterable of batches), not a batch or a dataset's length",
+        )
+    _publish(Ready(layout.rank))
+    inner = _unwrap(loader)
+    out.allowance, out.num_samples = _allowance(inner), _num_samples(inner)
+    sampler = getattr(inner, "sampler", None)
+    out.shuffles = (
+        bool(getattr(sampler, "shuffle", False)) or type(sampler).__name__ == "RandomSampler"
+    )
+    from ezpz_nb.data.distributed import forward_set_epoch
+
+    published, published_at = 0, time.monotonic()
+    try:
+        for epoch in range(start_epoch, start_epoch + epochs):
+            forward_set_epoch(loader, epoch)
+            if states is not None and epoch == start_epoch:
+                loader.load_state_dict(states[layout.rank])
+            it = iter(loader)
+            step = 0
+            while True:
+                if stop is not None and (epoch, step) == stop:
+                    out.state = loader.state_dict()
+                    return out
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                t1 = time.perf_counter()
+                ids, names, digest, workers = observe_batch(batch, key)
+                if not out.structure:
+                    out.structure, out.key = structure(batch), resolve_key(batch, key)
+                rec = StepRecord(
+                    epoch, step, layout.rank, layout.dp_rank, layout.dp_size, layout.tp_rank,
+                    layout.tp_size, tuple(ids), "loaded", digest, tuple(workers),
+                    layout.cp_rank, layout.cp_size,
+                )  # fmt: skip
+                out.records.append(rec)
+                out.names.update(names)
+                # Published in bunches: one message per step doubled the cost of
+                # observing (measured, benchmarks/verify.py); a hang loses at most
+                # the last _PUBLISH_S of records, which the report counts as "at least".
+                if publish_steps and time.monotonic() - published_at > _PUBLISH_S:
+                    _publish(out.records[published:])
+                    published, published_at = len(out.records), time.monotonic()
+                out.observe_s += time.perf_counter() - t1
+                out.loader_s += t1 - t0
+                step += 1
+                if time.monotonic() > deadline:
+                    out.phase = "timeout"
+                    return out
+            if stop is not None and stop == (epoch + 1, 0):
+                out.state = loader.state_dict()
+                return out
+    except NoSampleIds as exc:
+        return _fail(out, "key", str(exc))
+    except BaseException:  # noqa: BLE001 - the user's loader: reported, never raised here
+        return _fail(out, "iterate", traceback.format_exc())
+    return out

@@ -1,0 +1,134 @@
+"""Start the ranks of a check (or run in place under torchrun) and collect what they observed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ezpz_nb.ledger import StepRecord
+from ezpz_nb.verify.observe import Grid, Outcome, Ready, run_rank
+from ezpz_nb.verify.report import VerifyError
+
+__all__ = ["Ranks", "run_ranks"]
+
+# A rank stops iterating at this share of the timeout, so an endless loader is
+# reported as such (with what it yielded) before the launcher's timeout stops it.
+_BUDGET_SHARE = 0.75
+
+
+@dataclass
+class Ranks:
+    """What the ranks of one run gave back: outcomes, and where any hung."""
+
+    outcomes: list[Outcome]
+    hung: dict[int, str] = field(default_factory=dict)  # rank -> where it was blocked
+
+
+def _raise_failures(outcomes: Iterable[Outcome]) -> None:
+    failed = sorted(
+        (o for o in outcomes if o.phase in ("factory", "iterate", "key")), key=lambda o: o.rank
+    )
+    if not failed:
+        return
+    o = failed[0]
+    what = {
+        "factory": "make_loader raised",
+        "iterate": "iterating the loader raised",
+        "key": "its batches cannot be told apart",
+    }[o.phase]
+    others = f" (also on ranks {[f.rank for f in failed[1:]]})" if len(failed) > 1 else ""
+    raise VerifyError(f"rank {o.rank}: {what}{others}:\n{o.error.rstrip()}", rank=o.rank)
+
+
+def _check_structures(outcomes: list[Outcome]) -> None:
+    seen = {o.rank: o.structure for o in outcomes if o.structure}
+    if len(set(seen.values())) > 1:
+        base = min(seen)
+        odd = min(r for r, s in seen.items() if s != seen[base])
+        raise VerifyError(
+            f"rank {odd}'s batches have another structure than rank {base}'s:\n"
+            f"  rank {base}: {seen[base]}\n  rank {odd}: {seen[odd]}\n"
+            "Every rank must build the same loader (only its shard may differ): the "
+            "training step would treat the batches differently.",
+            rank=odd,
+        )
+
+
+def run_ranks(
+    make_loader: Callable[..., Any],
+    grid: Grid,
+    *,
+    timeout: float,
+    start_method: str | None = None,
+    cluster: Any = None,
+    **job: Any,
+) -> Ranks:
+    """Run :func:`~ezpz_nb.verify.observe.run_rank` on ``grid``'s ranks (or in place under torchrun).
+
+    Raises:
+        VerifyError: The factory failed, hung or made batches of different
+            structure on some rank, or a rank process died; names the rank.
+    """
+    from ezpz_nb.launcher import launch
+    from ezpz_nb.launcher.errors import HangError, RankError
+    from ezpz_nb.launcher.torchrun import in_torchrun_env
+
+    if in_torchrun_env():
+        import os
+
+        if int(os.environ["WORLD_SIZE"]) != grid.world_size:
+            raise VerifyError(
+                f"layout {grid} needs {grid.world_size} ranks but torchrun started "
+                f"{os.environ['WORLD_SIZE']}: match --nproc_per_node to the layout"
+            )
+    if cluster is not None and cluster.world_size != grid.world_size:
+        raise VerifyError(
+            f"layout {grid} needs {grid.world_size} ranks but the cluster has "
+            f"{cluster.world_size}: pass a Cluster(world_size={grid.world_size}) or none"
+        )
+    args = (make_loader, grid, job.pop("epochs"), job.pop("key"), timeout * _BUDGET_SHARE)
+    saved = cluster.timeout if cluster is not None else None
+    try:
+        if cluster is not None:
+            # Ranks kept between checks: imports (datasets...) are paid once per rank.
+            cluster.timeout = timeout
+            outcomes = cluster.run(run_rank, *args, **job)
+        else:
+            outcomes = launch(
+                run_rank, *args, world_size=grid.world_size, timeout=timeout,
+                start_method=start_method, **job,
+            )  # fmt: skip
+    except HangError as exc:
+        published = [e.item for e in exc.events]
+        _raise_failures(x for x in published if isinstance(x, Outcome))
+        ready = {x.rank for x in published if isinstance(x, Ready)}
+        stuck = {r: s.describe() for r, s in exc.stacks.items() if s.state != "finished"}
+        in_factory = sorted(set(stuck) - ready)
+        if in_factory:
+            raise VerifyError(
+                f"rank {in_factory[0]}: make_loader did not return within {timeout:g} s "
+                f"(ranks {in_factory} still inside it):\n  "
+                + "\n  ".join(stuck.values())
+                + "\nAll ranks were stopped.",
+                rank=in_factory[0],
+            ) from exc
+        records: dict[int, list[StepRecord]] = {}
+        for x in published:
+            for rec in x if isinstance(x, list) else [x]:
+                if isinstance(rec, StepRecord):
+                    records.setdefault(rec.rank, []).append(rec)
+        partial = [Outcome(rank=r, records=records.get(r, [])) for r in range(grid.world_size)]
+        return Ranks(partial, hung=stuck)
+    except RankError as exc:
+        raise VerifyError(
+            f"rank {exc.ranks[0] if exc.ranks else '?'} died while running the loader "
+            f"(no Python exception to report):\n{exc}",
+            rank=exc.ranks[0] if exc.ranks else None,
+        ) from exc
+    finally:
+        if cluster is not None:
+            cluster.timeout = saved
+    _raise_failures(outcomes)
+    _check_structures(outcomes)
+    return Ranks(list(outcomes))

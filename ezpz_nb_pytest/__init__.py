@@ -1,0 +1,57 @@
+"""pytest plugin of ezpz_nb: check a project's data loaders on real ranks in its own tests.
+
+Installing ezpz_nb registers it (the ``pytest11`` entry point ``ezpz_nb``). Loading it
+imports nothing heavy: torch and the launcher are imported, and ranks started, only
+when a test asks for one of its fixtures::
+
+    # tests/test_data.py of your project
+    from myproject.data import make_loader     # make_loader(layout) -> DataLoader
+
+    def test_loader_contract(loader_contract):
+        loader_contract(make_loader, "dp=2,tp=2", epochs=2)
+
+    def test_loader_resumes(loader_resume):
+        loader_resume(make_loader, "dp=2", scenarios=["mid-epoch"])
+
+A broken rule fails the test with the report's table (``ContractViolation``,
+an ``AssertionError``); a factory that fails on a rank fails it with a
+``VerifyError`` naming the rank. Each fixture returns the
+:class:`ezpz_nb.verify.Report` when the loader passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+__all__ = ["loader_contract", "loader_resume"]
+
+
+@pytest.fixture
+def loader_contract() -> Callable[..., Any]:
+    """``check(make_loader, layout="dp=2", **kwargs)``: ``ezpz_nb.verify.check_contract``
+    that raises on a violation (kwargs as there: ``epochs``, ``key``, ``timeout``...)."""
+
+    def check(make_loader: Callable[..., Any], layout: Any = "dp=2", **kwargs: Any) -> Any:
+        from ezpz_nb.verify import check_contract
+
+        __tracebackhide__ = True  # the failure is the report, not this frame
+        return check_contract(make_loader, layout, **kwargs).raise_for_violations()
+
+    return check
+
+
+@pytest.fixture
+def loader_resume() -> Callable[..., Any]:
+    """``check(make_loader, layout="dp=2", **kwargs)``: ``ezpz_nb.verify.check_resume``
+    that raises on a violation (kwargs as there: ``scenarios``, ``resume_layout``...)."""
+
+    def check(make_loader: Callable[..., Any], layout: Any = "dp=2", **kwargs: Any) -> Any:
+        from ezpz_nb.verify import check_resume
+
+        __tracebackhide__ = True
+        return check_resume(make_loader, layout, **kwargs).raise_for_violations()
+
+    return check

@@ -1,0 +1,417 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 13 · Your loader, checked
+#
+# The earlier notebooks built every loader by hand. A real job loads through a library:
+# PyTorch's `DataLoader`, Hugging Face `datasets`, torchdata, MosaicML `streaming`. Each
+# promises to shard and resume correctly; none ships a check you can run on *your* pipeline.
+# `ezpz_nb.verify` is that check. Give it a **factory**, `make_loader(layout) -> loader`, and a
+# layout such as `dp=2,tp=2`: it starts real ranks, builds the loader on each, runs it for a few
+# epochs and judges what every rank got against six rules:
+#
+# | rule | what goes wrong when it breaks |
+# |---|---|
+# | TP/CP peers get identical bytes | the TP shards of one layer compute on different data |
+# | DP replicas get disjoint samples | a sample's gradient counts twice |
+# | every sample exactly once an epoch | data silently skipped or repeated |
+# | every rank takes as many steps | the longer ranks wait in a collective forever: a hang |
+# | the global batch keeps its size | the effective learning rate changes |
+# | the order changes between epochs | every epoch repeats the first one's order |
+#
+# **Learning goals**
+#
+# - Check a `DataLoader` + `DistributedSampler` and four classic mistakes, with the first rank,
+#   step and sample at fault.
+# - See what `datasets.distributed.split_dataset_by_node` really does on the installed version,
+#   on map-style and streaming data, with shards that do and do not divide over the ranks, and
+#   with `skip()`/`take()` after the split.
+# - Stop and resume a torchdata `StatefulDataLoader` with workers in fresh ranks, and see which
+#   ways of stopping it survives.
+# - Put the same check in a project's CI (pytest fixture, `ezpz-nb check`).
+#
+# Every dataset here is written by this notebook into a temporary folder: nothing is downloaded.
+
+# %%
+# %matplotlib inline
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from ezpz_nb.verify import check_contract, check_resume
+
+N = 30  # samples in the map-style dataset
+
+
+class Tokens(Dataset):
+    """Sample i: 6 tokens computed from i alone (the same bytes on every rank), and i."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return {"input_ids": torch.arange(6) + 7 * i, "index": i}
+
+
+# %% [markdown]
+# ## A right loader
+#
+# The factory gets the rank's `layout` (`dp_rank`, `dp_size`, `tp_rank`, the groups). The
+# sampler shards over the **DP replicas**, not over the world, so the two TP peers of a replica
+# get the same batches. The check calls `set_epoch` before each epoch, as a training loop must.
+
+
+# %%
+def right(layout):
+    sampler = DistributedSampler(
+        Tokens(), num_replicas=layout.dp_size, rank=layout.dp_rank, shuffle=True, seed=0
+    )
+    return DataLoader(Tokens(), batch_size=4, sampler=sampler)
+
+
+report = check_contract(right, "dp=2,tp=2", epochs=2)
+report
+
+# %% [markdown]
+# 30 samples over 2 replicas, 15 each, in batches of 4: the last batch of each replica holds 3,
+# so the last global batch is 6 instead of 8. The report marks that *expected* and says why
+# (`DataLoader(drop_last=False)`): a choice, not a bug. `report.steps` holds each rank's
+# steps per epoch, and `report.to_json()` is the same report for a CI log.
+
+# %%
+assert report.ok, report.table()
+print(report.steps)
+print(json.loads(report.to_json())["rules"])
+
+# %% [markdown]
+# ## Four classic mistakes
+#
+# Each factory below is one line away from `right`. The check names the rule each breaks and
+# where it first shows: rank, step, sample.
+
+
+# %%
+def world_sharded(layout):  # sharded over all 4 ranks: TP peers get different samples
+    s = DistributedSampler(Tokens(), num_replicas=dist.get_world_size(), rank=dist.get_rank())
+    return DataLoader(Tokens(), batch_size=4, sampler=s)
+
+
+def no_sampler(layout):  # every replica reads everything
+    return DataLoader(Tokens(), batch_size=4)
+
+
+def hand_sharded(layout):  # tokens[r::w]: 30 over 4 replicas is 8, 8, 7, 7 samples
+    part = torch.utils.data.Subset(Tokens(), range(layout.dp_rank, N, layout.dp_size))
+    return DataLoader(part, batch_size=1)
+
+
+class Epochless:
+    """A wrapper that hides the sampler, so set_epoch never reaches it."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+def wrapped(layout):
+    return Epochless(right(layout))
+
+
+mistakes = {
+    "world_sharded": check_contract(world_sharded, "dp=2,tp=2", epochs=1),
+    "no_sampler": check_contract(no_sampler, "dp=2", epochs=1),
+    "hand_sharded": check_contract(hand_sharded, "dp=4", epochs=1),
+    "wrapped": check_contract(wrapped, "dp=2", epochs=2, shuffle=True),
+}
+for name, rep in mistakes.items():
+    f = rep.violations[0]
+    print(f"{name:14} {rep.verdict}: {f.rule:13} {f.where()}")
+
+# %% [markdown]
+# `world_sharded` gives rank 1 other samples than its TP peer rank 0 from step 0; `no_sampler`
+# gives replica 1 the samples replica 0 has; `hand_sharded` leaves ranks 2 and 3 one step short
+# (the others would wait for them in the next collective); `wrapped` repeats epoch 0's order,
+# because a wrapper without `set_epoch` hides the sampler. The figure colours each rank by the
+# first rule it broke:
+
+# %%
+assert [rep.violations[0].rule for rep in mistakes.values()] == [
+    "tp_identical",
+    "dp_disjoint",
+    "equal_steps",
+    "reshuffle",
+]
+mistakes["world_sharded"].figure()
+# %% [markdown]
+# ## Hugging Face `datasets`: `split_dataset_by_node`
+#
+# `datasets.distributed.split_dataset_by_node(ds, rank, world_size)` is how HF datasets are
+# sharded over ranks. Its documentation says what it does: a map-style `Dataset` is cut into
+# `world_size` contiguous pieces; a streaming `IterableDataset` gives each rank whole shards
+# (files) when the number of shards divides by `world_size`, and otherwise every rank reads
+# every shard and keeps one example in `world_size`. Here the data is JSON lines this notebook
+# writes, 34 rows: as four files of 12, 12, 6 and 4 rows, and as three files of 12, 12 and 10.
+#
+# Every rank imports `datasets` when it first unpickles one (a few seconds on a busy laptop),
+# so this section runs its checks on one `ez.Cluster` of 4 ranks that stays up between them
+# (`cluster=`): the import is paid once.
+
+# %%
+import datasets  # the `loaders` extra: pip install 'ezpz_nb[loaders]'
+from datasets.distributed import split_dataset_by_node
+
+import ezpz_nb as ez
+
+datasets.disable_progress_bars()
+folder = Path(tempfile.mkdtemp(prefix="ezpz-nb13-"))
+# Even with cache_dir= below, datasets leaves a lock file per load in its default cache
+# (~/.cache/huggingface/datasets): point that into the folder too, so nothing outlives it.
+datasets.config.HF_DATASETS_CACHE = folder / "hf"
+
+
+def write_shards(name, sizes):
+    """JSON-lines files of consecutive rows {"index": i, "input_ids": [i, i, i, i]}."""
+    paths, start = [], 0
+    for k, n in enumerate(sizes):
+        path = folder / f"{name}-{k}.jsonl"
+        path.write_text("".join(json.dumps({"index": i, "input_ids": [i] * 4}) + "\n"
+                                for i in range(start, start + n)))  # fmt: skip
+        paths.append(str(path))
+        start += n
+    return paths
+
+
+four, three = write_shards("four", [12, 12, 6, 4]), write_shards("three", [12, 12, 10])
+mapped = datasets.load_dataset("json", data_files=four, split="train", cache_dir=str(folder / "c"))
+stream4 = datasets.load_dataset("json", data_files=four, split="train", streaming=True)
+stream3 = datasets.load_dataset("json", data_files=three, split="train", streaming=True)
+print(f"datasets {datasets.__version__}: {len(mapped)} rows; {stream4.num_shards} and "
+      f"{stream3.num_shards} shards")  # fmt: skip
+
+
+# %%
+def hf_loader(ds):
+    """A factory: split ``ds`` over the DP replicas, batches of 4."""
+
+    def make_loader(layout):
+        part = split_dataset_by_node(ds, rank=layout.dp_rank, world_size=layout.dp_size)
+        return DataLoader(part.with_format("torch"), batch_size=4)
+
+    return make_loader
+
+
+hf_ranks = ez.Cluster(world_size=4)
+hf = {
+    "map-style over dp=4": check_contract(hf_loader(mapped), "dp=4", epochs=1, cluster=hf_ranks),
+    "4 shards over dp=2 x tp=2": check_contract(
+        hf_loader(stream4), "dp=2,tp=2", epochs=1, cluster=hf_ranks
+    ),
+    "3 shards over dp=4": check_contract(hf_loader(stream3), "dp=4", epochs=1, cluster=hf_ranks),
+}
+for name, rep in hf.items():
+    steps = {r: s[0] for r, s in rep.steps.items()}
+    broken = ", ".join(sorted({f.rule for f in rep.violations})) or "-"
+    print(f"{name:26} {rep.verdict}  steps per rank {steps}  broken: {broken}")
+
+# %% [markdown]
+# Read the step counts. The map-style split gives 9, 9, 8, 8 rows, so 3, 3, 2, 2 batches of 4:
+# ranks 2 and 3 finish first and ranks 0 and 1 would wait for them in their next collective.
+# With 4 files over 2 replicas each replica reads two whole files, 12 + 6 and 12 + 4 rows: 5 and
+# 4 batches, the hang reported in datasets #6437 and #6719 (its TP peers agree with each other,
+# so TP is fine). With 3 files over 4 ranks the shards do not divide, so every rank reads every
+# file and keeps one row in four: 9, 9, 8, 8 rows, unequal again. Every sample is seen exactly
+# once in all three; the step counts are what breaks. The usual remedies: a per-rank `take(n)`
+# with `n` the smallest share, or stop every rank when the first one runs out (notebook 04's
+# step agreement).
+
+# %%
+for rep in hf.values():
+    assert [f.rule for f in rep.violations] == ["equal_steps"], rep.table()
+    assert rep.rule_verdicts()["exactly_once"] == "pass", rep.table()
+    assert rep.rule_verdicts()["tp_identical"] == "pass", rep.table()
+
+# %% [markdown]
+# ### `skip()` and `take()` after the split
+#
+# datasets #8568 reported that `skip()` on a split streaming dataset gave every rank the whole
+# data; it was fixed upstream. What does the installed version do? Each of 2 ranks asks for
+# `skip(3)` and for `take(4)` of its part:
+
+
+# %%
+def show_skip(ds, world=2, n=3):
+    """Print each rank's part, its skip(n) and take(n + 1); say what skip() did."""
+    parts = [split_dataset_by_node(ds, rank=r, world_size=world) for r in range(world)]
+    own = [[x["index"] for x in part] for part in parts]
+    skipped = [[x["index"] for x in part.skip(n)] for part in parts]
+    for r, part in enumerate(parts):
+        print(f"  rank {r}: own {own[r]}\n          skip({n}) {skipped[r]}")
+        print(f"          take({n + 1}) {[x['index'] for x in part.take(n + 1)]}")
+    if all(skipped[r] == own[r][n:] for r in range(world)):
+        return f"skip({n}) drops the first {n} rows of each rank's own part"
+    if any(len(s) >= sum(map(len, own)) - n for s in skipped):
+        return f"skip({n}) gives a rank (nearly) the whole data, as in #8568"
+    return (
+        f"skip({n}) drops {n} rows of the whole stream, before the split: the ranks' parts "
+        "change (compare the lists)"
+    )
+
+
+for ds in (stream4, stream3):
+    print(f"{ds.num_shards} shards over 2 ranks:")
+    print(f"  -> on datasets {datasets.__version__}, {show_skip(ds)}")
+
+
+# %%
+def hf_skip(ds, n=3):
+    """A factory: split ``ds`` over the DP replicas, then skip(n) on each."""
+
+    def make_loader(layout):
+        part = split_dataset_by_node(ds, rank=layout.dp_rank, world_size=layout.dp_size)
+        return DataLoader(part.skip(n).with_format("torch"), batch_size=4)
+
+    return make_loader
+
+
+for ds in (stream4, stream3):
+    rep = check_contract(hf_skip(ds), "dp=2,tp=2", epochs=1, num_samples=34, cluster=hf_ranks)
+    never = next((f for f in rep.findings if f.kind == "never_seen"), None)
+    print(f"{ds.num_shards} shards, skip(3) on each of 2 replicas: steps {rep.steps}; never seen: "
+          f"{never.message.split(' were')[0].split(': ')[1] if never else 'none'}")  # fmt: skip
+hf_ranks.close()
+
+# %% [markdown]
+# Compare each rank's lists: a resumed streaming job relies on exactly this when it skips the
+# batches it already trained on, and the answer can depend on whether the shards divide over the
+# ranks. Whatever the version does, the check says which samples the job never saw and whether
+# the ranks still take the same number of steps. Where `skip()` acts on the whole stream, a
+# resumed job that skips per rank what each rank already trained on gets another rank's rows:
+# `check_resume` (next section) is the check for that.
+
+# %% [markdown]
+# ## torchdata `StatefulDataLoader`: stop, resume, with workers
+#
+# `check_resume` runs the loader straight through once, then stops it (mid-epoch, at an epoch
+# boundary, and again right after a resume), saves `state_dict()` on every rank, and resumes
+# from it **in fresh ranks**, as a restarted job does. The joined parts must see each sample
+# exactly once per epoch, and the first place they part from the straight run is named.
+
+
+# %%
+def stateful(layout, num_workers=2):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    s = DistributedSampler(Tokens(), num_replicas=layout.dp_size, rank=layout.dp_rank, seed=0)
+    return StatefulDataLoader(
+        Tokens(), batch_size=4, sampler=s, num_workers=num_workers,
+        multiprocessing_context="fork" if num_workers else None,
+    )  # fmt: skip
+
+
+def stateful_sampler(layout):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+    s = StatefulDistributedSampler(
+        Tokens(), num_replicas=layout.dp_size, rank=layout.dp_rank, seed=0
+    )
+    return StatefulDataLoader(Tokens(), batch_size=4, sampler=s)
+
+
+with_workers = check_resume(stateful, "dp=2", epochs=2, scenarios=["mid-epoch"])
+print(with_workers.table())
+sampler_resume = check_resume(stateful_sampler, "dp=2", epochs=2)
+print(sampler_resume.table())
+
+# %% [markdown]
+# Read the two tables. `StatefulDataLoader` over a plain `DistributedSampler` resumes exactly
+# once with two workers: it counts the batches it yielded and fast-forwards the sampler. With
+# torchdata's own `StatefulDistributedSampler`, the report says for each way of stopping
+# whether the joined run matched the straight one, and if not, at which rank and step and the
+# likely cause (an epoch that ends at once after a state saved at its end; a loaded offset
+# forgotten when the state is saved again before a step). The same check runs with
+# `resume_layout="dp=4"` (another world size) or `resume_options={"num_workers": 1}`.
+
+# %%
+assert with_workers.ok, with_workers.table()
+assert all(f.hint for f in sampler_resume.violations if f.rule == "resume")
+
+# %% [markdown]
+# ## MosaicML `streaming`
+#
+# `streaming.StreamingDataset` shards local MDS files over the ranks itself and resumes from its
+# own `state_dict`; `replication=tp` gives TP peers the same samples. It is an optional extra of
+# its own (`pip install 'ezpz_nb[streaming]'` in a separate virtual environment: version 0.13
+# pins `numpy<2.2` and pulls torchvision and transformers), so this part runs only where it is
+# installed.
+
+# %%
+try:
+    import streaming
+except ImportError:
+    streaming = None
+    print(
+        "MosaicML streaming is not installed: skipped. To run this part, in a separate "
+        "virtual environment: pip install 'ezpz_nb[streaming]'"
+    )
+
+# %%
+if streaming is not None:
+    from streaming import MDSWriter, StreamingDataset
+
+    mds = folder / "mds"
+    with MDSWriter(out=str(mds), columns={"index": "int", "tokens": "bytes"}, size_limit=256) as w:
+        for i in range(N):
+            w.write({"index": i, "tokens": bytes([i % 256]) * 8})
+
+    def mosaic(layout):
+        import os
+
+        # streaming reads the job's layout from torchrun's variables; ez.launch's ranks
+        # are in a process group already, so hand it the same numbers.
+        world = str(dist.get_world_size())
+        os.environ.update(RANK=str(dist.get_rank()), WORLD_SIZE=world,
+                          LOCAL_RANK=str(dist.get_rank()), LOCAL_WORLD_SIZE=world)  # fmt: skip
+        ds = StreamingDataset(
+            local=str(mds), batch_size=4, replication=layout.tp_size, shuffle=False
+        )
+        return DataLoader(ds, batch_size=4)
+
+    print(check_contract(mosaic, "dp=2,tp=2", epochs=1).table())
+
+# %%
+import shutil
+
+shutil.rmtree(folder, ignore_errors=True)  # the data this notebook wrote: nothing outlives it
+
+# %% [markdown]
+# ## In your project's CI
+#
+# Installing ezpz_nb adds a pytest fixture (no torch is imported until a test uses it):
+#
+# ```python
+# def test_loader_contract(loader_contract):
+#     from myproject.data import make_loader   # make_loader(layout) -> DataLoader
+#     loader_contract(make_loader, "dp=2,tp=2", epochs=2)   # fails with the table
+# ```
+#
+# and a command that exits 1 on a violation:
+#
+# ```bash
+# ezpz-nb check myproject.data:make_loader --layout dp=2,tp=2
+# ```
+#
+# Under torchrun (`torchrun --nproc_per_node=4 -m ezpz_nb check ...`) the check runs in place on
+# torchrun's ranks. `docs/verify.md` has both in full.

@@ -1,0 +1,285 @@
+"""ezpz_nb.verify.check_contract on real gloo ranks: a wrong loader per rule, right ones pass.
+
+The factories are in ``_verify_loaders.py`` (shared with the torchrun script).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import _verify_loaders as L
+import pytest
+from test_launch import _ranks_alive
+
+from ezpz_nb.launcher import live_clusters
+from ezpz_nb.verify import ContractViolation, Report, VerifyError, check_contract, parse_layout
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks():
+    """Whatever a check did, no rank process or cluster outlives it."""
+    yield
+    deadline = time.monotonic() + 5
+    while _ranks_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _ranks_alive() == []
+    assert live_clusters() == []
+
+
+def _verdicts(report: Report) -> dict[str, str]:
+    return report.rule_verdicts()
+
+
+def test_right_loader_passes_every_rule():
+    """A sharded, shuffled DataLoader passes every rule on dp 2 x tp 2, both epochs.
+
+    Guards: a checker that flags right loaders (TP peers counted as DP duplicates,
+    the set_epoch reshuffle missed) would teach people to ignore it.
+    """
+    report = check_contract(L.right, "dp=2,tp=2", epochs=2)
+    assert report.ok, report.table()
+    assert set(_verdicts(report).values()) == {"pass"}
+    assert report.steps == {r: [4, 4] for r in range(4)}
+    assert report.raise_for_violations() is report
+
+
+@pytest.mark.parametrize(
+    ("factory", "kind", "why"),
+    [
+        (L.right_padded, "dp_duplicate", "pads"),
+        (L.right_dropped, "never_seen", "drops"),
+    ],
+)
+def test_drop_last_choices_are_expected_not_violations(factory, kind, why):
+    """Padding (drop_last=False) and dropping (drop_last=True) are reported with their reason.
+
+    Guards: a report that fails every dataset whose length does not divide, or
+    one that hides what the sampler repeated or dropped.
+    """
+    report = check_contract(factory, "dp=2", epochs=1)
+    found = [f for f in report.findings if f.kind == kind]
+    assert found and why in found[0].expected, report.table()
+    assert report.ok, report.table()
+
+
+@pytest.mark.parametrize(
+    ("factory", "layout", "rule", "kind", "first"),
+    [
+        (L.world_sharded, "dp=2,tp=2", "tp_identical", "tp_mismatch", (1, 0)),
+        (L.seeded_by_rank, "dp=1,tp=2", "tp_identical", "tp_mismatch", (1, 0)),
+        (L.unsharded, "dp=2", "dp_disjoint", "dp_duplicate", (1, 0)),
+        (L.too_many_shards, "dp=2", "exactly_once", "never_seen", (None, None)),
+        (L.stream_workers_repeat, "dp=2", "exactly_once", "rank_duplicate", (0, 1)),
+        (L.hand_sharded, "dp=2", "equal_steps", "step_mismatch", (1, 3)),
+        (L.uneven_batches, "dp=2", "global_batch", "batch_size", (1, 1)),
+        (L.no_set_epoch, "dp=2", "reshuffle", "order_unchanged", (0, 0)),
+        (L.cp_split_samples, "dp=1,cp=2", "tp_identical", "tp_mismatch", (1, 0)),
+    ],
+)
+def test_each_wrong_loader_is_caught_with_its_first_offence(factory, layout, rule, kind, first):
+    """Each classic mistake fails its rule and names the first rank and step.
+
+    Guards: a rule that stopped firing (a check dropped from the rule set, an
+    opt-in flag left off) or a first offence that points at the wrong rank.
+    """
+    # A wrapper hides the sampler: say that shuffling was asked for.
+    shuffle = True if factory is L.no_set_epoch else None
+    report = check_contract(factory, layout, epochs=2, shuffle=shuffle)
+    assert not report.ok
+    assert _verdicts(report)[rule] == "fail", report.table()
+    f = next(f for f in report.violations if f.kind == kind)
+    assert (f.rank, f.step) == first, f
+    if kind == "rank_duplicate":
+        assert f.worker in (0, 1)  # the DataLoader worker that repeated it
+    assert f.message in report.table()
+
+
+def test_cp_peers_may_hold_different_slices_of_the_same_samples():
+    """CP peers hold the same samples as different slices: a right answer, not a TP mismatch.
+
+    Guards: a byte check that compared CP peers as if they were TP peers.
+    """
+    report = check_contract(L.cp_slices, "dp=2,cp=2", epochs=1)
+    assert report.ok, report.table()
+    assert report.layout == {"dp": 2, "tp": 1, "cp": 2}
+
+
+def test_keys_and_digests_identify_samples():
+    """``__key__`` strings are named in the report; key='digest' tells tuple samples apart.
+
+    Guards: reports that print hashed ids instead of the user's keys, and a
+    digest mode that sees a whole batch as one sample.
+    """
+    ok = check_contract(L.keyed, "dp=2", epochs=1)
+    assert ok.ok, ok.table()
+    bad = check_contract(L.keyed, "dp=1,tp=2", epochs=1)
+    assert bad.ok  # both TP peers see the same keys and bytes
+    dup = check_contract(lambda lay: L.keyed(lay.__class__(0, 1, 0, 1, 0, 1)), "dp=2", epochs=1)
+    f = next(f for f in dup.violations if f.kind == "dp_duplicate")
+    assert f.sample is not None and f.sample.startswith("shard0/")
+    digest = check_contract(L.tuples, "dp=2", epochs=2, key="digest")
+    assert digest.ok, digest.table()
+    assert sum(len(r.sample_ids) for r in digest.ledger.records if r.epoch == 0) == L.N
+
+
+def test_a_loader_that_hangs_is_reported_within_the_timeout():
+    """A collective per batch over ranks with unequal step counts: reported as a hang.
+
+    Guards: a check that hangs the notebook (no timeout) or raises the launcher's
+    HangError instead of a report naming the rank.
+    """
+    t0 = time.monotonic()
+    report = check_contract(L.collective_uneven, "dp=2", epochs=1, timeout=8)
+    assert time.monotonic() - t0 < 60
+    f = next(f for f in report.violations if f.rule == "equal_steps")
+    assert (f.kind, f.rank) == ("hang", 0), report.table()
+    assert "all_reduce" in f.message
+
+
+def test_an_endless_stream_is_reported_not_hung_on():
+    """A generator that never stops: the ranks stop at 3/4 of the timeout and the report says so.
+
+    (timeout=10: the ranks count their budget from their own start, which a loaded
+    machine delays; a shorter timeout would let the launcher stop them first.)
+
+    Guards: an endless IterableDataset that runs until the launcher kills it.
+    """
+    report = check_contract(L.endless, "dp=2", epochs=1, timeout=10)
+    f = next(f for f in report.violations if f.kind == "timeout")
+    assert "endless" in f.message and f.step is not None and f.step > 0
+
+
+@pytest.mark.parametrize(
+    ("factory", "words"),
+    [
+        (L.raises_on_rank1, ["rank 1", "make_loader raised", "FileNotFoundError", "no shard"]),
+        (L.not_iterable, ["rank 0", "not iterable", "return the DataLoader"]),
+        (L.structure_by_rank, ["rank 1", "another structure", "tokens"]),
+        (L.no_ids, ["rank 0", "key='digest'", "'index'"]),
+    ],
+)
+def test_bad_factories_are_clear_errors_naming_the_rank(factory, words):
+    """A factory that raises, returns no iterable, changes structure by rank or gives no ids.
+
+    Guards: a bare RankError or a traceback of the checker's own plumbing instead
+    of one error that says which rank and what to do.
+    """
+    with pytest.raises(VerifyError) as info:
+        check_contract(factory, "dp=2", epochs=1, timeout=30)
+    for w in words:
+        assert w in str(info.value), str(info.value)
+    assert info.value.rank == int(words[0].split()[1])
+
+
+def test_a_factory_that_hangs_is_an_error_naming_the_rank():
+    """make_loader never returns on rank 1: an error naming rank 1, all ranks stopped.
+
+    Guards: a hung factory reported as a loader hang, or a check that never returns.
+    """
+    with pytest.raises(VerifyError, match="rank 1: make_loader did not return") as info:
+        check_contract(L.hangs_on_rank1, "dp=2", epochs=1, timeout=5)
+    assert info.value.rank == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"layout": "dp=two"}, "dp=2,tp=2"),
+        ({"layout": "dp=2,pp=2"}, "positive sizes"),
+        ({"layout": "dp=64,tp=2"}, "at most"),
+        ({"epochs": 0}, "epochs"),
+        ({"key": ""}, "key"),
+        ({"timeout": -1}, "timeout"),
+    ],
+)
+def test_bad_arguments_fail_before_any_rank_starts(kwargs, match):
+    """Bad layouts, epochs, keys and timeouts are errors that say what to write.
+
+    Guards: arguments found wrong only after ranks started (or never).
+    """
+    args = {"layout": "dp=2", **kwargs}
+    with pytest.raises(VerifyError, match=match):
+        check_contract(L.right, args.pop("layout"), **args)
+    with pytest.raises(VerifyError, match="function"):
+        check_contract(L.Squares(), "dp=2")
+
+
+def test_report_round_trips_through_json_and_raises_for_violations():
+    """to_json/from_json keep the verdict and findings; raise_for_violations carries the table.
+
+    Guards: a CI log that cannot be read back, or an assertion without the table.
+    """
+    report = check_contract(L.unsharded, "dp=2", epochs=1)
+    back = Report.from_json(report.to_json())
+    assert back.findings == report.findings and back.verdict == "fail"
+    assert json.loads(report.to_json())["rules"]["dp_disjoint"] == "fail"
+    with pytest.raises(ContractViolation) as info:
+        report.raise_for_violations()
+    assert isinstance(info.value, AssertionError) and "dp_duplicate" in str(info.value)
+    assert parse_layout({"dp": 2, "cp": 2}).world_size == 4
+
+
+@pytest.mark.parametrize(
+    ("factory", "verdict"),
+    [("right", "pass"), ("world_sharded", "fail"), ("raises_on_rank1", "rank 1")],
+)
+def test_under_torchrun_it_runs_in_place(tmp_path, factory, verdict):
+    """torchrun --nproc_per_node=4: the same factories, the same verdicts, no ranks started.
+
+    Guards: a check that only works from a notebook (starting its own ranks
+    inside torchrun's, or hanging in the gather when one rank's factory raises).
+    """
+    from test_torchrun import torchrun_cmd
+
+    out = tmp_path / "report.json"
+    script = str(Path(__file__).parent / "_verify_torchrun.py")
+    cmd, env = torchrun_cmd(4, script, factory, "dp=2,tp=2", str(out))
+    proc = subprocess.run(
+        cmd, env=dict(env, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=150
+    )
+    assert out.exists(), proc.stderr[-3000:]
+    text = out.read_text()
+    if verdict == "rank 1":
+        assert text.startswith("VerifyError: rank 1: make_loader raised"), text
+    else:
+        report = Report.from_json(text)
+        assert report.verdict == verdict, report.table()
+        per_rank = 4 if factory == "right" else 2  # 24 samples over 2 replicas, or over 4
+        assert report.steps == {r: [per_rank] * 2 for r in range(4)}
+
+
+def test_mesh_figure_colours_each_rank_by_its_first_broken_rule():
+    """Rank 1 broke dp_disjoint, rank 3 tp_identical, the others nothing: three colours.
+
+    Guards: a figure that colours the whole mesh for one rank's fault, or leaves a
+    rule that no single rank broke (samples never seen) unsaid.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.colors import to_hex
+    from matplotlib.patches import Rectangle
+
+    from ezpz_nb.verify import Finding
+    from ezpz_nb.verify.figure import RULE_COLORS
+
+    report = Report(
+        "hand-made", {"dp": 2, "tp": 2, "cp": 1}, 1, "index",
+        [
+            Finding("dp_disjoint", "dp_duplicate", 0, "x", rank=1, step=0, ranks=[1]),
+            Finding("tp_identical", "tp_mismatch", 0, "y", rank=3, step=2, ranks=[3]),
+            Finding("exactly_once", "never_seen", 0, "z", sample="7"),
+        ],
+    )  # fmt: skip
+    fig = report.figure()
+    cells = [p for p in fig.axes[0].patches if isinstance(p, Rectangle)]
+    colours = [to_hex(c.get_facecolor()) for c in cells]
+    assert colours[1] == RULE_COLORS["dp_disjoint"].lower()
+    assert colours[3] == RULE_COLORS["tp_identical"].lower()
+    assert colours[0] == colours[2] != colours[1]
+    assert "exactly_once" in fig.axes[0].get_title()

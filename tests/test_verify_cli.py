@@ -1,0 +1,148 @@
+"""``ezpz-nb check`` and the pytest plugin (``loader_contract``/``loader_resume`` fixtures)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ezpz_nb.cli import main
+
+pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.timeout(240)
+
+LOADERS = str(Path(__file__).parent / "_verify_loaders.py")
+
+
+def test_check_exits_0_on_a_right_loader_and_writes_json(tmp_path, capsys):
+    """A right loader: exit 0, the table on stdout, the report in --json.
+
+    Guards: a CI step that passes without having checked anything.
+    """
+    out = tmp_path / "report.json"
+    code = main(["check", f"{LOADERS}:right", "--layout", "dp=2,tp=2", "--json", str(out)])
+    assert code == 0, capsys.readouterr()
+    assert "PASS" in capsys.readouterr().out
+    assert json.loads(out.read_text())[0]["verdict"] == "pass"
+
+
+@pytest.mark.parametrize(
+    ("factory", "code", "words"),
+    [
+        ("unsharded", 1, "dp_duplicate"),
+        ("raises_on_rank1", 2, "rank 1: make_loader raised"),
+        ("nothing_here", 2, "has no 'nothing_here'"),
+    ],
+)
+def test_check_exits_1_on_a_violation_and_2_when_it_cannot_run(factory, code, words, capsys):
+    """A violation exits 1 with the table; a broken factory or name exits 2 with the reason.
+
+    Guards: a violation that CI reads as success, or a crash that reads as a violation.
+    """
+    assert main(["check", f"{LOADERS}:{factory}", "--epochs", "1"]) == code
+    both = capsys.readouterr()
+    assert words in both.out + both.err
+
+
+def test_plugin_loads_without_torch_and_its_fixture_fails_a_bad_loader(pytester):
+    """In a fresh pytest: loading the plugin imports no torch; the fixture passes a right
+    loader and fails a wrong one with the report's table.
+
+    Guards: a plugin that slows every pytest run of a project (torch at load time), or
+    a fixture whose failure does not say which rule broke.
+    """
+    pytester.makepyfile(
+        test_loaders=f"""
+        import sys
+        TORCH_AT_COLLECTION = "torch" in sys.modules
+
+        sys.path.insert(0, {str(Path(LOADERS).parent)!r})
+
+        def test_plugin_is_light():
+            assert not TORCH_AT_COLLECTION
+
+        def test_right(loader_contract):
+            import _verify_loaders as L
+            report = loader_contract(L.right, "dp=2", epochs=1)
+            assert report.ok
+
+        def test_wrong(loader_contract):
+            import _verify_loaders as L
+            loader_contract(L.unsharded, "dp=2", epochs=1)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*ContractViolation*", "*DP replicas get disjoint samples*fail*"])
+
+
+def test_plugin_module_imports_nothing_heavy():
+    """``import ezpz_nb_pytest`` loads neither torch nor ezpz_nb.
+
+    Guards: an import moved to the module's top (pytest loads the plugin in every
+    run of every project that installs ezpz_nb).
+    """
+    code = "import sys, ezpz_nb_pytest; print(sorted(m for m in ('torch', 'ezpz_nb') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_installed_wheel_gives_the_command_and_the_plugin(tmp_path):
+    """Built as a wheel and installed into a folder (no checkout on the path): `ezpz-nb
+    check` exits 1 on a violation and pytest finds the fixture through the entry point.
+
+    Guards: a plugin package or entry point left out of the wheel (it would work in the
+    editable checkout and nowhere else).
+    """
+    from _wheel import build_wheel
+
+    wheel = build_wheel(tmp_path / "build")
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+        check=True, capture_output=True, timeout=240,
+    )  # fmt: skip
+    away = tmp_path / "project"
+    away.mkdir()
+    (away / "loaders.py").write_text(Path(LOADERS).read_text())
+    (away / "test_contract.py").write_text(
+        "import ezpz_nb_pytest, loaders\n\n"
+        "def test_where():\n    assert ezpz_nb_pytest.__file__.startswith("
+        + repr(str(site))
+        + ")\n\n"
+        "def test_right(loader_contract):\n    loader_contract(loaders.right, 'dp=2', epochs=1)\n\n"
+        "def test_wrong(loader_contract):\n    loader_contract(loaders.unsharded, 'dp=2', epochs=1)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{site}:{away}"}
+
+    def run(*cmd: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, *cmd], cwd=away, env=env, capture_output=True, text=True, timeout=240
+        )
+
+    check = run("-m", "ezpz_nb", "check", "loaders:unsharded", "--epochs", "1")
+    assert check.returncode == 1 and "dp_duplicate" in check.stdout, check.stderr[-2000:]
+    tests = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "test_contract.py")
+    assert "1 failed, 2 passed" in tests.stdout, tests.stdout[-3000:]
+
+
+def test_check_under_torchrun_exits_1_and_rank_0_prints(tmp_path):
+    """`torchrun -m ezpz_nb check`: in place on torchrun's ranks, one table, a failing exit.
+
+    Guards: four copies of the report in a CI log, or a violation torchrun reports as success.
+    """
+    from test_torchrun import torchrun_cmd
+
+    cmd, env = torchrun_cmd(
+        4, "ezpz_nb", "check", f"{LOADERS}:world_sharded", "--layout", "dp=2,tp=2"
+    )
+    cmd[cmd.index("-m", 3) + 1] = "ezpz_nb"  # the package's own __main__, not an example
+    proc = subprocess.run(
+        cmd, env=dict(env, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=150
+    )
+    assert proc.returncode != 0
+    assert proc.stdout.count("samples by 'index': FAIL") == 1, proc.stdout + proc.stderr[-2000:]
