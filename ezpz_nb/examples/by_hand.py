@@ -33,7 +33,18 @@ from ezpz_nb.errors import EzpzError
 from ezpz_nb.examples.agents import AgentRun, check_worker_file, torchrun
 from ezpz_nb.ledger import Ledger, StepRecord
 
-__all__ = ["Attempts", "WorkerCheckError", "check_worker", "load_attempts", "startup_lines"]
+__all__ = [
+    "WORKER_NAME",
+    "Attempts",
+    "WorkerCheckError",
+    "check_worker",
+    "load_attempts",
+    "startup_lines",
+    "worker_from_notebook",
+]
+
+#: The file notebook 14's ``%%writefile`` cells write.
+WORKER_NAME = "torchrun_worker.py"
 
 _STARTUP = re.compile(
     r"rank (\d+) local_rank (\d+) world_size (\d+) local_world_size (\d+) node (\d+) "
@@ -81,6 +92,32 @@ class Attempts:
             if len(seen) != len(set(seen)):
                 return False
         return True
+
+
+def worker_from_notebook(notebook: str | Path) -> str:
+    """The worker file a notebook's ``%%writefile`` cells write, as text.
+
+    The cell ``%%writefile NAME`` starts the file and each ``%%writefile -a NAME``
+    appends to it, as IPython does when the cells run in order. Used to run the
+    notebook's own solution where no kernel runs (``make gpu-check``, the tests).
+
+    Raises:
+        ValueError: The notebook writes no such file.
+    """
+    cells = json.loads(Path(notebook).read_text(encoding="utf-8"))["cells"]
+    text: str | None = None
+    for cell in cells:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        first, _, rest = source.partition("\n")
+        words = first.split()
+        if cell["cell_type"] != "code" or not words or words[0] != "%%writefile":
+            continue
+        # IPython writes the cell's body as is, with a final newline.
+        body = rest if rest.endswith("\n") else rest + "\n"
+        text = (text or "") + body if "-a" in words[1:-1] else body
+    if text is None:
+        raise ValueError(f"{notebook} has no %%writefile cell")
+    return text
 
 
 def _attempt_number(folder: Path) -> int:
@@ -228,7 +265,7 @@ def _expect_ledger(case: str, out: Path, world: int, tp: int, run: AgentRun) -> 
 
 
 def check_worker(
-    path: str | Path = "torchrun_worker.py",
+    path: str | Path = WORKER_NAME,
     *,
     backend: str = "gloo",
     timeout_s: float = 90,
