@@ -335,6 +335,13 @@ def check_worker(
                     "group at the end of main(), and keep no group in a global",
                     run,
                 )
+            if run.lines("outlive destroy_process_group"):
+                raise _fail(
+                    case,
+                    "gloo threads outlived the teardown: drop every reference to a group "
+                    "(layout, loader, the gloo side group) before destroy_distributed()",
+                    run,
+                )
             _expect_identity(case, run, nnodes, nproc, backend)
             _expect_ledger(case, Path(tmp), nnodes * nproc, 2, run)
             warned = bool(run.lines("spans nodes"))

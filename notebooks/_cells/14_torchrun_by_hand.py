@@ -326,7 +326,7 @@ def main(argv=None):
     # Only after a run that went well (a rank whose collective failed would wait here).
     # destroy_distributed() is dist.destroy_process_group() that also frees the groups
     # DeviceMesh keeps: a gloo thread still alive at exit can abort the process.
-    del layout, loader
+    del layout, loader, cpu_group  # our references to the groups
     destroy_distributed()
 
 
@@ -363,24 +363,12 @@ assert checked[1].lines("spans nodes") and not checked[0].lines("spans nodes")
 
 # %%
 logs = [WORK / "logs-node0", WORK / "logs-node1"]
-print(
-    " ".join(
-        torchrun_argv(
-            WORKER,
-            "--tp-size",
-            "2",
-            "--out",
-            "OUT",
-            nnodes=2,
-            nproc_per_node=2,
-            endpoint="127.0.0.1:PORT",
-            node_rank=0,
-            log_dir=logs[0],
-            tee="3",
-            local_ranks_filter="0",
-        )
-    )
-)
+argv = torchrun_argv(
+    WORKER, "--tp-size", "2", "--out", "OUT", nnodes=2, nproc_per_node=2,
+    endpoint="127.0.0.1:PORT", node_rank=0, log_dir="LOGS", tee="3", local_ranks_filter="0",
+)  # fmt: skip
+# argv starts with this Python's "-m torch.distributed.run": the same program as `torchrun`
+print("torchrun", " ".join(argv[3:]).replace(" --", " \\\n    --"))
 
 # %% [markdown]
 # - `--log-dir` gives each agent a folder for its ranks' output files
@@ -415,7 +403,7 @@ two = torchrun(
     tee="3",
     local_ranks_filter="0",
 )
-two.raise_for_status()
+assert two.ok, two.diagnosis()
 
 # %% [markdown]
 # Every rank's startup line, read from the log files (the console showed only local rank 0):
@@ -466,18 +454,11 @@ assert merged.ok and merged.ranks() == [0, 1, 2, 3]
 
 # %%
 elastic = torchrun(
-    WORKER,
-    "--out",
-    str(WORK / "elastic"),
-    "--checkpoint-every",
-    "2",
-    "--kill",
-    "1:1:3",
-    nproc_per_node=2,
-    max_restarts=1,
-)
+    WORKER, "--out", str(WORK / "elastic"), "--checkpoint-every", "2", "--kill", "1:1:3",
+    nproc_per_node=2, max_restarts=1, tee="3",
+)  # fmt: skip
 elastic.raise_for_status()
-print("restarts:", elastic.lines("exitcode: -9")[:1])
+print("\n".join(elastic.lines(r"failed \(exitcode")))
 
 # %% [markdown]
 # `load_attempts` reads each attempt's ledgers and where each attempt resumed from. The steps
