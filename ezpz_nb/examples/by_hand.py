@@ -269,7 +269,6 @@ def check_worker(
     *,
     backend: str = "gloo",
     timeout_s: float = 90,
-    gpus_per_node: int | None = None,
 ) -> list[AgentRun]:
     """Run the learner's worker file under real torchrun agents and check what it did.
 
@@ -282,10 +281,10 @@ def check_worker(
 
     Args:
         path: The worker file.
-        backend: ``"gloo"`` here; ``"nccl"`` on a GPU node.
+        backend: ``"gloo"`` here; ``"nccl"`` on a GPU node with 2 GPUs or more. Each
+            simulated node then gets its own GPUs (``CUDA_VISIBLE_DEVICES``): two nodes
+            on one machine must not both take GPU 0 as their ``LOCAL_RANK`` 0.
         timeout_s: Deadline of each run.
-        gpus_per_node: Under nccl, the GPUs each simulated node may use
-            (``CUDA_VISIBLE_DEVICES``), so two simulated nodes do not share GPU 0.
 
     Returns:
         The two runs (their output is there to read).
@@ -301,13 +300,9 @@ def check_worker(
         case = f"{nnodes} node(s) x {nproc} rank(s), tp 2"
         with tempfile.TemporaryDirectory(prefix="ezpz-check-") as tmp:
             envs = None
-            if gpus_per_node is not None:
+            if backend == "nccl":
                 envs = [
-                    {
-                        "CUDA_VISIBLE_DEVICES": ",".join(
-                            str(n * gpus_per_node + g) for g in range(gpus_per_node)
-                        )
-                    }
+                    {"CUDA_VISIBLE_DEVICES": ",".join(str(n * nproc + g) for g in range(nproc))}
                     for n in range(nnodes)
                 ]
             run = torchrun(
