@@ -26,10 +26,7 @@ import os
 import queue
 import re
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,13 +34,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ezpz_nb.errors import EzpzError
+from ezpz_nb.examples._proctree import descendants, stop
+from ezpz_nb.examples.torchrun_args import (
+    AgentError,
+    check_worker_file,
+    free_port,
+    refuse_bad_input,
+    torchrun_argv,
+)
 
-__all__ = ["AgentError", "AgentRun", "free_port", "run_agents", "torchrun", "torchrun_argv"]
+__all__ = [
+    "AgentError",
+    "AgentRun",
+    "check_worker_file",
+    "free_port",
+    "run_agents",
+    "torchrun",
+    "torchrun_argv",
+]
 
-#: How long agents get to stop their ranks after SIGTERM before SIGKILL.
-GRACE_S = 5.0
-_LOCAL_HOSTS = ("127.0.0.1", "localhost")
 # Variables a launcher sets per process: inherited from a notebook started under
 # torchrun (or left by an earlier cell), they would misdirect the agents' ranks.
 _RANK_VARS = (
@@ -57,19 +66,6 @@ _RANK_VARS = (
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_RESTART_COUNT",
 )
-
-
-class AgentError(EzpzError):
-    """A torchrun job started from the notebook was refused, failed, or was stopped.
-
-    Attributes:
-        run: What the agents did (output, exit statuses), or ``None`` when the job
-            was refused before any process started.
-    """
-
-    def __init__(self, message: str, run: AgentRun | None = None) -> None:
-        super().__init__(message)
-        self.run = run
 
 
 @dataclass
@@ -139,194 +135,6 @@ class AgentRun:
         return [ln for out in self.output for ln in out.splitlines() if re.search(pattern, ln)]
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _port_in_use(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def torchrun_argv(
-    script: str | Path,
-    *script_args: str,
-    nproc_per_node: int = 1,
-    nnodes: int = 1,
-    endpoint: str | None = None,
-    rdzv_id: str = "ezpz-nb",
-    node_rank: int | None = None,
-    max_restarts: int = 0,
-    join_timeout_s: float = 10,
-    read_timeout_s: float = 10,
-    log_dir: str | Path | None = None,
-    tee: str | None = None,
-    local_ranks_filter: str | None = None,
-) -> list[str]:
-    """One torchrun agent's command line: ``python -m torch.distributed.run ... script``.
-
-    With ``nnodes == 1`` and no ``endpoint`` it is ``--standalone`` (torchrun
-    picks a free port itself); otherwise a c10d rendezvous at ``endpoint``, the
-    command every node of a job runs. ``--rdzv-conf`` bounds the rendezvous:
-    ``join_timeout`` is how long an agent waits for the others to join,
-    ``read_timeout`` how long a call to the rendezvous store may take.
-    """
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
-    if nnodes == 1 and endpoint is None:
-        argv.append("--standalone")
-    else:
-        argv += [
-            f"--nnodes={nnodes}",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={endpoint or f'127.0.0.1:{free_port()}'}",
-            f"--rdzv-id={rdzv_id}",
-            f"--rdzv-conf=join_timeout={join_timeout_s:g},read_timeout={read_timeout_s:g}",
-        ]
-    if node_rank is not None:
-        argv.append(f"--node-rank={node_rank}")
-    # A short monitor interval: torchrun notices a dead rank within 0.5 s, not 5.
-    argv += [f"--max-restarts={max_restarts}", "--monitor-interval=0.5"]
-    if log_dir is not None:
-        argv.append(f"--log-dir={log_dir}")
-    if tee is not None:
-        argv.append(f"--tee={tee}")
-    if local_ranks_filter is not None:
-        argv.append(f"--local-ranks-filter={local_ranks_filter}")
-    return [*argv, str(script), *script_args]
-
-
-def _option(argv: Sequence[str], name: str) -> str | None:
-    """The value of ``--name=V`` / ``--name V`` (either spelling, - or _)."""
-    names = {f"--{name}", f"--{name.replace('-', '_')}"}
-    for i, arg in enumerate(argv):
-        key, eq, value = arg.partition("=")
-        if key in names:
-            return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-    return None
-
-
-def _script(argv: Sequence[str]) -> Path | None:
-    """The worker file of a torchrun command: the first ``*.py`` after the launcher."""
-    for arg in (
-        argv[argv.index("torch.distributed.run") + 1 :]
-        if "torch.distributed.run" in argv
-        else argv[1:]
-    ):
-        if arg.endswith(".py") and not arg.startswith("-"):
-            return Path(arg)
-    return None
-
-
-def check_worker_file(path: str | Path) -> None:
-    """Refuse a worker file that is missing or does not compile, naming the line.
-
-    Raises:
-        AgentError: The file is missing or has a syntax error.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise AgentError(
-            f"worker file {path} does not exist: run the %%writefile cells above first "
-            "(they write it beside the notebook)"
-        )
-    try:
-        compile(path.read_text(encoding="utf-8"), str(path), "exec")
-    except SyntaxError as exc:
-        raise AgentError(
-            f"{path}, line {exc.lineno}: {exc.msg}: {(exc.text or '').strip()!r}. Every rank would "
-            "die on it at once; fix that line in the %%writefile cell that writes it, run the "
-            "cell again, then this one. No process was started."
-        ) from None
-
-
-def _refuse_bad_input(commands: Sequence[Sequence[str]]) -> None:
-    """Check what torchrun itself does not, before any process starts."""
-    if not commands:
-        raise AgentError("no agent to start: give at least one torchrun command")
-    scripts = {_script(c) for c in commands}
-    for script in scripts:
-        if script is not None:
-            check_worker_file(script)
-    nnodes = [_option(c, "nnodes") or "1" for c in commands]
-    if len(set(nnodes)) > 1:
-        # Measured with torch 2.13: agents started with --nnodes=2 and --nnodes=3 at
-        # one endpoint ran the job with 2 nodes and no warning.
-        raise AgentError(
-            f"the agents disagree on --nnodes ({', '.join(nnodes)}): torchrun does not check "
-            "this; whichever agent completes the rendezvous first decides how many nodes run. "
-            "Give every node the same --nnodes. No process was started."
-        )
-    endpoints = {_option(c, "rdzv-endpoint") for c in commands} - {None}
-    if len(endpoints) > 1:
-        raise AgentError(f"the agents name different rendezvous endpoints {sorted(endpoints)}")
-    for ep in endpoints:
-        host, _, port = str(ep).rpartition(":")
-        if host in _LOCAL_HOSTS and port.isdigit() and _port_in_use(host, int(port)):
-            # Measured: torchrun then connects to whatever listens there as a client and
-            # waits; join_timeout and read_timeout do not end that wait.
-            raise AgentError(
-                f"port {port} on {host} is already in use, so torchrun could not serve the "
-                "rendezvous there (it would connect to whatever listens and wait, with no "
-                "timeout). Pick a free port (ezpz_nb.examples.agents.free_port()) or stop the "
-                "program that holds it. No process was started."
-            )
-
-
-def _stat(pid: int) -> tuple[int, int] | None:
-    """``(ppid, start time)`` of ``pid`` from /proc, or None if it is gone (or a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
-            fields = f.read().rpartition(")")[2].split()
-        if fields[0] == "Z":  # exited, waiting to be reaped: nothing left to stop
-            return None
-        return int(fields[1]), int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _descendants(roots: Sequence[int]) -> dict[int, int]:
-    """``{pid: start time}`` of every process below ``roots`` (empty without /proc)."""
-    tree: dict[int, list[tuple[int, int]]] = {}
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return {}
-    for pid in pids:
-        st = _stat(pid)
-        if st is not None:
-            tree.setdefault(st[0], []).append((pid, st[1]))
-    found: dict[int, int] = {}
-    todo = list(roots)
-    while todo:
-        for child, started in tree.get(todo.pop(), []):
-            if child not in found:
-                found[child] = started
-                todo.append(child)
-    return found
-
-
-def _alive(pid: int, started: int) -> bool:
-    """True while the process ``pid`` that started at ``started`` runs (a reused pid is not it)."""
-    st = _stat(pid)
-    return st is not None and st[1] == started
-
-
-def _signal(pids: Sequence[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def _relay(node: int, stream: object, out: queue.Queue[tuple[int, str | None]]) -> None:
     for line in iter(stream.readline, ""):  # type: ignore[attr-defined]
         out.put((node, line))
@@ -346,7 +154,7 @@ def run_agents(
 
     Each output line is printed as it comes, as ``[node i] ...``, so a cell shows
     the job live. At ``timeout_s`` (or on an interrupt of the cell) every agent
-    gets SIGTERM, which makes torchrun stop its ranks; after :data:`GRACE_S`
+    gets SIGTERM, which makes torchrun stop its ranks; after 5 s (``GRACE_S``)
     every agent and rank still alive is killed. The agents' temporary folder
     (``TMPDIR``: torchrun's ``torchelastic_*`` files) is removed in every case.
 
@@ -369,7 +177,7 @@ def run_agents(
             starts; or the job ran past ``timeout_s`` (after cleanup).
         KeyboardInterrupt: The cell was interrupted (after cleanup).
     """
-    _refuse_bad_input(commands)
+    refuse_bad_input(commands)
     run = AgentRun([list(c) for c in commands])
     tmp = tempfile.mkdtemp(prefix="ezpz-agents-")
     child_env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
@@ -404,7 +212,7 @@ def run_agents(
                 run.stopped = "deadline"
                 break
             if time.monotonic() - scanned > 0.25:
-                seen.update(_descendants([p.pid for p in procs]))
+                seen.update(descendants([p.pid for p in procs]))
                 scanned = time.monotonic()
             try:
                 node, line = lines.get(timeout=min(left, 0.5))
@@ -420,7 +228,7 @@ def run_agents(
         run.stopped = "interrupt"
         raise
     finally:
-        _stop(procs, seen)
+        stop(procs, seen)
         run.returncodes = [p.returncode for p in procs]
         run.output = ["".join(o) for o in outputs]
         run.elapsed_s = time.monotonic() - start
@@ -434,29 +242,6 @@ def run_agents(
             run,
         )
     return run
-
-
-def _stop(procs: Sequence[subprocess.Popen[str]], seen: dict[int, int]) -> None:
-    """Stop agents politely (SIGTERM: torchrun stops its ranks), then kill what is left."""
-    running = [p for p in procs if p.poll() is None]
-    seen.update(_descendants([p.pid for p in procs]))
-    _signal([p.pid for p in running], signal.SIGTERM)
-    end = time.monotonic() + GRACE_S
-    for p in running:
-        try:
-            p.wait(timeout=max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    left = [pid for pid, started in seen.items() if _alive(pid, started)]
-    _signal([p.pid for p in procs if p.poll() is None] + left, signal.SIGKILL)
-    for p in procs:
-        p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
-    # Ranks are not our children: wait (briefly) until the kernel has removed them.
-    deadline = time.monotonic() + GRACE_S
-    while any(_alive(pid, seen[pid]) for pid in left) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def torchrun(

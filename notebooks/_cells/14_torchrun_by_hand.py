@@ -368,7 +368,8 @@ argv = torchrun_argv(
     endpoint="127.0.0.1:PORT", node_rank=0, log_dir="LOGS", tee="3", local_ranks_filter="0",
 )  # fmt: skip
 # argv starts with this Python's "-m torch.distributed.run": the same program as `torchrun`
-print("torchrun", " ".join(argv[3:]).replace(" --", " \\\n    --"))
+script_at = argv.index(str(WORKER))
+print(" \\\n    ".join(["torchrun", *argv[3:script_at], " ".join(argv[script_at:])]))
 
 # %% [markdown]
 # - `--log-dir` gives each agent a folder for its ranks' output files
