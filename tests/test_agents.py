@@ -172,6 +172,23 @@ def test_an_interrupted_cell_leaves_no_agent_or_rank(case):
 
 
 @pytest.mark.system
+def test_a_process_left_behind_by_a_rank_does_not_outlive_the_job(case):
+    """Guards: a rank that leaves a child running (holding the output pipe, in a session of
+    its own) must not keep the job waiting for its deadline, nor outlive it."""
+    leaver = case / "leaver.py"
+    leaver.write_text(
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', {str(case)!r}],"
+        " start_new_session=True)\n"
+        "print('rank left a child behind', flush=True)\n"
+    )
+    start = time.monotonic()
+    run = torchrun(leaver, nproc_per_node=1, timeout_s=90, echo=False)
+    assert run.ok and run.lines("left a child behind")
+    assert time.monotonic() - start < 60  # not the 90 s deadline
+
+
+@pytest.mark.system
 def test_a_failing_rank_reaches_the_caller_as_one_error_naming_rank_and_traceback(case):
     """Guards: a rank that raises must end the job and raise_for_status() must carry
     torchrun's root cause: the rank and its traceback (the worker uses @record)."""

@@ -1,11 +1,18 @@
-"""The process tree under torchrun agents, and how to stop all of it.
+"""The processes under torchrun agents, and how to stop all of them.
 
 torchrun starts each rank in a session of its own (``start_new_session=True``), so
 killing an agent's process group does not reach its ranks, and a rank whose agent
-was killed lives on. :func:`descendants` records every process below the agents
-while they run (with its start time, so that a reused pid is never mistaken for a
-rank); :func:`stop` asks the agents to stop their ranks (SIGTERM), then kills
-whatever of that record is still alive.
+was killed lives on, reparented away from the agent. Two records find them all:
+
+* a token in the environment (:data:`TOKEN_VAR`): every process the agents start
+  inherits it, however deep and wherever it was reparented (:func:`marked`);
+* the process tree below the agents, sampled while they run
+  (:func:`descendants`), for a process that replaced its environment.
+
+Both keep each process's start time, so a pid the system reused for another
+process is never signalled. :func:`stop` asks the agents to stop their ranks
+(SIGTERM), then kills whatever is still alive. Both records read ``/proc``
+(Linux); elsewhere only the agents themselves are signalled.
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-__all__ = ["GRACE_S", "descendants", "stop"]
+__all__ = ["GRACE_S", "TOKEN_VAR", "descendants", "marked", "stop"]
 
 #: How long agents get to stop their ranks after SIGTERM before SIGKILL.
 GRACE_S = 5.0
+#: The environment variable that carries one job's token to all its processes.
+TOKEN_VAR = "EZPZ_NB_AGENTS_TOKEN"
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -34,14 +43,33 @@ def _stat(pid: int) -> tuple[int, int] | None:
         return None
 
 
+def _pids() -> list[int]:
+    try:
+        return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:  # no /proc: not Linux
+        return []
+
+
+def marked(token: str) -> dict[int, int]:
+    """``{pid: start time}`` of every live process whose environment holds ``token``."""
+    needle = f"{TOKEN_VAR}={token}".encode()
+    found = {}
+    for pid in _pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:  # gone, or another user's
+            continue
+        st = _stat(pid)
+        if needle in env and st is not None:
+            found[pid] = st[1]
+    return found
+
+
 def descendants(roots: Sequence[int]) -> dict[int, int]:
     """``{pid: start time}`` of every process below ``roots`` (empty without /proc)."""
     tree: dict[int, list[tuple[int, int]]] = {}
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return {}
-    for pid in pids:
+    for pid in _pids():
         st = _stat(pid)
         if st is not None:
             tree.setdefault(st[0], []).append((pid, st[1]))
@@ -69,8 +97,14 @@ def _signal(pids: Sequence[int], sig: int) -> None:
             pass
 
 
-def stop(procs: Sequence[subprocess.Popen[str]], seen: dict[int, int]) -> None:
-    """Stop agents politely (SIGTERM: torchrun stops its ranks), then kill what is left."""
+def stop(procs: Sequence[subprocess.Popen[bytes]], seen: dict[int, int], token: str) -> None:
+    """Stop agents politely (SIGTERM: torchrun stops its ranks), then kill what is left.
+
+    Args:
+        procs: The agents.
+        seen: Processes seen below them while they ran (pid: start time).
+        token: The job's :data:`TOKEN_VAR` value.
+    """
     running = [p for p in procs if p.poll() is None]
     seen.update(descendants([p.pid for p in procs]))
     _signal([p.pid for p in running], signal.SIGTERM)
@@ -80,13 +114,12 @@ def stop(procs: Sequence[subprocess.Popen[str]], seen: dict[int, int]) -> None:
             p.wait(timeout=max(0.1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    left = [pid for pid, started in seen.items() if _alive(pid, started)]
-    _signal([p.pid for p in procs if p.poll() is None] + left, signal.SIGKILL)
+    left = {pid: t for pid, t in seen.items() if _alive(pid, t)} | marked(token)
+    left = {pid: t for pid, t in left.items() if pid != os.getpid()}
+    _signal([p.pid for p in procs if p.poll() is None] + list(left), signal.SIGKILL)
     for p in procs:
         p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
     # Ranks are not our children: wait (briefly) until the kernel has removed them.
     deadline = time.monotonic() + GRACE_S
-    while any(_alive(pid, seen[pid]) for pid in left) and time.monotonic() < deadline:
+    while any(_alive(pid, t) for pid, t in left.items()) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -25,16 +25,18 @@ from __future__ import annotations
 import os
 import queue
 import re
+import select
 import shutil
 import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ezpz_nb.examples._proctree import descendants, stop
+from ezpz_nb.examples._proctree import TOKEN_VAR, descendants, stop
 from ezpz_nb.examples.torchrun_args import (
     AgentError,
     check_worker_file,
@@ -135,9 +137,27 @@ class AgentRun:
         return [ln for out in self.output for ln in out.splitlines() if re.search(pattern, ln)]
 
 
-def _relay(node: int, stream: object, out: queue.Queue[tuple[int, str | None]]) -> None:
-    for line in iter(stream.readline, ""):  # type: ignore[attr-defined]
-        out.put((node, line))
+def _relay(
+    node: int, fd: int, out: queue.Queue[tuple[int, str | None]], done: threading.Event
+) -> None:
+    """Put each line read from ``fd`` on ``out``; ``None`` at the end of the stream.
+
+    Reads with a poll so that ``done`` ends it even while something that outlived its
+    agent still holds the pipe open (a blocking read would wait for that process).
+    """
+    pending = b""
+    while not done.is_set():
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        *complete, pending = (pending + chunk).split(b"\n")
+        for line in complete:
+            out.put((node, line.decode(errors="replace") + "\n"))
+    if pending:
+        out.put((node, pending.decode(errors="replace")))
     out.put((node, None))
 
 
@@ -181,9 +201,13 @@ def run_agents(
     run = AgentRun([list(c) for c in commands])
     tmp = tempfile.mkdtemp(prefix="ezpz-agents-")
     child_env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
+    token = uuid.uuid4().hex  # inherited by every process of the job: see _proctree
     child_env.update(TMPDIR=tmp, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
+    child_env[TOKEN_VAR] = token
     lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
-    procs: list[subprocess.Popen[str]] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    done = threading.Event()
+    relays: list[threading.Thread] = []
     # Every process seen below an agent, with its start time: killed at the end if
     # still alive (ranks live in sessions of their own, and outlive a killed agent).
     seen: dict[int, int] = {}
@@ -198,18 +222,32 @@ def run_agents(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                text=True,
                 env={**child_env, **own},
                 cwd=cwd,
                 start_new_session=True,  # an interrupt of the kernel is not sent to them
             )
             procs.append(proc)
-            threading.Thread(target=_relay, args=(i, proc.stdout, lines), daemon=True).start()
+            assert proc.stdout is not None
+            relays.append(
+                threading.Thread(
+                    target=_relay, args=(i, proc.stdout.fileno(), lines, done), daemon=True
+                )
+            )
+            relays[-1].start()
         open_streams = len(procs)
+        exited_at = None
         while open_streams:
-            left = start + timeout_s - time.monotonic()
+            now = time.monotonic()
+            left = start + timeout_s - now
             if left <= 0:
                 run.stopped = "deadline"
+                break
+            # A rank that outlives its agent keeps the agent's output pipe open: once
+            # every agent has exited, read what is left for a moment, then stop (the
+            # orphan is killed below) rather than wait for the deadline.
+            if exited_at is None and all(p.poll() is not None for p in procs):
+                exited_at = now
+            if exited_at is not None and now - exited_at > 2.0 and lines.empty():
                 break
             if time.monotonic() - scanned > 0.25:
                 seen.update(descendants([p.pid for p in procs]))
@@ -228,7 +266,17 @@ def run_agents(
         run.stopped = "interrupt"
         raise
     finally:
-        stop(procs, seen)
+        stop(procs, seen, token)
+        done.set()  # the relay threads end within 0.2 s; then their pipes are closed
+        for thread in relays:
+            thread.join(timeout=2)
+        while not lines.empty():  # what the agents wrote while they were being stopped
+            node, line = lines.get()
+            if line is not None:
+                outputs[node].append(line)
+        for p in procs:
+            if p.stdout is not None:
+                p.stdout.close()
         run.returncodes = [p.returncode for p in procs]
         run.output = ["".join(o) for o in outputs]
         run.elapsed_s = time.monotonic() - start
