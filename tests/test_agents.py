@@ -14,7 +14,6 @@ import signal
 import socket
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -123,6 +122,18 @@ def test_a_worker_with_a_syntax_error_is_refused_naming_its_line(case):
         torchrun(case / "missing.py")
 
 
+def test_bad_arguments_are_refused_before_any_process_starts(case):
+    """Guards: a node count, node list or per-node list that cannot be right fails at once
+    with what to give instead."""
+    worker = _tiny(case)
+    with pytest.raises(AgentError, match="nproc_per_node must be a positive int"):
+        torchrun(worker, nproc_per_node=0)
+    with pytest.raises(AgentError, match=r"start_nodes=\[2\]: name distinct nodes among 0..1"):
+        torchrun(worker, nnodes=2, start_nodes=[2])
+    with pytest.raises(AgentError, match="log_dirs needs one entry per node"):
+        torchrun(worker, nnodes=2, log_dirs=[case / "a"])
+
+
 @pytest.mark.system
 def test_one_node_runs_relays_output_and_leaves_nothing(case, capsys):
     """Guards: the runner relays every rank's output to the caller as it comes and cleans
@@ -149,10 +160,8 @@ def test_a_node_that_never_arrives_ends_in_bounded_time_with_an_explanation(case
 def test_the_deadline_kills_every_agent_and_rank(case):
     """Guards: a job that would wait longer than its deadline (here a rendezvous with a
     60 s join_timeout) is stopped at the deadline, agents and ranks killed, TMPDIR removed."""
-    start = time.monotonic()
     with pytest.raises(AgentError, match="deadline of 4 s") as err:
         torchrun(_tiny(case), nnodes=2, start_nodes=[0], join_timeout_s=60, timeout_s=4)
-    assert time.monotonic() - start < 30  # 4 s, the grace period, and a loaded machine
     assert err.value.run is not None and err.value.run.stopped == "deadline"
 
 
@@ -182,10 +191,9 @@ def test_a_process_left_behind_by_a_rank_does_not_outlive_the_job(case):
         " start_new_session=True)\n"
         "print('rank left a child behind', flush=True)\n"
     )
-    start = time.monotonic()
+    # Waiting on the child's pipe would end at the deadline, in an AgentError.
     run = torchrun(leaver, nproc_per_node=1, timeout_s=90, echo=False)
     assert run.ok and run.lines("left a child behind")
-    assert time.monotonic() - start < 60  # not the 90 s deadline
 
 
 @pytest.mark.system
@@ -291,6 +299,16 @@ def test_the_checker_rejects_a_worker_that_never_warns_about_tp_across_nodes(cas
     group span nodes; the two-node run, where it does, must reject it."""
     worker = _solution(case, ("r // LOCAL_WORLD_SIZE for r in tp_ranks", "0 for r in tp_ranks"))
     with pytest.raises(WorkerCheckError, match=r"spans nodes 0 and 1 here, but no rank warned"):
+        check_worker(worker)
+
+
+@pytest.mark.system
+def test_the_checker_rejects_a_sampler_sharded_over_the_world(case):
+    """Guards: a sampler over WORLD_SIZE instead of the DP replicas (ezpz's dp_group=None
+    pitfall) gives a TP-2 job's only replica half the data; the ledger check must say so."""
+    worker = _solution(case, ("num_replicas=layout.dp_size,", "num_replicas=WORLD_SIZE,"))
+    worker.write_text(worker.read_text().replace("rank=layout.dp_rank,", "rank=RANK,"))
+    with pytest.raises(WorkerCheckError, match=r"(?s)1 node.*data problem.*never_seen"):
         check_worker(worker)
 
 

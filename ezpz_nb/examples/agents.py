@@ -323,8 +323,23 @@ def torchrun(
         node_envs: Extra environment variables, one dict per node.
         options: More keywords of :func:`torchrun_argv` (``max_restarts``, ``tee``,
             ``local_ranks_filter``, ``join_timeout_s``, ``read_timeout_s``).
+
+    Raises:
+        AgentError: Bad arguments or bad input (see :func:`run_agents`), before any
+            process starts; or the deadline passed.
     """
     nodes = list(range(nnodes)) if start_nodes is None else list(start_nodes)
+    for name, value in (("nnodes", nnodes), ("nproc_per_node", nproc_per_node)):
+        if not isinstance(value, int) or value < 1:
+            raise AgentError(f"{name} must be a positive int, got {value!r}")
+    if not nodes or any(n not in range(nnodes) for n in nodes) or len(set(nodes)) < len(nodes):
+        raise AgentError(
+            f"start_nodes={start_nodes!r}: name distinct nodes among 0..{nnodes - 1} "
+            "(leave one out to see a node that never arrives)"
+        )
+    for name, per_node in (("log_dirs", log_dirs), ("node_envs", node_envs)):
+        if per_node is not None and len(per_node) != nnodes:
+            raise AgentError(f"{name} needs one entry per node ({nnodes}), got {len(per_node)}")
     endpoint = None if nnodes == 1 else f"127.0.0.1:{free_port()}"
     rdzv_id = f"ezpz-nb-{os.getpid()}-{time.monotonic_ns()}"
     commands = [
