@@ -424,6 +424,8 @@ for rank, who in sorted(identity.items()):
 assert sorted(identity) == [0, 1, 2, 3]
 assert [identity[r]["local_rank"] for r in range(4)] == ["0", "1", "0", "1"]
 assert not two.lines("spans nodes")  # tp 2 divides 2 ranks per node: each TP group on one node
+# The console had local rank 0's lines only; the files have all four ranks'.
+assert two.lines("rank 2 local_rank 0 ") and not two.lines("local_rank 1 ")
 
 # %% [markdown]
 # Each TP group `[0, 1]`, `[2, 3]` sits on one node, and nobody warned. With c10d, torchrun
@@ -461,6 +463,7 @@ elastic = torchrun(
     nproc_per_node=2, max_restarts=1, tee="3",
 )  # fmt: skip
 elastic.raise_for_status()
+assert elastic.lines("attempt 1 ")  # the ranks ran again, as the second attempt
 print("\n".join(elastic.lines(r"failed \(exitcode")))
 
 # %% [markdown]
