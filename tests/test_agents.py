@@ -113,13 +113,18 @@ def test_a_busy_rendezvous_port_is_refused_with_what_to_do(case):
 
 def test_a_worker_with_a_syntax_error_is_refused_naming_its_line(case):
     """Guards: a worker that does not compile kills every rank at once; it must be refused
-    before any agent starts, with the file, the line and what to do."""
+    before any agent starts, with the file, the line and what to do. So must a missing file,
+    and one whose %%writefile -a cell ran twice (a function defined twice)."""
     broken = case / "broken.py"
     broken.write_text("import os\n\ndef main(:\n    pass\n")
     with pytest.raises(AgentError, match=r"broken.py, line 3: .*%%writefile cell"):
         torchrun(broken, nproc_per_node=2)
     with pytest.raises(AgentError, match=r"does not exist.*%%writefile"):
         torchrun(case / "missing.py")
+    twice = case / "twice.py"
+    twice.write_text("def main():\n    pass\n\n\ndef main():\n    pass\n")
+    with pytest.raises(AgentError, match=r"main\(\) twice \(lines 1 and 5\).*-a cell ran twice"):
+        torchrun(twice)
 
 
 def test_bad_arguments_are_refused_before_any_process_starts(case):

@@ -13,6 +13,10 @@ Modules: :mod:`~ezpz_nb.examples.dp_sharding` (shard over DP, not the world),
 :mod:`~ezpz_nb.examples.step_alignment` (uneven step counts, and two fixes),
 :mod:`~ezpz_nb.examples.capstone` (a tiny language model trained with FSDP2 x TP,
 its losses against one process).
+Notebook 14's machinery sits beside them: :mod:`~ezpz_nb.examples.agents` runs real
+torchrun agents from a cell (one per simulated node, bounded in time, nothing left
+behind), :mod:`~ezpz_nb.examples.by_hand` checks the learner's own worker file and
+merges the attempts of an elastic restart.
 Submodules are imported on use so ``import ezpz_nb.examples`` stays cheap.
 """
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import ast
 import socket
 import sys
 from collections.abc import Sequence
@@ -124,10 +125,13 @@ def _script(argv: Sequence[str]) -> Path | None:
 
 
 def check_worker_file(path: str | Path) -> None:
-    """Refuse a worker file that is missing or does not compile, naming the line.
+    """Refuse a worker file that is missing, does not compile, or defines a function twice.
+
+    A function defined twice at the top level is what running one ``%%writefile -a``
+    cell twice leaves (the cell appends again); the later copy would silently win.
 
     Raises:
-        AgentError: The file is missing or has a syntax error.
+        AgentError: What is wrong, naming the line, and what to do.
     """
     path = Path(path)
     if not path.is_file():
@@ -135,14 +139,26 @@ def check_worker_file(path: str | Path) -> None:
             f"worker file {path} does not exist: run the %%writefile cells above first "
             "(they write it beside the notebook)"
         )
+    text = path.read_text(encoding="utf-8")
     try:
-        compile(path.read_text(encoding="utf-8"), str(path), "exec")
+        tree = ast.parse(text, str(path))
     except SyntaxError as exc:
         raise AgentError(
             f"{path}, line {exc.lineno}: {exc.msg}: {(exc.text or '').strip()!r}. Every rank would "
             "die on it at once; fix that line in the %%writefile cell that writes it, run the "
             "cell again, then this one. No process was started."
         ) from None
+    first: dict[str, int] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.name in first:
+                raise AgentError(
+                    f"{path} defines {node.name}() twice (lines {first[node.name]} and "
+                    f"{node.lineno}): a %%writefile -a cell ran twice and appended again. Run "
+                    "the %%writefile cells once more from the first one (it starts the file "
+                    "anew), in order. No process was started."
+                )
+            first[node.name] = node.lineno
 
 
 def refuse_bad_input(commands: Sequence[Sequence[str]]) -> None:

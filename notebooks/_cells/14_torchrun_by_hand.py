@@ -63,8 +63,10 @@ WORK = Path(work.name)
 # In the notebooks `LOCAL_RANK` and `RANK` were always equal: one machine. On two nodes they are
 # not, and code that picks a GPU with `RANK` asks for GPU 3 on a node that has two.
 #
-# The first cell writes the top of the file: imports, these variables, the options.
-# **Edit freely**: the checker in section 4 runs whatever the file holds.
+# The first cell writes the top of the file: imports, these variables, the options. The next
+# ones append to it (`%%writefile -a`). **Edit freely**, then run the `%%writefile` cells again
+# from this first one, in order (running an appending cell twice appends it twice; the
+# runner refuses such a file). The checker in section 4 runs whatever the file holds.
 
 # %%
 # %%writefile torchrun_worker.py
