@@ -10,7 +10,7 @@
 # # 14 · From the notebook to a cluster, by hand: torchrun, two nodes, an elastic restart
 #
 # **Time:** 40 min, advanced. Running it top to bottom takes about 40 s on an idle 2-core
-# machine: six real torchrun jobs (about 22 s of them, `benchmarks/agents.py`), and every rank
+# machine: five real torchrun jobs (about 22 s of them, `benchmarks/agents.py`), and every rank
 # of each pays a fresh `import torch`. On a machine busy with other work allow up to 2 minutes.
 #
 # `ez.launch` hid the startup code, which was right for learning the data. The job you run next
