@@ -3,8 +3,13 @@
 #   1. the GPU tests (pytest; they skip on machines without CUDA),
 #   2. tp_broadcast under torchrun on nccl, one GPU per rank, ledger checked,
 #   3. uneven steps under torchrun on nccl must fail, not hang (needs 2+ GPUs),
-#   4. pin_memory / non_blocking host-to-device copies, measured (benchmarks/pin_memory.py).
-# Prints PASS/FAIL per check and a summary; exits 1 if any check failed.
+#   4. pin_memory / non_blocking host-to-device copies, measured (benchmarks/pin_memory.py),
+#   5. notebook 14's worker file (taken from the notebook) under torchrun on nccl; with 2+
+#      GPUs also its checker (one node, two simulated nodes) and its elastic restart,
+#   6. the capstone (FSDP2 x TP) under torchrun on nccl, ledger checked.
+# Prints PASS/FAIL/SKIP per check and a summary; exits 1 if any check failed.
+# Without a GPU it prints "SKIP: no GPU" and exits 0, unless nvidia-smi sees GPUs that
+# torch does not (a CPU build of torch on a GPU node): then it exits 1.
 #
 # Usage, from anywhere:  bash benchmarks/gpu_check.sh     (PYTHON=... picks the interpreter)
 set -u
@@ -25,8 +30,22 @@ report() {  # report NAME STATUS(0=pass)
 NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)') || NGPU=0
 "$PY" -c 'import torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}")'
 echo "GPUs visible: $NGPU"
+# GPUs the driver sees; CUDA_VISIBLE_DEVICES hides some from torch on purpose.
+SMI=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+    SMI=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ') || SMI=0
+fi
 if [ "$NGPU" -lt 1 ]; then
-    echo "FAIL  no CUDA GPU visible to torch: run this on a GPU node with a CUDA build of torch"
+    if [ "$SMI" -gt 0 ]; then
+        echo "FAIL  nvidia-smi sees $SMI GPU(s) but torch sees none: install a CUDA build of"
+        echo "      torch (e.g. make .venv/bin/.installed TORCH=torch), or check CUDA_VISIBLE_DEVICES"
+        exit 1
+    fi
+    echo "SKIP: no GPU (torch sees none, nor does nvidia-smi): nothing to check on this machine"
+    exit 0
+fi
+if [ -z "${CUDA_VISIBLE_DEVICES+x}" ] && [ "$SMI" -gt "$NGPU" ]; then
+    echo "FAIL  nvidia-smi sees $SMI GPU(s) but torch sees only $NGPU: check the driver and torch's CUDA version"
     exit 1
 fi
 NPROC=$(( NGPU < 4 ? NGPU : 4 ))
@@ -58,6 +77,38 @@ fi
 echo "== 4. pin_memory and non_blocking: host-to-device copies while kernels run"
 timeout 120 "$PY" benchmarks/pin_memory.py
 report "pin_memory / non_blocking copies measured" $?
+
+echo "== 5. notebook 14's worker file, torchrun, nccl, $NPROC rank(s), tp $TP"
+# The file the notebook's %%writefile cells write, taken from the stored notebook.
+"$PY" -c 'import sys; from ezpz_nb.examples.by_hand import worker_from_notebook as w
+open(sys.argv[2], "w").write(w(sys.argv[1]))' notebooks/14_torchrun_by_hand.ipynb "$OUT/torchrun_worker.py"
+report "notebook 14's worker extracted" $?
+timeout 120 "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
+    "$OUT/torchrun_worker.py" --backend nccl --tp-size "$TP" --out "$OUT/nb14"
+status=$?
+[ "$status" -eq 0 ] && "$PY" -c 'import sys; from ezpz_nb.ledger import Ledger
+led = Ledger.load(sys.argv[1]); print(led.summary()); sys.exit(0 if led.ok else 1)' "$OUT/nb14/attempt0"
+report "torchrun nccl notebook 14 worker (ledger in $OUT/nb14 checked)" $?
+if [ "$NGPU" -ge 2 ]; then
+    # Two simulated nodes on one machine: each gets its own GPUs (CUDA_VISIBLE_DEVICES).
+    timeout 240 "$PY" -c 'import sys; from ezpz_nb.examples.by_hand import check_worker
+check_worker(sys.argv[1], backend="nccl"); print("check_worker: all good")' "$OUT/torchrun_worker.py"
+    report "notebook 14 checker on nccl (1 node x 2, then 2 nodes x 1)" $?
+    timeout 180 "$PY" -c 'import sys; from ezpz_nb.examples.agents import torchrun
+from ezpz_nb.examples.by_hand import load_attempts
+torchrun(sys.argv[1], "--backend", "nccl", "--out", sys.argv[2], "--checkpoint-every", "2",
+         "--kill", "1:1:3", nproc_per_node=2, max_restarts=1, timeout_s=170).raise_for_status()
+got = load_attempts(sys.argv[2]); print(got.resumed, got.counted.summary())
+sys.exit(0 if got.exactly_once() and got.replayed.records else 1)' "$OUT/torchrun_worker.py" "$OUT/elastic"
+    report "notebook 14 elastic restart on nccl (a rank killed, resumed exactly once)" $?
+else
+    echo "SKIP  notebook 14 checker and elastic restart on nccl: need 2 GPUs (one per rank)"
+fi
+
+echo "== 6. capstone, torchrun, nccl, $NPROC rank(s), tp $TP"
+timeout 180 "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
+    -m ezpz_nb.examples.capstone --backend nccl --tp-size "$TP" --out "$OUT/capstone" --check
+report "torchrun nccl capstone (ledger in $OUT/capstone checked)" $?
 
 echo "gpu_check: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

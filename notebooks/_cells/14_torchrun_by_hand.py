@@ -1,0 +1,607 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 14 · From the notebook to a cluster, by hand: torchrun, two nodes, an elastic restart
+#
+# **Time:** 40 min, advanced. Running it top to bottom takes about 40 s on an idle 2-core
+# machine: five real torchrun jobs (about 22 s of them, `benchmarks/agents.py`), and every rank
+# of each pays a fresh `import torch`. On a machine busy with other work allow up to 2 minutes.
+#
+# `ez.launch` hid the startup code, which was right for learning the data. The job you run next
+# has none of that: torchrun starts your file once per rank and you write everything the ranks
+# do, from reading who they are to tearing the group down. Here you write that file, cell by
+# cell, and run it the way a cluster does: real torchrun agents, one per node, started from
+# this notebook.
+#
+# **Learning goals**
+#
+# - Write a complete torchrun worker: `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`;
+#   `init_process_group` with a timeout; under NCCL, one GPU per rank and a gloo side group;
+#   the DP x TP mesh; the ledger; teardown. One file for gloo here and NCCL on GPUs.
+# - Run it as one node, and as **two nodes on this machine** (two agents meeting in a c10d
+#   rendezvous): see `LOCAL_RANK` differ from `RANK`, and where TP groups land.
+# - Read torchrun's logs: `--log-dir`, `--tee`, `--local-ranks-filter`.
+# - Kill a rank mid-epoch and watch `--max-restarts` bring the job back from its last
+#   checkpoint, every sample counted exactly once.
+# - See a rendezvous give up on a node that never comes, in bounded time.
+
+# %%
+import socket
+import tempfile
+from pathlib import Path
+
+from ezpz_nb.examples.agents import AgentError, free_port, run_agents, torchrun, torchrun_argv
+from ezpz_nb.examples.by_hand import check_worker, load_attempts, startup_lines
+from ezpz_nb.ledger import Ledger
+
+WORKER = Path("torchrun_worker.py")  # written beside this notebook by the cells below
+work = tempfile.TemporaryDirectory(prefix="ezpz-nb14-")  # ledgers, logs; removed at the end
+WORK = Path(work.name)
+
+# %% [markdown]
+# ## 1. Who am I? The variables torchrun sets
+#
+# torchrun (`python -m torch.distributed.run`) is an **agent**: one runs on each node, it meets
+# the other nodes' agents in a *rendezvous*, then starts `--nproc-per-node` copies of your file
+# and tells each one where it stands through environment variables:
+#
+# | variable | meaning | 2 nodes x 2 ranks, the second rank of node 1 |
+# |---|---|---|
+# | `RANK` | unique in the whole job, `0 .. WORLD_SIZE-1` | 3 |
+# | `LOCAL_RANK` | unique on this node; **the GPU index** | 1 |
+# | `WORLD_SIZE` | ranks in the job | 4 |
+# | `LOCAL_WORLD_SIZE` | ranks on this node (`--nproc-per-node`) | 2 |
+# | `GROUP_RANK` | this node's number, decided by the rendezvous | 1 |
+# | `TORCHELASTIC_RESTART_COUNT` | 0, then 1 after the first restart | 0 |
+#
+# In the notebooks `LOCAL_RANK` and `RANK` were always equal: one machine. On two nodes they are
+# not, and code that picks a GPU with `RANK` asks for GPU 3 on a node that has two.
+#
+# The first cell writes the top of the file: imports, these variables, the options. The next
+# ones append to it (`%%writefile -a`). **Edit freely**, then run the `%%writefile` cells again
+# from this first one, in order (running an appending cell twice appends it twice; the
+# runner refuses such a file). The checker in section 4 runs whatever the file holds.
+
+# %%
+# %%writefile torchrun_worker.py
+"""Notebook 14's torchrun worker: one file for CPUs (gloo) and GPUs (nccl).
+
+Run it on one machine with 2 ranks:
+    torchrun --standalone --nproc-per-node=2 torchrun_worker.py --out ledger
+"""
+
+import argparse
+import json
+import os
+import signal
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.elastic.multiprocessing.errors import record as report_errors
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ezpz_nb.data import RandomTokenDataset, TPBroadcastDataLoader
+from ezpz_nb.data.groups import Layout
+from ezpz_nb.examples.common import destroy_distributed
+from ezpz_nb.ledger import record
+
+# torchrun sets these for every rank it starts (srun or mpiexec start torchrun, one per node).
+RANK = int(os.environ["RANK"])  # 0 .. WORLD_SIZE-1: unique in the whole job
+LOCAL_RANK = int(os.environ["LOCAL_RANK"])  # 0 .. LOCAL_WORLD_SIZE-1: unique on this node
+WORLD_SIZE = int(os.environ["WORLD_SIZE"])  # ranks in the job: nodes x --nproc-per-node
+LOCAL_WORLD_SIZE = int(os.environ["LOCAL_WORLD_SIZE"])  # ranks on this node (--nproc-per-node)
+NODE = int(os.environ["GROUP_RANK"])  # this node's number, given by the rendezvous
+ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])  # 0; 1 after torchrun's first restart
+RUN_ID = os.environ["TORCHELASTIC_RUN_ID"]  # the same in every attempt of one job
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--timeout", type=float, default=30.0, help="collective timeout (s)")
+    p.add_argument("--tp-size", type=int, default=1, help="ranks per TP group")
+    p.add_argument("--num-samples", type=int, default=48)
+    p.add_argument("--batch-size", type=int, default=4, help="per DP replica")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--out", type=Path, default=Path("ledger"), help="ledgers and checkpoint")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="steps (0: never)")
+    p.add_argument("--kill", default="", help="RANK:EPOCH:STEP dies there, first attempt only")
+    return p.parse_args(argv)
+
+
+# %% [markdown]
+# ## 2. Joining the group, and what changes on GPUs
+#
+# `init_process_group` gets an explicit **timeout**: torch's defaults are 30 minutes on gloo
+# and 10 on NCCL, far too long to wait for a job that hangs. It also gets a store with a prefix
+# per attempt. torchrun's store outlives a restart (the same `MASTER_PORT` in both attempts)
+# and still holds what the first attempt's ranks wrote, such as their addresses. Measured here
+# with this file and torch 2.13: without the prefix, 3 of 5 restarts failed in the restarted
+# ranks' `init_process_group` (two hung, one tried to connect to a dead rank's address); with
+# it, 7 of 7 succeeded.
+#
+# **What changes on GPUs** (`--backend nccl`; the same file, nothing else to edit):
+#
+# - **One process per GPU.** `torch.cuda.set_device(LOCAL_RANK)` before anything else, and
+#   `device_id=` binds the communicator to that GPU. Without them every rank of a node works on
+#   `cuda:0`: `barrier` and `broadcast_object_list` use the current device.
+# - **Collective tensors live on the rank's GPU.** Under NCCL a CPU tensor has no backend; the
+#   all-reduce in section 3 runs on `device`. CPU-side agreements (where to resume, how many
+#   steps were taken) go on a **gloo side group**, `dist.new_group(backend="gloo")`.
+# - **The watchdog.** NCCL collectives run asynchronously; a watchdog thread in each rank
+#   notices one that runs past the timeout and **aborts the process** (on gloo the timeout
+#   raises in your own thread, at your line). torchrun then stops the other ranks.
+# - **Flight Recorder**, the cluster's counterpart of `HangError`: with
+#   `TORCH_FR_BUFFER_SIZE=2000` (formerly `TORCH_NCCL_TRACE_BUFFER_SIZE`) each rank records its
+#   last collectives, and `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes them to files when the watchdog
+#   fires (`TORCH_FR_DUMP_TEMP_FILE` names them). Comparing the ranks' records shows which rank
+#   is missing from which collective.
+# - **`NCCL_DEBUG=INFO`** prints NCCL's setup: which network interface and transport each
+#   communicator uses. It is the first thing to read when ranks on two nodes cannot connect
+#   (then name the interface with `NCCL_SOCKET_IFNAME`, or `GLOO_SOCKET_IFNAME` for gloo).
+
+
+# %%
+# %%writefile -a torchrun_worker.py
+def init(backend, timeout_s):
+    """Join the job's process group; return this rank's device and a gloo group."""
+    timeout = timedelta(seconds=timeout_s)
+    # torchrun's store (at MASTER_ADDR:MASTER_PORT) lives as long as the agent, so
+    # after a restart it still holds what the first attempt's ranks wrote there,
+    # such as their addresses. One prefix per attempt keeps the attempts apart.
+    store = dist.PrefixStore(
+        f"attempt{ATTEMPT}",
+        dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            WORLD_SIZE,
+            is_master=False,
+            timeout=timeout,  # the agent serves it
+        ),
+    )
+    join = dict(store=store, rank=RANK, world_size=WORLD_SIZE, timeout=timeout)
+    if backend == "nccl":
+        # One process per GPU, picked by LOCAL_RANK. Without set_device every rank of
+        # a node would work on cuda:0 (barrier and broadcast_object_list use it).
+        torch.cuda.set_device(LOCAL_RANK)
+        device = torch.device("cuda", LOCAL_RANK)
+        # device_id= binds the communicator to that GPU at once, not at the first collective.
+        dist.init_process_group("nccl", device_id=device, **join)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", **join)
+    # NCCL has no CPU tensors: agreements the CPU makes (where to resume, how many
+    # steps were taken) go on a gloo group of the same ranks.
+    cpu_group = dist.new_group(backend="gloo")
+    return device, cpu_group
+
+
+# %% [markdown]
+# ## 3. The DP x TP pipeline, from a mesh; the checkpoint; the ledger
+#
+# `init_device_mesh` builds the grid of notebook 07 from the variables: TP innermost, so a TP
+# group holds consecutive ranks. torchrun numbers ranks node by node, so the group stays on
+# one node **when tp divides the ranks per node** (`--nproc-per-node`). Smaller is not enough:
+# 6 ranks per node with tp 4 puts ranks 4-7 on two nodes. The file warns when that happens;
+# TP moves the most data, and a group that spans nodes sends it over the network.
+#
+# The data is notebook 03's: the sampler shards over DP only, the TP leader loads, its peers
+# receive. Each rank records every step in its own ledger file, one folder per attempt.
+
+
+# %%
+# %%writefile -a torchrun_worker.py
+def build_pipeline(args, device):
+    """The DP x TP layout from a DeviceMesh, and the loader of notebooks 02-04."""
+    tp = args.tp_size
+    mesh = init_device_mesh(device.type, (WORLD_SIZE // tp, tp), mesh_dim_names=("dp", "tp"))
+    dp_group, tp_group = mesh["dp"].get_group(), mesh["tp"].get_group()
+    layout = Layout(
+        RANK,
+        WORLD_SIZE,
+        mesh["dp"].get_local_rank(),
+        WORLD_SIZE // tp,
+        mesh["tp"].get_local_rank(),
+        tp,
+        dp_group,
+        tp_group,
+    )
+    # torchrun numbers ranks node by node: rank r runs on node r // LOCAL_WORLD_SIZE.
+    tp_ranks = dist.get_process_group_ranks(tp_group)
+    nodes = sorted({r // LOCAL_WORLD_SIZE for r in tp_ranks})
+    if len(nodes) > 1 and layout.tp_rank == 0:
+        warnings.warn(
+            f"TP group {tp_ranks} spans nodes {nodes}: every batch and every TP collective "
+            f"crosses the network. Use a --tp-size that divides --nproc-per-node "
+            f"({LOCAL_WORLD_SIZE}).",
+            stacklevel=1,
+        )
+    dataset = RandomTokenDataset(1024, 16, num_samples=args.num_samples, seed=args.seed)
+    # Shard over the DP replicas only: TP peers share their leader's shard.
+    sampler = DistributedSampler(
+        dataset,
+        num_replicas=layout.dp_size,
+        rank=layout.dp_rank,
+        shuffle=True,
+        seed=args.seed,
+        drop_last=True,
+    )
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    # The TP leader loads; its peers receive each batch (on their GPU under nccl).
+    return layout, TPBroadcastDataLoader(loader, tp_group)
+
+
+# %% [markdown]
+# The training loop saves **the data position** every few steps: epoch and steps done. That is
+# all a restart needs to resume the data, because the sampler's order depends only on the seed
+# and the epoch (the model and optimizer would be saved at the same moment in a real job). On
+# resume, `TPBroadcastDataLoader.load_state_dict({"steps": k})` skips the first `k` batches of
+# that one epoch and no other (notebook 09 shows the state of a loader that skips without
+# loading). Rank 0 reads the checkpoint and broadcasts it on the gloo group, so nodes need not
+# share a filesystem for it. `--kill` makes one rank die mid-step in the first attempt, as the
+# out-of-memory killer would.
+
+
+# %%
+# %%writefile -a torchrun_worker.py
+def resume_position(ckpt, cpu_group):
+    """(epoch, steps done in it) of this job's last checkpoint, agreed by all ranks."""
+    position = [0, 0]
+    if RANK == 0 and ckpt.exists():
+        saved = json.loads(ckpt.read_text())
+        if saved["run_id"] == RUN_ID:  # another job's checkpoint is not ours to resume
+            position = [saved["epoch"], saved["steps"]]
+    # Rank 0 reads, everyone follows: nodes need not share a filesystem for this.
+    dist.broadcast_object_list(position, src=0, group=cpu_group)
+    return position
+
+
+def save_position(ckpt, epoch, steps):
+    tmp = ckpt.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"run_id": RUN_ID, "epoch": epoch, "steps": steps}))
+    os.replace(tmp, ckpt)  # atomic: a kill never leaves half a checkpoint
+
+
+def train(args, device, cpu_group, layout, loader):
+    """Every epoch from the last checkpoint on; one ledger file per rank and attempt."""
+    ckpt = args.out / "checkpoint.json"
+    start_epoch, start_steps = resume_position(ckpt, cpu_group)
+    folder = args.out / f"attempt{ATTEMPT}"
+    if RANK == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "resumed.json").write_text(
+            json.dumps({"epoch": start_epoch, "steps": start_steps})
+        )
+    kill = tuple(int(x) for x in args.kill.split(":")) if args.kill else None
+    taken = 0
+    with record(loader, layout, path=folder / f"rank{RANK}.jsonl") as rec:
+        for epoch in range(start_epoch, args.epochs):
+            rec.set_epoch(epoch)
+            skip = start_steps if epoch == start_epoch else 0
+            loader.load_state_dict({"steps": skip})  # applies to this epoch only
+            for step, batch in enumerate(rec, start=skip):
+                if ATTEMPT == 0 and kill == (RANK, epoch, step):
+                    os.kill(os.getpid(), signal.SIGKILL)  # mid-step, as the OOM killer would
+                x = batch["input_ids"].to(device)
+                total = x.float().sum()  # a stand-in for the loss of this step
+                # The gradient all-reduce's stand-in: on this rank's device (NCCL needs it).
+                dist.all_reduce(total, group=layout.dp_group)
+                taken += 1
+                if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and RANK == 0:
+                    save_position(ckpt, epoch, step + 1)
+    # A CPU-side agreement: every rank must have taken the same number of steps.
+    counts = torch.tensor([taken, -taken])
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=cpu_group)
+    assert counts[0] == -counts[1] == taken, f"rank {RANK}: step counts differ: {counts}"
+    return taken
+
+
+# %% [markdown]
+# `@record` (torch's, imported as `report_errors`) writes a failing rank's traceback where
+# torchrun finds it, so the job's failure report names the rank and shows its traceback.
+
+
+# %%
+# %%writefile -a torchrun_worker.py
+@report_errors  # a rank that raises: torchrun's failure report shows its traceback
+def main(argv=None):
+    args = parse_args(argv)
+    device, cpu_group = init(args.backend, args.timeout)
+    layout, loader = build_pipeline(args, device)
+    print(
+        f"rank {RANK} local_rank {LOCAL_RANK} world_size {WORLD_SIZE} "
+        f"local_world_size {LOCAL_WORLD_SIZE} node {NODE} attempt {ATTEMPT} "
+        f"device {device} dp {layout.dp_rank} tp {layout.tp_rank}",
+        flush=True,
+    )
+    steps = train(args, device, cpu_group, layout, loader)
+    print(f"rank {RANK} done: {steps} steps", flush=True)
+    # Only after a run that went well (a rank whose collective failed would wait here).
+    # destroy_distributed() is dist.destroy_process_group() that also frees the groups
+    # DeviceMesh keeps: a gloo thread still alive at exit can abort the process.
+    del layout, loader, cpu_group  # our references to the groups
+    destroy_distributed()
+
+
+if __name__ == "__main__":
+    main()
+
+# %% [markdown]
+# ## 4. Check the file: one node, then two
+#
+# The checker runs your file under real torchrun agents twice, with TP 2: one node of 2 ranks
+# (`--standalone`), then two simulated nodes of 1 rank each, where rank 1 has `LOCAL_RANK` 0
+# and the TP group `[0, 1]` spans both nodes. It reads each rank's startup line and ledger, and
+# says what to look at when something is off. A file that does not compile is refused before
+# anything starts.
+
+# %%
+checked = check_worker(WORKER)
+print("check_worker: all good")
+print("".join(checked[0].output[0].splitlines(keepends=True)[-4:]))
+
+# %% [markdown]
+# The second run is two nodes of one rank each, and the TP group spans them. Its leader warned:
+
+# %%
+print("\n".join(checked[1].lines("spans nodes")))
+assert checked[1].lines("spans nodes") and not checked[0].lines("spans nodes")
+
+# %% [markdown]
+# ## 5. Two nodes on this machine, and torchrun's logs
+#
+# A real two-node job runs the same command on both nodes; here both agents run on this
+# machine and meet at `127.0.0.1` on a free port (`--rdzv-backend=c10d`). This is one of the
+# two commands; the other differs only in `--node-rank` and `--log-dir`:
+
+# %%
+logs = [WORK / "logs-node0", WORK / "logs-node1"]
+argv = torchrun_argv(
+    WORKER, "--tp-size", "2", "--out", "OUT", nnodes=2, nproc_per_node=2,
+    endpoint="127.0.0.1:PORT", node_rank=0, log_dir="LOGS", tee="3", local_ranks_filter="0",
+)  # fmt: skip
+# argv starts with this Python's "-m torch.distributed.run": the same program as `torchrun`
+script_at = argv.index(str(WORKER))
+print(" \\\n    ".join(["torchrun", *argv[3:script_at], " ".join(argv[script_at:])]))
+
+# %% [markdown]
+# - `--log-dir` gives each agent a folder for its ranks' output files
+#   (`RUN_ID/attempt_0/LOCAL_RANK/stdout.log`);
+# - `--tee 3` writes stdout and stderr to those files *and* to the console, each line prefixed
+#   with the rank (`[default0]:`);
+# - `--local-ranks-filter 0` shows only local rank 0's lines on the console. The files still
+#   hold every rank's.
+#
+# **Predict:** the job has 4 ranks, 2 per node. Which startup lines does this cell show, and
+# what is `LOCAL_RANK` of rank 2?
+#
+# <details><summary>Answer</summary>
+#
+# Only those of local rank 0 on each node: ranks 0 and 2 (the filter). Rank 2 is the first
+# rank of node 1, so its `LOCAL_RANK` is 0. Ranks 1 and 3 are in the log files.
+#
+# </details>
+
+# %%
+two = torchrun(
+    WORKER,
+    "--tp-size",
+    "2",
+    "--out",
+    str(WORK / "two"),
+    "--epochs",
+    "1",
+    nnodes=2,
+    nproc_per_node=2,
+    log_dirs=logs,
+    tee="3",
+    local_ranks_filter="0",
+)
+assert two.ok, two.diagnosis()
+
+# %% [markdown]
+# Every rank's startup line, read from the log files (the console showed only local rank 0):
+
+# %%
+files = sorted(p for d in logs for p in d.rglob("stdout.log"))
+for f in files:
+    print(f.relative_to(WORK))
+identity = {}
+for f in files:
+    identity.update(startup_lines(f.read_text()))
+print(f"{'RANK':>4} {'LOCAL_RANK':>10} {'node':>4} {'dp':>3} {'tp':>3}")
+for rank, who in sorted(identity.items()):
+    print(f"{rank:>4} {who['local_rank']:>10} {who['node']:>4} {who['dp']:>3} {who['tp']:>3}")
+assert sorted(identity) == [0, 1, 2, 3]
+assert [identity[r]["local_rank"] for r in range(4)] == ["0", "1", "0", "1"]
+assert not two.lines("spans nodes")  # tp 2 divides 2 ranks per node: each TP group on one node
+# The console had local rank 0's lines only; the files have all four ranks'.
+assert two.lines("rank 2 local_rank 0 ") and not two.lines("local_rank 1 ")
+
+# %% [markdown]
+# Each TP group `[0, 1]`, `[2, 3]` sits on one node, and nobody warned. With c10d, torchrun
+# **ignores `--node-rank`** (it says so in its log): the rendezvous numbers the nodes itself
+# (`GROUP_RANK`), so read it rather than assume it. Both nodes wrote their ledger files into one
+# folder, as on a shared filesystem; without one, copy the files into one folder first.
+# `Ledger.load` merges them:
+
+# %%
+merged = Ledger.load(WORK / "two" / "attempt0")
+print(merged.summary())
+assert merged.ok and merged.ranks() == [0, 1, 2, 3]
+
+# %% [markdown]
+# ## 6. A rank dies; torchrun restarts the job; the data resumes exactly once
+#
+# Two ranks, DP 2. The data position is saved every 2 steps. In the first attempt rank 1 dies
+# (SIGKILL) in epoch 1 at step 3, after the checkpoint of step 2. With `--max-restarts=1`
+# torchrun stops the other rank, starts both again (`TORCHELASTIC_RESTART_COUNT=1`), and they
+# resume from the checkpoint: steps 2 and 3 of epoch 1 are **redone**.
+#
+# **Predict:** rank 0 was waiting in step 3's all-reduce when rank 1 died. What happens to it?
+#
+# <details><summary>Answer</summary>
+#
+# Its all-reduce fails within a second or so ("Connection reset/closed by peer": gloo notices
+# the dead peer's socket), or torchrun's monitor stops it first with SIGTERM. Either way the
+# whole attempt ends; torchrun restarts every rank, not only the dead one.
+#
+# </details>
+
+# %%
+elastic = torchrun(
+    WORKER, "--out", str(WORK / "elastic"), "--checkpoint-every", "2", "--kill", "1:1:3",
+    nproc_per_node=2, max_restarts=1, tee="3",
+)  # fmt: skip
+elastic.raise_for_status()
+assert elastic.lines("attempt 1 ")  # the ranks ran again, as the second attempt
+print("\n".join(elastic.lines(r"failed \(exitcode")))
+
+# %% [markdown]
+# `load_attempts` reads each attempt's ledgers and where each attempt resumed from. The steps
+# an attempt took after the checkpoint the next one resumed from were redone: they are marked
+# `replayed` and kept apart from the steps that count.
+
+# %%
+attempts = load_attempts(WORK / "elastic")
+print("attempts (attempt, resumed at epoch, steps done):", attempts.resumed)
+for r in sorted(attempts.replayed.records, key=lambda r: (r.rank, r.epoch, r.step)):
+    print(f"replayed: rank {r.rank} epoch {r.epoch} step {r.step} samples {list(r.sample_ids)}")
+print(attempts.counted.summary())
+replayed_ids = {i for r in attempts.replayed.records for i in r.sample_ids}
+counted_ids = [i for r in attempts.counted.records if r.epoch == 1 for i in r.sample_ids]
+assert attempts.resumed == [(0, 0, 0), (1, 1, 2)]
+assert attempts.replayed.records and replayed_ids <= set(counted_ids)
+assert attempts.exactly_once()  # every sample once per epoch among the steps that count
+assert len(counted_ids) == len(set(counted_ids)) == 48
+
+# %% [markdown]
+# The samples of the replayed steps were trained on again after the restart, and counted once:
+# the exactly-once proof holds on the steps that count. In a real job the model's checkpoint is
+# taken at the same step as the data position; otherwise the model and the data disagree about
+# what was trained on.
+#
+# ## 7. A node that never arrives
+#
+# Start only node 0 of a two-node job. Its agent waits in the rendezvous for `join_timeout`
+# (600 s by default; 4 s here), then gives up without starting a rank.
+
+# %%
+try:
+    torchrun(
+        WORKER,
+        "--out",
+        str(WORK / "alone"),
+        nnodes=2,
+        start_nodes=[0],
+        join_timeout_s=4,
+        timeout_s=60,
+        echo=False,
+    ).raise_for_status()
+except AgentError as exc:
+    alone = exc.run
+    print(exc)
+assert alone is not None and not alone.ok and alone.lines("RendezvousTimeoutError")
+print(f"gave up after {alone.elapsed_s:.1f} s")
+
+# %% [markdown]
+# On a cluster this is a node that failed to start, a wrong `--rdzv-endpoint`, or a different
+# `--rdzv-id`. A batch queue may also start nodes minutes apart: raise `join_timeout` then.
+#
+# ## 8. Bad input, refused before anything starts
+#
+# Three mistakes that torchrun itself lets run. `run_agents` checks them first, and each error
+# says what to do. First, agents that disagree on `--nnodes`: measured with torch 2.13, one
+# agent with `--nnodes=2` and one with `--nnodes=3` at one endpoint ran the job with 2 nodes,
+# silently.
+
+# %%
+port = free_port()
+mismatched = [
+    torchrun_argv(WORKER, nnodes=n, endpoint=f"127.0.0.1:{port}", node_rank=i)
+    for i, n in enumerate((2, 3))
+]
+try:
+    run_agents(mismatched)
+except AgentError as exc:
+    print(exc)
+else:
+    raise AssertionError("expected the mismatch to be refused")
+
+# %% [markdown]
+# A port already in use at the rendezvous endpoint: torchrun connects to whatever listens
+# there and waits, and the rendezvous timeouts do not end that wait (measured: still waiting
+# after 40 s with `join_timeout=5`).
+
+# %%
+with socket.socket() as busy:
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    taken = busy.getsockname()[1]
+    try:
+        run_agents([torchrun_argv(WORKER, nnodes=1, endpoint=f"127.0.0.1:{taken}")])
+    except AgentError as exc:
+        print(exc)
+    else:
+        raise AssertionError("expected the busy port to be refused")
+
+# %% [markdown]
+# A worker file with a syntax error would kill every rank at once; it is refused with its line:
+
+# %%
+broken = WORK / "broken_worker.py"
+broken.write_text(WORKER.read_text().replace("def main(argv=None):", "def main(argv=None)"))
+try:
+    torchrun(broken, nproc_per_node=2)
+except AgentError as exc:
+    print(exc)
+else:
+    raise AssertionError("expected the syntax error to be refused")
+
+# %% [markdown]
+# Every job above ran under a deadline (`timeout_s`, 60 s by default): past it, or when you
+# interrupt the cell, every agent gets SIGTERM (torchrun stops its ranks), whatever is left a
+# few seconds later is killed, and the agents' temporary folder is removed.
+#
+# ## 9. The same file, by hand
+#
+# In a terminal, from this folder (`torchrun` is `python -m torch.distributed.run`):
+#
+# ```bash
+# torchrun --standalone --nproc-per-node=2 torchrun_worker.py --tp-size 2 --out ledger
+# ```
+#
+# and on a GPU node, unchanged: `... torchrun_worker.py --backend nccl --tp-size 2 --out ledger`.
+# Two nodes, each running:
+#
+# ```bash
+# torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
+#     --rdzv-id=JOB_ID --max-restarts=1 torchrun_worker.py --backend nccl --tp-size 4 --out ledger
+# ```
+#
+# `docs/by-hand.md` in the repository says more (Slurm and PBS: `docs/scale-out.md`).
+#
+# ## Summary
+#
+# - torchrun sets `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`; the GPU is
+#   `LOCAL_RANK`'s, never `RANK`'s.
+# - Join with an explicit timeout; under NCCL, `set_device` + `device_id=`, collectives on the
+#   GPU, CPU agreements on a gloo group.
+# - A TP group stays on one node when tp divides the ranks per node; warn when it does not.
+# - `--max-restarts` restarts every rank; the data resumes from the last saved position, the
+#   steps after it are redone, and the ledger proves each sample counted once.
+# - `--rdzv-conf join_timeout=...` bounds the wait for a node that never comes.
+
+# %%
+work.cleanup()

@@ -1,0 +1,334 @@
+"""Real torchrun agents started from Python (notebook 14's machinery): bad input, bounded
+waits, cleanup, the worker checker and the elastic merge.
+
+The system tests start real ``python -m torch.distributed.run`` agents. After each case,
+no process whose command line names the case's private folder may be alive, and the
+agents' temporary folder (TMPDIR: torchrun's ``torchelastic_*``) must be gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import tempfile
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ezpz_nb.examples.agents import AgentError, run_agents, torchrun, torchrun_argv
+from ezpz_nb.examples.by_hand import (
+    WORKER_NAME,
+    WorkerCheckError,
+    check_worker,
+    load_attempts,
+    worker_from_notebook,
+)
+from ezpz_nb.ledger import StepRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "14_torchrun_by_hand.ipynb"
+
+# A worker that joins the group and does one collective: the agents' behaviour, not the data.
+TINY = """\
+import os
+from datetime import timedelta
+import torch, torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    dist.init_process_group("gloo", timeout=timedelta(seconds=20))
+    if os.environ.get("FAIL_RANK") == os.environ["RANK"]:
+        raise ValueError("rank failed on purpose")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print("rank", os.environ["RANK"], "sum", int(t.item()), flush=True)
+    dist.destroy_process_group()
+
+main()
+"""
+
+
+@pytest.fixture()
+def case(tmp_path, monkeypatch):
+    """A private folder (named in every command line) and a private TMPDIR for the agents'
+    temporary folder; after the test, nothing that names the folder runs and TMPDIR is empty."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    yield tmp_path
+    left = _ours(tmp_path)
+    assert not left, f"processes outlived the case: {left}"
+    assert list(tmp.iterdir()) == [], f"left in TMPDIR: {list(tmp.iterdir())}"
+
+
+def _ours(folder: Path) -> list[str]:
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if str(folder) in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(f"{p.info['pid']}: {cmd[:120]}")
+    return found
+
+
+def _tiny(folder: Path) -> Path:
+    path = folder / "tiny.py"
+    path.write_text(TINY)
+    return path
+
+
+def test_agents_that_disagree_on_nnodes_are_refused_before_any_process_starts(case):
+    """Guards: torchrun silently runs a job with --nnodes=2 and --nnodes=3 agents as 2 nodes;
+    the runner must refuse the mismatch, saying to give every node the same --nnodes."""
+    worker = _tiny(case)
+    cmds = [
+        torchrun_argv(worker, nnodes=n, endpoint="127.0.0.1:29999", node_rank=i)
+        for i, n in enumerate((2, 3))
+    ]
+    before = set(psutil.Process().children(recursive=True))
+    with pytest.raises(AgentError, match=r"disagree on --nnodes \(2, 3\).*same --nnodes") as err:
+        run_agents(cmds)
+    assert err.value.run is None
+    assert set(psutil.Process().children(recursive=True)) <= before
+
+
+def test_a_busy_rendezvous_port_is_refused_with_what_to_do(case):
+    """Guards: with its endpoint port held by another program, torchrun connects to it and
+    waits with no timeout; the runner must refuse it up front and say to pick a free port."""
+    worker = _tiny(case)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(AgentError, match=rf"port {port} .* in use.*free port"):
+            run_agents([torchrun_argv(worker, nnodes=2, endpoint=f"127.0.0.1:{port}")])
+
+
+def test_a_worker_with_a_syntax_error_is_refused_naming_its_line(case):
+    """Guards: a worker that does not compile kills every rank at once; it must be refused
+    before any agent starts, with the file, the line and what to do. So must a missing file,
+    and one whose %%writefile -a cell ran twice (a function defined twice)."""
+    broken = case / "broken.py"
+    broken.write_text("import os\n\ndef main(:\n    pass\n")
+    with pytest.raises(AgentError, match=r"broken.py, line 3: .*%%writefile cell"):
+        torchrun(broken, nproc_per_node=2)
+    with pytest.raises(AgentError, match=r"does not exist.*%%writefile"):
+        torchrun(case / "missing.py")
+    twice = case / "twice.py"
+    twice.write_text("def main():\n    pass\n\n\ndef main():\n    pass\n")
+    with pytest.raises(AgentError, match=r"main\(\) twice \(lines 1 and 5\).*-a cell ran twice"):
+        torchrun(twice)
+
+
+def test_bad_arguments_are_refused_before_any_process_starts(case):
+    """Guards: a node count, node list or per-node list that cannot be right fails at once
+    with what to give instead."""
+    worker = _tiny(case)
+    with pytest.raises(AgentError, match="nproc_per_node must be a positive int"):
+        torchrun(worker, nproc_per_node=0)
+    with pytest.raises(AgentError, match=r"start_nodes=\[2\]: name distinct nodes among 0..1"):
+        torchrun(worker, nnodes=2, start_nodes=[2])
+    with pytest.raises(AgentError, match="log_dirs needs one entry per node"):
+        torchrun(worker, nnodes=2, log_dirs=[case / "a"])
+
+
+@pytest.mark.system
+def test_one_node_runs_relays_output_and_leaves_nothing(case, capsys):
+    """Guards: the runner relays every rank's output to the caller as it comes and cleans
+    up after a job that went well."""
+    run = torchrun(_tiny(case), nproc_per_node=2)
+    assert run.ok, run.output
+    assert sorted(run.lines(r"^rank \d sum 2")) == ["rank 0 sum 2", "rank 1 sum 2"]
+    assert "rank 1 sum 2" in capsys.readouterr().out
+
+
+@pytest.mark.system
+def test_a_node_that_never_arrives_ends_in_bounded_time_with_an_explanation(case):
+    """Guards: one agent of a two-node job, alone, must give up after join_timeout with
+    RendezvousTimeoutError, and the diagnosis must say to start every node."""
+    run = torchrun(_tiny(case), nnodes=2, start_nodes=[0], join_timeout_s=3, echo=False)
+    assert not run.ok and run.stopped == ""
+    assert run.lines("RendezvousTimeoutError")
+    assert "Start every node" in run.diagnosis()
+    with pytest.raises(AgentError, match="rendezvous gave up"):
+        run.raise_for_status()
+
+
+@pytest.mark.system
+def test_the_deadline_kills_every_agent_and_rank(case):
+    """Guards: a job that would wait longer than its deadline (here a rendezvous with a
+    60 s join_timeout) is stopped at the deadline, agents and ranks killed, TMPDIR removed."""
+    with pytest.raises(AgentError, match="deadline of 4 s") as err:
+        torchrun(_tiny(case), nnodes=2, start_nodes=[0], join_timeout_s=60, timeout_s=4)
+    assert err.value.run is not None and err.value.run.stopped == "deadline"
+
+
+@pytest.mark.system
+def test_an_interrupted_cell_leaves_no_agent_or_rank(case):
+    """Guards: an interrupt (what the notebook's stop button sends) while ranks run must stop
+    the agents and their ranks (ranks live in sessions of their own) before it propagates."""
+    slow = case / "slow.py"
+    slow.write_text(TINY.replace("main()\n", "import time; time.sleep(120)\n"))
+    timer = threading.Timer(6, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            torchrun(slow, nproc_per_node=2, timeout_s=60, echo=False)
+    finally:
+        timer.cancel()
+
+
+@pytest.mark.system
+def test_a_process_left_behind_by_a_rank_does_not_outlive_the_job(case):
+    """Guards: a rank that leaves a child running (holding the output pipe, in a session of
+    its own) must not keep the job waiting for its deadline, nor outlive it."""
+    leaver = case / "leaver.py"
+    leaver.write_text(
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', {str(case)!r}],"
+        " start_new_session=True)\n"
+        "print('rank left a child behind', flush=True)\n"
+    )
+    # Waiting on the child's pipe would end at the deadline, in an AgentError.
+    run = torchrun(leaver, nproc_per_node=1, timeout_s=90, echo=False)
+    assert run.ok and run.lines("left a child behind")
+
+
+@pytest.mark.system
+def test_a_failing_rank_reaches_the_caller_as_one_error_naming_rank_and_traceback(case):
+    """Guards: a rank that raises must end the job and raise_for_status() must carry
+    torchrun's root cause: the rank and its traceback (the worker uses @record)."""
+    run = run_agents(
+        [torchrun_argv(_tiny(case), nproc_per_node=2)], env={"FAIL_RANK": "1"}, echo=False
+    )
+    with pytest.raises(AgentError, match=r"(?s)rank\s*: 1.*ValueError: rank failed on purpose"):
+        run.raise_for_status()
+
+
+def _write_attempt(folder: Path, attempt: int, records: list[StepRecord], start: tuple[int, int]):
+    from ezpz_nb.ledger import Ledger
+
+    part = folder / f"attempt{attempt}"
+    part.mkdir(parents=True)
+    (part / "resumed.json").write_text(json.dumps({"epoch": start[0], "steps": start[1]}))
+    for rank in {r.rank for r in records}:
+        Ledger([r for r in records if r.rank == rank], 8).save(part / f"rank{rank}.jsonl")
+
+
+def _rec(epoch: int, step: int, ids: tuple[int, ...]) -> StepRecord:
+    return StepRecord(epoch, step, 0, 0, 1, 0, 1, ids, "loaded", "d")
+
+
+def test_load_attempts_marks_the_steps_a_restart_redid_and_renumbers_the_rest(tmp_path):
+    """Guards: the elastic merge. Attempt 0 took steps 0-2 of epoch 0 and resumed at step 1:
+    its steps 1-2 are replayed (source "replayed"), attempt 1's steps follow from 1, and the
+    counted steps hold each sample once."""
+    _write_attempt(
+        tmp_path, 0, [_rec(0, 0, (0, 1)), _rec(0, 1, (2, 3)), _rec(0, 2, (4, 5))], (0, 0)
+    )
+    _write_attempt(
+        tmp_path, 1, [_rec(0, 0, (2, 3)), _rec(0, 1, (4, 5)), _rec(0, 2, (6, 7))], (0, 1)
+    )
+    got = load_attempts(tmp_path)
+    assert got.resumed == [(0, 0, 0), (1, 0, 1)]
+    assert [(r.step, r.sample_ids, r.source) for r in got.replayed.records] == [
+        (1, (2, 3), "replayed"),
+        (2, (4, 5), "replayed"),
+    ]
+    assert [(r.step, r.sample_ids) for r in got.counted.records] == [
+        (0, (0, 1)),
+        (1, (2, 3)),
+        (2, (4, 5)),
+        (3, (6, 7)),
+    ]
+    assert got.exactly_once()
+
+
+def test_load_attempts_catches_a_resume_from_the_wrong_place(tmp_path):
+    """Guards: a restart that resumed one step too late skips samples (never_seen), and one
+    that resumed too early without its earlier attempt knowing repeats them: neither is
+    exactly once."""
+    _write_attempt(tmp_path, 0, [_rec(0, 0, (0, 1)), _rec(0, 1, (2, 3))], (0, 0))
+    _write_attempt(tmp_path, 1, [_rec(0, 0, (6, 7))], (0, 2))  # skipped (4, 5)
+    assert not load_attempts(tmp_path).exactly_once()
+
+
+def test_the_notebook_writes_the_worker_that_the_tests_extract(tmp_path):
+    """Guards: worker_from_notebook reads %%writefile then %%writefile -a cells in order, as
+    IPython writes them; the notebook's worker compiles and keeps the checker's contract."""
+    text = worker_from_notebook(NOTEBOOK)
+    compile(text, WORKER_NAME, "exec")
+    for needle in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "init_device_mesh", "set_device",
+                   "device_id=", 'new_group(backend="gloo")', "spans nodes", "timeout"):  # fmt: skip
+        assert needle in text, needle
+
+
+def _solution(folder: Path, replace: tuple[str, str] | None = None) -> Path:
+    text = worker_from_notebook(NOTEBOOK)
+    if replace is not None:
+        assert replace[0] in text, replace[0]
+        text = text.replace(*replace)
+    path = folder / WORKER_NAME
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.system
+def test_the_shipped_solution_passes_the_checker(case):
+    """Guards: the notebook's own worker passes its checker (one node, then two)."""
+    runs = check_worker(_solution(case))
+    assert len(runs) == 2 and all(r.ok for r in runs)
+
+
+@pytest.mark.system
+def test_the_checker_rejects_local_rank_taken_from_rank(case):
+    """Guards: a worker that reads LOCAL_RANK from RANK passes on one node; the two-node run
+    must reject it and name the variable to read."""
+    worker = _solution(
+        case, ('LOCAL_RANK = int(os.environ["LOCAL_RANK"])', 'LOCAL_RANK = int(os.environ["RANK"])')
+    )
+    with pytest.raises(WorkerCheckError, match=r"2 node.*rank 1 says local_rank 1.*LOCAL_RANK"):
+        check_worker(worker)
+
+
+@pytest.mark.system
+def test_the_checker_rejects_a_worker_that_never_warns_about_tp_across_nodes(case):
+    """Guards: a node count taken from WORLD_SIZE instead of LOCAL_WORLD_SIZE never sees a TP
+    group span nodes; the two-node run, where it does, must reject it."""
+    worker = _solution(case, ("r // LOCAL_WORLD_SIZE for r in tp_ranks", "0 for r in tp_ranks"))
+    with pytest.raises(WorkerCheckError, match=r"spans nodes 0 and 1 here, but no rank warned"):
+        check_worker(worker)
+
+
+@pytest.mark.system
+def test_the_checker_rejects_a_sampler_sharded_over_the_world(case):
+    """Guards: a sampler over WORLD_SIZE instead of the DP replicas (ezpz's dp_group=None
+    pitfall) gives a TP-2 job's only replica half the data; the ledger check must say so."""
+    worker = _solution(case, ("num_replicas=layout.dp_size,", "num_replicas=WORLD_SIZE,"))
+    worker.write_text(worker.read_text().replace("rank=layout.dp_rank,", "rank=RANK,"))
+    with pytest.raises(WorkerCheckError, match=r"(?s)1 node.*data problem.*never_seen"):
+        check_worker(worker)
+
+
+@pytest.mark.system
+def test_an_elastic_restart_resumes_the_data_exactly_once(case):
+    """Guards: issue 28's restart. A rank killed mid-epoch between checkpoints with
+    --max-restarts=1: the job succeeds, the steps after the checkpoint are replayed, and
+    every sample is counted once per epoch."""
+    out = case / "out"
+    run = torchrun(
+        _solution(case), "--out", str(out), "--checkpoint-every", "2", "--kill", "1:1:3",
+        nproc_per_node=2, max_restarts=1, echo=False,
+    )  # fmt: skip
+    run.raise_for_status()
+    got = load_attempts(out)
+    assert got.resumed == [(0, 0, 0), (1, 1, 2)]
+    assert {(r.epoch, r.step) for r in got.replayed.records} >= {(1, 2)}
+    assert got.exactly_once()
