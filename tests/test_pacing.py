@@ -54,3 +54,23 @@ def test_the_three_hour_cut_adds_up_to_three_hours_with_a_break():
     assert "break" in names
     for nb in ("01", "02", "03", "04"):
         assert f"{nb} ·" in names, nb
+
+
+def _readme_times() -> dict[str, list[int]]:
+    """``{notebook: the minutes in its README row}`` (``35-45 min`` gives ``[35, 45]``)."""
+    text = (NOTEBOOKS.parent / "README.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\d\d_\w+)` \| ([^|]*) \|", text, re.M)
+    return {name: [int(n) for n in re.findall(r"\d+", time)] for name, time in rows}
+
+
+def test_the_readme_states_the_times_the_notebooks_state():
+    """Guards two sites of one number drifting apart (the README said 25 minutes where the
+    notebook said 35 to 45): each README row's minutes open its notebook's Time line, and
+    every notebook has a row."""
+    readme = _readme_times()
+    assert {p.stem for p in SOURCES} == set(readme), "a notebook without a README row"
+    for source in SOURCES:
+        line = re.search(r"\*\*Time:\*\* ([^\n]*)", _first_markdown_cell(source))
+        assert line is not None, source.name
+        stated = [int(n) for n in re.findall(r"\d+", line[1])]
+        assert stated[: len(readme[source.stem])] == readme[source.stem], source.name

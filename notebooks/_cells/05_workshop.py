@@ -9,7 +9,7 @@
 # %% [markdown] tags=["workshop"]
 # # 05 · Workshop
 #
-# **Time:** about 40 minutes for all seven exercises, or about 10 minutes after each of
+# **Time:** 40 to 50 minutes for all seven exercises, or 5 to 20 minutes after each of
 # notebooks 01 to 04 (the table below says which exercises go with which notebook).
 #
 # Seven exercises on the ideas of notebooks 01 to 04. In each you fill in one function; the

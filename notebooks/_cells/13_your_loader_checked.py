@@ -25,6 +25,8 @@
 # | the global batch keeps its size | the effective learning rate changes |
 # | the order changes between epochs | every epoch repeats the first one's order |
 #
+# **Time:** about 20 minutes (advanced track).
+#
 # **Learning goals**
 #
 # - Check a `DataLoader` + `DistributedSampler` and four classic mistakes, with the first rank,

@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 14 · From the notebook to a cluster, by hand: torchrun, two nodes, an elastic restart
 #
-# **Time:** 40 min, advanced. Running it top to bottom takes about 40 s on an idle 2-core
+# **Time:** about 40 minutes (advanced track). Running it top to bottom takes about 40 s on an idle 2-core
 # machine: five real torchrun jobs (about 22 s of them, `benchmarks/agents.py`), and every rank
 # of each pays a fresh `import torch`. On a machine busy with other work allow up to 2 minutes.
 #
