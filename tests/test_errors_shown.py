@@ -176,6 +176,26 @@ def test_a_rank_error_in_a_script_is_informative(tmp_path):
     assert err.count("--- ranks 0 and 1 traceback ---") == 1
 
 
+def _wait_until_both_sleep(pids: list[int], quiet_s: float = 0.3) -> None:
+    """Return once every process's main thread has slept for ``quiet_s`` without a break.
+
+    Neither rank has anything left to do but wait (in a collective, or for the next
+    job), so a main thread asleep that long is waiting, not between two lines.
+    """
+    procs = [psutil.Process(p) for p in pids]
+    quiet_since, deadline = None, time.monotonic() + 60
+    while True:
+        now = time.monotonic()
+        assert now < deadline, "the ranks never settled: " + str([p.status() for p in procs])
+        if all(p.status() == psutil.STATUS_SLEEPING for p in procs):
+            quiet_since = quiet_since or now
+            if now - quiet_since >= quiet_s:
+                return
+        else:
+            quiet_since = None
+        time.sleep(0.02)
+
+
 def test_ctrl_c_in_a_script_reports_each_rank_and_leaves_none(tmp_path):
     """Guards Ctrl-C on a hung script: a report like HangError's, exit, no rank left."""
     script = tmp_path / "hangs.py"
@@ -204,6 +224,9 @@ def test_ctrl_c_in_a_script_reports_each_rank_and_leaves_none(tmp_path):
         assert line, "the script ended before its ranks started"
         if "pid " in line:
             pids.append(int(line.split("pid ")[1]))
+    # Interrupt only once rank 0 waits in its barrier and rank 1 is back in its loop:
+    # a stack taken while rank 0 is still on its way names the line it was on.
+    _wait_until_both_sleep(pids)
     os.kill(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode != 0

@@ -99,7 +99,6 @@ def rank_error(ranks: list[int], stopped: list[int]) -> RankError:
             kind="exception",
             exc_type="KeyError",
             message="KeyError: 'input_ids'",
-            traceback="Traceback ...",
         )
         for r in ranks
     }

@@ -16,8 +16,9 @@ import pytest
 CELLS = Path(__file__).resolve().parents[1] / "notebooks" / "_cells"
 # The README's first example: import torch, torch.distributed as dist; import ezpz_nb as ez.
 NEEDED = {("torch", "torch"), ("torch.distributed", "dist"), ("ezpz_nb", "ez")}
-# 05 is the workshop: its exercises run through ezpz_nb.workshop, not ez.launch.
-SOURCES = [p for p in sorted(CELLS.glob("*.py")) if not p.name.startswith("05_")]
+# 05 is the workshop: its exercises run through ezpz_nb.workshop, not ez.launch. 14 runs
+# nothing on ranks from the notebook: it writes a torchrun worker file and starts torchrun.
+SOURCES = [p for p in sorted(CELLS.glob("*.py")) if not p.name.startswith(("05_", "14_"))]
 
 
 def first_imports(path: Path) -> set[tuple[str, str]]:

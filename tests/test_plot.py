@@ -317,3 +317,14 @@ def test_digests_mark_tp_peers_whose_bytes_differ_from_their_leader(
         assert data["steps_mismatched"] == 0 and ledger.ok
     for row in data["digests"]:  # what is drawn is the ledger's digest
         assert all(len(d) == 32 for d in row)
+
+
+def test_no_figure_name_is_also_a_submodule_name():
+    """Guards viz.timeline turning into a module: a submodule of that name, once imported,
+    replaces the package's lazily resolved function of the same name."""
+    import pkgutil
+
+    import ezpz_nb.viz as viz_pkg
+
+    submodules = {m.name for m in pkgutil.iter_modules(viz_pkg.__path__)}
+    assert not submodules & set(viz_pkg._WHERE), submodules & set(viz_pkg._WHERE)

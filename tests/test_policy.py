@@ -165,3 +165,15 @@ def test_a_rank_back_in_its_loop_reads_as_finished():
     user = [wire.Frame(CELL, 5, "stuck", "dist.barrier()"), wire.Frame(TORCH, 1, "barrier", "")]
     blocked = stack_from_frames(0, loop + user)
     assert (blocked.state, blocked.call) == ("blocked", "barrier")
+
+
+def test_a_stack_caught_in_torchs_decorator_names_the_call_from_the_users_line():
+    """Guards "wrapper() at hangs.py:7": a stack taken as the rank entered c10d's logging
+    decorator, before the collective itself, named the decorator."""
+    from ezpz_nb.launcher.stacks import stack_from_frames
+
+    user = [
+        wire.Frame(CELL, 7, "stuck", "dist.all_reduce(t, op=dist.ReduceOp.SUM)"),
+        wire.Frame(TORCH, 1, "wrapper", ""),
+    ]
+    assert stack_from_frames(0, user).call == "all_reduce"

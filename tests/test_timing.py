@@ -17,7 +17,7 @@ import ezpz_nb as ez
 from ezpz_nb.examples import throughput
 from ezpz_nb.examples.throughput import TokenizingDataset, tokenize
 from ezpz_nb.ledger import Ledger, StepRecord, StepTimes, record
-from ezpz_nb.viz.timeline import PARTS
+from ezpz_nb.viz.steps import PARTS
 
 
 def spin(words: int) -> None:

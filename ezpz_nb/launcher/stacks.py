@@ -59,6 +59,7 @@ class RankStack:
 _THREAD_RE = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
 _FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 _PLUMBING = {"wrapper", "inner", "_fn", "fn", "decorate_context"}
+_CALLED = re.compile(r"(\w+)\s*\(")
 
 
 def parse_faulthandler(text: str, marker: str) -> list[Frame]:
@@ -114,12 +115,17 @@ def stack_from_frames(rank: int, frames: list[Frame]) -> RankStack:
             break
     if call is None and user_idx is not None and user_idx + 1 < len(frames):
         nxt = frames[user_idx + 1].name
-        call = None if nxt.startswith("_") else nxt
+        call = None if nxt.startswith("_") or nxt in _PLUMBING else nxt
     where = source = None
     if user_idx is not None:
         f = frames[user_idx]
         where = describe_location(f.filename, f.lineno)
         source = fill_line(f.filename, f.lineno, f.line)
+        if call is None and source:
+            # Caught inside torch's decorator, before the call itself (a stack taken
+            # just as the rank got there): the user's line names what it called.
+            named = _CALLED.search(source)
+            call = named.group(1) if named else None
     return RankStack(
         rank=rank,
         state="blocked",

@@ -10,7 +10,7 @@ it draws kept as plain arrays in ``fig.ezpz_data``:
 * :mod:`.peers`: :func:`digests` (did TP peers hold the same bytes at each step);
 * :mod:`.ranks`: :func:`timeline`, :func:`layout` (how far each rank got; the
   dp x tp grid);
-* :mod:`.timeline`: :func:`step_timeline` (each rank's steps split into data
+* :mod:`.steps`: :func:`step_timeline` (each rank's steps split into data
   wait, compute and collective wait, and the straggler named);
 * :mod:`.training`: :func:`loss_curves` (the loss per step of several runs,
   against a reference run);
@@ -34,7 +34,7 @@ _WHERE = {
     "loss_curves": "training",
     "timeline": "ranks",
     "layout": "ranks",
-    "step_timeline": "timeline",
+    "step_timeline": "steps",
     "png_bytes": "figure",
     "EzFigure": "figure",
 }

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+import ezpz_nb as ez
 from ezpz_nb.verify import check_contract, check_resume
 
 N = 30  # samples in the map-style dataset
@@ -173,8 +174,6 @@ mistakes["world_sharded"].figure()
 # %%
 import datasets  # the `loaders` extra: pip install 'ezpz_nb[loaders]'
 from datasets.distributed import split_dataset_by_node
-
-import ezpz_nb as ez
 
 datasets.disable_progress_bars()
 folder = Path(tempfile.mkdtemp(prefix="ezpz-nb13-"))
