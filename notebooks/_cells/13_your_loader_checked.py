@@ -172,7 +172,7 @@ mistakes["world_sharded"].figure()
 # (`cluster=`): the import is paid once.
 
 # %%
-import datasets  # the `loaders` extra: pip install 'ezpz_nb[loaders]'
+import datasets  # the `notebook` (or `loaders`) extra: pip install 'ezpz_nb[notebook]'
 from datasets.distributed import split_dataset_by_node
 
 datasets.disable_progress_bars()
