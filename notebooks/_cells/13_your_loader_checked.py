@@ -36,6 +36,8 @@
 #   with `skip()`/`take()` after the split.
 # - Stop and resume a torchdata `StatefulDataLoader` with workers in fresh ranks, and see which
 #   ways of stopping it survives.
+# - Where MosaicML `streaming` is installed: check its `replication` for TP peers and its
+#   resumption, mid-epoch, at an epoch's end and at another world size.
 # - Put the same check in a project's CI (pytest fixture, `ezpz-nb check`).
 #
 # Every dataset here is written by this notebook into a temporary folder: nothing is downloaded.
