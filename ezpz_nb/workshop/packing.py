@@ -1,6 +1,6 @@
 """Checkers for notebook 11's exercises: a packing collate, and a token-budget plan for DP.
 
-Exercise 8, ``pack(docs, row_len)``: pack a list of 1-D token tensors into rows of
+Exercise 1 of notebook 11, ``pack(docs, row_len)``: pack a list of 1-D token tensors into rows of
 ``row_len`` and return ``input_ids``, ``position_ids`` and ``mask`` (``rows x L x L``,
 True where a query may attend to a key), padding with ``0``. Judged on 4 real ranks,
 each packing its share of documents: no token attends to another document or to a
@@ -10,7 +10,7 @@ document when a document continues from the previous row: both are accepted); le
 than one row of padding per call; and, over the epoch, every token of every
 document in exactly one row on exactly one rank.
 
-Exercise 9, ``plan_batches(lengths, dp_rank, dp_size, budget)``: this DP replica's
+Exercise 2, ``plan_batches(lengths, dp_rank, dp_size, budget)``: this DP replica's
 batches of document ids, with ``len(batch) * longest <= budget``. Judged on 4 real
 ranks: equal step counts, no document twice, at least 85% of the tokens planned, and
 batches that fill on average at least 35% of the budget (so one document per batch,
@@ -89,7 +89,7 @@ def _check_row(
 def check_pack(
     fn: Callable[[list[Any], int], dict[str, Any]], *, timeout: float = CHECK_TIMEOUT
 ) -> CheckResult:
-    """Exercise 8: ``fn(docs, row_len)`` packs documents without attention across them.
+    """Notebook 11, exercise 1: ``fn(docs, row_len)`` packs documents without attention across them.
 
     24 documents of fresh random lengths (some three rows long) are dealt over 4
     ranks; each rank packs its own 3 at a time with ``fn``.
@@ -145,7 +145,7 @@ def check_pack(
 def check_budget_plan(
     fn: Callable[[list[int], int, int, int], list[list[int]]], *, timeout: float = CHECK_TIMEOUT
 ) -> CheckResult:
-    """Exercise 9: ``fn(lengths, dp_rank, dp_size, budget)`` plans equal step counts.
+    """Notebook 11, exercise 2: ``fn(lengths, dp_rank, dp_size, budget)`` plans equal step counts.
 
     200 documents of fresh random lengths (2 to 64 tokens), a budget of 256 padded
     tokens, 4 DP ranks; each step of the plan ends in an all-reduce over all ranks.

@@ -45,7 +45,7 @@ def _plain(x: Any, name: str) -> list[Any]:
 
 
 def job_pack(fn: Callable, docs: list[list[int]], row_len: int, per_call: int) -> Any:
-    """Exercise 8: this rank's documents (dealt round-robin), packed ``per_call`` at a time.
+    """Notebook 11, exercise 1: this rank's documents (dealt round-robin), packed ``per_call`` at a time.
 
     Returns, per call, the ``input_ids``, ``position_ids`` and ``mask`` the learner's
     ``fn(list_of_token_tensors, row_len)`` returned, as plain lists.
@@ -67,7 +67,7 @@ def job_pack(fn: Callable, docs: list[list[int]], row_len: int, per_call: int) -
 
 
 def budget_lengths(seed: int, n: int, longest: int, budget: int, world: int) -> list[int]:
-    """Exercise 9: ``n`` document lengths from 2 to ``longest``, drawn per check.
+    """Notebook 11, exercise 2: ``n`` document lengths from 2 to ``longest``, drawn per check.
 
     Drawn again until replicas that plan their own shard (dealt round-robin, or in
     contiguous blocks) get unequal batch counts: about one draw in eight would give
@@ -90,7 +90,7 @@ def budget_lengths(seed: int, n: int, longest: int, budget: int, world: int) -> 
 
 
 def job_budget_plan(fn: Callable, lengths: list[int], budget: int) -> Any:
-    """Exercise 9: this rank's plan, and the steps it took with a gradient all-reduce each.
+    """Notebook 11, exercise 2: this rank's plan, and the steps it took with a gradient all-reduce each.
 
     The ranks first compare their counts (one all_gather); only when they agree do
     they run the loop, each step one all-reduce, so a wrong plan is reported as

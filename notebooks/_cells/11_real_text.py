@@ -472,7 +472,93 @@ print(
 # order of magnitude, not a verdict. On a GPU with `torch.compile`, changing shapes cost more
 # than a broadcast: each new shape can trigger a recompilation, one reason packed rows of one
 # fixed shape are the usual choice there.
+
+# %% [markdown]
+# ## Exercises
 #
+# ### 1. A packing collate
+#
+# Write `pack(docs, row_len)`: `docs` is a list of 1-D int64 token tensors; return a dict with
+# `input_ids` and `position_ids` (`rows x row_len`, padding id `0`) and `mask` (`rows x row_len x
+# row_len`, True where a query may attend to a key). The checker deals 24 documents of fresh
+# random lengths (some three rows long) over 4 ranks; each rank packs 3 at a time. It passes when
+# no token attends to another document, to padding or to a later token, every earlier token of
+# its own document is visible, position ids count from where each document starts in the row
+# (or go on counting for a document continued from the previous row), each call has less than
+# one row of padding, and every token of every document is in exactly one row over the epoch.
+
+# %% tags=["workshop"]
+import ezpz_nb.workshop.packing as ex
+
+
+def pack(docs, row_len):
+    raise NotImplementedError  # your code: rows, position ids and a block-diagonal causal mask
+
+
+# %% tags=["workshop"]
+ex.check_pack(pack)
+
+# %% tags=["solutions"]
+import ezpz_nb.workshop.packing as ex
+
+
+def pack(docs, row_len):
+    tokens = torch.cat(docs)
+    doc = torch.cat([torch.full((len(d),), i) for i, d in enumerate(docs)])
+    rows = -(-len(tokens) // row_len)
+    pad = rows * row_len - len(tokens)
+    input_ids = torch.cat([tokens, torch.zeros(pad, dtype=torch.int64)]).view(rows, row_len)
+    doc = torch.cat([doc, torch.full((pad,), -1)]).view(rows, row_len)
+    # a segment starts at each row's first token and wherever the document changes
+    start = torch.ones_like(doc, dtype=torch.bool)
+    start[:, 1:] = doc[:, 1:] != doc[:, :-1]
+    col = torch.arange(row_len).expand(rows, row_len)
+    seg_start = torch.cummax(torch.where(start, col, 0), dim=1).values
+    position_ids = col - seg_start
+    same = (doc.unsqueeze(-1) == doc.unsqueeze(-2)) & (doc >= 0).unsqueeze(-1)
+    mask = same & torch.ones(row_len, row_len, dtype=torch.bool).tril()
+    return {"input_ids": input_ids, "position_ids": position_ids, "mask": mask}
+
+
+# %% tags=["solutions"]
+assert ex.check_pack(pack).passed
+
+# %% [markdown]
+# ### 2. A token-budget plan that keeps steps equal
+#
+# Write `plan_batches(lengths, dp_rank, dp_size, budget)`: this replica's batches, each a list
+# of document ids with `len(batch) * longest <= budget`. The checker draws 200 lengths (2 to 64
+# tokens, budget 256) on 4 ranks, and each step of your plan ends in an all-reduce. It passes
+# when every replica has the same number of batches, no document is planned twice, at least 85%
+# of the tokens are planned, and the batches fill at least 35% of the budget on average. Either
+# fix of section 2 passes; you may call collectives inside.
+
+
+# %% tags=["workshop"]
+def plan_batches(lengths, dp_rank, dp_size, budget):
+    raise NotImplementedError  # your code: a list of batches (lists of document ids)
+
+
+# %% tags=["workshop"]
+ex.check_budget_plan(plan_batches)
+
+
+# %% tags=["solutions"]
+def plan_batches(lengths, dp_rank, dp_size, budget):
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    batches = [[]]
+    for i in order:  # longest first: a batch's first document is its longest
+        if batches[-1] and (len(batches[-1]) + 1) * lengths[batches[-1][0]] > budget:
+            batches.append([])
+        batches[-1].append(i)
+    steps = len(batches) // dp_size  # the same plan on every rank; deal whole batches
+    return batches[: steps * dp_size][dp_rank::dp_size]
+
+
+# %% tags=["solutions"]
+assert ex.check_budget_plan(plan_batches).passed
+
+# %% [markdown]
 # ## Summary
 #
 # - The standard library is a real corpus on every machine; tokenize once, write one file, and
