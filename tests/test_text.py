@@ -273,3 +273,60 @@ def test_packed_rows_on_four_ranks_share_the_cache_and_split_every_token_once(co
     tokens = sum(n for seen in per_rank for _, _, n in seen)
     assert corpus.num_tokens - tokens < (n_rows % 16 + 1) * ROW
     assert {r[2] for r in results} == {corpus.tokens.nbytes}
+
+
+def recorded_text(corpus, pieces, path):
+    """One rank's ledger file of padded budget batches, then of packed rows (epoch 1)."""
+    layout = make_layout()
+    plan = plan_then_shard(lengths_of(pieces), layout.dp_size, BUDGET)[layout.dp_rank]
+    padded = DataLoader(
+        range(len(pieces)), batch_sampler=plan, collate_fn=PadCollate(corpus, pieces)
+    )
+    rows = PackedRows(corpus, ROW)
+    sampler = DistributedSampler(rows, layout.dp_size, layout.dp_rank, drop_last=True)
+    packed = DataLoader(rows, batch_size=4, sampler=sampler, drop_last=True)
+    seen = []
+    with record(padded, layout, path=f"{path}/rank{layout.rank}.jsonl", epoch=0) as rec:
+        for batch in rec:
+            seen.append((int(batch["real_tokens"]), int(batch["pad_tokens"]), ()))
+        rec.loader = packed
+        for batch in rec:
+            docs = tuple(
+                tuple(dict.fromkeys(d for d in row.tolist() if d >= 0)) for row in batch["doc_ids"]
+            )
+            seen.append((int(batch["real_tokens"].sum()), int(batch["pad_tokens"].sum()), docs))
+    return seen
+
+
+def test_ledger_v4_keeps_token_counts_and_documents_per_row(corpus, pieces, tmp_path):
+    """Guards ledger format 4: the ranks' files give back each step's real and pad tokens and,
+    for packed rows, the documents of each row; a version 3 file of the same steps loads with
+    the defaults (-1, -1, no rows); figures read the counts from the ledger."""
+    from ezpz_nb import viz
+    from ezpz_nb.ledger import codec
+
+    seen = ez.launch(recorded_text, corpus, pieces, str(tmp_path), world_size=4)
+    ledger = Ledger.load(tmp_path)
+    for r in range(4):
+        steps = ledger.steps(r, 0) + ledger.steps(r, 1)
+        assert [(s.real_tokens, s.pad_tokens, s.row_docs) for s in steps] == seen[r]
+        assert all(s.row_docs == () for s in ledger.steps(r, 0))
+        assert all(len(s.row_docs) == 4 for s in ledger.steps(r, 1))
+    assert codec.decode((tmp_path / "rank0.jsonl").read_text()).version == 4 == codec.VERSION
+    fig = viz.token_counts(ledger, epoch=0)
+    assert fig.ezpz_data["real"][2].tolist() == [
+        a for a, _, _ in seen[2][: len(ledger.steps(2, 0))]
+    ]
+    old = (
+        (tmp_path / "rank0.jsonl").read_text().replace('"ezpz_nb_ledger": 4', '"ezpz_nb_ledger": 3')
+    )
+    old = "\n".join(
+        line.split(', "real_tokens"')[0] + "}" if '"kind": "step"' in line else line
+        for line in old.splitlines()
+    )
+    v3 = codec.decode(old + "\n")
+    assert v3.version == 3 and {(r.real_tokens, r.pad_tokens, r.row_docs) for r in v3.records} == {
+        (-1, -1, ())
+    }
+    with pytest.raises(ValueError, match="no token counts"):
+        viz.token_counts(Ledger(v3.records))

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from ezpz_nb.ledger import Ledger
 from ezpz_nb.viz.figure import (
     BLUE,
     FONT,
@@ -68,13 +69,20 @@ def doc_lengths(lengths: Sequence[int], row_len: int | None = None) -> Figure:
     return fig
 
 
-def token_counts(counts: Mapping[int, Sequence[tuple[int, int]]], title: str = "") -> Figure:
+def token_counts(
+    counts: Ledger | Mapping[int, Sequence[tuple[int, int]]], title: str = "", epoch: int = 0
+) -> Figure:
     """Real (solid) and pad (light) tokens of every rank at every step, bars side by side.
 
     Args:
-        counts: ``{rank: [(real_tokens, pad_tokens) per step]}``; ranks may have
-            taken different numbers of steps (a missing step draws nothing).
+        counts: A ledger (its token counts, format version 4) or ``{rank:
+            [(real_tokens, pad_tokens) per step]}``; ranks may have taken different
+            numbers of steps (a missing step draws nothing).
         title: What the run was; the figure adds the pad share and the spread.
+        epoch: With a ledger, the epoch to draw.
+
+    Raises:
+        ValueError: A ledger whose batches did not say their token counts.
 
     Returns:
         The figure; ``fig.ezpz_data`` holds ``ranks``, ``real`` and ``pad``
@@ -82,6 +90,17 @@ def token_counts(counts: Mapping[int, Sequence[tuple[int, int]]], title: str = "
         (pad / all tokens of the whole run) and ``spread`` (per step, most real
         tokens minus fewest, over the ranks that took it).
     """
+    if isinstance(counts, Ledger):
+        ledger = counts
+        counts = {
+            r: [(s.real_tokens, s.pad_tokens) for s in ledger.steps(r, epoch)]
+            for r in sorted(ledger.layout())
+        }
+        if any(a < 0 for steps in counts.values() for a, _ in steps):
+            raise ValueError(
+                "this ledger has no token counts: record batches with real_tokens and "
+                "pad_tokens, doc_ids or an attention_mask (ezpz_nb.text's collates add them)"
+            )
     ranks = sorted(counts)
     steps = max((len(counts[r]) for r in ranks), default=0)
     real = -np.ones((len(ranks), steps), dtype=np.int64)
@@ -107,7 +126,7 @@ def token_counts(counts: Mapping[int, Sequence[tuple[int, int]]], title: str = "
     ax.set_ylabel("tokens (light: padding)", fontsize=FONT + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.tick_params(labelsize=FONT)
-    ax.legend(fontsize=FONT, frameon=False, ncols=min(4, len(ranks)), loc="lower right")
+    ax.legend(fontsize=FONT, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     head = f"{title}: " if title else ""
     fig.suptitle(
         wrap(
@@ -136,14 +155,16 @@ def packed_rows(doc_ids: np.ndarray | Sequence[Sequence[int]], title: str = "") 
     ids = np.asarray(doc_ids, dtype=np.int64)
     colour_of = np.zeros_like(ids)
     segments = []
+    order: dict[int, int] = {}  # a document's colour: by first appearance, the same in every row
     for r, row in enumerate(ids):
         starts = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
         docs = [int(row[s]) for s in starts if row[s] >= 0]
         segments.append(docs)
-        k = 0
         for s, e in zip(starts, [*starts[1:], len(row)], strict=True):
-            colour_of[r, s:e] = 0 if row[s] < 0 else 1 + k % len(_COLOURS)
-            k += row[s] >= 0
+            d = int(row[s])
+            if d >= 0:
+                order.setdefault(d, len(order))
+            colour_of[r, s:e] = 0 if d < 0 else 1 + order[d] % len(_COLOURS)
     fig = new_figure(7.5, 0.5 + 0.32 * len(ids))
     ax = fig.subplots()
     cmap = ListedColormap([MISSING, *_COLOURS])
@@ -164,7 +185,11 @@ def packed_rows(doc_ids: np.ndarray | Sequence[Sequence[int]], title: str = "") 
     n_docs = len({d for s in segments for d in s})
     head = f"{title}: " if title else ""
     fig.suptitle(
-        wrap(f"{head}{len(ids)} rows hold pieces of {n_docs} documents", 7.1, FONT + 3),
+        wrap(
+            f"{head}{len(ids)} rows hold pieces of {n_docs} document{'s' * (n_docs != 1)}",
+            7.1,
+            FONT + 3,
+        ),
         fontsize=FONT + 3,
     )
     fig.ezpz_data = {"doc_ids": ids, "segments": segments}

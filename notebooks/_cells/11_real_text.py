@@ -278,8 +278,10 @@ rows = PackedRows(corpus, ROW)
 print(
     f"{len(rows)} rows of {ROW}; padding only in the last: {int(rows[len(rows) - 1]['pad_tokens'])}"
 )
-first = torch.stack([rows[i]["doc_ids"] for i in range(6)])
-viz.packed_rows(first, "the first packed rows")
+mixed = [i for i in range(len(rows)) if len(set(rows[i]["doc_ids"].tolist())) > 2][:6]
+fig = viz.packed_rows(torch.stack([rows[i]["doc_ids"] for i in mixed]), f"rows {mixed}")
+assert all(len(s) >= 2 for s in fig.ezpz_data["segments"])
+fig
 
 
 # %% [markdown]
@@ -383,35 +385,33 @@ def step_tokens(corpus, pieces, balance):
     layout = make_layout()
     lengths = [e - s for _, s, e in pieces]
     plan = plan_then_shard(lengths, layout.dp_size, BUDGET, balance=balance)
-    loader = DataLoader(
-        range(len(pieces)),
-        batch_sampler=plan[layout.dp_rank],
-        collate_fn=PadCollate(corpus, pieces),
-    )
-    mine = []
-    for batch in loader:
-        real = batch["real_tokens"].reshape(1)
-        every = [torch.zeros_like(real) for _ in range(layout.dp_size)]
-        dist.all_gather(every, real, group=layout.dp_group)  # what every replica holds
-        mine.append((int(real), int(batch["pad_tokens"]), sum(int(t) for t in every)))
-    return mine
+    collate = PadCollate(corpus, pieces)
+    loader = DataLoader(range(len(pieces)), batch_sampler=plan[layout.dp_rank], collate_fn=collate)
+    steps, global_batch = record(loader, layout), []
+    for batch in steps:  # the ledger keeps each step's real and pad tokens (format 4)
+        real = batch["real_tokens"].reshape(1).float()
+        dist.all_reduce(real, group=layout.dp_group)  # the global batch, in real tokens
+        global_batch.append(int(real))
+    return steps.ledger(), global_batch
 
 
 spreads = {}
 for balance in (False, True):
     out = ez.launch(step_tokens, corpus, pieces, balance, world_size=WORLD)
-    counts = {r: [(a, b) for a, b, _ in steps] for r, steps in enumerate(out)}
-    fig = viz.token_counts(counts, f"balance={balance}")
+    ledger = Ledger.from_results([o[0] for o in out], num_samples=len(pieces))
+    fig = viz.token_counts(ledger, f"balance={balance}")
     spreads[balance] = fig.ezpz_data["spread"]
-    global_batch = [g for *_, g in out[0]]
+    global_batch = out[0][1]
     print(
-        f"balance={balance}: steps {[len(s) for s in out]}, mean spread between replicas "
-        f"{spreads[balance].mean():.0f} tokens, global batch {min(global_batch)} to "
-        f"{max(global_batch)} real tokens"
+        f"balance={balance}: steps {[len(ledger.steps(r, 0)) for r in range(WORLD)]}, mean "
+        f"spread between replicas {spreads[balance].mean():.0f} tokens, global batch "
+        f"{min(global_batch)} to {max(global_batch)} real tokens"
     )
-    assert all(len(s) == len(out[0]) for s in out)
+    assert len({len(ledger.steps(r, 0)) for r in range(WORLD)}) == 1
+    assert global_batch == fig.ezpz_data["real"].sum(axis=0).tolist()
     display(fig)
 assert spreads[True].mean() < spreads[False].mean()
+
 
 # %% [markdown]
 # It does not: balancing only pairs batches differently, so the counts stay equal. Packed rows
