@@ -217,12 +217,24 @@ class PackedRows(Dataset):
     gets the same number of full rows. Each item is :func:`packed_batch` of one row
     (row dimension dropped) plus ``index``, the row id.
 
+    ``multiple_of=dp_size`` keeps only a multiple of ``dp_size`` rows, so that a
+    ``DistributedSampler`` has nothing to pad or drop and the ledger's "never seen"
+    check counts the rows that exist: the last ``len % dp_size`` rows (fewer than
+    ``dp_size`` rows of tokens) are left out, and ``dropped_tokens`` says how many.
+
     Raises:
-        TextError: ``row_len`` below 2, or ``overflow="reject"`` with a longer document.
+        TextError: ``row_len`` below 2, ``multiple_of`` below 1 or above the number of
+            rows, or ``overflow="reject"`` with a longer document.
     """
 
     def __init__(
-        self, corpus: TokenCorpus, row_len: int, *, seed: int = 0, overflow: str = "split"
+        self,
+        corpus: TokenCorpus,
+        row_len: int,
+        *,
+        seed: int = 0,
+        overflow: str = "split",
+        multiple_of: int = 1,
     ) -> None:
         self.corpus, self.row_len = corpus, check_row_length(row_len)
         order = np.random.default_rng(seed).permutation(corpus.num_docs)
@@ -230,7 +242,15 @@ class PackedRows(Dataset):
         by_doc: dict[int, list[Piece]] = {}
         for p in pieces:
             by_doc.setdefault(p[0], []).append(p)
-        self.rows = pack_rows([p for d in order for p in by_doc[int(d)]], row_len)
+        rows = pack_rows([p for d in order for p in by_doc[int(d)]], row_len)
+        if not 1 <= multiple_of <= len(rows):
+            raise TextError(
+                f"multiple_of={multiple_of} with {len(rows)} rows: use 1 to {len(rows)} "
+                "(more documents, or shorter rows, give more rows)"
+            )
+        keep = len(rows) - len(rows) % multiple_of
+        self.rows = rows[:keep]
+        self.dropped_tokens = sum(e - s for row in rows[keep:] for _, s, e in row)
 
     def __len__(self) -> int:
         return len(self.rows)
