@@ -375,3 +375,29 @@ def test_packed_example_under_torchrun_exits_0_and_its_ledgers_pass(tmp_path):
     ledger = Ledger.load(tmp_path / "l")
     assert ledger.ok and all(rec.row_docs for rec in ledger.records)
     assert not list(tmp_path.glob("ezpz_nb_text_*"))
+
+
+@pytest.mark.system
+def test_packing_benchmark_prints_its_table():
+    """Guards benchmarks/packing.py running to its table: both collates and both model steps
+    measured, each with a positive rate (no time is asserted: speed is the script's output)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/packing.py"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [
+        line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    assert len(rows) == 5, proc.stdout  # the header and four measurements
+    for row in rows[1:]:
+        rate = row.strip("|").split("|")[3].strip().replace(",", "")
+        assert float(rate) > 0, row
