@@ -13,6 +13,10 @@ notebook 11:
 Each is timed as the median of repeated calls; the last column says how many such
 models one worker's collate could feed (above 1: the collate keeps up).
 
+A second table (Linux) measures what the shared token cache costs each of 4 ranks
+started by ``ez.launch``: the growth of each rank's PSS (its share of the pages it maps)
+after reading every token through the memory map, against after taking a private copy.
+
 Run: ``.venv/bin/python benchmarks/packing.py`` (about 20 s).
 """
 
@@ -24,8 +28,11 @@ import tempfile
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
+import torch.distributed as dist
 
+import ezpz_nb as ez
 from ezpz_nb.examples import capstone
 from ezpz_nb.text import (
     PackedRows,
@@ -58,6 +65,37 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss_of: Call
     opt.zero_grad()
     loss.backward()
     opt.step()
+
+
+def pss_kib() -> int:
+    """This process's proportional set size (KiB): shared pages count 1/n each."""
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+
+
+def rank_memory(corpus: object) -> tuple[int, int]:
+    """PSS growth (KiB) of this rank after reading the map, then after a private copy."""
+    toks = corpus.tokens  # type: ignore[attr-defined]
+    int(toks[:8192].sum(dtype=np.int64))  # numpy's code paths loaded before the baseline
+    dist.barrier()  # and gloo's first-collective buffers
+    before = pss_kib()
+    int(toks.sum(dtype=np.int64))  # every page of the file read through the map
+    dist.barrier()  # every rank maps the pages before anyone measures its share
+    mapped = pss_kib()
+    copy = np.array(toks, copy=True)
+    copy += 1  # every page of the copy written
+    dist.barrier()
+    return mapped - before, pss_kib() - before
+
+
+def memory_table(corpus: object, nbytes: int) -> None:
+    """Print each rank's PSS growth: memory-mapped cache against a copy per rank."""
+    grown = ez.launch(rank_memory, corpus, world_size=4)
+    print(f"\nToken file: {nbytes // 1024} KiB. PSS growth per rank (KiB), 4 ranks:\n")
+    print("| rank | reading the shared map | + a private copy |")
+    print("|---|---|---|")
+    for r, (mapped, copied) in enumerate(grown):
+        print(f"| {r} | {mapped} | {copied} |")
 
 
 def main() -> int:
@@ -108,7 +146,9 @@ def main() -> int:
             ("capstone TinyLM step (8 x 16)", 8 * capstone.SEQ, median_s(lambda: train_step(cap, cap_opt, cap_loss))),
             ("notebook 11 model step, masked (8 x 256)", ROWS * ROW, median_s(lambda: train_step(text, text_opt, text_loss), 10)),
         ]  # fmt: skip
-    print(f"{tok.note}; {corpus.num_docs} documents, {corpus.num_tokens} tokens; 1 thread\n")
+        if sys.platform == "linux":
+            memory_table(corpus, corpus.tokens.nbytes)
+    print(f"\n{tok.note}; {corpus.num_docs} documents, {corpus.num_tokens} tokens; 1 thread\n")
     print("| what | tokens per call | ms per call | tokens/s | models one worker feeds |")
     print("|---|---|---|---|---|")
     slowest_collate = min(n / t for _, n, t in rows_out)

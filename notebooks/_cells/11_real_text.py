@@ -289,7 +289,7 @@ fig
 # row (`position_ids`), and a **block-diagonal causal mask**, `document_mask(doc_ids)`: query
 # `i` sees key `j` only if `j <= i` and both are in the same document. (Flash-attention kernels
 # take the same information as `cu_seqlens`, the cumulative document lengths of the packed row,
-# instead of an L x L mask; torch's `flex_attention` takes it as a `document_mask` function.)
+# instead of an L x L mask; torch's `flex_attention` takes it as a `mask_mod` function.)
 #
 # On each rank, a tiny one-layer attention model (same weights everywhere) runs its first packed
 # row that holds two or more documents, then the same row with document A's tokens changed
