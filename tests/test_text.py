@@ -379,8 +379,9 @@ def test_packed_example_under_torchrun_exits_0_and_its_ledgers_pass(tmp_path):
 
 @pytest.mark.system
 def test_packing_benchmark_prints_its_table():
-    """Guards benchmarks/packing.py running to its table: both collates and both model steps
-    measured, each with a positive rate (no time is asserted: speed is the script's output)."""
+    """Guards benchmarks/packing.py running to its tables: both collates and both model steps
+    measured with a positive rate, and the PSS of 4 ranks (no time or size is asserted: they
+    are the script's output)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -394,10 +395,11 @@ def test_packing_benchmark_prints_its_table():
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [
-        line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line
-    ]
-    assert len(rows) == 5, proc.stdout  # the header and four measurements
-    for row in rows[1:]:
+    speed = proc.stdout.split("| what | tokens per call")[1]
+    rows = [line for line in speed.splitlines()[2:] if line.startswith("| ")]
+    assert len(rows) == 4, proc.stdout  # two collates, two model steps
+    for row in rows:
         rate = row.strip("|").split("|")[3].strip().replace(",", "")
         assert float(rate) > 0, row
+    memory = proc.stdout.split("| rank | reading the shared map")[1].split("\n\n")[0]
+    assert len([line for line in memory.splitlines()[2:] if line.startswith("| ")]) == 4
