@@ -49,6 +49,7 @@ from ezpz_nb.ledger import Ledger, record
 from ezpz_nb.text import (
     PackedRows,
     PadCollate,
+    budget_batches,
     document_mask,
     plan_then_shard,
     shard_then_plan,
@@ -240,6 +241,11 @@ global_plan = plan_then_shard(piece_len, WORLD, BUDGET)
 dropped = len(pieces) - sum(len(b) for p in global_plan for b in p)
 assert len(global_plan[0]) == len(runs["global"].steps(0, 0))
 assert dropped == len(pieces) - len({i for rec in runs["global"].records for i in rec.sample_ids})
+every_batch = budget_batches(piece_len, list(range(len(pieces))), BUDGET)
+assert len(every_batch) - WORLD * len(global_plan[0]) < WORLD  # fix 1: fewer than dp_size
+own = [shard_then_plan(piece_len, r, WORLD, BUDGET) for r in range(WORLD)]
+surplus = sum(len(b) for plan in own for b in plan[fewest:])  # fix 2: each replica's surplus
+assert surplus == len(pieces) - len({i for rec in runs["agree"].records for i in rec.sample_ids})
 
 # %% [markdown]
 # The pad share of the global plan, measured on the ranks, against the random batches above:
@@ -278,6 +284,7 @@ rows = PackedRows(corpus, ROW)
 print(
     f"{len(rows)} rows of {ROW}; padding only in the last: {int(rows[len(rows) - 1]['pad_tokens'])}"
 )
+assert all(int(rows[i]["pad_tokens"]) == 0 for i in range(len(rows) - 1))
 mixed = [i for i in range(len(rows)) if len(set(rows[i]["doc_ids"].tolist())) > 2][:6]
 fig = viz.packed_rows(torch.stack([rows[i]["doc_ids"] for i in mixed]), f"rows {mixed}")
 assert all(len(s) >= 2 for s in fig.ezpz_data["segments"])
@@ -574,6 +581,14 @@ assert ex.check_budget_plan(plan_batches).passed
 # - Equal steps are not equal work: real tokens per replica differ per step unless the plan
 #   balances them or the rows are packed.
 # - The TP broadcast carries changing shapes in its header; peers receive identical bytes.
+#
+# The same packed pipeline runs under torchrun and writes one ledger per rank, with the
+# documents of every row:
+#
+# ```
+# python -m torch.distributed.run --standalone --nproc_per_node=4 \
+#     -m ezpz_nb.examples.packed --tp-size 2 --out /tmp/packed_ledger --check
+# ```
 #
 # Next: **12 · Throughput**.
 
