@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from ezpz_nb.text import (
     PadCollate,
     TextError,
     build_corpus,
+    check_documents,
     document_mask,
     pack_rows,
     packed_batch,
@@ -355,6 +357,22 @@ def test_packed_example_on_ranks_writes_sound_ledgers_with_documents(tmp_path):
         assert len(rec.row_docs) == len(rec.sample_ids) and all(rec.row_docs)
         assert rec.loss is not None
     assert (cache / "tokens.npy").exists()
+    # Token by token: every document's tokens held once, but for the rows left out to
+    # divide over the 2 DP replicas (multiple_of); a row held twice is a duplicate.
+    again = stdlib_corpus(tmp_path / "again", max_docs=16)[0]
+    full = PackedRows(again, 128)
+    kept = PackedRows(again, 128, multiple_of=2)
+    left_out = {d for row in full.rows[len(kept) :] for d, _, _ in row}
+    found = {p.kind: set(p.samples) for p in check_documents(ledger, kept)}
+    assert found == ({"doc_never_seen": left_out} if left_out else {})
+    twice = Ledger([*ledger.records, replace(ledger.records[0], rank=9, dp_rank=7, tp_rank=0)])
+    assert "doc_duplicate" in {p.kind for p in check_documents(twice, kept)}
+    cut = [r for r in ledger.records if not (r.dp_rank == 0 and r.step == 0)]  # a step lost
+    lost = {d for row in ledger.steps(0, 0)[0].sample_ids for d, _, _ in kept.rows[row]}
+    found = {p.kind: set(p.samples) for p in check_documents(Ledger(cut), kept)}
+    assert found["doc_never_seen"] >= lost and "doc_duplicate" not in found
+    with pytest.raises(ValueError, match="same corpus, row length and seed"):
+        check_documents(ledger, PackedRows(again, 128, seed=1))
 
 
 @pytest.mark.system

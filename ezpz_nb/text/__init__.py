@@ -25,6 +25,7 @@ from ezpz_nb.text.corpus import (
     stdlib_documents,
     train_tokenizer,
 )
+from ezpz_nb.text.coverage import check_documents
 from ezpz_nb.text.pack import (
     IGNORE,
     PackedRows,
@@ -49,6 +50,7 @@ __all__ = [
     "TokenCorpus",
     "budget_batches",
     "build_corpus",
+    "check_documents",
     "check_budget",
     "check_row_length",
     "document_mask",
