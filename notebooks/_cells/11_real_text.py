@@ -9,8 +9,8 @@
 # %% [markdown]
 # # 11 · Real text on real ranks
 #
-# **Time:** about 45 minutes with the predictions (advanced track). Running the cells alone
-# takes under a minute.
+# **Time:** about 60 minutes with the predictions and the two exercises (advanced track).
+# Running the cells alone takes under a minute.
 #
 # Every notebook so far fed tokens of one fixed length. Real pretraining and fine-tuning data is
 # **documents** of wildly different lengths, and that is where distributed loading gets hard:
