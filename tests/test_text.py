@@ -231,7 +231,7 @@ def test_ranks_planning_their_own_budget_batches_hang_and_the_global_plan_does_n
     the ledger shows the counts); the global plan runs clean with equal counts."""
     expected = [len(shard_then_plan(lengths_of(pieces), r, 4, BUDGET)) for r in range(4)]
     with pytest.raises(ez.HangError) as err:
-        ez.launch(budget_epoch, corpus, pieces, "local", world_size=4, timeout=3)
+        ez.launch(budget_epoch, corpus, pieces, "local", world_size=4, timeout=8)
     seen = Ledger.from_events(err.value.events, num_samples=len(pieces))
     fewest = min(expected)
     for r in range(4):

@@ -369,9 +369,11 @@ for masked in (False, True):
 # restarted position ids, B's inputs would be the same, but the sums inside attention would run
 # in a different order, so "identical" would then mean equal up to rounding.)
 #
-# A short DP training run on 4 ranks shows how the two differ in practice. Nothing is asserted
-# on the curves: which is lower depends on the data and the seed (without the mask the model
-# can also "cheat" with context from the previous document, or be confused by it).
+# Below, the loss of a short DP training run on 4 ranks, with and without the mask. Nothing is
+# asserted on the curves: which is lower depends on the data and the seed (without the mask the
+# model can use context from the previous document, or be confused by it), and over a dozen
+# steps of a tiny model they may hardly differ. The leak is about what a token's prediction
+# depends on, which the check above shows exactly; a loss curve is a blunt instrument for it.
 
 
 # %%
