@@ -172,6 +172,26 @@ SHAPES: list[tuple[str, Callable[[], Figure]]] = [
     ),
     ("09 heatmap, world 2", lambda: viz.heatmap(sampler_ledger(2, 1, 12, 2, 2))),
     ("empty ledger", lambda: viz.heatmap(Ledger([], 10))),
+    # notebook 11's shapes: 64 documents of 82-7188 tokens, 4 ranks x 13 steps, 6 rows of 256
+    ("11 document lengths", lambda: viz.doc_lengths([int(82 * 1.073**i) for i in range(64)], 1024)),
+    (
+        "11 token counts",
+        lambda: viz.token_counts(
+            {
+                r: [(4096 - 97 * ((r * 5 + s) % 11), 60 + 9 * r) for s in range(14)]
+                for r in range(4)
+            },
+            "token-budget batches, planned globally",
+        ),
+    ),
+    (
+        "11 packed rows",
+        lambda: viz.packed_rows(
+            [[(i * 256 + t) // 90 for t in range(256)] for i in range(5)]
+            + [[40] * 86 + [-1] * 170],
+            "the first packed rows",
+        ),
+    ),
 ]
 
 # Axes whose numbers are measurements, not counts: fractions are right there.

@@ -78,6 +78,26 @@ def write_v2_last(records: list[StepRecord], num_samples: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+# What version 3 added to version 2's last fields, before version 4's token counts.
+V3_FIELDS = (*FIRST_FIELDS, "worker_ids", "cp_rank", "cp_size", "loss")
+
+
+def write_v3(records: list[StepRecord], num_samples: int) -> str:
+    """Version 3: step lines without token counts, then loss and time lines."""
+    lines = [json.dumps({"ezpz_nb_ledger": 3, "kind": "header", "num_samples": num_samples})]
+    for r in records:
+        lines.append(
+            json.dumps({"kind": "step", **{k: v for k, v in asdict(r).items() if k in V3_FIELDS}})
+        )
+        key = {"rank": r.rank, "epoch": r.epoch, "step": r.step}
+        if r.loss is not None:
+            lines.append(json.dumps({"kind": "loss", **key, "loss": r.loss}))
+        if r.times is not None:
+            lines.append(json.dumps({"kind": "time", **key, **asdict(r.times)}))
+    lines.append(json.dumps({"kind": "end", "rank": 0, "steps": len(records)}))
+    return "\n".join(lines) + "\n"
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """A real recorder's records (worker ids, a loss and times on every step) and its file."""
@@ -104,11 +124,12 @@ def test_the_version_history_names_every_version():
         (write_v1, 1, FIRST_FIELDS, {}),
         (write_v2_first, 2, FIRST_FIELDS, {0: True}),
         (write_v2_last, 2, (*FIRST_FIELDS, "worker_ids", "cp_rank", "cp_size", "loss"), {0: True}),
+        (write_v3, 3, V3_FIELDS, {0: True}),
     ],
 )
 def test_every_older_version_loads(recorded, tmp_path, writer, version, kept, complete):
     """Guards old files: a file of each older writer loads with what that writer wrote, the
-    defaults for every field it did not know, no times, and completeness only where the
+    defaults for every field it did not know, times only from version 3, and completeness only where the
     version said it."""
     ledger, _ = recorded
     path = tmp_path / "old.jsonl"
@@ -122,13 +143,17 @@ def test_every_older_version_loads(recorded, tmp_path, writer, version, kept, co
     assert codec.decode(path.read_text()).version == version
     assert loaded.records == expected and loaded.num_samples == ledger.num_samples
     assert [r.loss for r in loaded.records] == [r.loss for r in expected]
-    assert all(r.times is None for r in loaded.records) and loaded.complete == complete
+    if version < 3:
+        assert all(r.times is None for r in loaded.records)
+    else:
+        assert [r.times for r in loaded.records] == [r.times for r in ledger.records]
+    assert loaded.complete == complete
     if "worker_ids" in kept:  # the recorder saw worker ids: the old file must give them back
         assert all(r.worker_ids == (-1, -1) for r in loaded.records)
 
 
 def test_the_current_version_round_trips_times_and_losses(recorded, tmp_path):
-    """Guards version 3: the recorder's own file and Ledger.save of its ledger both give
+    """Guards versions 3 and 4: the recorder's own file and Ledger.save of its ledger both give
     back every record with its loss and its times, field for field."""
     ledger, path = recorded
     assert codec.decode(path.read_text()).version == codec.VERSION

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: Version of the ledger file format this module writes.
-VERSION = 3
+VERSION = 4
 
 #: What each version added: the decoder reads all of them.
 HISTORY = {
@@ -36,6 +36,8 @@ HISTORY = {
     2: "a kind on every line (header, step, loss, end), written step by step; "
     "later keys with defaults: worker_ids, cp_rank, cp_size",
     3: "time lines: data wait, compute and collective per rank and step",
+    4: "token counts in step lines: real_tokens, pad_tokens, and row_docs (the documents "
+    "of each packed row); -1, -1 and [] where a batch does not say",
 }
 
 # Readers skip kinds and keys they do not know, and give keys an older writer
@@ -106,6 +108,8 @@ def _step_from(d: dict[str, Any]) -> StepRecord:
     for k in ("sample_ids", "worker_ids"):
         if k in known:
             known[k] = tuple(known[k])
+    if "row_docs" in known:
+        known["row_docs"] = tuple(tuple(row) for row in known["row_docs"])
     return StepRecord(**known)
 
 

@@ -17,6 +17,9 @@ ProblemKind = Literal[
     "rank_duplicate",
     "batch_size",
     "order_unchanged",
+    # documents of packed rows (ezpz_nb.text.check_documents)
+    "doc_never_seen",
+    "doc_duplicate",
 ]
 
 
@@ -27,7 +30,9 @@ class Problem:
     Attributes:
         kind: ``"dp_duplicate"``, ``"never_seen"``, ``"tp_mismatch"``,
             ``"step_mismatch"``, ``"rank_duplicate"``, ``"batch_size"`` or
-            ``"order_unchanged"`` (see :mod:`ezpz_nb.ledger.checks`).
+            ``"order_unchanged"`` (see :mod:`ezpz_nb.ledger.checks`); for packed
+            text, ``"doc_never_seen"`` and ``"doc_duplicate"``
+            (:func:`ezpz_nb.text.check_documents`, ``samples`` are document ids).
         message: What happened and what it means, in plain words.
         epoch: The epoch it concerns.
         ranks: Global ranks involved.

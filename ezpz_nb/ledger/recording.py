@@ -17,7 +17,13 @@ from ezpz_nb.data.groups import Layout
 from ezpz_nb.ledger import codec
 from ezpz_nb.ledger.book import Ledger
 from ezpz_nb.ledger.clock import StepClock
-from ezpz_nb.ledger.records import StepRecord, batch_digest, batch_ints, with_times
+from ezpz_nb.ledger.records import (
+    StepRecord,
+    batch_digest,
+    batch_ints,
+    batch_tokens,
+    with_times,
+)
 
 __all__ = ["RecordingLoader", "record", "tag_worker"]
 
@@ -183,6 +189,7 @@ class RecordingLoader:
                 return
             if clock is not None:
                 clock.got()
+            real, pad, row_docs = batch_tokens(batch)
             rec = StepRecord(
                 epoch=epoch,
                 step=step,
@@ -197,6 +204,9 @@ class RecordingLoader:
                 worker_ids=batch_ints(batch, "worker_id"),
                 cp_rank=lay.cp_rank,
                 cp_size=lay.cp_size,
+                real_tokens=real,
+                pad_tokens=pad,
+                row_docs=row_docs,
             )
             self.records.append(rec)
             self._write(codec.encode_step(rec))

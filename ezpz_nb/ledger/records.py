@@ -14,7 +14,7 @@ import torch
 
 from ezpz_nb.data.tree import flatten_batch
 
-__all__ = ["StepRecord", "StepTimes", "batch_digest", "batch_ints", "with_times"]
+__all__ = ["StepRecord", "StepTimes", "batch_digest", "batch_ints", "batch_tokens", "with_times"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,11 @@ class StepRecord:
         cp_size: Size of the CP group; 1 without CP.
         loss: The training loss of this step, when the loop reported one
             (:meth:`RecordingLoader.log_loss`); ``None`` otherwise.
+        real_tokens: Tokens of real text in the batch; -1 when the batch does not
+            say (see :func:`batch_tokens`). Format version 4.
+        pad_tokens: Padding tokens in the batch; -1 when the batch does not say.
+        row_docs: For packed rows (a batch with ``doc_ids``), the documents in each
+            row, in the order they appear; ``()`` otherwise.
         times: How long the step took (:class:`StepTimes`); ``None`` when not
             measured. Not part of a record's equality: two runs that held the
             same batches compare equal however long they took.
@@ -102,6 +107,9 @@ class StepRecord:
     cp_rank: int = 0
     cp_size: int = 1
     loss: float | None = None
+    real_tokens: int = -1
+    pad_tokens: int = -1
+    row_docs: tuple[tuple[int, ...], ...] = ()
     times: StepTimes | None = field(default=None, compare=False)
 
 
@@ -153,3 +161,47 @@ def batch_ints(batch: Any, key: str) -> tuple[int, ...]:
         if found:
             return found
     return ()
+
+
+def _find(batch: Any, key: str) -> torch.Tensor | None:
+    """The first tensor under ``key`` in a (nested) batch, else ``None``."""
+    if isinstance(batch, dict):
+        if key in batch and torch.is_tensor(batch[key]):
+            return batch[key]
+        values: Iterable[Any] = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        values = batch
+    else:
+        return None
+    for v in values:
+        found = _find(v, key)
+        if found is not None:
+            return found
+    return None
+
+
+def batch_tokens(batch: Any) -> tuple[int, int, tuple[tuple[int, ...], ...]]:
+    """``(real_tokens, pad_tokens, row_docs)`` of a batch of text, as far as it says.
+
+    Read from, in this order: ``real_tokens`` and ``pad_tokens`` entries (what
+    :mod:`ezpz_nb.text`'s collates add), ``doc_ids`` (-1 marks padding), or an
+    ``attention_mask`` (0 marks padding). ``row_docs`` comes from a 2-D ``doc_ids``:
+    each row's documents in order of appearance. A batch with none of these gives
+    ``(-1, -1, ())``: a ledger of random tokens says nothing about text.
+    """
+    docs = _find(batch, "doc_ids")
+    real_t, pad_t = _find(batch, "real_tokens"), _find(batch, "pad_tokens")
+    if real_t is not None and pad_t is not None:
+        real, pad = int(real_t.sum()), int(pad_t.sum())
+    elif docs is not None:
+        real = int((docs >= 0).sum())
+        pad = docs.numel() - real
+    elif (mask := _find(batch, "attention_mask")) is not None:
+        real = int((mask != 0).sum())
+        pad = mask.numel() - real
+    else:
+        return -1, -1, ()
+    rows: tuple[tuple[int, ...], ...] = ()
+    if docs is not None and docs.dim() == 2:
+        rows = tuple(tuple(dict.fromkeys(d for d in row if d >= 0)) for row in docs.cpu().tolist())
+    return real, pad, rows

@@ -12,6 +12,9 @@ it draws kept as plain arrays in ``fig.ezpz_data``:
   dp x tp grid);
 * :mod:`.steps`: :func:`step_timeline` (each rank's steps split into data
   wait, compute and collective wait, and the straggler named);
+* :mod:`.tokens`: :func:`doc_lengths`, :func:`token_counts`, :func:`packed_rows`
+  (documents of real text: their lengths, real and pad tokens per rank and step,
+  packed rows coloured by document);
 * :mod:`.training`: :func:`loss_curves` (the loss per step of several runs,
   against a reference run);
 * :mod:`.widgets` and :mod:`.progress`: the live explorer and run progress
@@ -35,6 +38,9 @@ _WHERE = {
     "timeline": "ranks",
     "layout": "ranks",
     "step_timeline": "steps",
+    "doc_lengths": "tokens",
+    "token_counts": "tokens",
+    "packed_rows": "tokens",
     "png_bytes": "figure",
     "EzFigure": "figure",
 }
