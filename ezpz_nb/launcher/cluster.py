@@ -54,7 +54,7 @@ class Cluster:
         threads: Intra-op threads per rank; default ``max(1, cores // world_size)``
             so ranks do not fight over cores.
         start_method: ``"forkserver"`` (default on Linux), ``"fork"`` or ``"spawn"``
-            (default elsewhere).
+            (default elsewhere); ``EZPZ_NB_START_METHOD`` changes the default.
         backend: ``"gloo"`` (CPU, default) or ``"nccl"`` (one GPU per rank).
         one_shot: The ranks are for one run only (``launch``): a RankError then
             does not say they are kept.

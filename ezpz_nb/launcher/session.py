@@ -16,7 +16,12 @@ import weakref
 from typing import Any, Protocol
 
 from ezpz_nb.launcher.shutdown import on_kernel_shutdown
-from ezpz_nb.launcher.startup import forkserver_context, main_hidden, should_warm_up
+from ezpz_nb.launcher.startup import (
+    default_start_method,
+    forkserver_context,
+    main_hidden,
+    should_warm_up,
+)
 
 
 class LiveCluster(Protocol):
@@ -97,7 +102,12 @@ def warm_up() -> bool:
 
     Returns:
         True when the forkserver was started (or already running).
+
+    Raises:
+        StartMethodError: ``EZPZ_NB_START_METHOD`` is set to something this
+            platform cannot run (checked first, so ``import ezpz_nb`` says so).
     """
+    default_start_method()
     if not should_warm_up():
         return False
     forkserver_context()

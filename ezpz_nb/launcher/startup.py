@@ -23,10 +23,45 @@ MAX_WORLD_SIZE = 64
 START_METHODS = ("forkserver", "fork", "spawn")
 
 
+#: The environment variable that chooses the default start method.
+START_METHOD_ENV = "EZPZ_NB_START_METHOD"
+
+
+class StartMethodError(LaunchValueError):
+    """``EZPZ_NB_START_METHOD`` names a start method this platform cannot run."""
+
+
+def resolve_start_method(value: str | None, platform: str) -> str:
+    """The default start method for ``platform`` (``sys.platform``), given the variable.
+
+    Args:
+        value: ``EZPZ_NB_START_METHOD`` as set (None or blank: the platform's own).
+        platform: A ``sys.platform`` value: ``"linux"``, ``"darwin"``, ``"win32"``...
+
+    Raises:
+        StartMethodError: The value is not a start method, or the platform cannot run it.
+    """
+    native = "forkserver" if platform.startswith("linux") else "spawn"
+    wanted = (value or "").strip().lower()
+    if not wanted:
+        # forkserver needs fork underneath (Linux); macOS forks badly and Windows cannot.
+        return native
+    if wanted not in START_METHODS:
+        raise StartMethodError(
+            f"{START_METHOD_ENV}={value!r} is not a start method: set it to one of "
+            f"{', '.join(START_METHODS)}, or unset it for this platform's default ({native!r})"
+        )
+    if wanted in ("fork", "forkserver") and platform in ("win32", "cygwin"):
+        raise StartMethodError(
+            f"{START_METHOD_ENV}={value!r}: {wanted} needs os.fork, which Windows does not "
+            f"have; set it to 'spawn' or unset it"
+        )
+    return wanted
+
+
 def default_start_method() -> str:
-    """``"forkserver"`` on Linux, ``"spawn"`` elsewhere."""
-    # forkserver needs fork underneath (Linux); macOS forks badly and Windows cannot.
-    return "forkserver" if sys.platform.startswith("linux") else "spawn"
+    """``EZPZ_NB_START_METHOD`` if set, else ``"forkserver"`` on Linux, ``"spawn"`` elsewhere."""
+    return resolve_start_method(os.environ.get(START_METHOD_ENV), sys.platform)
 
 
 #: Name of the loopback interface gloo is bound to (``GLOO_SOCKET_IFNAME``).
