@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
 import sys
 
@@ -100,3 +102,53 @@ def test_start_method_variable_starts_spawned_ranks():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "fork ['fork', 'fork']"
+
+
+_LISTENING = """
+import socket, sys, psutil, torch, torch.distributed as dist, ezpz_nb as ez
+from torch.distributed.device_mesh import init_device_mesh
+
+def listening():
+    init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))  # new groups too
+    dist.barrier()
+    return sorted({c.laddr.ip for c in psutil.Process().net_connections("inet")
+                   if c.status == psutil.CONN_LISTEN})
+
+print("hostname is", socket.gethostbyname(socket.gethostname()))
+print("listening", ez.launch(listening, world_size=4, start_method=sys.argv[1]))
+"""
+
+
+def _non_loopback_address() -> str | None:
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_gloo_listens_on_loopback_even_when_the_hostname_does_not(method, tmp_path):
+    """Guards: no rank listens beyond 127.0.0.1, without naming an interface (lo, lo0 and
+    Windows' names differ). The hostname is made to resolve to this machine's network
+    address (a laptop on Wi-Fi), where gloo binds by default; every group (the default
+    one and a DeviceMesh's) must still listen on loopback only."""
+    address = _non_loopback_address()
+    if address is None or os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs a network address and root to run in a UTS namespace")
+    script = tmp_path / "listen.py"
+    script.write_text(_LISTENING)
+    env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
+    done = subprocess.run(
+        ["unshare", "--uts", "sh", "-c", f'hostname {address} && exec "$0" "$@"']
+        + [sys.executable, str(script), method],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"hostname is {address}" in done.stdout  # the trap is set
+    assert "listening [['127.0.0.1'], ['127.0.0.1'], ['127.0.0.1'], ['127.0.0.1']]" in done.stdout

@@ -34,7 +34,7 @@ from ezpz_nb.launcher import wire
 from ezpz_nb.launcher.failures import RankFailure, from_exit
 from ezpz_nb.launcher.output import OutputRelay
 from ezpz_nb.launcher.stacks import RankStack, parse_faulthandler, stack_from_frames
-from ezpz_nb.launcher.startup import LOOPBACK, forkserver_context, main_hidden
+from ezpz_nb.launcher.startup import forkserver_context, main_hidden
 
 __all__ = ["RankProcesses", "RankSpec"]
 
@@ -90,8 +90,9 @@ class RankProcesses:
             # The forkserver's folder (made when it started) would outlive a killed kernel.
             self.cleanup_dirs += (multiprocessing.util.get_temp_dir(),)
         env = dict(os.environ)
+        # gloo binds to LOOPBACK by address (rankgroup.join) unless the learner named an
+        # interface in GLOO_SOCKET_IFNAME, which then stays theirs.
         env.update(
-            GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", LOOPBACK),
             WORLD_SIZE=str(spec.world_size),
             LOCAL_WORLD_SIZE=str(spec.world_size),
             OMP_NUM_THREADS=str(spec.threads),

@@ -64,8 +64,9 @@ def default_start_method() -> str:
     return resolve_start_method(os.environ.get(START_METHOD_ENV), sys.platform)
 
 
-#: Name of the loopback interface gloo is bound to (``GLOO_SOCKET_IFNAME``).
-LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
+#: The address every rank's gloo binds to, whatever the platform names its interfaces
+#: (``lo``, ``lo0``, "Loopback Pseudo-Interface 1"): see ``rankgroup.bind_gloo_to``.
+LOOPBACK = "127.0.0.1"
 
 
 def cores() -> int:
