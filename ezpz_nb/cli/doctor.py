@@ -25,7 +25,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUDGET_S", "NOTEBOOK_RANKS", "Check", "Report", "run_checks"]
+from ezpz_nb._machine import available_memory
+
+__all__ = [
+    "BUDGET_S",
+    "NOTEBOOK_RANKS",
+    "Check",
+    "Report",
+    "available_memory",
+    "run_checks",
+]
 
 # The verdict line is printed within this many seconds of the command's start
 # (``ezpz-nb doctor --budget S`` changes it).
@@ -390,24 +399,6 @@ def check_widget_frontend() -> Check:
     return Check(
         "widget frontend", False, f"JupyterLab {lab.detail} without {WIDGET_EXTENSION}", fix
     )
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to new processes, or None where it cannot be read."""
-    try:
-        import psutil
-    except ImportError:
-        pass
-    else:
-        return int(psutil.virtual_memory().available)
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def check_memory(rank_bytes: list[int], available: int | None) -> Check:

@@ -26,6 +26,7 @@ from typing import Any
 from ezpz_nb.launcher import wire
 from ezpz_nb.launcher.errors import HangError, RankError, RankEvent, RunInterrupted
 from ezpz_nb.launcher.policy import decide
+from ezpz_nb.launcher.pool import POOL
 from ezpz_nb.launcher.procs import RankProcesses, RankSpec
 from ezpz_nb.launcher.run import RunResult, collect
 from ezpz_nb.launcher.session import SESSION, warm_up
@@ -104,6 +105,8 @@ class Cluster:
             self.kill()
             raise
         self._apply(result, starting=True)
+        if not self.one_shot and self._procs.from_standby:
+            POOL.refill()  # these ranks stay: the next launch needs standby ranks of its own
 
     def close(self) -> None:
         """Stop the ranks and remove everything they used. Calling it twice is harmless."""

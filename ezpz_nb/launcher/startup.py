@@ -172,10 +172,10 @@ def forkserver_context() -> Any:
 
 
 def should_warm_up() -> bool:
-    """Whether to start the forkserver at import: in a Jupyter kernel, not under
-    torchrun, with the forkserver as start method, unless ``EZPZ_NB_WARMUP=0``."""
+    """Whether to prepare ranks at import: in a Jupyter kernel, not under torchrun,
+    unless ``EZPZ_NB_WARMUP=0`` (the forkserver, or under spawn the standby pool)."""
     from ezpz_nb.launcher.torchrun import in_torchrun_env
 
     if os.environ.get("EZPZ_NB_WARMUP", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
-    return default_start_method() == "forkserver" and not in_torchrun_env() and in_jupyter_kernel()
+    return default_start_method() != "fork" and not in_torchrun_env() and in_jupyter_kernel()
