@@ -17,12 +17,13 @@ ends it), and closing the pool (kernel shutdown, exit) kills and reaps it.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,11 +199,32 @@ class StandbyPool:
             name="ezpz_nb-standby",
             daemon=False,  # a rank may start DataLoader workers: daemons may not
         )
-        with main_hidden("spawn"):
+        with main_hidden("spawn"), _sigint_ignored():
             proc.start()
         for c in (child_conn, out_w, err_w, life_r, warm_w):
             c.close()
         return Standby(proc, conn, out_r, err_r, life_w, warm_r)
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Start a child that ignores SIGINT until it says otherwise (``rank.standby``).
+
+    A standby is in the kernel's process group until its imports are done, and
+    ipykernel's shutdown sends SIGINT to that group first: a refill started by the
+    last launch then died in ``import site`` with "Fatal Python error" in the
+    kernel's log. An ignored signal stays ignored across exec, until the standby,
+    in a group of its own by then, restores it. Only the main thread may change a
+    handler; elsewhere the child starts as before.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved)
 
 
 #: This notebook's pool (empty until warm-up starts it under spawn).

@@ -165,6 +165,7 @@ def standby(conn: Any, out_w: Any, err_w: Any, lifeline: Any, warm_w: Any, paren
     lifeline as a rank's, and a closed ``conn`` (the pool let it go) ends it too.
     """
     os.setpgrp()  # as a rank: the kernel's signals to its group do not reach us
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored until now (pool.py)
     _start_watching(lifeline, parent_pid)
     # Taken before it was warm, the notebook no longer listens: nothing to tell.
     with contextlib.suppress(OSError):
