@@ -56,7 +56,8 @@ def start_method_check(platform: str, env: Mapping[str, str], standby: int = 0) 
         return Check(
             "start method",
             True,
-            f"{detail}; {standby} standby ranks import it ahead, so launches do not wait",
+            f"{detail}; in a kernel {standby} standby ranks import it ahead, so a launch "
+            "that finds them ready does not wait",
         )
     return Check(
         "start method",
@@ -124,18 +125,33 @@ def trap_checks(
     platform: str | None = None,
     env: Mapping[str, str] | None = None,
     cores: int | None = None,
-    standby: int = 0,
+    standby: int | None = None,
 ) -> list[Check]:
-    """Every platform trap for this machine (arguments default to this process's own)."""
+    """Every platform trap for this machine (arguments default to this process's own;
+    ``standby``: the pool a kernel here would keep under spawn)."""
     platform = sys.platform if platform is None else platform
     env = os.environ if env is None else env
     if cores is None:
         from ezpz_nb.launcher.startup import cores as count
 
         cores = count()
+    if standby is None:
+        standby = _standby_here(env)
     checks = [start_method_check(platform, env, standby)]
     torchrun = torchrun_check(platform, env)
     if torchrun is not None:
         checks.append(torchrun)
     checks.append(threads_check(cores, env))
     return checks
+
+
+def _standby_here(env: Mapping[str, str]) -> int:
+    from ezpz_nb.launcher.pool import size_from_env
+    from ezpz_nb.launcher.startup import warm_up_allowed
+
+    if not warm_up_allowed(env):
+        return 0
+    try:
+        return size_from_env(env)
+    except ValueError:  # a bad EZPZ_NB_STANDBY: import ezpz_nb in a kernel says so
+        return 0

@@ -10,7 +10,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ezpz_nb.launcher.errors import LaunchTypeError, LaunchValueError
@@ -171,11 +171,16 @@ def forkserver_context() -> Any:
     return ctx
 
 
+def warm_up_allowed(env: Mapping[str, str]) -> bool:
+    """False when ``EZPZ_NB_WARMUP`` is 0 (or off/false/no)."""
+    return env.get("EZPZ_NB_WARMUP", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def should_warm_up() -> bool:
     """Whether to prepare ranks at import: in a Jupyter kernel, not under torchrun,
     unless ``EZPZ_NB_WARMUP=0`` (the forkserver, or under spawn the standby pool)."""
     from ezpz_nb.launcher.torchrun import in_torchrun_env
 
-    if os.environ.get("EZPZ_NB_WARMUP", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not warm_up_allowed(os.environ):
         return False
     return default_start_method() != "fork" and not in_torchrun_env() and in_jupyter_kernel()
