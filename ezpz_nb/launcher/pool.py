@@ -114,7 +114,7 @@ class Standby:
             for kill in (lambda: os.killpg(pid, signal.SIGKILL), self.proc.kill):
                 try:
                     kill()
-                except (ProcessLookupError, PermissionError, ValueError):
+                except (ProcessLookupError, PermissionError, ValueError, AttributeError):
                     pass
             self.proc.join(2.0)
         for c in (self.conn, self.out_r, self.err_r, self.life_w, self.warm_r):
