@@ -1,9 +1,9 @@
 """Types that batches carry through the TP broadcast in the tests.
 
-The broadcast pickles a batch's structure with plain pickle on the ranks, which finds
-a class by its module and name. The test modules travel to the ranks by value (see
-conftest.py), so a class defined in one would be a copy there that pickle refuses
-("not the same object"); defined here, the ranks import it (no pytest needed).
+The broadcast pickles a batch's structure with plain pickle, which finds a class by
+its module and name; defined here, the ranks import it (no pytest needed), so these
+types take that path. A type pickle cannot name (one defined in a notebook cell, or
+in the job itself) goes by value with cloudpickle instead: test_broadcast.py covers it.
 """
 
 from __future__ import annotations

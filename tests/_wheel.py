@@ -4,7 +4,8 @@
 installs it with its dependencies into a fresh virtual environment in a temporary
 folder outside the repository, and there runs ``ezpz-nb doctor``, copies the
 notebooks out with ``ezpz-nb notebooks DIR`` and runs every one of them under
-nbmake from DIR, then a one-notebook ``ezpz-nb tour``. It prints how long each
+nbmake from DIR, checks a loader with ``ezpz-nb check`` and the pytest fixture,
+then a one-notebook ``ezpz-nb tour``. It prints how long each
 step took. ``tests/test_wheel.py`` uses its helpers to build the wheel.
 """
 
@@ -40,6 +41,22 @@ TEST_TOOLS = ("pytest>=7.4", "nbmake>=1.5")
 # The README's course-CI steps, run here against the built wheel.
 DOCTOR = ("ezpz-nb", "doctor", "--budget", "60")  # a shared runner may be slow
 NBMAKE = ("pytest", "--nbmake")  # then --nbmake-timeout=S and the folder
+# A project's own test of its loader, through the wheel's pytest plugin: a right loader
+# passes, a wrong one raises ContractViolation (an AssertionError) naming the rule.
+CONTRACT_TESTS = """\
+import pytest
+
+import loaders
+
+
+def test_right(loader_contract):
+    loader_contract(loaders.right, "dp=2", epochs=1)
+
+
+def test_wrong_is_caught(loader_contract):
+    with pytest.raises(AssertionError, match="dp_duplicate"):
+        loader_contract(loaders.unsharded, "dp=2", epochs=1)
+"""
 
 
 def copy_checkout(dest: Path) -> Path:
@@ -160,6 +177,24 @@ def main(argv: list[str] | None = None) -> int:
             [str(bin_dir / NBMAKE[0]), *NBMAKE[1:], f"--nbmake-timeout={args.timeout}", "."],
             nbs,
             1800,
+        )
+        # ezpz_nb.verify as a course or a library uses it: the command and the pytest
+        # fixture, found through the wheel's entry points, on a loader of its own.
+        checks = home / "loader_checks"
+        checks.mkdir()
+        shutil.copy(ROOT / "tests" / "_verify_loaders.py", checks / "loaders.py")
+        (checks / "test_loaders.py").write_text(CONTRACT_TESTS)
+        steps.run(
+            "ezpz-nb check, a right loader",
+            [str(bin_dir / "ezpz-nb"), "check", "loaders:right", "--epochs", "1"],
+            checks,
+            300,
+        )
+        steps.run(
+            "pytest loader_contract fixture",
+            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_loaders.py"],
+            checks,
+            300,
         )
         steps.run(
             "ezpz-nb tour 00",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import tempfile
@@ -19,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ezpz_nb.examples.agents import AgentError, run_agents, torchrun, torchrun_argv
+from ezpz_nb.examples.agents import AgentError, AgentRun, run_agents, torchrun, torchrun_argv
 from ezpz_nb.examples.by_hand import (
     WORKER_NAME,
     WorkerCheckError,
@@ -35,6 +36,7 @@ NOTEBOOK = ROOT / "notebooks" / "14_torchrun_by_hand.ipynb"
 # A worker that joins the group and does one collective: the agents' behaviour, not the data.
 TINY = """\
 import os
+import re
 from datetime import timedelta
 import torch, torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -332,3 +334,34 @@ def test_an_elastic_restart_resumes_the_data_exactly_once(case):
     assert got.resumed == [(0, 0, 0), (1, 1, 2)]
     assert {(r.epoch, r.step) for r in got.replayed.records} >= {(1, 2)}
     assert got.exactly_once()
+
+
+def _report(root: str, other: str) -> str:
+    """torchrun's failure report, in its layout, with ``root`` named as the root cause."""
+    line, dash = "=" * 60, "-" * 60
+    return f"{line}\ntiny.py FAILED\n{dash}\nFailures:\n{other}\n{dash}\nRoot Cause (first observed failure):\n{root}\n{line}\n"
+
+
+def _entry(n: int, rank: int, exit_: str, error: str) -> str:
+    return (
+        f"[{n}]:\n  time      : 2026-12-04_09:31:32\n  rank      : {rank} (local_rank: {rank})\n"
+        f"  exitcode  : {exit_}\n  traceback : Traceback (most recent call last):\n"
+        f'    File "tiny.py", line 10, in main\n  {error}\n  '
+    )
+
+
+RAISED = _entry(0, 1, "1 (pid: 2)", "ValueError: rank failed on purpose")
+LOST = _entry(
+    1, 0, "1 (pid: 1)", "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1"
+)
+
+
+@pytest.mark.parametrize("root, other", [(RAISED, LOST), (LOST, RAISED)], ids=["torchrun", "tie"])
+def test_the_root_cause_is_the_rank_that_raised_not_the_one_that_lost_its_peer(root, other):
+    """Guards the report naming rank 0's "Connection closed by peer": torchrun's root cause is
+    the earliest failure to the second, and the rank that lost its peer often ties with the
+    rank that raised. Either way the error names rank 1 and its ValueError first."""
+    run = AgentRun([["torchrun"]], returncodes=[1], output=[_report(root, other)])
+    cause = run.root_cause()
+    assert re.match(r"(?s)[^\[]*\[\d\]:.*rank\s*: 1 .*ValueError: rank failed on purpose", cause)
+    assert "Connection closed" not in cause

@@ -348,3 +348,24 @@ def test_a_loop_that_keeps_nothing_receives_into_two_buffers():
     assert recycled["made"] == 1 + 2
     # The first batch comes in the spec's own buffer; the end announcement needs one too.
     assert fresh["made"] == 1 + 29 + 1
+
+
+def _local_type_run():
+    from typing import NamedTuple
+
+    class Pair(NamedTuple):  # defined on the rank, as in a notebook cell: no importable name
+        ids: torch.Tensor
+        mask: torch.Tensor
+
+    batches = [Pair(torch.arange(3) + i, torch.ones(2, i + 1)) for i in range(3)]
+    got = list(TPBroadcastDataLoader(batches, dist.group.WORLD))
+    return [(type(b).__name__, b.ids.tolist(), b.mask.shape) for b in got]
+
+
+def test_a_batch_type_defined_in_a_cell_crosses_the_broadcast():
+    """Guards a NamedTuple batch defined in a notebook cell failing on the leader: plain
+    pickle cannot name a class that exists on the ranks only as a copy."""
+    leader, peer = ez.launch(_local_type_run, world_size=2, timeout=60)
+    assert peer == leader
+    assert [name for name, _, _ in peer] == ["Pair"] * 3
+    assert [ids for _, ids, _ in peer] == [[i, i + 1, i + 2] for i in range(3)]

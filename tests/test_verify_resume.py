@@ -87,6 +87,27 @@ def test_resuming_with_workers_and_at_another_world_size():
     assert f.kind == "resume_error" and "worker count" in f.hint, fewer.table()
 
 
+def test_a_position_in_samples_of_the_job_resumes_at_another_world_size():
+    """A loader that re-cuts the rest of the epoch over the new replicas (MosaicML
+    streaming's way) passes at DP 2 -> DP 4: exactly once, and each rank's batches
+    differing from the straight run's is expected there. One that counts only its own
+    rank's samples re-reads the other replicas' samples, and fails.
+
+    Guards: check_resume failing every elastic loader at another world size (a
+    rank's batches must change there) and, the other way, excusing a real repeat.
+    """
+    moved = check_resume(L.elastic, "dp=2,tp=2", resume_layout="dp=4", scenarios=["mid-epoch"])
+    assert moved.ok, moved.table()
+    assert moved.rule_verdicts()["resume"] == "expected", moved.table()
+    assert all("another layout" in f.expected for f in moved.findings if f.rule == "resume")
+    assert check_resume(L.elastic, "dp=2", epochs=2).ok  # every scenario, same layout
+    wrong = check_resume(
+        L.elastic_per_rank, "dp=2", resume_layout="dp=4", scenarios=["mid-epoch"]
+    )  # fmt: skip
+    assert wrong.rule_verdicts()["resume"] == "fail", wrong.table()
+    assert {"dp_duplicate", "rank_duplicate"} & {f.kind for f in wrong.violations}, wrong.table()
+
+
 def test_bad_resume_arguments_and_stateless_loaders_are_clear_errors():
     """Unknown scenarios, and loaders without state_dict, fail with what to do.
 

@@ -142,6 +142,22 @@ def _broadcast_options(async_op: bool) -> dist.BroadcastOptions:
     return opts
 
 
+def _dumps_spec(spec: Any) -> bytes:
+    """The batch's structure as bytes: plain pickle, or cloudpickle for a class pickle cannot name.
+
+    A batch type defined in a notebook cell or inside the rank's function (a
+    ``NamedTuple``, a dataclass) exists on the ranks only as a copy that plain
+    pickle refuses to look up by name; cloudpickle sends it by value. Both are
+    read back by ``pickle.loads``. The spec is pickled only when it changes.
+    """
+    try:
+        return pickle.dumps(spec)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        import cloudpickle
+
+        return cloudpickle.dumps(spec)
+
+
 def _to_bytes(t: torch.Tensor) -> bytes:
     return t.cpu().numpy().tobytes()
 
@@ -216,7 +232,7 @@ class BatchBroadcaster:
                 layout = tuple(
                     (str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in tensors
                 )
-                spec = pickle.dumps((tree, layout))
+                spec = _dumps_spec((tree, layout))
                 if spec == self._spec:
                     slot = self._pack_steady(tensors)
                 else:

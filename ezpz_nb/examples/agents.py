@@ -118,12 +118,27 @@ class AgentRun:
         return f"agents exited with {self.returncodes}; see their output"
 
     def root_cause(self) -> str:
-        """torchrun's "Root Cause" block for a failed rank (rank, exit code, traceback), or ""."""
+        """The failed rank that started it (rank, exit code, traceback), from torchrun's report, or "".
+
+        torchrun names as root cause the failure with the earliest time stamp, to the
+        second: a rank whose collective lost its peer ("Connection closed by peer")
+        often ties with the rank that raised, and wins. A failure that is not such a
+        consequence is preferred, and the text says so when it is not torchrun's pick.
+        """
         for out in self.output:
             head, found, tail = out.partition("Root Cause (first observed failure):")
-            if found:
-                block = tail.split("=" * 20)[0] if "=" * 20 in tail else tail
-                return "Root Cause (first observed failure):" + block.rstrip()
+            if not found:
+                continue
+            root = _entries(tail.split("=" * 20)[0])
+            others = _entries(head.rpartition("Failures:")[2]) if "Failures:" in head else []
+            if root and _lost_peer(root[0]):
+                first = next((e for e in others if not _lost_peer(e)), None)
+                if first is not None:
+                    return (
+                        "The failure that started it (torchrun's first observed failure, "
+                        "to the second, was a rank that lost its peer):\n" + first
+                    )
+            return "Root Cause (first observed failure):\n" + (root[0] if root else tail.rstrip())
         return ""
 
     def raise_for_status(self) -> AgentRun:
@@ -135,6 +150,21 @@ class AgentRun:
     def lines(self, pattern: str = "") -> list[str]:
         """Every agent's output lines that match the regular expression ``pattern``."""
         return [ln for out in self.output for ln in out.splitlines() if re.search(pattern, ln)]
+
+
+# What a rank's collective raises when another rank died first: a consequence.
+_LOST_PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe")
+
+
+def _entries(section: str) -> list[str]:
+    """The ``[n]:`` entries of one section of torchrun's failure report, each whole."""
+    parts = re.split(r"^(?=\[\d+\]:)", section, flags=re.M)
+    return [p.split("-" * 20)[0].rstrip() for p in parts if re.match(r"\[\d+\]:", p)]
+
+
+def _lost_peer(entry: str) -> bool:
+    """The entry's traceback ends in a lost connection, or its rank was only stopped (SIGTERM)."""
+    return bool(_LOST_PEER.search(entry)) or "(SIGTERM)" in entry
 
 
 def _relay(

@@ -41,6 +41,13 @@ class RankStack:
     source: str = ""
     frames: tuple[Frame, ...] = field(default_factory=tuple)
 
+    @property
+    def in_collective(self) -> bool:
+        """Blocked inside torch.distributed (a collective, a barrier, a send or receive)."""
+        return self.state == "blocked" and any(
+            "/torch/distributed/" in f.filename.replace("\\", "/") for f in self.frames
+        )
+
     def describe(self) -> str:
         """One line such as ``rank 0: barrier() at line 9 of the cell``."""
         if self.state == "finished":

@@ -26,6 +26,8 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
+from ezpz_nb.launcher import submodules
+
 
 class Frame(NamedTuple):
     """One frame of a rank's stack, as plain data (the only definition of a frame)."""
@@ -113,6 +115,18 @@ class _Pickler(cloudpickle.Pickler):
         dispatch_table = ChainMap(
             {types.CodeType: _code_keep_filename}, cloudpickle.Pickler.dispatch_table
         )
+
+    def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
+        # cloudpickle lists the submodules a by-value function names, for the rank to
+        # import first; keep only those its code can reach (see submodules.py).
+        reduced = super()._dynamic_function_reduce(func)
+        try:
+            slotstate = reduced[2][1]
+            listed = slotstate["_cloudpickle_submodules"]
+        except (IndexError, KeyError, TypeError):  # another cloudpickle: leave it be
+            return reduced
+        slotstate["_cloudpickle_submodules"] = submodules.reached(func, listed)
+        return reduced
 
 
 def dumps(obj: Any) -> bytes:

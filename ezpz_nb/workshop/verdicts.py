@@ -89,6 +89,21 @@ def _user_frames(failure: RankFailure) -> str:
     return "\n".join(own[-3:]) or "    (inside library code)"
 
 
+def _why_hung(err: HangError) -> str:
+    """Why the run never finished, from where the ranks were: a collective, or their own code."""
+    stacks = list(err.stacks.values())
+    busy = [s.rank for s in stacks if s.state == "blocked" and not s.in_collective]
+    if not busy:
+        return "they did not all make the same collective calls"
+    who = f"rank {busy[0]}" if len(busy) == 1 else "ranks " + ", ".join(map(str, busy))
+    waiting = any(s.in_collective for s in stacks)
+    return (
+        f"{who} never reached a collective: still in its own code (a loop that never ends, "
+        "or a stream read to an end it does not have)"
+        + (", while the others waited for it in one" if waiting else "")
+    )
+
+
 def _ranks(
     job: Callable[..., Any], *args: Any, world_size: int = 4, timeout: float = CHECK_TIMEOUT
 ) -> list[Any]:
@@ -115,9 +130,8 @@ def _ranks(
     except HangError as err:
         where = "\n".join("  " + s.describe() for s in err.stacks.values())
         raise _wrong(
-            f"the ranks hung (nothing finished within {err.timeout:g} s), because they "
-            "did not all make the same collective calls. Where each rank was:\n"
-            f"{where}"
+            f"the ranks hung (nothing finished within {err.timeout:g} s): {_why_hung(err)}. "
+            f"Where each rank was:\n{where}"
         ) from None
     except TypeError as err:  # the function (or something it uses) cannot be sent
         raise _wrong(str(err)) from None

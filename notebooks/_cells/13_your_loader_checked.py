@@ -36,6 +36,8 @@
 #   with `skip()`/`take()` after the split.
 # - Stop and resume a torchdata `StatefulDataLoader` with workers in fresh ranks, and see which
 #   ways of stopping it survives.
+# - Where MosaicML `streaming` is installed: check its `replication` for TP peers and its
+#   resumption, mid-epoch, at an epoch's end and at another world size.
 # - Put the same check in a project's CI (pytest fixture, `ezpz-nb check`).
 #
 # Every dataset here is written by this notebook into a temporary folder: nothing is downloaded.
@@ -172,7 +174,7 @@ mistakes["world_sharded"].figure()
 # (`cluster=`): the import is paid once.
 
 # %%
-import datasets  # the `loaders` extra: pip install 'ezpz_nb[loaders]'
+import datasets  # the `notebook` (or `loaders`) extra: pip install 'ezpz_nb[notebook]'
 from datasets.distributed import split_dataset_by_node
 
 datasets.disable_progress_bars()
@@ -352,45 +354,124 @@ assert all(f.hint for f in sampler_resume.violations if f.rule == "resume")
 # %% [markdown]
 # ## MosaicML `streaming`
 #
-# `streaming.StreamingDataset` shards local MDS files over the ranks itself and resumes from its
-# own `state_dict`; `replication=tp` gives TP peers the same samples. It is an optional extra of
-# its own (`pip install 'ezpz_nb[streaming]'` in a separate virtual environment: version 0.13
-# pins `numpy<2.2` and pulls torchvision and transformers), so this part runs only where it is
-# installed.
+# `streaming.StreamingDataset` shards local MDS files over the ranks itself, `replication=tp`
+# gives each group of `tp` consecutive ranks (a TP group, TP innermost as here) the same samples,
+# and its `StreamingDataLoader` saves a position in *samples of the whole job*, which MosaicML
+# promises to resume at another world size. It is an optional extra of its own
+# (`pip install 'ezpz_nb[streaming]'` in a separate virtual environment: version 0.13 pins
+# `numpy<2.2` and pulls torchvision, transformers and cloud SDKs), so this part runs only where it
+# is installed, and takes its own one to two minutes here: every part of a check starts fresh
+# ranks, and each imports streaming (with torchvision and transformers), 6-7 s for 4 ranks on 2
+# cores against 0.1-1.6 s to open the dataset.
 
 # %%
 try:
     import streaming
-except ImportError:
+except Exception as exc:  # noqa: BLE001 - not only ImportError, see the message
+    # `import streaming` imports torchvision, which raises RuntimeError ("operator
+    # torchvision::nms does not exist") when it was built for another torch (PyPI's CUDA
+    # torchvision beside a CPU torch): say so instead of failing the notebook.
     streaming = None
     print(
-        "MosaicML streaming is not installed: skipped. To run this part, in a separate "
-        "virtual environment: pip install 'ezpz_nb[streaming]'"
+        f"MosaicML streaming cannot be imported here ({type(exc).__name__}: {exc}): skipped. "
+        "To run this part, in a separate virtual environment: install torch and torchvision "
+        "from one index (e.g. both from PyTorch's CPU index), then pip install "
+        "'ezpz_nb[streaming]'"
     )
 
 # %%
 if streaming is not None:
-    from streaming import MDSWriter, StreamingDataset
+    from streaming import MDSWriter, StreamingDataLoader, StreamingDataset
 
+    M = 48  # divides over 2 and 4 replicas in batches of 4: no padding hides what we look at
     mds = folder / "mds"
     with MDSWriter(out=str(mds), columns={"index": "int", "tokens": "bytes"}, size_limit=256) as w:
-        for i in range(N):
+        for i in range(M):
             w.write({"index": i, "tokens": bytes([i % 256]) * 8})
 
     def mosaic(layout):
+        import logging
         import os
 
+        # Its reminder to count replicated samples once (StreamingDataLoader does), printed
+        # by every resumed part: once here is enough.
+        logging.getLogger("streaming.base.dataset").setLevel(logging.ERROR)
         # streaming reads the job's layout from torchrun's variables; ez.launch's ranks
-        # are in a process group already, so hand it the same numbers.
+        # are in a process group already, so hand it the same numbers (one machine).
         world = str(dist.get_world_size())
         os.environ.update(RANK=str(dist.get_rank()), WORLD_SIZE=world,
                           LOCAL_RANK=str(dist.get_rank()), LOCAL_WORLD_SIZE=world)  # fmt: skip
         ds = StreamingDataset(
-            local=str(mds), batch_size=4, replication=layout.tp_size, shuffle=False
+            local=str(mds), batch_size=4, replication=layout.tp_size, shuffle=True, shuffle_seed=7
         )
-        return DataLoader(ds, batch_size=4)
+        # Its coordination state lives in shared memory, freed by atexit handlers that a
+        # rank leaving with os._exit never runs: note the block's prefix to free it below.
+        with open(folder / "shm-prefixes", "a") as f:
+            f.write(f"{ds._shm_prefix_int}\n")
+        return StreamingDataLoader(ds, batch_size=4)
 
-    print(check_contract(mosaic, "dp=2,tp=2", epochs=1).table())
+    mosaic_contract = check_contract(mosaic, "dp=2,tp=2", epochs=2)
+    print(mosaic_contract.table())
+    mosaic_resume = check_resume(
+        mosaic, "dp=2,tp=2", epochs=2, scenarios=["mid-epoch", "epoch boundary"]
+    )
+    print(mosaic_resume.table())
+    mosaic_elastic = check_resume(
+        mosaic, "dp=2,tp=2", epochs=2, resume_layout="dp=4", scenarios=["mid-epoch"]
+    )
+    print(mosaic_elastic.table())
+
+# %% [markdown]
+# Read the three tables (on `streaming` 0.13; the cell prints the version).
+#
+# - The contract holds: TP peers get the same samples through `replication`, the two replicas
+#   split the 48 samples, and `shuffle_seed` with the epoch gives each epoch a new order.
+# - Stopped mid-epoch and resumed in fresh ranks, the run continues exactly where it stopped.
+# - Stopped **at an epoch boundary**, it does not: the saved position is "epoch 0, sample 48",
+#   so the resumed loader's first `iter()` is what is left of epoch 0, nothing, and a loop that
+#   counts epochs itself loses the next epoch. Save the state inside an epoch, not after its
+#   last batch.
+# - Resumed at **another world size** (dp=2,tp=2 to dp=4), every sample is still seen exactly
+#   once: the position counts samples of the whole job, and the rest of the epoch is cut anew
+#   over 4 ranks. Each rank's batches differ from the straight run's, which the report marks as
+#   expected. Under torchrun on several machines, set nothing: streaming reads the same
+#   variables from torchrun, and `replication` still needs TP innermost (consecutive ranks).
+
+# %%
+if streaming is not None:
+    from multiprocessing import shared_memory
+
+    from streaming.base.constant import SHM_TO_CLEAN
+
+    print(f"streaming {streaming.__version__}")
+    assert mosaic_contract.ok, mosaic_contract.table()
+    led = mosaic_contract.ledger
+
+    def ids(rank, epoch):
+        return [r.sample_ids for r in led.steps(rank, epoch)]
+
+    for e in led.epochs():  # TP peers (ranks 0,1 and 2,3): the same samples at every step
+        assert ids(0, e) == ids(1, e) and ids(2, e) == ids(3, e), mosaic_contract.table()
+    assert ids(0, 0) != ids(0, 1)  # a new order in epoch 1
+    by_scenario = {f.message.split("]")[0][1:]: f for f in mosaic_resume.violations}
+    assert set(by_scenario) == {"epoch boundary"}, mosaic_resume.table()
+    boundary = by_scenario["epoch boundary"]
+    assert boundary.epoch == 1 and "got no batch" in boundary.message, boundary
+    assert "ended the epoch early" in boundary.hint, boundary
+    assert mosaic_elastic.ok, mosaic_elastic.table()
+    assert any(f.rule == "resume" and f.expected for f in mosaic_elastic.findings)
+    # Free the shared memory the ranks left (what their atexit handlers would have done).
+    freed = 0
+    for prefix in set((folder / "shm-prefixes").read_text().split()):
+        for name in SHM_TO_CLEAN:
+            try:
+                block = shared_memory.SharedMemory(f"{int(prefix):06}_{name}")
+            except FileNotFoundError:
+                continue
+            block.close()
+            block.unlink()
+            freed += 1
+    print(f"freed {freed} shared memory blocks")
 
 # %%
 import shutil
