@@ -12,6 +12,10 @@ scaling table of ezpz alone at 16, 32 and 64 ranks (``--scale``):
 * bare fork: os-level fork of N processes from this script, FileStore rendezvous,
   one all_reduce, results through a queue: the lower bound for fresh processes
 * accelerate.notebook_launcher and torch.multiprocessing spawn, same job
+* a second table: 4 ranks in a kernel under each start method (forkserver, fork,
+  spawn, spawn with the standby pool): the first launch 4 s after the import and
+  once the pool is ready, back-to-back launches, a launch after the pool's refill,
+  and the memory (PSS) of one standby rank (see ``_methods.py``)
 
 accelerate is installed for this benchmark only when missing (it is not a dependency).
 
@@ -39,8 +43,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import _methods
 import torch
 import torch.distributed as dist
+from _methods import table as start_methods_table
 from _procs import kill_tagged, new_tag, run_limited
 
 
@@ -391,6 +397,14 @@ def main() -> None:
         f"{torch.__version__}. Targets: launch within 1.3x of bare fork and 1.5x faster than "
         "notebook_launcher; first call in a kernel <= 0.3 s; warm round trip <= 20 ms."
     )
+    if args.kernel_reps > 0:
+        print("\n" + "\n".join(start_methods_table(args.kernel_reps)))
+        print(
+            f"\n{_methods.WORLD} ranks in a fresh Jupyter kernel per cell (medians of "
+            f"{args.kernel_reps}), EZPZ_NB_START_METHOD set, pool off with EZPZ_NB_STANDBY=0; "
+            "(Nx): against the forkserver in this run. Target: spawn with the pool within "
+            "1.5x of the forkserver once the pool is ready and after its refill."
+        )
     if args.scale:
         print("\n| ranks | ezpz launch | Cluster.run warm | memory per rank (PSS) |")
         print("|---|---|---|---|")

@@ -25,7 +25,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUDGET_S", "NOTEBOOK_RANKS", "Check", "Report", "run_checks"]
+from ezpz_nb._machine import available_memory
+
+__all__ = [
+    "BUDGET_S",
+    "NOTEBOOK_RANKS",
+    "Check",
+    "Report",
+    "available_memory",
+    "run_checks",
+]
 
 # The verdict line is printed within this many seconds of the command's start
 # (``ezpz-nb doctor --budget S`` changes it).
@@ -243,17 +252,17 @@ def _hello() -> tuple[float, int]:
 
 def launch_fix() -> str:
     """What to do when ranks cannot meet over gloo."""
-    from ezpz_nb.launcher.startup import LOOPBACK as device
+    from ezpz_nb.launcher.startup import LOOPBACK as address
 
     named = os.environ.get("GLOO_SOCKET_IFNAME")
-    if named and named != device:
+    if named:
         return (
-            f"GLOO_SOCKET_IFNAME is set to {named!r}: unset it, or set it to {device!r} "
-            "(the loopback device), and check again"
+            f"GLOO_SOCKET_IFNAME is set to {named!r}: unset it (ezpz_nb binds gloo to "
+            f"{address}, the loopback address, by itself), and check again"
         )
     return (
-        "check that nothing (a firewall, a VPN client) blocks connections on 127.0.0.1 "
-        f"and that the loopback device {device!r} is up; the error says more"
+        f"check that nothing (a firewall, a VPN client) blocks connections on {address}; "
+        "the error says more"
     )
 
 
@@ -392,24 +401,6 @@ def check_widget_frontend() -> Check:
     )
 
 
-def available_memory() -> int | None:
-    """Bytes of memory available to new processes, or None where it cannot be read."""
-    try:
-        import psutil
-    except ImportError:
-        pass
-    else:
-        return int(psutil.virtual_memory().available)
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def check_memory(rank_bytes: list[int], available: int | None) -> Check:
     """Enough free memory for :data:`NOTEBOOK_RANKS` ranks of the size just measured."""
     gib = 1024**3
@@ -501,11 +492,17 @@ def run_checks(
         check_cores,
     ):
         add(check())
+    launcher_loads = all(c.ok for c in report.checks if c.name in ("ezpz_nb", "torch"))
+    if launcher_loads:
+        from ezpz_nb.cli.traps import trap_checks
+
+        for trap in trap_checks():
+            add(trap)
     frontend = check_widget_frontend()  # before the launches: they get what is left
     rank_bytes: list[int] = []
     # Ranks need a working torch (and this ezpz_nb); without them the launch would only
     # repeat the failure above.
-    if all(c.ok for c in report.checks if c.name in ("ezpz_nb", "torch")):
+    if launcher_loads:
         # Ranks that hang give HangError after `timeout`; the thread keeps the budget
         # even if starting them hangs (the start waits longer than the run timeout).
         for world_size in (2, 4):

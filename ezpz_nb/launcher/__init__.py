@@ -7,9 +7,9 @@ What runs in each rank is :mod:`.rank`, with its state in one :mod:`.runtime`
 object; the two sides meet only through :mod:`.wire`. A failure on a rank is
 encoded and decoded by :mod:`.failures`, a hung rank's stack read by :mod:`.stacks`,
 and both are worded by :mod:`.errors`. Around them: :mod:`.startup` (checks before
-anything starts), :mod:`.session` (the notebook's clusters, warm-up),
-:mod:`.kernel` (are we in a kernel), :mod:`.forkserver` and :mod:`.shutdown` (the
-kernel's life cycle), :mod:`.output` (rank output relay), :mod:`.rankgroup` (a
+anything starts), :mod:`.session` (the notebook's clusters, warm-up), :mod:`.pool`
+(standby ranks for spawn), :mod:`.kernel` (are we in a kernel), :mod:`.forkserver`
+and :mod:`.shutdown` (the kernel's life cycle), :mod:`.output` (rank output relay), :mod:`.rankgroup` (a
 rank's process group) and :mod:`.torchrun` (running in place under torchrun).
 Nothing here knows about data or ledgers; ``%%ranks`` is a front end above it
 (:mod:`ezpz_nb.magic`).

@@ -26,6 +26,7 @@ from typing import Any
 from ezpz_nb.launcher import wire
 from ezpz_nb.launcher.errors import HangError, RankError, RankEvent, RunInterrupted
 from ezpz_nb.launcher.policy import decide
+from ezpz_nb.launcher.pool import POOL
 from ezpz_nb.launcher.procs import RankProcesses, RankSpec
 from ezpz_nb.launcher.run import RunResult, collect
 from ezpz_nb.launcher.session import SESSION, warm_up
@@ -54,7 +55,7 @@ class Cluster:
         threads: Intra-op threads per rank; default ``max(1, cores // world_size)``
             so ranks do not fight over cores.
         start_method: ``"forkserver"`` (default on Linux), ``"fork"`` or ``"spawn"``
-            (default elsewhere).
+            (default elsewhere); ``EZPZ_NB_START_METHOD`` changes the default.
         backend: ``"gloo"`` (CPU, default) or ``"nccl"`` (one GPU per rank).
         one_shot: The ranks are for one run only (``launch``): a RankError then
             does not say they are kept.
@@ -104,6 +105,8 @@ class Cluster:
             self.kill()
             raise
         self._apply(result, starting=True)
+        if not self.one_shot and self._procs.from_standby:
+            POOL.refill()  # these ranks stay: the next launch needs standby ranks of its own
 
     def close(self) -> None:
         """Stop the ranks and remove everything they used. Calling it twice is harmless."""

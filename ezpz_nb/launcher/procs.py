@@ -11,8 +11,8 @@ is :mod:`.policy`) or keeps the notebook's list of clusters (that is :mod:`.sess
 * Ranks meet through a FileStore in a fresh temporary folder: no fixed port, so two
   notebooks never collide, and nothing is left behind once the folder is removed.
 
-A pool of standby ranks (started ahead, handed to a cluster when it asks) would
-live here too: :meth:`RankProcesses.start` is the one place that makes ranks.
+Under spawn, :meth:`RankProcesses.start` first takes ranks from the standby pool
+(:mod:`.pool`: spawned ahead, torch already imported) and spawns only the rest.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from ezpz_nb.launcher import rank as _rank
 from ezpz_nb.launcher import wire
 from ezpz_nb.launcher.failures import RankFailure, from_exit
 from ezpz_nb.launcher.output import OutputRelay
+from ezpz_nb.launcher.pool import POOL, Standby
 from ezpz_nb.launcher.stacks import RankStack, parse_faulthandler, stack_from_frames
-from ezpz_nb.launcher.startup import LOOPBACK, forkserver_context, main_hidden
+from ezpz_nb.launcher.startup import forkserver_context, main_hidden
 
 __all__ = ["RankProcesses", "RankSpec"]
 
@@ -67,6 +68,8 @@ class RankProcesses:
         #: Folders the ranks remove themselves if the notebook dies without closing.
         self.cleanup_dirs: tuple[str, ...] = ()
         self._lifelines: list[Any] = []
+        #: How many ranks came from the standby pool (refilled once they are gone).
+        self.from_standby = 0
         # The kernel-shutdown hook may kill from another thread while a run in the
         # main thread is being interrupted: one teardown at a time.
         self._kill_lock = threading.Lock()
@@ -90,8 +93,9 @@ class RankProcesses:
             # The forkserver's folder (made when it started) would outlive a killed kernel.
             self.cleanup_dirs += (multiprocessing.util.get_temp_dir(),)
         env = dict(os.environ)
+        # gloo binds to LOOPBACK by address (rankgroup.join) unless the learner named an
+        # interface in GLOO_SOCKET_IFNAME, which then stays theirs.
         env.update(
-            GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", LOOPBACK),
             WORLD_SIZE=str(spec.world_size),
             LOCAL_WORLD_SIZE=str(spec.world_size),
             OMP_NUM_THREADS=str(spec.threads),
@@ -99,12 +103,20 @@ class RankProcesses:
         if spec.backend == "gloo":
             env["CUDA_VISIBLE_DEVICES"] = ""  # CPU-only unless asked: no CUDA init cost
         env.pop("MASTER_ADDR", None)  # ranks use our FileStore, not an outer launcher's
+        # Standby ranks were started CPU-only: NCCL ranks are always spawned fresh.
+        standby = spec.start_method == "spawn" and spec.backend == "gloo"
+        ready = POOL.take(spec.world_size) if standby else []
+        self.from_standby = len(ready)
         for r in range(spec.world_size):
-            self._start_rank(ctx, r, dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+            rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r))
+            if r < len(ready):
+                self._adopt(ready[r], r, rank_env)
+            else:
+                self._start_rank(ctx, r, rank_env)
 
-    def _start_rank(self, ctx: Any, r: int, env: dict[str, str]) -> None:
+    def _config(self, r: int, env: dict[str, str]) -> _rank.RankConfig:
         assert self.tmp is not None
-        cfg = _rank.RankConfig(
+        return _rank.RankConfig(
             rank=r,
             world_size=self.spec.world_size,
             store_path=os.path.join(self.tmp, "store"),
@@ -118,6 +130,19 @@ class RankProcesses:
             parent_pid=os.getpid(),
             cleanup_dirs=self.cleanup_dirs,
         )
+
+    def _adopt(self, standby: Standby, r: int, env: dict[str, str]) -> None:
+        """Make a standby process rank ``r``: it joins the group as a fresh rank would."""
+        standby.handed_over()
+        standby.conn.send(self._config(r, env))
+        self.output.add(standby.out_r, r, 1)
+        self.output.add(standby.err_r, r, 2)
+        self.procs.append(standby.proc)
+        self.conns.append(standby.conn)
+        self._lifelines.append(standby.life_w)
+
+    def _start_rank(self, ctx: Any, r: int, env: dict[str, str]) -> None:
+        cfg = self._config(r, env)
         # Pipes are made just before each rank starts so a forked rank never
         # inherits another rank's write ends (that would hide EOF on death).
         conn, child_conn = ctx.Pipe()
@@ -229,3 +254,8 @@ class RankProcesses:
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
+        if self.from_standby:
+            # The ranks the pool gave are gone: it starts their replacements now, while
+            # nothing else runs, rather than during the next launch.
+            self.from_standby = 0
+            POOL.refill()

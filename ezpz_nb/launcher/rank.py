@@ -7,6 +7,7 @@ is already in memory and each rank starts in milliseconds instead of paying an
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import multiprocessing
 import os
@@ -17,7 +18,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -86,7 +87,13 @@ def _send(conn: Any, msg: ToNotebook) -> None:
         conn.send_bytes(data)
 
 
-def _watch_parent(lifeline: Any, parent_pid: int, dirs: tuple[str, ...]) -> None:
+# Folders to remove if the notebook dies: set once this process is a rank (a standby
+# process has none yet). The lifeline watcher reads it when the notebook is gone.
+_CLEANUP_DIRS: tuple[str, ...] = ()
+_WATCHING = False
+
+
+def _watch_parent(lifeline: Any, parent_pid: int) -> None:
     """Exit when the notebook goes away, so a dead kernel leaves no ranks behind.
 
     The notebook normally removes the run's folders; when it died, the ranks do.
@@ -103,10 +110,21 @@ def _watch_parent(lifeline: Any, parent_pid: int, dirs: tuple[str, ...]) -> None
             break
         if gone():
             break
-    _orphaned(dirs)
+    _orphaned(_CLEANUP_DIRS)
 
 
-def _orphaned(dirs: tuple[str, ...]) -> None:
+def _start_watching(lifeline: Any, parent_pid: int) -> None:
+    """One lifeline watcher per process (a standby that becomes a rank keeps its own)."""
+    global _WATCHING
+    if _WATCHING:
+        return
+    _WATCHING = True
+    threading.Thread(
+        target=_watch_parent, args=(lifeline, parent_pid), daemon=True, name="ezpz_nb-lifeline"
+    ).start()
+
+
+def _orphaned(dirs: tuple[str, ...]) -> NoReturn:
     """The notebook is gone without saying stop: remove its folders, then leave."""
     for path in dirs:
         shutil.rmtree(path, ignore_errors=True)
@@ -137,9 +155,35 @@ def _setup_io(out_w: Any, err_w: Any) -> None:
     sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
 
 
+def standby(conn: Any, out_w: Any, err_w: Any, lifeline: Any, warm_w: Any, parent_pid: int) -> None:
+    """Entry point of a standby process (spawn): torch is imported, wait to become a rank.
+
+    Under spawn, unpickling this function imported this module, and with it torch:
+    the seconds a launch would otherwise wait for. The notebook's pool hears that
+    over ``warm_w``; a launch then sends the :class:`RankConfig` over ``conn`` and
+    the process carries on as :func:`main`. It never outlives the notebook: the same
+    lifeline as a rank's, and a closed ``conn`` (the pool let it go) ends it too.
+    """
+    os.setpgrp()  # as a rank: the kernel's signals to its group do not reach us
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored until now (pool.py)
+    _start_watching(lifeline, parent_pid)
+    # Taken before it was warm, the notebook no longer listens: nothing to tell.
+    with contextlib.suppress(OSError):
+        warm_w.send_bytes(b"warm")
+    warm_w.close()
+    try:
+        cfg = conn.recv()
+    except (EOFError, OSError):
+        _orphaned(())
+    main(cfg, conn, out_w, err_w, lifeline)
+
+
 def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> None:
     """Entry point of a rank: join the group, then serve runs until told to stop."""
-    os.setpgrp()  # our own process group: the kernel's Ctrl-C does not hit us half-way
+    global _CLEANUP_DIRS
+    _CLEANUP_DIRS = cfg.cleanup_dirs
+    with contextlib.suppress(PermissionError):  # already the leader (a standby)
+        os.setpgrp()  # our own process group: the kernel's Ctrl-C does not hit us half-way
     _setup_io(out_w, err_w)
     os.environ.clear()
     os.environ.update(cfg.env)
@@ -155,12 +199,7 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     # should start its own children (DataLoader workers) like any script would, not
     # through a forkserver or spawn that re-imports torch for every worker.
     multiprocessing.set_start_method(None, force=True)
-    threading.Thread(
-        target=_watch_parent,
-        args=(lifeline, cfg.parent_pid, cfg.cleanup_dirs),
-        daemon=True,
-        name="ezpz_nb-lifeline",
-    ).start()
+    _start_watching(lifeline, cfg.parent_pid)
     dump = open(cfg.dump_path, "w")  # no with: must stay open for faulthandler
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     torch.set_num_threads(cfg.threads)

@@ -14,7 +14,9 @@ call that asks for the group it is already in.
 
 from __future__ import annotations
 
+import os
 import sys
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -23,6 +25,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.launcher.runtime import GroupSpec, current
+from ezpz_nb.launcher.startup import LOOPBACK
 
 _REAL_INIT = c10d.init_process_group
 
@@ -31,11 +34,51 @@ def join(group: GroupSpec, store_path: str) -> None:
     """Make this rank's default process group (rendezvous through a FileStore)."""
     # Kept for the rank's life: a destroyed group is remade over the same file.
     group.store = dist.FileStore(store_path, group.world_size)
+    if group.backend == "gloo" and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        bind_gloo_to(LOOPBACK)
     if group.backend == "nccl":
         # Before init: NCCL binds the rank's communicator to the current device.
         torch.cuda.set_device(group.rank)
     _init(group)
     c10d.init_process_group = dist.init_process_group = _init_process_group
+
+
+def bind_gloo_to(address: str) -> None:
+    """Make every gloo group of this process listen on ``address`` only.
+
+    Left alone, gloo binds to whatever this machine's hostname resolves to (on many
+    laptops an address on the local network, where others can reach the ranks), and
+    the only switch torch reads, ``GLOO_SOCKET_IFNAME``, takes an interface *name*,
+    which differs between platforms (``lo``, ``lo0``, Windows' long display names).
+    torch creates each gloo backend (the default group, ``new_group``, a DeviceMesh's
+    groups) by calling ``distributed_c10d.ProcessGroupGloo``; that name now makes
+    one whose device is created from the address. Instances stay ProcessGroupGloo
+    (``isinstance`` checks in torch keep working). Only in a launcher rank.
+    """
+    base: Any = c10d.ProcessGroupGloo
+    if getattr(base, "_ezpz_nb_address", None) is not None:
+        base = base.__mro__[1]
+
+    class _SameClass(type(base)):  # type: ignore[misc]  # pybind11's metaclass
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, base)
+
+        def __subclasscheck__(cls, sub: Any) -> bool:
+            return issubclass(sub, base)
+
+    class ProcessGroupGloo(base, metaclass=_SameClass):
+        _ezpz_nb_address = address
+
+        def __init__(self, store: Any, rank: int, size: int, *args: Any, **kwargs: Any) -> None:
+            if args and isinstance(args[0], base._Options):  # options given: as asked
+                super().__init__(store, rank, size, *args)
+                return
+            options = base._Options()
+            options._timeout = args[0] if args else kwargs.get("timeout", timedelta(minutes=30))
+            options._devices = [base.create_device(hostname=address)]
+            super().__init__(store, rank, size, options)
+
+    setattr(c10d, "ProcessGroupGloo", ProcessGroupGloo)  # noqa: B010 - mypy: not a type
 
 
 def _group() -> GroupSpec:

@@ -12,11 +12,18 @@ import atexit
 import itertools
 import multiprocessing.forkserver
 import multiprocessing.util  # before our atexit hook is registered, see close_all
+import os
 import weakref
 from typing import Any, Protocol
 
+from ezpz_nb.launcher.pool import POOL, size_from_env
 from ezpz_nb.launcher.shutdown import on_kernel_shutdown
-from ezpz_nb.launcher.startup import forkserver_context, main_hidden, should_warm_up
+from ezpz_nb.launcher.startup import (
+    default_start_method,
+    forkserver_context,
+    main_hidden,
+    should_warm_up,
+)
 
 
 class LiveCluster(Protocol):
@@ -67,7 +74,9 @@ class Session:
         return [c for _, c in sorted(self._live.items(), key=lambda kv: kv[0]) if not c.closed]
 
     def close_all(self) -> None:
-        """Kill every live cluster's ranks (at exit, or when the kernel shuts down)."""
+        """Kill every live cluster's ranks and the standby pool (at exit, or when the
+        kernel shuts down). The pool first: a killed cluster would refill it."""
+        POOL.close()
         for c in self.live():
             try:
                 c.kill()
@@ -87,23 +96,35 @@ def _close_all() -> None:
 
 
 def warm_up() -> bool:
-    """In a Jupyter kernel, start the forkserver now, so the first launch is fast.
+    """In a Jupyter kernel, prepare ranks now, so the first launch is fast.
 
-    The forkserver's one ``import torch`` (about a second) then happens while the
-    learner reads, instead of inside the first launch. Starting it only spawns a
-    process (milliseconds); a launch that comes before it is ready waits for it
-    as the first launch always did. Not in a plain script or under torchrun, nor
-    with ``EZPZ_NB_WARMUP=0``.
+    With the forkserver (Linux), start it: its one ``import torch`` (about a second)
+    then happens while the learner reads, instead of inside the first launch.
+    Under spawn (macOS, Windows, ``EZPZ_NB_START_METHOD=spawn``), start the standby
+    pool (:mod:`.pool`): a launch's worth of spawned ranks that import torch now.
+    Either only starts processes (milliseconds); a launch that comes before they
+    are ready waits for them as the first launch always did. Not in a plain script
+    or under torchrun, nor with ``EZPZ_NB_WARMUP=0``.
 
     Returns:
-        True when the forkserver was started (or already running).
+        True when the forkserver or the pool was started (or already running).
+
+    Raises:
+        StartMethodError: ``EZPZ_NB_START_METHOD`` is set to something this
+            platform cannot run (checked first, so ``import ezpz_nb`` says so).
     """
+    method = default_start_method()
     if not should_warm_up():
         return False
-    forkserver_context()
     # The kernel may exit before any launch: its shutdown must still let the
-    # forkserver and the resource tracker go and leave no folder behind.
+    # forkserver (or the pool) and the resource tracker go and leave no folder behind.
     on_kernel_shutdown(SESSION.close_all)
+    if method == "spawn":
+        size = size_from_env(os.environ)
+        if size and not POOL.size:
+            POOL.start(size)
+        return size > 0
+    forkserver_context()
     with main_hidden("forkserver"):
         multiprocessing.forkserver.ensure_running()
     return True

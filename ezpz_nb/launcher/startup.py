@@ -10,7 +10,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ezpz_nb.launcher.errors import LaunchTypeError, LaunchValueError
@@ -23,14 +23,50 @@ MAX_WORLD_SIZE = 64
 START_METHODS = ("forkserver", "fork", "spawn")
 
 
+#: The environment variable that chooses the default start method.
+START_METHOD_ENV = "EZPZ_NB_START_METHOD"
+
+
+class StartMethodError(LaunchValueError):
+    """``EZPZ_NB_START_METHOD`` names a start method this platform cannot run."""
+
+
+def resolve_start_method(value: str | None, platform: str) -> str:
+    """The default start method for ``platform`` (``sys.platform``), given the variable.
+
+    Args:
+        value: ``EZPZ_NB_START_METHOD`` as set (None or blank: the platform's own).
+        platform: A ``sys.platform`` value: ``"linux"``, ``"darwin"``, ``"win32"``...
+
+    Raises:
+        StartMethodError: The value is not a start method, or the platform cannot run it.
+    """
+    native = "forkserver" if platform.startswith("linux") else "spawn"
+    wanted = (value or "").strip().lower()
+    if not wanted:
+        # forkserver needs fork underneath (Linux); macOS forks badly and Windows cannot.
+        return native
+    if wanted not in START_METHODS:
+        raise StartMethodError(
+            f"{START_METHOD_ENV}={value!r} is not a start method: set it to one of "
+            f"{', '.join(START_METHODS)}, or unset it for this platform's default ({native!r})"
+        )
+    if wanted in ("fork", "forkserver") and platform in ("win32", "cygwin"):
+        raise StartMethodError(
+            f"{START_METHOD_ENV}={value!r}: {wanted} needs os.fork, which Windows does not "
+            f"have; set it to 'spawn' or unset it"
+        )
+    return wanted
+
+
 def default_start_method() -> str:
-    """``"forkserver"`` on Linux, ``"spawn"`` elsewhere."""
-    # forkserver needs fork underneath (Linux); macOS forks badly and Windows cannot.
-    return "forkserver" if sys.platform.startswith("linux") else "spawn"
+    """``EZPZ_NB_START_METHOD`` if set, else ``"forkserver"`` on Linux, ``"spawn"`` elsewhere."""
+    return resolve_start_method(os.environ.get(START_METHOD_ENV), sys.platform)
 
 
-#: Name of the loopback interface gloo is bound to (``GLOO_SOCKET_IFNAME``).
-LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
+#: The address every rank's gloo binds to, whatever the platform names its interfaces
+#: (``lo``, ``lo0``, "Loopback Pseudo-Interface 1"): see ``rankgroup.bind_gloo_to``.
+LOOPBACK = "127.0.0.1"
 
 
 def cores() -> int:
@@ -135,11 +171,16 @@ def forkserver_context() -> Any:
     return ctx
 
 
+def warm_up_allowed(env: Mapping[str, str]) -> bool:
+    """False when ``EZPZ_NB_WARMUP`` is 0 (or off/false/no)."""
+    return env.get("EZPZ_NB_WARMUP", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def should_warm_up() -> bool:
-    """Whether to start the forkserver at import: in a Jupyter kernel, not under
-    torchrun, with the forkserver as start method, unless ``EZPZ_NB_WARMUP=0``."""
+    """Whether to prepare ranks at import: in a Jupyter kernel, not under torchrun,
+    unless ``EZPZ_NB_WARMUP=0`` (the forkserver, or under spawn the standby pool)."""
     from ezpz_nb.launcher.torchrun import in_torchrun_env
 
-    if os.environ.get("EZPZ_NB_WARMUP", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not warm_up_allowed(os.environ):
         return False
-    return default_start_method() == "forkserver" and not in_torchrun_env() and in_jupyter_kernel()
+    return default_start_method() != "fork" and not in_torchrun_env() and in_jupyter_kernel()
