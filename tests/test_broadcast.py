@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import random
+import threading
 import weakref
 
 import pytest
@@ -194,7 +195,8 @@ def _stop_run():
         "shorter": lambda: Lying(10, 3),
         "longer": lambda: Lying(2, 5),
         "leader_fails": lambda: Lying(10, 10, fail_at=2),
-        "unpicklable": lambda: [{"x": torch.ones(1)}, {"x": torch.ones(1), "f": lambda: 0}],
+        # A lock pickles neither way (a lambda would: the spec falls back to cloudpickle).
+        "unpicklable": lambda: [{"x": torch.ones(1)}, {"x": torch.ones(1), "f": threading.Lock()}],
     }
     for mode in ("tensor", "pickle"):
         for name, make in cases.items():
