@@ -116,22 +116,28 @@ def test_uneven_steps_under_torchrun_fail_with_a_named_error_not_a_hang(tmp_path
 
 def test_step_times_under_torchrun_name_the_straggler(tmp_path):
     """Guards issue 26 under torch's launcher: each rank's file carries a time line per
-    step (format 3), the merged ledger's verdict names the rank with the heavy shard,
+    step (format 3 and later), the merged ledger's verdict names the rank with the heavy shard,
     and rank 0 prints that verdict."""
+    # Two ranks on two cores, the heavy shard 8x: with three ranks on two cores the OS
+    # parks a light rank often enough that the heavy one entered the collective last in
+    # only 62% of the steps (the verdict asks 75%), a CI failure of the machine, not of
+    # the data.
     proc = torchrun(
-        3,
+        2,
         "throughput",
         "--out",
         str(tmp_path),
         "--heavy-rank",
         "1",
+        "--heavy-factor",
+        "8",
         "--num-samples",
-        "192",
+        "128",
         "--check",
     )
     assert proc.returncode == 0, output(proc)
     ledger = Ledger.load(tmp_path)
-    assert ledger.ranks() == [0, 1, 2] and all(r.times is not None for r in ledger.records)
+    assert ledger.ranks() == [0, 1] and all(r.times is not None for r in ledger.records)
     assert all(r.times.entered_at is not None for r in ledger.records if r.times)
     assert ledger.diagnose().straggler == 1, ledger.diagnose().text
     assert "Rank 1 is the straggler" in proc.stdout, output(proc)
