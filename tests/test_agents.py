@@ -35,8 +35,7 @@ NOTEBOOK = ROOT / "notebooks" / "14_torchrun_by_hand.ipynb"
 
 # A worker that joins the group and does one collective: the agents' behaviour, not the data.
 TINY = """\
-import os
-import re
+import os, sys
 from datetime import timedelta
 import torch, torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -48,7 +47,9 @@ def main():
         raise ValueError("rank failed on purpose")
     t = torch.ones(1)
     dist.all_reduce(t)
-    print("rank", os.environ["RANK"], "sum", int(t.item()), flush=True)
+    # One write per line: torchrun starts workers with python -u, and print() writes
+    # its pieces one system call each, so two ranks' lines could interleave mid-line.
+    sys.stdout.write(f"rank {os.environ['RANK']} sum {int(t.item())}\\n")
     dist.destroy_process_group()
 
 main()
@@ -365,3 +366,25 @@ def test_the_root_cause_is_the_rank_that_raised_not_the_one_that_lost_its_peer(r
     cause = run.root_cause()
     assert re.match(r"(?s)[^\[]*\[\d\]:.*rank\s*: 1 .*ValueError: rank failed on purpose", cause)
     assert "Connection closed" not in cause
+
+
+CHATTY = """\
+import os, sys
+for i in range(300):
+    sys.stdout.write(f"rank {os.environ['RANK']} line {i} end\\n")
+"""
+
+
+@pytest.mark.system
+def test_lines_of_ranks_sharing_a_pipe_arrive_whole(case):
+    """Guards "rankrank 0 sum 2" (a CI failure): torchrun runs workers with python -u, so
+    print("rank", r, ...) wrote each piece in its own system call and the two ranks of a
+    node, sharing the agent's pipe, interleaved mid-line. A line written in one call
+    arrives whole, and the runner loses none."""
+    worker = case / "chatty.py"
+    worker.write_text(CHATTY)
+    run = torchrun(worker, nproc_per_node=2, echo=False)
+    assert run.ok, run.output
+    got = run.lines(r"line \d+")
+    assert len(got) == 600
+    assert all(re.fullmatch(r"rank [01] line \d+ end\n?", ln) for ln in got), got[:5]
