@@ -16,7 +16,8 @@ __all__ = ["USUAL_RANKS", "start_method_check", "threads_check", "torchrun_check
 
 #: The world size most notebook cells launch.
 USUAL_RANKS = 4
-# 4 ranks under spawn, measured on 2 busy cores (FACTS.md): what a launch costs without help.
+# 4 ranks under spawn, measured on 2 busy cores (benchmarks/launch.py, docs/benchmarks.md):
+# what a launch costs without help.
 _SPAWN_COST = "about 7 s for 4 ranks on 2 busy cores, 1-2 s on a quiet laptop"
 
 
