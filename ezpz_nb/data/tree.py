@@ -6,11 +6,12 @@ ledger digests the tensors in this same order.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["flatten_batch", "unflatten_batch"]
+__all__ = ["find_in_batch", "flatten_batch", "unflatten_batch"]
 
 
 def flatten_batch(batch: Any) -> tuple[Any, list[torch.Tensor]]:
@@ -54,3 +55,27 @@ def unflatten_batch(tree: Any, tensors: list[torch.Tensor]) -> Any:
         items = [unflatten_batch(v, tensors) for v in tree[1]]
         return items if tag == "l" else tuple(items)
     return tree[1]
+
+
+def find_in_batch(batch: Any, key: str, accept: Callable[[Any], bool] | None = None) -> Any:
+    """The first value under ``key`` in a (nested) batch of dicts, lists and tuples, else None.
+
+    Args:
+        batch: The batch to search, depth first.
+        key: The dict key to find.
+        accept: When given, a value under ``key`` that it rejects is searched
+            into instead of returned (e.g. ``torch.is_tensor``).
+    """
+    if isinstance(batch, dict):
+        if key in batch and (accept is None or accept(batch[key])):
+            return batch[key]
+        values: Iterable[Any] = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        values = batch
+    else:
+        return None
+    for v in values:
+        found = find_in_batch(v, key, accept)
+        if found is not None:
+            return found
+    return None

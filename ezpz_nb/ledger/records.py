@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ezpz_nb.data.tree import flatten_batch
+from ezpz_nb.data.tree import find_in_batch, flatten_batch
 
 __all__ = ["StepRecord", "StepTimes", "batch_digest", "batch_ints", "batch_tokens", "with_times"]
 
@@ -165,19 +165,7 @@ def batch_ints(batch: Any, key: str) -> tuple[int, ...]:
 
 def _find(batch: Any, key: str) -> torch.Tensor | None:
     """The first tensor under ``key`` in a (nested) batch, else ``None``."""
-    if isinstance(batch, dict):
-        if key in batch and torch.is_tensor(batch[key]):
-            return batch[key]
-        values: Iterable[Any] = batch.values()
-    elif isinstance(batch, (list, tuple)):
-        values = batch
-    else:
-        return None
-    for v in values:
-        found = _find(v, key)
-        if found is not None:
-            return found
-    return None
+    return find_in_batch(batch, key, torch.is_tensor)
 
 
 def batch_tokens(batch: Any) -> tuple[int, int, tuple[tuple[int, ...], ...]]:

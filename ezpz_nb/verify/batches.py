@@ -7,8 +7,9 @@ collate), tuples ``(x, y)``, a Hugging Face batch with lists of strings, numpy a
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
 from typing import Any
+
+from ezpz_nb.data.tree import find_in_batch
 
 __all__ = ["KEYS", "NoSampleIds", "observe_batch", "resolve_key", "structure"]
 
@@ -65,22 +66,6 @@ def structure(batch: Any) -> str:
     return " ".join(parts)
 
 
-def _find(batch: Any, name: str) -> Any:
-    if isinstance(batch, dict):
-        if name in batch:
-            return batch[name]
-        values: Iterable[Any] = batch.values()
-    elif isinstance(batch, (list, tuple)):
-        values = batch
-    else:
-        return None
-    for v in values:
-        found = _find(v, name)
-        if found is not None:
-            return found
-    return None
-
-
 def _as_list(values: Any) -> list[Any]:
     if hasattr(values, "tolist"):
         out = values.tolist()
@@ -114,7 +99,7 @@ def resolve_key(batch: Any, key: str) -> str:
     """The field ``key="auto"`` reads in ``batch`` (``index`` or ``__key__``); else ``key``."""
     if key != "auto":
         return key
-    return next((n for n in ("index", "__key__") if _find(batch, n) is not None), key)
+    return next((n for n in ("index", "__key__") if find_in_batch(batch, n) is not None), key)
 
 
 def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str, list[int]]:
@@ -133,7 +118,7 @@ def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str,
     else:
         found = None
         for name in ("index", "__key__") if key == "auto" else (key,):
-            found = _find(batch, name)
+            found = find_in_batch(batch, name)
             if found is not None:
                 break
         if found is None:
@@ -157,7 +142,7 @@ def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str,
     h = hashlib.blake2b(digest_size=16)
     for _, leaf in _leaves(batch):
         h.update(_leaf_bytes(leaf))
-    workers = _find(batch, "worker_id")
+    workers = find_in_batch(batch, "worker_id")
     return (
         ids,
         names,
