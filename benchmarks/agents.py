@@ -15,8 +15,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ezpz_nb.examples.agents import AgentError, AgentRun, torchrun
-from ezpz_nb.examples.by_hand import WORKER_NAME, worker_from_notebook
+from ezpz_nb.agents.agents import AgentError, AgentRun, torchrun
+from ezpz_nb.agents.by_hand import WORKER_NAME, worker_from_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "14_torchrun_by_hand.ipynb"

@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ezpz_nb.examples.agents import AgentError, AgentRun, run_agents, torchrun, torchrun_argv
-from ezpz_nb.examples.by_hand import (
+from ezpz_nb.agents.agents import AgentError, AgentRun, run_agents, torchrun, torchrun_argv
+from ezpz_nb.agents.by_hand import (
     WORKER_NAME,
     WorkerCheckError,
     check_worker,

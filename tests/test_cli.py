@@ -26,9 +26,10 @@ import pytest
 from _browser_lab import Lab, free_port, lab_command, lab_env, wait_up
 
 import ezpz_nb.cli.resources as resources
-from ezpz_nb.cli.doctor import NOTEBOOK_RANKS, Check, Report, check_memory
 from ezpz_nb.cli.lab import WORKDIR, jupyter_args, lab_folder
 from ezpz_nb.cli.notebooks import shipped_files
+from ezpz_nb.cli.probes import NOTEBOOK_RANKS, check_memory
+from ezpz_nb.cli.report import Check, Report
 
 ROOT = Path(__file__).resolve().parent.parent
 EZPZ_NB = Path(sys.executable).with_name("ezpz-nb")  # the script pip installs

@@ -22,6 +22,7 @@ from ezpz_nb import _dist
 from ezpz_nb.data.groups import layout_table
 from ezpz_nb.examples import (
     capstone,
+    command,
     common,
     dp_sharding,
     step_alignment,
@@ -295,7 +296,7 @@ def test_command_line_is_the_workers_signature(example):
     before): every parameter of run() is an option with run()'s default and its help
     from the docstring, and the launch options come on top. A parameter that takes
     code (capstone's shard_model, a notebook's function) has no option."""
-    parser = common.parser_for(example.run, example.__doc__)
+    parser = command.parser_for(example.run, example.__doc__)
     hints = typing.get_type_hints(example.run)
     params = {
         k: p
@@ -311,14 +312,14 @@ def test_command_line_is_the_workers_signature(example):
 
 def test_command_line_types_optional_numbers():
     """Guards `--heavy-rank 1` arriving as the string "1" (an `int | None` option)."""
-    parser = common.parser_for(throughput.run, throughput.__doc__)
+    parser = command.parser_for(throughput.run, throughput.__doc__)
     args = parser.parse_args(["--heavy-rank", "1", "--prefetch-factor", "4", "--out", "d"])
     assert (args.heavy_rank, args.prefetch_factor, args.out) == (1, 4, "d")
     assert parser.parse_args([]).heavy_rank is None
 
 
 def test_command_line_flips_switches_and_refuses_what_run_refuses(capsys):
-    parser = common.parser_for(capstone.run, capstone.__doc__)
+    parser = command.parser_for(capstone.run, capstone.__doc__)
     args = parser.parse_args(["--no-set-epoch", "--reduce", "sum", "--lr", "0.5", "--out", "d"])
     assert (args.set_epoch, args.reduce, args.lr, args.out) == (False, "sum", 0.5, "d")
     with pytest.raises(SystemExit):

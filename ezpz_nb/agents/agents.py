@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import select
 import shutil
 import subprocess
@@ -33,12 +32,11 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ezpz_nb.examples._proctree import TOKEN_VAR, descendants, stop
-from ezpz_nb.examples.torchrun_args import (
-    AgentError,
+from ezpz_nb.agents.proctree import TOKEN_VAR, descendants, stop
+from ezpz_nb.agents.result import AgentError, AgentRun
+from ezpz_nb.agents.torchrun_args import (
     check_worker_file,
     free_port,
     refuse_bad_input,
@@ -68,103 +66,6 @@ _RANK_VARS = (
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_RESTART_COUNT",
 )
-
-
-@dataclass
-class AgentRun:
-    """What a set of torchrun agents did.
-
-    Attributes:
-        commands: Each agent's command line.
-        returncodes: Each agent's exit status (negative: killed by that signal).
-        output: Each agent's stdout and stderr, interleaved as written.
-        elapsed_s: Seconds from the first start to the last exit.
-        stopped: Why the agents were stopped early ("deadline", "interrupt"), or "".
-    """
-
-    commands: list[list[str]]
-    returncodes: list[int | None] = field(default_factory=list)
-    output: list[str] = field(default_factory=list)
-    elapsed_s: float = 0.0
-    stopped: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """True when every agent exited 0 on its own."""
-        return not self.stopped and all(rc == 0 for rc in self.returncodes)
-
-    def diagnosis(self) -> str:
-        """One plain paragraph: how the job ended and what to do about it."""
-        text = "\n".join(self.output)
-        if self.stopped:
-            return f"stopped ({self.stopped}) after {self.elapsed_s:.1f} s; every agent and rank killed"
-        if self.ok:
-            return f"every agent exited 0 ({len(self.commands)} node(s), {self.elapsed_s:.1f} s)"
-        if "RendezvousTimeoutError" in text:
-            return (
-                "the rendezvous gave up: not every node joined within --rdzv-conf join_timeout, "
-                "so the agents that came exited without starting any rank. Start every node "
-                "(same --nnodes, --rdzv-endpoint and --rdzv-id), or raise join_timeout when "
-                "nodes start far apart (a queue that starts them one by one)."
-            )
-        if "RendezvousConnectionError" in text or "DistNetworkError" in text:
-            return (
-                "an agent could not talk to the rendezvous store at --rdzv-endpoint: check that "
-                "the endpoint host runs an agent and that its port is free and reachable."
-            )
-        cause = self.root_cause()
-        if cause:
-            return "a rank failed, so torchrun stopped the job; its report:\n" + cause
-        return f"agents exited with {self.returncodes}; see their output"
-
-    def root_cause(self) -> str:
-        """The failed rank that started it (rank, exit code, traceback), from torchrun's report, or "".
-
-        torchrun names as root cause the failure with the earliest time stamp, to the
-        second: a rank whose collective lost its peer ("Connection closed by peer")
-        often ties with the rank that raised, and wins. A failure that is not such a
-        consequence is preferred, and the text says so when it is not torchrun's pick.
-        """
-        for out in self.output:
-            head, found, tail = out.partition("Root Cause (first observed failure):")
-            if not found:
-                continue
-            root = _entries(tail.split("=" * 20)[0])
-            others = _entries(head.rpartition("Failures:")[2]) if "Failures:" in head else []
-            if root and _lost_peer(root[0]):
-                first = next((e for e in others if not _lost_peer(e)), None)
-                if first is not None:
-                    return (
-                        "The failure that started it (torchrun's first observed failure, "
-                        "to the second, was a rank that lost its peer):\n" + first
-                    )
-            return "Root Cause (first observed failure):\n" + (root[0] if root else tail.rstrip())
-        return ""
-
-    def raise_for_status(self) -> AgentRun:
-        """Return this run if it went well, else raise :class:`AgentError` saying why."""
-        if not self.ok:
-            raise AgentError(self.diagnosis(), self)
-        return self
-
-    def lines(self, pattern: str = "") -> list[str]:
-        """Every agent's output lines that match the regular expression ``pattern``."""
-        return [ln for out in self.output for ln in out.splitlines() if re.search(pattern, ln)]
-
-
-# What a rank's collective raises when another rank died first: a consequence.
-_LOST_PEER = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe")
-
-
-def _entries(section: str) -> list[str]:
-    """The ``[n]:`` entries of one section of torchrun's failure report, each whole."""
-    parts = re.split(r"^(?=\[\d+\]:)", section, flags=re.M)
-    return [p.split("-" * 20)[0].rstrip() for p in parts if re.match(r"\[\d+\]:", p)]
-
-
-def _lost_peer(entry: str) -> bool:
-    """The entry's traceback ends in a lost connection, or its rank was only stopped (SIGTERM)."""
-    return bool(_LOST_PEER.search(entry)) or "(SIGTERM)" in entry
 
 
 def _relay(

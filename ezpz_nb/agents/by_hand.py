@@ -2,7 +2,7 @@
 
 The learner writes a complete torchrun worker (``torchrun_worker.py``). This module
 reads what such a worker leaves and runs it the way a checker must, under real
-torchrun agents (:mod:`ezpz_nb.examples.agents`):
+torchrun agents (:mod:`ezpz_nb.agents.agents`):
 
 * :func:`load_attempts`: the ledgers of every attempt of one elastic job
   (``OUT/attempt{n}/rank{r}.jsonl``), with the steps that a restart redid marked
@@ -29,8 +29,8 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ezpz_nb.agents.agents import AgentRun, check_worker_file, torchrun
 from ezpz_nb.errors import EzpzError
-from ezpz_nb.examples.agents import AgentRun, check_worker_file, torchrun
 from ezpz_nb.ledger import Ledger, StepRecord
 
 __all__ = [

@@ -13,29 +13,12 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ezpz_nb.errors import EzpzError
-
-if TYPE_CHECKING:  # agents imports this module, not the other way round
-    from ezpz_nb.examples.agents import AgentRun
+from ezpz_nb.agents.result import AgentError
 
 __all__ = ["AgentError", "check_worker_file", "free_port", "refuse_bad_input", "torchrun_argv"]
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost")
-
-
-class AgentError(EzpzError):
-    """A torchrun job started from the notebook was refused, failed, or was stopped.
-
-    Attributes:
-        run: What the agents did (output, exit statuses), or ``None`` when the job
-            was refused before any process started.
-    """
-
-    def __init__(self, message: str, run: AgentRun | None = None) -> None:
-        super().__init__(message)
-        self.run = run
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -192,6 +175,6 @@ def refuse_bad_input(commands: Sequence[Sequence[str]]) -> None:
             raise AgentError(
                 f"port {port} on {host} is already in use, so torchrun could not serve the "
                 "rendezvous there (it would connect to whatever listens and wait, with no "
-                "timeout). Pick a free port (ezpz_nb.examples.agents.free_port()) or stop the "
+                "timeout). Pick a free port (ezpz_nb.agents.free_port()) or stop the "
                 "program that holds it. No process was started."
             )

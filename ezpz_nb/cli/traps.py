@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from ezpz_nb.cli.doctor import Check
+from ezpz_nb.cli.report import Check
 
 __all__ = ["USUAL_RANKS", "start_method_check", "threads_check", "torchrun_check", "trap_checks"]
 

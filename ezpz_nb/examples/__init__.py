@@ -14,15 +14,9 @@ Modules: :mod:`~ezpz_nb.examples.dp_sharding` (shard over DP, not the world),
 :mod:`~ezpz_nb.examples.capstone` (a tiny language model trained with FSDP2 x TP,
 its losses against one process), :mod:`~ezpz_nb.examples.throughput` (step times
 per rank: data wait, compute, waiting for a straggler).
-Notebook 14's machinery sits beside them: :mod:`~ezpz_nb.examples.agents` runs real
-torchrun agents from a cell (one per simulated node, bounded in time, nothing left
-behind), :mod:`~ezpz_nb.examples.by_hand` checks the learner's own worker file and
-merges the attempts of an elastic restart.
+:mod:`~ezpz_nb.examples.packed` (packed documents under TP). What every walkthrough
+shares is in :mod:`~ezpz_nb.examples.common`; the command line each one gets under
+torchrun in :mod:`~ezpz_nb.examples.command`.
+Notebook 14's machinery, which starts torchrun agents itself, is :mod:`ezpz_nb.agents`.
 Submodules are imported on use so ``import ezpz_nb.examples`` stays cheap.
 """
-
-from __future__ import annotations
-
-EXAMPLES = ("dp_sharding", "tp_broadcast", "step_alignment", "capstone", "throughput")
-
-__all__ = ["EXAMPLES"]

@@ -52,11 +52,11 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ezpz_nb.data import get_random_dataset_fsdp_tp
 from ezpz_nb.data.distributed import _splitmix64
+from ezpz_nb.examples.command import cli_main
 from ezpz_nb.examples.common import (
     SHARD_OVER,
     ShardOver,
     begin,
-    cli_main,
     device,
     record_epochs,
     to_device,

@@ -26,13 +26,13 @@ import sys
 from collections.abc import Sequence
 
 from ezpz_nb.data import get_random_dataset_fsdp_tp
+from ezpz_nb.examples.command import cli_main
 from ezpz_nb.examples.common import (
     SEQ_LENGTH,
     SHARD_OVER,
     VOCAB_SIZE,
     ShardOver,
     begin,
-    cli_main,
     record_epochs,
 )
 from ezpz_nb.ledger import Ledger

@@ -35,7 +35,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ezpz_nb.data import TPBroadcastDataLoader
-from ezpz_nb.examples.common import begin, cli_main, device, record_epochs, to_device
+from ezpz_nb.examples.command import cli_main
+from ezpz_nb.examples.common import begin, device, record_epochs, to_device
 from ezpz_nb.ledger import Ledger
 from ezpz_nb.text import PackedRows, TokenCorpus, check_row_length, document_mask, stdlib_corpus
 from ezpz_nb.text.model import TinyLM

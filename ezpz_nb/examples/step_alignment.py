@@ -41,11 +41,11 @@ from torch.utils.data import DataLoader, Subset
 
 from ezpz_nb.data import RandomTokenDataset, forward_set_epoch, get_random_dataset_fsdp_tp
 from ezpz_nb.errors import EzpzError
+from ezpz_nb.examples.command import cli_main
 from ezpz_nb.examples.common import (
     SEQ_LENGTH,
     VOCAB_SIZE,
     begin,
-    cli_main,
     device,
     record_epochs,
 )

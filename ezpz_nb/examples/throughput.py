@@ -33,8 +33,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ezpz_nb.data.distributed import worker_context
+from ezpz_nb.examples.command import cli_main
 from ezpz_nb.examples.common import (
-    cli_main,
     ensure_distributed,
     ledger_file,
     prepare_out,

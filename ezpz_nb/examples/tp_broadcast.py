@@ -31,7 +31,8 @@ from typing import Literal, get_args
 import torch.distributed as dist
 
 from ezpz_nb.data import RandomTokenDataset, get_random_dataset_fsdp_tp
-from ezpz_nb.examples.common import SEQ_LENGTH, VOCAB_SIZE, begin, cli_main, record_epochs
+from ezpz_nb.examples.command import cli_main
+from ezpz_nb.examples.common import SEQ_LENGTH, VOCAB_SIZE, begin, record_epochs
 from ezpz_nb.ledger import Ledger
 
 __all__ = ["main", "run"]

@@ -36,8 +36,8 @@ import socket
 import tempfile
 from pathlib import Path
 
-from ezpz_nb.examples.agents import AgentError, free_port, run_agents, torchrun, torchrun_argv
-from ezpz_nb.examples.by_hand import check_worker, load_attempts, startup_lines
+from ezpz_nb.agents.agents import AgentError, free_port, run_agents, torchrun, torchrun_argv
+from ezpz_nb.agents.by_hand import check_worker, load_attempts, startup_lines
 from ezpz_nb.ledger import Ledger
 
 WORKER = Path("torchrun_worker.py")  # written beside this notebook by the cells below
