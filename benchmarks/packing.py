@@ -6,7 +6,7 @@ notebook 11:
 * the packed collate: ``packed_batch`` of 8 rows of 256 tokens (token ids, labels,
   position ids, document ids) from the memory-mapped cache, plus ``document_mask``;
 * the padded collate: ``PadCollate`` of token-budget batches (4096 padded tokens);
-* the capstone's tiny model (``ezpz_nb.examples.capstone.TinyLM``, 2 blocks, dim 32)
+* the capstone's tiny model (``ezpz_nb.examples.capstone.CapstoneLM``, 2 blocks, dim 32)
   taking a training step on its own batch of 8 x 16 tokens, and notebook 11's
   one-layer model on 8 packed rows of 256 with the document mask.
 
@@ -121,7 +121,7 @@ def main() -> int:
         def padded() -> object:
             return pad(plan[next(j) % len(plan)])
 
-        cap = capstone.TinyLM()
+        cap = capstone.CapstoneLM()
         cap_opt = torch.optim.AdamW(cap.parameters(), lr=1e-3)
         cap_ids = torch.randint(0, capstone.VOCAB, (8, capstone.SEQ))
 
@@ -143,7 +143,7 @@ def main() -> int:
             (f"padded collate (budget {BUDGET})", padded_tokens, median_s(padded)),
         ]
         models = [
-            ("capstone TinyLM step (8 x 16)", 8 * capstone.SEQ, median_s(lambda: train_step(cap, cap_opt, cap_loss))),
+            ("capstone CapstoneLM step (8 x 16)", 8 * capstone.SEQ, median_s(lambda: train_step(cap, cap_opt, cap_loss))),
             ("notebook 11 model step, masked (8 x 256)", ROWS * ROW, median_s(lambda: train_step(text, text_opt, text_loss), 10)),
         ]  # fmt: skip
         if sys.platform == "linux":

@@ -1,4 +1,4 @@
-"""Notebook 11's exercise checkers (ezpz_nb.workshop.packing), judged both ways on real ranks.
+"""Notebook 11's exercise checkers (ezpz_nb.workshop.packing_exercises), judged both ways on real ranks.
 
 Each checker must accept the reference answer and unusual right answers, and turn down
 the dodges a learner would try, with a verdict that names what is wrong.
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ezpz_nb.workshop.packing import check_budget_plan, check_pack
+from ezpz_nb.workshop.packing_exercises import check_budget_plan, check_pack
 
 # --------------------------------------------------------------- exercise 8: pack
 

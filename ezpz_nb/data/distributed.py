@@ -46,6 +46,7 @@ __all__ = [
     "TPLeaderError",
     "forward_set_epoch",
     "get_random_dataset_fsdp_tp",
+    "splitmix64",
 ]
 
 _MASK64 = (1 << 64) - 1
@@ -84,9 +85,12 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
-def _splitmix64(x: int) -> int:
-    # Neighbouring indices must give unrelated streams; one splitmix64 round
-    # decorrelates them before they seed the generator.
+def splitmix64(x: int) -> int:
+    """One splitmix64 round: a 64-bit integer mixed into an unrelated one.
+
+    Neighbouring indices must give unrelated streams; one round decorrelates them
+    before they seed a generator (here and in the capstone's token stream).
+    """
     x = (x + 0x9E3779B97F4A7C15) & _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
@@ -130,7 +134,7 @@ class RandomTokenDataset(Dataset):
             i += self.num_samples
         if not 0 <= i < self.num_samples:
             raise IndexError(f"sample {index} out of range for {self.num_samples} samples")
-        g = torch.Generator().manual_seed(_splitmix64((self.seed << 40) ^ i) >> 1)
+        g = torch.Generator().manual_seed(splitmix64((self.seed << 40) ^ i) >> 1)
         tokens = torch.randint(0, self.vocab_size, (self.seq_length + 1,), generator=g)
         return {"input_ids": tokens[:-1], "labels": tokens[1:], "index": i}
 

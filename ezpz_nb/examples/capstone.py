@@ -51,7 +51,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ezpz_nb.data import get_random_dataset_fsdp_tp
-from ezpz_nb.data.distributed import _splitmix64
+from ezpz_nb.data.distributed import splitmix64
 from ezpz_nb.examples.command import cli_main
 from ezpz_nb.examples.common import (
     SHARD_OVER,
@@ -66,7 +66,7 @@ from ezpz_nb.ledger import Ledger
 __all__ = [
     "REDUCE",
     "RuleTokenDataset",
-    "TinyLM",
+    "CapstoneLM",
     "avg_reduces_correctly",
     "main",
     "parallelize",
@@ -109,7 +109,7 @@ class RuleTokenDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         if not 0 <= i < self.num_samples:
             raise IndexError(f"sample {i} out of range for {self.num_samples} samples")
-        start = _splitmix64((self.seed << 40) ^ i) % self.vocab_size
+        start = splitmix64((self.seed << 40) ^ i) % self.vocab_size
         tokens = [start]
         for _ in range(self.seq_length):
             tokens.append((5 * tokens[-1] + 3) % self.vocab_size)
@@ -150,7 +150,7 @@ class Block(nn.Module):
         return x + self.w2(F.gelu(self.w1(self.norm2(x))))
 
 
-class TinyLM(nn.Module):
+class CapstoneLM(nn.Module):
     """Token + position embeddings, ``layers`` blocks, a final norm and an output head."""
 
     def __init__(
@@ -169,10 +169,10 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
-def _new_model(model_seed: int) -> TinyLM:
+def _new_model(model_seed: int) -> CapstoneLM:
     # Every rank and the reference build the same weights from the same seed.
     torch.manual_seed(model_seed)
-    return TinyLM()
+    return CapstoneLM()
 
 
 def _optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -220,7 +220,7 @@ def tp_plan() -> dict[str, Any]:
     }
 
 
-def parallelize(model: TinyLM, mesh: Any, plan: dict[str, Any] | None = None) -> TinyLM:
+def parallelize(model: CapstoneLM, mesh: Any, plan: dict[str, Any] | None = None) -> CapstoneLM:
     """TP inside each block over ``mesh["tp"]`` (``plan``, default :func:`tp_plan`), then FSDP2.
 
     ``fully_shard`` makes each block one FSDP2 unit over ``mesh["dp"]`` (its
@@ -258,9 +258,9 @@ def run(
     model_seed: int = 0,
     seed: int = 1337,
     out: str | None = None,
-    shard_model: Callable[[TinyLM, Any], nn.Module] | None = None,
+    shard_model: Callable[[CapstoneLM, Any], nn.Module] | None = None,
 ) -> Ledger:
-    """Train :class:`TinyLM` with FSDP2 over DP and TP over TP; log each step's loss.
+    """Train :class:`CapstoneLM` with FSDP2 over DP and TP over TP; log each step's loss.
 
     Call it on every rank (``ez.launch(run, world_size=4)`` or torchrun).
 

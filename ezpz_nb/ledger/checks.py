@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable
 
-from ezpz_nb.ledger.batches import check_batch, check_order, dp_allowed, never_allowed
-from ezpz_nb.ledger.problem import Allowance, Problem, _ids
+from ezpz_nb.ledger.batch_checks import check_batch, check_order, dp_allowed, never_allowed
+from ezpz_nb.ledger.problem import Allowance, Problem, format_ids
 from ezpz_nb.ledger.records import StepRecord
 
 __all__ = ["Allowance", "Problem", "check_records"]
@@ -85,7 +85,7 @@ def _check_tp(epoch: int, recs: list[StepRecord]) -> list[Problem]:
         odd = next(p for p in rest if p.sample_ids != lead.sample_ids)
         diff = [i for i in odd.sample_ids if i not in lead.sample_ids] or list(odd.sample_ids)
         eg = "; ".join(
-            f"rank {p.rank} has {_ids(p.sample_ids, 4)}"
+            f"rank {p.rank} has {format_ids(p.sample_ids, 4)}"
             for p in sorted(peers, key=lambda p: p.rank)
         )
         out.append(
@@ -206,7 +206,7 @@ def _check_dp(
         out.append(
             Problem(
                 "dp_duplicate",
-                f"Epoch {epoch}: {len(dups)} sample(s) {_ids(dups)} were seen by more than one DP "
+                f"Epoch {epoch}: {len(dups)} sample(s) {format_ids(dups)} were seen by more than one DP "
                 f"replica (e.g. sample {eg} by DP ranks {sorted(seen_by[eg])}). Their gradients "
                 f"count twice. {_why_duplicated(len(dups), recs)}",
                 epoch,
@@ -225,7 +225,7 @@ def _check_dp(
             out.append(
                 Problem(
                     "never_seen",
-                    f"Epoch {epoch}: {len(never)} of {of} sample(s) {_ids(never)} were "
+                    f"Epoch {epoch}: {len(never)} of {of} sample(s) {format_ids(never)} were "
                     f"never seen by any rank. {_why_never_seen(len(never), recs)}",
                     epoch,
                     samples=tuple(never),
@@ -273,7 +273,7 @@ def _check_repeats(epoch: int, recs: list[StepRecord]) -> list[Problem]:
     return [
         Problem(
             "rank_duplicate",
-            f"Epoch {epoch}: {len(all_ids)} sample(s) {_ids(all_ids)} were seen more than once by "
+            f"Epoch {epoch}: {len(all_ids)} sample(s) {format_ids(all_ids)} were seen more than once by "
             f"one rank ({why})",
             epoch,
             ranks=tuple(repeated),

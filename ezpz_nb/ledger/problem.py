@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Allowance", "Problem", "ProblemKind"]
+__all__ = ["Allowance", "Problem", "ProblemKind", "format_ids"]
 
 #: What a check can find (each one explained in :mod:`ezpz_nb.ledger.checks`).
 ProblemKind = Literal[
@@ -73,7 +73,8 @@ class Allowance:
     batch_size: int | None = None
 
 
-def _ids(values: Iterable[int], limit: int = 8) -> str:
+def format_ids(values: Iterable[int], limit: int = 8) -> str:
+    """Sample ids for a message, sorted: the first ``limit`` of them, then "..." if more."""
     vals = sorted(values)
     shown = ", ".join(str(v) for v in vals[:limit])
     return f"[{shown}{', ...' if len(vals) > limit else ''}]"

@@ -195,7 +195,7 @@ def stream_counts(seed: int, world: int) -> list[int | None]:
     return counts
 
 
-class CountedStream:
+class UnsizedBatches:
     """A generator of batches that counts the batches pulled from it.
 
     No ``len()``, and with ``count=None`` no end either.
@@ -228,7 +228,7 @@ def job_stream(fn: Callable, counts: list[int | None]) -> Any:
         dist.all_reduce(grad)  # stands in for DDP's gradient all-reduce
         calls.append(int(batch["index"][0]))
 
-    stream = CountedStream(counts[dist.get_rank()])
+    stream = UnsizedBatches(counts[dist.get_rank()])
     out = fn(iter(stream), train_step)
     if out is None and not calls:
         return None

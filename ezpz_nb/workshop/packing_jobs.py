@@ -1,4 +1,4 @@
-"""What runs on the ranks for the two text exercises of notebook 11 (checkers: :mod:`.packing`).
+"""What runs on the ranks for the two text exercises of notebook 11 (checkers: :mod:`.packing_exercises`).
 
 The documents are made so that every token says where it came from: token
 ``1 + 1000 * doc + offset`` is token ``offset`` of document ``doc``, and ``0`` is

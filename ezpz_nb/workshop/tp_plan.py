@@ -1,6 +1,6 @@
 """Notebook 08's exercise: run a TP plan on the capstone model and judge what it did.
 
-``check_tp_plan(make_plan)`` trains the capstone's :class:`~ezpz_nb.examples.capstone.TinyLM`
+``check_tp_plan(make_plan)`` trains the capstone's :class:`~ezpz_nb.examples.capstone.CapstoneLM`
 on 4 real ranks (FSDP2 over dp 2 x TP over tp 2) with the plan ``make_plan()``
 returns, for a few steps, and compares every step's loss with one process
 trained on the same global batches. A plan is right when the run matches that

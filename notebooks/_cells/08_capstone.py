@@ -62,8 +62,8 @@ ds = capstone.RuleTokenDataset(num_samples=SIZE["num_samples"])
 print(ds[0]["input_ids"].tolist())
 print(ds[0]["labels"].tolist())
 assert all((5 * a + 3) % 32 == b for a, b in zip(ds[0]["input_ids"], ds[0]["labels"], strict=True))
-model = capstone.TinyLM()
-print(f"TinyLM: {sum(p.numel() for p in model.parameters()):,} parameters")
+model = capstone.CapstoneLM()
+print(f"CapstoneLM: {sum(p.numel() for p in model.parameters()):,} parameters")
 print(model.blocks[0])
 
 # %% [markdown]

@@ -530,7 +530,7 @@ print(
 # one row of padding, and every token of every document is in exactly one row over the epoch.
 
 # %% tags=["workshop"]
-import ezpz_nb.workshop.packing as ex
+import ezpz_nb.workshop.packing_exercises as ex
 
 
 def pack(docs, row_len):
@@ -541,7 +541,7 @@ def pack(docs, row_len):
 ex.check_pack(pack)
 
 # %% tags=["solutions"]
-import ezpz_nb.workshop.packing as ex
+import ezpz_nb.workshop.packing_exercises as ex
 
 
 def pack(docs, row_len):
