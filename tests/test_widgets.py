@@ -134,7 +134,7 @@ def test_a_burst_of_changes_is_one_run():
 
 
 def test_progress_counts_steps_live_in_text_mode():
-    assert not _widget_frontend()  # under pytest: plain text
+    assert not _widget_frontend()  # not in a Jupyter kernel: plain text
     out = io.StringIO()
     with ez.Cluster(2) as c:
         with Progress(c, total=5, interval=0, stream=out) as prog:

@@ -2,8 +2,10 @@
 
 A notebook (or a script) holds one :data:`SESSION`: the clusters it started and
 has not closed (so "the running cluster" means the latest one, and an exiting
-kernel closes them all), and the cluster ``%%ranks`` started for itself. Nothing
-else in the notebook process keeps launcher state.
+kernel closes them all), and the cluster ``%%ranks`` started for itself. The few
+other module globals (the standby pool, ``%%ranks`` cells, the shutdown hook, and
+on the rank side the runtime) are listed with their reasons in docs/architecture.md,
+"State kept at module level".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Checks over a sample ledger: the five ways DP/TP data loading goes wrong.
+"""Checks over a sample ledger: the seven ways DP/TP data loading goes wrong.
 
 Each check reads only :class:`~ezpz_nb.ledger.records.StepRecord` s and answers in plain
 words, so a learner can read what happened without knowing the code:

@@ -3,9 +3,10 @@
 :class:`Progress` listens to ``Cluster.on_event`` (the
 :class:`~ezpz_nb.ledger.StepRecord` s that ``record`` publishes as each step
 starts), so a rank that falls behind or stops is seen while the others go on.
-In a notebook it shows one bar per rank; in a terminal or under nbmake, where
-no frontend draws widgets, it prints plain text lines instead. ipywidgets is
-imported only when bars are built.
+In a Jupyter kernel it shows one bar per rank; in a terminal or a script, or
+with ``EZPZ_NB_PLAIN=1`` (``ezpz-nb tour`` sets it: its executed copies are read
+as text), it prints plain text lines instead. ipywidgets is imported only when
+bars are built.
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ezpz_nb.launcher.kernel import in_jupyter_kernel
 from ezpz_nb.ledger import StepRecord
 
 __all__ = ["Progress"]
 
 
 def _widget_frontend() -> bool:
-    """True in a kernel that a notebook frontend renders (not under pytest/nbmake)."""
-    if os.environ.get("EZPZ_NB_PLAIN") or os.environ.get("PYTEST_CURRENT_TEST"):
-        return False
-    ipy = sys.modules.get("IPython")
-    shell = ipy.get_ipython() if ipy is not None else None
-    return type(shell).__name__ == "ZMQInteractiveShell"
+    """True in a Jupyter kernel (the one kernel check), unless ``EZPZ_NB_PLAIN`` asks for text.
+
+    A kernel run headless (nbmake, nbclient) gets the bars too: they are drawn by
+    whatever frontend opens the notebook later, and the run is the learner's run.
+    """
+    return not os.environ.get("EZPZ_NB_PLAIN") and in_jupyter_kernel()
 
 
 class Progress:
@@ -35,7 +37,7 @@ class Progress:
 
     Fed by ``Cluster.on_event`` (the :class:`~ezpz_nb.ledger.StepRecord` s that
     ``record`` publishes). In a notebook it shows one bar per rank; in a
-    terminal or under nbmake it prints a text line every ``interval`` seconds
+    terminal (or with ``EZPZ_NB_PLAIN=1``) it prints a text line every ``interval`` seconds
     and a final line per rank that fell behind.
 
     Args:
