@@ -80,7 +80,7 @@ report "pin_memory / non_blocking copies measured" $?
 
 echo "== 5. notebook 14's worker file, torchrun, nccl, $NPROC rank(s), tp $TP"
 # The file the notebook's %%writefile cells write, taken from the stored notebook.
-"$PY" -c 'import sys; from ezpz_nb.examples.by_hand import worker_from_notebook as w
+"$PY" -c 'import sys; from ezpz_nb.agents.by_hand import worker_from_notebook as w
 open(sys.argv[2], "w").write(w(sys.argv[1]))' notebooks/14_torchrun_by_hand.ipynb "$OUT/torchrun_worker.py"
 report "notebook 14's worker extracted" $?
 timeout 120 "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
@@ -91,11 +91,11 @@ led = Ledger.load(sys.argv[1]); print(led.summary()); sys.exit(0 if led.ok else 
 report "torchrun nccl notebook 14 worker (ledger in $OUT/nb14 checked)" $?
 if [ "$NGPU" -ge 2 ]; then
     # Two simulated nodes on one machine: each gets its own GPUs (CUDA_VISIBLE_DEVICES).
-    timeout 240 "$PY" -c 'import sys; from ezpz_nb.examples.by_hand import check_worker
+    timeout 240 "$PY" -c 'import sys; from ezpz_nb.agents.by_hand import check_worker
 check_worker(sys.argv[1], backend="nccl"); print("check_worker: all good")' "$OUT/torchrun_worker.py"
     report "notebook 14 checker on nccl (1 node x 2, then 2 nodes x 1)" $?
-    timeout 180 "$PY" -c 'import sys; from ezpz_nb.examples.agents import torchrun
-from ezpz_nb.examples.by_hand import load_attempts
+    timeout 180 "$PY" -c 'import sys; from ezpz_nb.agents.agents import torchrun
+from ezpz_nb.agents.by_hand import load_attempts
 torchrun(sys.argv[1], "--backend", "nccl", "--out", sys.argv[2], "--checkpoint-every", "2",
          "--kill", "1:1:3", nproc_per_node=2, max_restarts=1, timeout_s=170).raise_for_status()
 got = load_attempts(sys.argv[2]); print(got.resumed, got.counted.summary())

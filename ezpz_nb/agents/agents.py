@@ -132,7 +132,7 @@ def run_agents(
     run = AgentRun([list(c) for c in commands])
     tmp = tempfile.mkdtemp(prefix="ezpz-agents-")
     child_env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
-    token = uuid.uuid4().hex  # inherited by every process of the job: see _proctree
+    token = uuid.uuid4().hex  # inherited by every process of the job: see proctree
     child_env.update(TMPDIR=tmp, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
     child_env[TOKEN_VAR] = token
     lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
