@@ -371,6 +371,12 @@ def test_make_lab_serves_the_checkout_notebooks(tmp_path):
 @pytest.mark.parametrize(
     "argv", [["notebooks"], ["doctor", "--bogus"], ["doctor", "--budget", "0"]]
 )
-def test_bad_command_lines_are_usage_errors(argv, tmp_path):
-    done = _ezpz_nb(*argv, cwd=tmp_path)
-    assert done.returncode == 2 and "usage: ezpz-nb" in done.stderr
+def test_bad_command_lines_are_usage_errors(argv, capsys):
+    """Guards: a bad command line is argparse's usage error (status 2), before any check
+    runs. In process: the console script is `ezpz_nb.cli:main` (the doctor tests above run
+    it as a subprocess), and each subprocess here cost a torch import."""
+    from ezpz_nb.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and "usage: ezpz-nb" in capsys.readouterr().err

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,45 +88,6 @@ def test_plugin_module_imports_nothing_heavy():
     code = "import sys, ezpz_nb_pytest; print(sorted(m for m in ('torch', 'ezpz_nb') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-
-
-def test_the_installed_wheel_gives_the_command_and_the_plugin(tmp_path):
-    """Built as a wheel and installed into a folder (no checkout on the path): `ezpz-nb
-    check` exits 1 on a violation and pytest finds the fixture through the entry point.
-
-    Guards: a plugin package or entry point left out of the wheel (it would work in the
-    editable checkout and nowhere else).
-    """
-    from _wheel import build_wheel
-
-    wheel = build_wheel(tmp_path / "build")
-    site = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
-        check=True, capture_output=True, timeout=240,
-    )  # fmt: skip
-    away = tmp_path / "project"
-    away.mkdir()
-    (away / "loaders.py").write_text(Path(LOADERS).read_text())
-    (away / "test_contract.py").write_text(
-        "import ezpz_nb_pytest, loaders\n\n"
-        "def test_where():\n    assert ezpz_nb_pytest.__file__.startswith("
-        + repr(str(site))
-        + ")\n\n"
-        "def test_right(loader_contract):\n    loader_contract(loaders.right, 'dp=2', epochs=1)\n\n"
-        "def test_wrong(loader_contract):\n    loader_contract(loaders.unsharded, 'dp=2', epochs=1)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": f"{site}:{away}"}
-
-    def run(*cmd: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, *cmd], cwd=away, env=env, capture_output=True, text=True, timeout=240
-        )
-
-    check = run("-m", "ezpz_nb", "check", "loaders:unsharded", "--epochs", "1")
-    assert check.returncode == 1 and "dp_duplicate" in check.stdout, check.stderr[-2000:]
-    tests = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "test_contract.py")
-    assert "1 failed, 2 passed" in tests.stdout, tests.stdout[-3000:]
 
 
 def test_check_under_torchrun_exits_1_and_rank_0_prints(tmp_path):

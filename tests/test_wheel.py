@@ -175,3 +175,37 @@ def test_installed_wheel_runs_its_tutorial_away_from_the_repository(site, tmp_pa
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
+
+
+@pytest.mark.system
+@pytest.mark.timeout(480)
+def test_the_installed_wheel_gives_the_command_and_the_plugin(site, tmp_path):
+    """Built as a wheel and installed into a folder (no checkout on the path): `ezpz-nb
+    check` exits 1 on a violation and pytest finds the fixture through the entry point.
+
+    Guards: a plugin package or entry point left out of the wheel (it would work in the
+    editable checkout and nowhere else). It shares this module's wheel and install (it
+    built its own in the quick tests: a third wheel build per `make test`).
+    """
+    away = tmp_path / "project"
+    away.mkdir()
+    (away / "loaders.py").write_text((ROOT / "tests" / "_verify_loaders.py").read_text())
+    (away / "test_contract.py").write_text(
+        "import ezpz_nb_pytest, loaders\n\n"
+        "def test_where():\n    assert ezpz_nb_pytest.__file__.startswith("
+        + repr(str(site))
+        + ")\n\n"
+        "def test_right(loader_contract):\n    loader_contract(loaders.right, 'dp=2', epochs=1)\n\n"
+        "def test_wrong(loader_contract):\n    loader_contract(loaders.unsharded, 'dp=2', epochs=1)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{site}:{away}"}
+
+    def run(*cmd: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, *cmd], cwd=away, env=env, capture_output=True, text=True, timeout=240
+        )
+
+    check = run("-m", "ezpz_nb", "check", "loaders:unsharded", "--epochs", "1")
+    assert check.returncode == 1 and "dp_duplicate" in check.stdout, check.stderr[-2000:]
+    tests = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "test_contract.py")
+    assert "1 failed, 2 passed" in tests.stdout, tests.stdout[-3000:]

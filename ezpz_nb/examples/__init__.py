@@ -13,10 +13,12 @@ Modules: :mod:`~ezpz_nb.examples.dp_sharding` (shard over DP, not the world),
 :mod:`~ezpz_nb.examples.step_alignment` (uneven step counts, and two fixes),
 :mod:`~ezpz_nb.examples.capstone` (a tiny language model trained with FSDP2 x TP,
 its losses against one process), :mod:`~ezpz_nb.examples.throughput` (step times
-per rank: data wait, compute, waiting for a straggler).
-:mod:`~ezpz_nb.examples.packed` (packed documents under TP). What every walkthrough
-shares is in :mod:`~ezpz_nb.examples.common`; the command line each one gets under
-torchrun in :mod:`~ezpz_nb.examples.command`.
-Notebook 14's machinery, which starts torchrun agents itself, is :mod:`ezpz_nb.agents`.
-Submodules are imported on use so ``import ezpz_nb.examples`` stays cheap.
+per rank: data wait, compute, waiting for a straggler), :mod:`~ezpz_nb.examples.packed`
+(packed documents under TP), :mod:`~ezpz_nb.examples.explore` (notebook 06's explorer
+run). What every walkthrough shares is in :mod:`~ezpz_nb.examples.common`; the command
+line each one gets under torchrun in :mod:`~ezpz_nb.examples.command`.
+
+Notebook 14's machinery, which starts torchrun agents itself rather than running under
+them, is its own package, :mod:`ezpz_nb.agents`. Submodules are imported on use so
+``import ezpz_nb.examples`` stays cheap.
 """
