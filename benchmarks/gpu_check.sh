@@ -27,8 +27,14 @@ report() {  # report NAME STATUS(0=pass)
     else echo "FAIL  $1"; failed=$((failed + 1)); fi
 }
 
-NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)') || NGPU=0
-"$PY" -c 'import torch; print(f"torch {torch.__version__}, CUDA {torch.version.cuda}")'
+# One import of torch for both answers (each import costs seconds on a busy machine).
+if INFO=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}")'); then
+    NGPU=${INFO%%$'\n'*}
+    echo "${INFO#*$'\n'}"
+else
+    NGPU=0
+fi
 echo "GPUs visible: $NGPU"
 # GPUs the driver sees; CUDA_VISIBLE_DEVICES hides some from torch on purpose.
 SMI=0
