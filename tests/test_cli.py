@@ -61,6 +61,20 @@ def _ezpz_nb(
     )
 
 
+def _in_process(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:
+    """``ezpz-nb ARGS`` run in this process (the console script is ``ezpz_nb.cli:main``):
+    what a subprocess gives, without its torch import (seconds each on a busy machine).
+    The doctor tests and the wheel tests run the installed script itself."""
+    from ezpz_nb.cli import main
+
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
+
+
 def _left_behind(marker: str) -> list[str]:
     """Processes whose command line names ``marker`` (a private folder of the test)."""
     found = []
@@ -188,12 +202,12 @@ def test_doctor_plans_memory_for_the_most_ranks_a_notebook_starts():
 # ---------------------------------------------------------------- notebooks
 
 
-def test_notebooks_copies_all_then_keeps_edits_unless_forced(tmp_path):
+def test_notebooks_copies_all_then_keeps_edits_unless_forced(tmp_path, capsys):
     dest = tmp_path / "my notebooks"
     names = [p.name for p in shipped_files()]
     assert "00_setup_check.ipynb" in names and len(names) >= 8
 
-    done = _ezpz_nb("notebooks", str(dest), cwd=tmp_path)
+    done = _in_process(capsys, "notebooks", str(dest))
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in dest.iterdir()) == names
     for p in shipped_files():
@@ -203,7 +217,7 @@ def test_notebooks_copies_all_then_keeps_edits_unless_forced(tmp_path):
     edited = dest / "02_dp_sharding.ipynb"
     edited.write_text("my edits")
     (dest / "00_setup_check.ipynb").unlink()
-    done = _ezpz_nb("notebooks", str(dest), cwd=tmp_path)
+    done = _in_process(capsys, "notebooks", str(dest))
     assert done.returncode == 0, done.stderr
     assert edited.read_text() == "my edits"
     assert "copied 1 file(s)" in done.stdout and "  00_setup_check.ipynb\n" in done.stdout
@@ -211,14 +225,14 @@ def test_notebooks_copies_all_then_keeps_edits_unless_forced(tmp_path):
     assert f"skipped{skipped}".startswith(f"skipped {len(names) - 1} file(s) already in {dest}")
     assert "--force overwrites them" in skipped and "  02_dp_sharding.ipynb" in skipped
 
-    done = _ezpz_nb("notebooks", str(dest), "--force", cwd=tmp_path)
+    done = _in_process(capsys, "notebooks", str(dest), "--force")
     assert done.returncode == 0, done.stderr
     assert "02_dp_sharding.ipynb (overwritten)" in done.stdout and "skipped" not in done.stdout
     assert edited.read_bytes() == (resources.notebooks_dir() / edited.name).read_bytes()
 
 
-def test_notebooks_refuses_to_copy_onto_its_source(tmp_path):
-    done = _ezpz_nb("notebooks", str(resources.notebooks_dir()), "--force", cwd=tmp_path)
+def test_notebooks_refuses_to_copy_onto_its_source(capsys):
+    done = _in_process(capsys, "notebooks", str(resources.notebooks_dir()), "--force")
     assert done.returncode == 2
     assert "is where the notebooks come from; name another folder" in done.stderr
 
@@ -375,8 +389,5 @@ def test_bad_command_lines_are_usage_errors(argv, capsys):
     """Guards: a bad command line is argparse's usage error (status 2), before any check
     runs. In process: the console script is `ezpz_nb.cli:main` (the doctor tests above run
     it as a subprocess), and each subprocess here cost a torch import."""
-    from ezpz_nb.cli import main
-
-    with pytest.raises(SystemExit) as exited:
-        main(argv)
-    assert exited.value.code == 2 and "usage: ezpz-nb" in capsys.readouterr().err
+    done = _in_process(capsys, *argv)
+    assert done.returncode == 2 and "usage: ezpz-nb" in done.stderr
