@@ -4,8 +4,11 @@ For TP sizes 2 and 4 (world = tp, gloo on loopback, one intra-op thread per
 rank) and batches of 8x512 and 32x2048 tokens (int64 input_ids and labels, plus
 the int64 index), the time per batch of:
 
-* ours:   ``BatchBroadcaster(mode="tensor")``: pack, one broadcast, unpack
-          into fresh tensors on the peers (the steady state of TPBroadcastDataLoader);
+* loader: ``TPBroadcastDataLoader`` over a loader that yields ready-made batches,
+          read as ``for batch in loader`` reads it (the previous batch is still held
+          while the next arrives): what a training loop pays;
+* ours:   ``BatchBroadcaster(mode="tensor")`` alone: pack, one broadcast, the
+          batch as views into a receive buffer on the peers (dropped at once);
 * pickle: ezpz's ``broadcast_object_list`` of the whole batch;
 * bound:  one ``dist.broadcast`` of a preallocated tensor of the same bytes
           (the issue's lower bound);
@@ -59,7 +62,7 @@ def _pin(rank: int, world: int) -> None:
             pass
 
 
-METHODS = ("ours", "pickle", "bound", "raw")
+METHODS = ("loader", "ours", "pickle", "bound", "raw")
 
 
 def _broadcaster_class() -> type:
@@ -68,6 +71,42 @@ def _broadcaster_class() -> type:
     except ModuleNotFoundError:  # a tree from before data/ (benchmarks/compare.py times those)
         from ezpz_nb.broadcast import BatchBroadcaster  # type: ignore[no-redef]
     return BatchBroadcaster
+
+
+class _Ready:
+    """A loader of ready-made batches, taken in turn: the leader's loading costs nothing.
+
+    Two batches alternate so that the leader sends a new dict every step, as a
+    DataLoader does; ``len`` is only a hint to the wrapper.
+    """
+
+    def __init__(self, batches: list) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        import itertools
+
+        return itertools.cycle(self.batches)
+
+    def __len__(self) -> int:
+        return 2**31
+
+
+def _loader_step(batch: dict):
+    """One step of ``for batch in TPBroadcastDataLoader(...)``, holding the last batch."""
+    import torch.distributed as dist
+
+    from ezpz_nb.data.distributed import TPBroadcastDataLoader
+
+    loader = TPBroadcastDataLoader(
+        _Ready([batch, {k: v.clone() for k, v in batch.items()}]), dist.group.WORLD
+    )
+    it, held = iter(loader), [None]
+
+    def step() -> None:
+        held[0] = next(it)  # the loop variable: the previous batch goes as the next comes
+
+    return loader, step
 
 
 def _bench_rank(
@@ -110,7 +149,14 @@ def _bench_rank(
         def step_raw(flat=flat, pg=dist.group.WORLD, opts=opts):
             pg.broadcast([flat], opts).wait()
 
-        every = {"ours": step_ours, "pickle": step_pickle, "bound": step_bound, "raw": step_raw}
+        loader, step_loader = _loader_step(batch)
+        every = {
+            "loader": step_loader,
+            "ours": step_ours,
+            "pickle": step_pickle,
+            "bound": step_bound,
+            "raw": step_raw,
+        }
         steps = {name: every[name] for name in methods}
         for step in steps.values():
             for _ in range(5):  # warm up: the first tensor step also sends the spec
@@ -136,6 +182,8 @@ def _bench_rank(
             out[(b, s, "profile")] = _profile(ours, batch, rank, per_block * blocks)
         if rank == 0 and hasattr(ours, "_drain"):  # older trees sent synchronously
             ours._drain()
+            if loader._broadcaster is not None:
+                loader._broadcaster._drain()
     return out
 
 
@@ -257,7 +305,8 @@ def main() -> None:
                 # Ratios pair each block with its neighbours of the same rotation,
                 # so that the machine's drift during the run cancels out.
                 for name in ("bound", "raw"):
-                    med[f"ours/{name}"] = paired_ratio(per_block["ours"], per_block[name])
+                    for mine in ("loader", "ours"):
+                        med[f"{mine}/{name}"] = paired_ratio(per_block[mine], per_block[name])
                 med["pickle/ours"] = paired_ratio(per_block["pickle"], per_block["ours"])
                 label = f"{tp} (run {run})" if runs > 1 else str(tp)
                 rows.append((tp, label, f"{b}x{s}", results[0][(b, s, "bytes")], med))
@@ -268,15 +317,17 @@ def main() -> None:
                     )
 
     head = (
-        f"{'tp':>9} {'batch':>8} {'bytes':>9} {'ours ms':>8} {'pickle ms':>10} {'bound ms':>9} "
-        f"{'raw ms':>7} {'ours/bound':>11} {'ours/raw':>9} {'pickle/ours':>12}"
+        f"{'tp':>9} {'batch':>8} {'bytes':>9} {'loader ms':>9} {'ours ms':>8} {'pickle ms':>10} "
+        f"{'bound ms':>9} {'raw ms':>7} {'loader/bound':>13} {'ours/bound':>11} {'ours/raw':>9} "
+        f"{'pickle/ours':>12}"
     )
     print(head)
     print("-" * len(head))
     for _, label, shape, nbytes, m in rows:
         print(
-            f"{label:>9} {shape:>8} {nbytes:>9} {m['ours']:>8.3f} {m['pickle']:>10.3f} {m['bound']:>9.3f} "
-            f"{m['raw']:>7.3f} {m['ours/bound']:>10.2f}x {m['ours/raw']:>8.2f}x "
+            f"{label:>9} {shape:>8} {nbytes:>9} {m['loader']:>9.3f} {m['ours']:>8.3f} "
+            f"{m['pickle']:>10.3f} {m['bound']:>9.3f} {m['raw']:>7.3f} {m['loader/bound']:>12.2f}x "
+            f"{m['ours/bound']:>10.2f}x {m['ours/raw']:>8.2f}x "
             f"{m['pickle/ours']:>11.2f}x"
         )
     print(
@@ -288,6 +339,7 @@ def main() -> None:
     for shape in dict.fromkeys(r[2] for r in twice):
         a, b = (r[4] for r in twice if r[2] == shape)
         for ratio, (x, y) in {
+            "loader/bound": (a["loader/bound"], b["loader/bound"]),
             "ours/bound": (a["ours/bound"], b["ours/bound"]),
             "ours/raw": (a["ours/raw"], b["ours/raw"]),
         }.items():

@@ -14,7 +14,8 @@ from jupyter_client import KernelManager
 
 import ezpz_nb as ez
 from ezpz_nb.errors import EzpzError
-from ezpz_nb.launcher.pool import MAX_WORLD_SIZE, ONE_LAUNCH, POOL, STANDBY_BYTES, standby_size
+from ezpz_nb.launcher.pool import POOL, STANDBY_BYTES, standby_size
+from ezpz_nb.launcher.settings import MAX_WORLD_SIZE, ONE_LAUNCH
 
 pytestmark = pytest.mark.timeout(240)
 GIB = 1024**3

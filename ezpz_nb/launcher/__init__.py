@@ -18,6 +18,6 @@ Nothing here knows about data or ledgers; ``%%ranks`` is a front end above it
 from __future__ import annotations
 
 from ezpz_nb.launcher.cluster import Cluster, launch, live_clusters
-from ezpz_nb.launcher.startup import MAX_WORLD_SIZE, START_METHODS
+from ezpz_nb.launcher.settings import MAX_WORLD_SIZE, START_METHODS
 
 __all__ = ["MAX_WORLD_SIZE", "START_METHODS", "Cluster", "launch", "live_clusters"]
