@@ -11,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ezpz_nb.launcher.startup import main_hidden
-
-__all__ = ["Child", "kill_group", "start_child"]
+__all__ = ["Child", "kill_group", "main_hidden", "start_child"]
 
 
 @dataclass
@@ -83,6 +82,30 @@ def start_child(
     for c in theirs:
         c.close()
     return Child(proc, conn, out_r, err_r, life_w, warm_r)
+
+
+@contextlib.contextmanager
+def main_hidden(start_method: str) -> Iterator[None]:
+    """Keep forkserver/spawn ranks from re-running the caller's ``__main__``.
+
+    multiprocessing re-imports the parent's main script in each child so that
+    functions pickled by reference can be found; ours travel by value, and
+    re-running a script's top level in every rank would launch ranks again.
+    """
+    main = sys.modules.get("__main__")
+    if start_method == "fork" or main is None:
+        yield
+        return
+    saved: dict[str, Any] = {
+        k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__
+    }
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 def kill_group(proc: Any) -> None:

@@ -6,11 +6,10 @@ rather than as a crash inside N processes.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ezpz_nb.launcher.errors import LaunchTypeError, LaunchValueError
@@ -107,30 +106,6 @@ def check_args(
     if start_method in ("fork", "forkserver") and not hasattr(os, "fork"):
         raise LaunchValueError(f"start_method={start_method!r} needs os.fork; use 'spawn' here")
     check_backend(backend, ranks=world_size if ranks_here else None)
-
-
-@contextlib.contextmanager
-def main_hidden(start_method: str) -> Iterator[None]:
-    """Keep forkserver/spawn ranks from re-running the caller's ``__main__``.
-
-    multiprocessing re-imports the parent's main script in each child so that
-    functions pickled by reference can be found; ours travel by value, and
-    re-running a script's top level in every rank would launch ranks again.
-    """
-    main = sys.modules.get("__main__")
-    if start_method == "fork" or main is None:
-        yield
-        return
-    saved: dict[str, Any] = {
-        k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__
-    }
-    main.__dict__.pop("__file__", None)
-    main.__dict__["__spec__"] = None
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
 
 
 def pack_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
