@@ -12,7 +12,10 @@ is :mod:`.policy`) or keeps the notebook's list of clusters (that is :mod:`.sess
   notebooks never collide, and nothing is left behind once the folder is removed.
 
 Under spawn, :meth:`RankProcesses.start` first takes ranks from the standby pool
-(:mod:`.pool`: spawned ahead, torch already imported) and spawns only the rest.
+(:mod:`.pool`: spawned ahead, torch already imported) and spawns only the rest;
+:meth:`RankProcesses.release_standby` tells the pool when they no longer start
+(the pool decides what that means for its refill). Every process, fresh or
+standby, is started and killed by :mod:`.children`.
 """
 
 from __future__ import annotations
