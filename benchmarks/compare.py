@@ -66,7 +66,7 @@ def _child(name: str, world: int) -> dict[str, float]:
 
         blocks, per_block = 20, 20
         got = ez.launch(
-            broadcast._bench_rank,
+            broadcast.bench_rank,
             broadcast.SHAPES,
             blocks,
             per_block,

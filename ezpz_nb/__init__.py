@@ -28,12 +28,12 @@ try:
     from ezpz_nb.launcher.errors import (
         HangError,
         RankError,
-        RankEvent,
         RankFailure,
         RankStack,
         RunInterrupted,
     )
     from ezpz_nb.launcher.session import warm_up
+    from ezpz_nb.launcher.wire import RankEvent
     from ezpz_nb.ledger import Ledger, Problem, RecordingLoader, StepRecord, record
 except ModuleNotFoundError as exc:
     if exc.name != "torch":

@@ -16,16 +16,17 @@ import functools
 import itertools
 import linecache
 import shlex
+import sys
 import types
 from typing import Any
 
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.launcher.cluster import Cluster, live_clusters
-from ezpz_nb.launcher.errors import LaunchTypeError, LaunchValueError, RankError
+from ezpz_nb.launcher.errors import LaunchValueError, RankError
 from ezpz_nb.launcher.kernel import RANKS_CELLS, running_cell, shell
 from ezpz_nb.launcher.runtime import current
 from ezpz_nb.launcher.session import SESSION
-from ezpz_nb.launcher.wire import dumps_job, unpicklable_part
+from ezpz_nb.launcher.startup import pack_naming_culprit
 
 _COUNTER = itertools.count(1)
 
@@ -71,15 +72,15 @@ def run_cell(source: str, filename: str, shipped: dict[str, Any] | None = None) 
     import torch
     import torch.distributed as dist
 
-    import ezpz_nb
-
     runtime = current()
     if runtime is None:
         raise EzpzError("run_cell runs on a launcher rank (through %%ranks)")
     ns = runtime.namespace
     ns.setdefault("torch", torch)
     ns.setdefault("dist", dist)
-    ns.setdefault("ez", ezpz_nb)
+    # The package is loaded already (importing this module loaded it first): taken
+    # from sys.modules, so that this module needs nothing above it.
+    ns.setdefault("ez", sys.modules[__name__.rpartition(".")[0]])
     ns.update(shipped or {})
     ns.update(rank=dist.get_rank(), world_size=dist.get_world_size())
     _register_source(filename, source)
@@ -175,18 +176,15 @@ def notebook_names(source: str, user_ns: dict[str, Any]) -> tuple[dict[str, Any]
             shipped[name] = value
         else:
             data.add(name)
-    try:
-        dumps_job(shipped)
-    except Exception:
-        culprit = unpicklable_part(list(shipped.items()))
-        if culprit is None:
-            raise
-        name, _, exc = culprit
-        raise LaunchTypeError(
+    pack_naming_culprit(
+        shipped,
+        list(shipped.items()),
+        lambda name, _, exc: (
             f"%%ranks: the cell uses {name!r} from the notebook, which cannot be sent "
             f"to the ranks ({type(exc).__name__}: {exc}). Define it in a %%ranks cell "
             "instead, or make what it refers to picklable."
-        ) from exc
+        ),
+    )
     return shipped, data
 
 

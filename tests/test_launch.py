@@ -253,6 +253,49 @@ def test_not_callable():
         ez.launch(42, world_size=2)
 
 
+class _CountsPickles:
+    """An argument that counts how often the notebook pickles it."""
+
+    pickled = 0
+
+    def __reduce__(self):
+        type(self).pickled += 1
+        return (_CountsPickles, ())
+
+
+def test_a_launch_pickles_its_job_once():
+    """Guards the launch path against packing the job twice (once to check it, once
+    to send it): the checked, packed job is what the ranks get."""
+    _CountsPickles.pickled = 0
+    assert (
+        ez.launch(lambda x: type(x).__name__, _CountsPickles(), world_size=2)
+        == ["_CountsPickles"] * 2
+    )
+    assert _CountsPickles.pickled == 1
+
+
+def test_a_ranks_cell_naming_a_function_that_cannot_travel_is_refused_before_start():
+    """Guards %%ranks' check of the notebook names a cell uses (the culprit search it
+    shares with ez.launch): the function that cannot travel is named, data is only
+    noted, and no rank starts."""
+    from ezpz_nb.launcher.errors import LaunchTypeError
+    from ezpz_nb.magic import notebook_names
+
+    lock = threading.Lock()
+
+    def holds_lock():
+        return lock
+
+    def fine():
+        return 1
+
+    shipped, data = notebook_names("fine()\nsteps", {"fine": fine, "steps": 3})
+    assert shipped == {"fine": fine} and data == {"steps"}
+    with pytest.raises(LaunchTypeError, match="uses 'holds_lock' from the notebook.*lock"):
+        notebook_names("fine()\nholds_lock()", {"fine": fine, "holds_lock": holds_lock})
+    assert _ranks_alive() == []
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_nccl_without_gpu_is_clear():
     """Guards: asking for nccl on a CPU machine says what to do."""

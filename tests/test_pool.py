@@ -14,7 +14,8 @@ from jupyter_client import KernelManager
 
 import ezpz_nb as ez
 from ezpz_nb.errors import EzpzError
-from ezpz_nb.launcher.pool import MAX_WORLD_SIZE, ONE_LAUNCH, POOL, STANDBY_BYTES, standby_size
+from ezpz_nb.launcher.pool import POOL, STANDBY_BYTES, StandbyPool, standby_size
+from ezpz_nb.launcher.settings import MAX_WORLD_SIZE, ONE_LAUNCH
 
 pytestmark = pytest.mark.timeout(240)
 GIB = 1024**3
@@ -94,6 +95,29 @@ def test_launch_takes_the_standby_ranks_and_the_pool_refills():
         POOL.close()
     assert _gone(pids, 10)
     assert POOL.pids() == []
+
+
+def test_the_pool_replaces_what_it_lent_only_at_release():
+    """Guards the pool's one refill policy: a take leaves the pool short while the
+    taken ranks start (a refill then would compete with them for the cores), and the
+    release starts the replacements; nothing outlives close()."""
+    pool = StandbyPool()
+    pool.start(1)
+    taken: list = []
+    try:
+        first = pool.pids()
+        taken = pool.take(1)
+        assert [s.child.proc.pid for s in taken] == first
+        assert pool.pids() == []  # not refilled while the taken rank starts
+        pool.release(len(taken))
+        again = pool.pids()
+        assert len(again) == 1 and again != first
+    finally:
+        for s in taken:
+            s.kill()
+        pids = pool.pids()
+        pool.close()
+    assert _gone(first + pids, 10)
 
 
 _KILLED = """

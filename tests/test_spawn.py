@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from ezpz_nb.errors import EzpzError
-from ezpz_nb.launcher.startup import START_METHOD_ENV, StartMethodError, resolve_start_method
+from ezpz_nb.launcher.settings import START_METHOD_ENV
+from ezpz_nb.launcher.startup import StartMethodError, resolve_start_method
 
 pytestmark = pytest.mark.timeout(180)
 

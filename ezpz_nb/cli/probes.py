@@ -66,7 +66,7 @@ def _hello() -> tuple[float, int]:
 
 def launch_fix() -> str:
     """What to do when ranks cannot meet over gloo."""
-    from ezpz_nb.launcher.startup import LOOPBACK as address
+    from ezpz_nb.launcher.settings import LOOPBACK as address
 
     named = os.environ.get("GLOO_SOCKET_IFNAME")
     if named:

@@ -11,11 +11,10 @@ import sys
 from collections.abc import Mapping
 
 from ezpz_nb.cli.report import Check
+from ezpz_nb.launcher.settings import ONE_LAUNCH, START_METHOD_ENV
 
-__all__ = ["USUAL_RANKS", "start_method_check", "threads_check", "torchrun_check", "trap_checks"]
+__all__ = ["start_method_check", "threads_check", "torchrun_check", "trap_checks"]
 
-#: The world size most notebook cells launch.
-USUAL_RANKS = 4
 # 4 ranks under spawn, measured on 2 busy cores (benchmarks/launch.py, docs/benchmarks.md):
 # what a launch costs without help.
 _SPAWN_COST = "about 7 s for 4 ranks on 2 busy cores, 1-2 s on a quiet laptop"
@@ -29,7 +28,7 @@ def start_method_check(platform: str, env: Mapping[str, str], standby: int = 0) 
         env: The environment (``EZPZ_NB_START_METHOD`` may choose the method).
         standby: Ranks the standby pool keeps ready under spawn (0: no pool).
     """
-    from ezpz_nb.launcher.startup import START_METHOD_ENV, resolve_start_method
+    from ezpz_nb.launcher.startup import resolve_start_method
 
     try:
         method = resolve_start_method(env.get(START_METHOD_ENV), platform)
@@ -90,7 +89,7 @@ def torchrun_check(platform: str, env: Mapping[str, str]) -> Check | None:
     )
 
 
-def threads_check(cores: int, env: Mapping[str, str], ranks: int = USUAL_RANKS) -> Check:
+def threads_check(cores: int, env: Mapping[str, str], ranks: int = ONE_LAUNCH) -> Check:
     """Whether ``ranks`` ranks, with their threads, oversubscribe ``cores`` cores.
 
     ``ez.launch`` gives each rank ``max(1, cores // ranks)`` threads; torchrun gives

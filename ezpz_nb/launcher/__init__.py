@@ -5,10 +5,12 @@ steps: :mod:`.procs` (start, watch and kill the rank processes), :mod:`.run`
 (gather one run into a ``RunResult``) and :mod:`.policy` (keep, kill or raise).
 What runs in each rank is :mod:`.rank`, with its state in one :mod:`.runtime`
 object; the two sides meet only through :mod:`.wire`. A failure on a rank is
-encoded and decoded by :mod:`.failures`, a hung rank's stack read by :mod:`.stacks`,
-and both are worded by :mod:`.errors`. Around them: :mod:`.startup` (checks before
-anything starts), :mod:`.session` (the notebook's clusters, warm-up), :mod:`.pool`
-(standby ranks for spawn), :mod:`.kernel` (are we in a kernel), :mod:`.forkserver`
+encoded and decoded by :mod:`.failures`, a hung rank's stack asked for and read by
+:mod:`.stacks` (both ends), and both are worded by :mod:`.errors`. Around them:
+:mod:`.startup` (checks before anything starts), :mod:`.settings` (the numbers and
+switches both sides share), :mod:`.children` (start or kill one rank process),
+:mod:`.session` (the notebook's clusters, warm-up), :mod:`.pool` (standby ranks for
+spawn, and when to refill them), :mod:`.kernel` (are we in a kernel), :mod:`.forkserver`
 and :mod:`.shutdown` (the kernel's life cycle), :mod:`.output` (rank output relay), :mod:`.rankgroup` (a
 rank's process group) and :mod:`.torchrun` (running in place under torchrun).
 Nothing here knows about data or ledgers; ``%%ranks`` is a front end above it
@@ -18,6 +20,6 @@ Nothing here knows about data or ledgers; ``%%ranks`` is a front end above it
 from __future__ import annotations
 
 from ezpz_nb.launcher.cluster import Cluster, launch, live_clusters
-from ezpz_nb.launcher.startup import MAX_WORLD_SIZE, START_METHODS
+from ezpz_nb.launcher.settings import MAX_WORLD_SIZE, START_METHODS
 
 __all__ = ["MAX_WORLD_SIZE", "START_METHODS", "Cluster", "launch", "live_clusters"]

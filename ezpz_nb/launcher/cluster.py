@@ -24,14 +24,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ezpz_nb.launcher import wire
-from ezpz_nb.launcher.errors import HangError, RankError, RankEvent, RunInterrupted
+from ezpz_nb.launcher.errors import HangError, RankError, RunInterrupted
 from ezpz_nb.launcher.policy import decide
-from ezpz_nb.launcher.pool import POOL
 from ezpz_nb.launcher.procs import RankProcesses, RankSpec
 from ezpz_nb.launcher.run import RunResult, collect
 from ezpz_nb.launcher.session import SESSION, warm_up
 from ezpz_nb.launcher.startup import check_args, cores, default_start_method, pack_job
 from ezpz_nb.launcher.torchrun import in_torchrun_env, run_in_place
+from ezpz_nb.launcher.wire import RankEvent
 
 __all__ = ["Cluster", "launch", "live_clusters", "warm_up"]
 
@@ -90,7 +90,7 @@ class Cluster:
         self._spec = RankSpec(
             world_size, self.threads, self.start_method, backend, pg_timeout=self.timeout + 60.0
         )
-        self._procs = RankProcesses(self._spec)
+        self._procs: RankProcesses  # made by each _start: one per set of ranks
         self._key: int | None = None  # our entry in the session's registry while running
         self._start()
 
@@ -105,8 +105,8 @@ class Cluster:
             self.kill()
             raise
         self._apply(result, starting=True)
-        if not self.one_shot and self._procs.from_standby:
-            POOL.refill()  # these ranks stay: the next launch needs standby ranks of its own
+        if not self.one_shot:
+            self._procs.release_standby()  # these ranks are up for good
 
     def close(self) -> None:
         """Stop the ranks and remove everything they used. Calling it twice is harmless."""
@@ -160,7 +160,10 @@ class Cluster:
                 rank was, and every rank was stopped.
             TypeError: ``fn`` or an argument cannot be pickled (nothing was started).
         """
-        job = pack_job(fn, args, kwargs)
+        return self._run_packed(pack_job(fn, args, kwargs))
+
+    def _run_packed(self, job: bytes) -> list[Any]:
+        """:meth:`run` for a job :func:`~.startup.pack_job` made already."""
         if self.closed:
             print(
                 f"[ezpz_nb] starting {self.world_size} fresh ranks (the previous ones "
@@ -231,8 +234,8 @@ def launch(
         RankError, HangError, RunInterrupted: see :meth:`Cluster.run`.
         ValueError, TypeError: bad arguments, raised before any process starts.
     """
-    check_args(world_size, timeout, threads, start_method, backend)
     if in_torchrun_env():
+        check_args(world_size, timeout, threads, start_method, backend, ranks_here=False)
         # Under torchrun (or srun/mpiexec around it) the ranks already exist: run
         # here and gather, so notebook code gives the same list on a cluster.
         if int(os.environ["WORLD_SIZE"]) != world_size:
@@ -242,8 +245,8 @@ def launch(
                 stacklevel=2,
             )
         return run_in_place(fn, *args, backend=backend, timeout_s=timeout, **kwargs)
-    pack_job(fn, args, kwargs)  # fail on unpicklable input before starting anything
-    cluster = Cluster(
+    job = pack_job(fn, args, kwargs)  # unpicklable input fails before anything starts
+    cluster = Cluster(  # checks its arguments before it starts the ranks
         world_size,
         timeout,
         threads=threads,
@@ -252,6 +255,6 @@ def launch(
         one_shot=True,
     )
     try:
-        return cluster.run(fn, *args, **kwargs)
+        return cluster._run_packed(job)
     finally:
         cluster.close()

@@ -11,9 +11,7 @@ IPython does, says each rank once, and folds ranks that failed the same way.
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.launcher.failures import (
@@ -24,7 +22,7 @@ from ezpz_nb.launcher.failures import (
     is_library,
 )
 from ezpz_nb.launcher.stacks import RankStack
-from ezpz_nb.launcher.wire import Frame
+from ezpz_nb.launcher.wire import Frame, RankEvent
 
 __all__ = [
     "EzpzError",
@@ -32,26 +30,10 @@ __all__ = [
     "LaunchTypeError",
     "LaunchValueError",
     "RankError",
-    "RankEvent",
     "RankFailure",
     "RankStack",
     "RunInterrupted",
 ]
-
-
-@dataclass(frozen=True)
-class RankEvent:
-    """An item a rank published while it ran (see :func:`ezpz_nb.events.publish`).
-
-    Attributes:
-        rank: Global rank that published it.
-        item: The published object (already unpickled).
-        time: ``time.monotonic()`` in the notebook process when it arrived.
-    """
-
-    rank: int
-    item: Any
-    time: float
 
 
 def ranks_text(ranks: list[int]) -> str:

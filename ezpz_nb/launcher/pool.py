@@ -5,8 +5,13 @@ join the group; the forkserver pays that once, spawn pays it at every launch. Th
 pool starts a few spawned processes at warm-up (``import ezpz_nb`` in a kernel),
 each of which imports torch and the rank code and then waits
 (:func:`ezpz_nb.launcher.rank.standby`). :meth:`RankProcesses.start` takes them
-first and spawns fresh ones only for the ranks the pool lacks; the pool refills
-once the ranks it gave are gone (or a persistent cluster is up), in the background.
+first (:meth:`StandbyPool.take`) and spawns fresh ones only for the ranks the pool
+lacks.
+
+The refill policy lives here and nowhere else: the pool replaces what it lent only
+when the launch that took them calls :meth:`StandbyPool.release`, that is once its
+ranks are up for good (a persistent cluster) or gone, never while ranks are still
+starting: the replacements' imports would compete with them for the cores.
 
 Bounds: at most one launch's worth (:data:`ONE_LAUNCH` ranks, fewer where the
 cores or the free memory are short: :func:`standby_size`); ``EZPZ_NB_STANDBY=0``
@@ -17,39 +22,31 @@ ends it), and closing the pool (kernel shutdown, exit) kills and reaps it.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
-import os
-import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ezpz_nb._machine import available_memory
 from ezpz_nb.launcher import rank as _rank
+from ezpz_nb.launcher.children import Child, kill_group, start_child
 from ezpz_nb.launcher.errors import LaunchValueError
-from ezpz_nb.launcher.startup import MAX_WORLD_SIZE, cores, main_hidden
+from ezpz_nb.launcher.settings import MAX_WORLD_SIZE, ONE_LAUNCH, STANDBY_ENV, is_off
+from ezpz_nb.launcher.startup import cores
 
 __all__ = [
-    "ONE_LAUNCH",
     "POOL",
-    "STANDBY_ENV",
+    "STANDBY_BYTES",
     "Standby",
     "StandbyPool",
     "size_from_env",
     "standby_size",
 ]
 
-#: The variable that sizes the pool (``0``: off).
-STANDBY_ENV = "EZPZ_NB_STANDBY"
-#: The world size most notebook cells launch: the pool holds no more when idle.
-ONE_LAUNCH = 4
 #: PSS of one standby process (torch imported), as benchmarks/launch.py measures it:
 #: 167 MiB (RSS 253 MiB) with torch 2.13 CPU, Python 3.11. Used only to bound the pool.
 STANDBY_BYTES = 170 * 1024**2
-_OFF = ("0", "off", "false", "no")
 
 
 def standby_size(value: str | None, cores: int, available: int | None) -> int:
@@ -65,9 +62,9 @@ def standby_size(value: str | None, cores: int, available: int | None) -> int:
     Raises:
         LaunchValueError: ``value`` is neither a number nor off.
     """
-    text = (value or "").strip().lower()
-    if text in _OFF:
+    if is_off(value):
         return 0
+    text = (value or "").strip()
     if text:
         if not text.isdigit():
             raise LaunchValueError(
@@ -82,43 +79,34 @@ def standby_size(value: str | None, cores: int, available: int | None) -> int:
 
 @dataclass
 class Standby:
-    """One standby process and the notebook's ends of its pipes (a rank's, plus ``warm``)."""
+    """One standby process (its pipes: a rank's, plus ``warm``) and whether it is warm."""
 
-    proc: Any
-    conn: Any
-    out_r: Any
-    err_r: Any
-    life_w: Any
-    warm_r: Any
+    child: Child
     warm: bool = False
 
     def poll_warm(self) -> bool:
         """True once the process has imported torch and waits."""
         if not self.warm:
             try:
-                if self.warm_r.poll():
-                    self.warm_r.recv_bytes()
+                if self.child.warm_r.poll():
+                    self.child.warm_r.recv_bytes()
                     self.warm = True
             except (EOFError, OSError):
                 pass
         return self.warm
 
-    def handed_over(self) -> None:
+    def handed_over(self) -> Child:
         """The process is a rank now: its ``warm`` pipe is no longer read."""
-        self.warm_r.close()
+        self.child.warm_r.close()
+        self.child.warm_r = None
+        return self.child
 
     def kill(self) -> None:
         """Kill and reap the process, close every pipe."""
-        pid = self.proc.pid
-        if pid is not None:
-            for kill in (lambda: os.killpg(pid, signal.SIGKILL), self.proc.kill):
-                try:
-                    kill()
-                except (ProcessLookupError, PermissionError, ValueError, AttributeError):
-                    pass
-            self.proc.join(2.0)
-        for c in (self.conn, self.out_r, self.err_r, self.life_w, self.warm_r):
-            c.close()
+        kill_group(self.child.proc)
+        if self.child.proc.pid is not None:
+            self.child.proc.join(2.0)
+        self.child.close_pipes()
 
 
 class StandbyPool:
@@ -134,22 +122,24 @@ class StandbyPool:
         """Keep ``size`` standby ranks from now on, starting them at once."""
         with self._lock:
             self.size, self.closed = size, False
-        self.refill()
-
-    def refill(self) -> None:
-        """Start standby ranks until there are ``size`` (they import torch on their own)."""
-        with self._lock:
-            self._ranks = [s for s in self._ranks if self._alive(s)]
-            while not self.closed and len(self._ranks) < self.size:
-                self._ranks.append(self._spawn())
+        self._refill()
 
     def take(self, n: int) -> list[Standby]:
-        """Up to ``n`` standby ranks, the warm ones first; they are the caller's now."""
+        """Up to ``n`` standby ranks, the warm ones first; they are the caller's now.
+
+        The caller calls :meth:`release` once they no longer start (up, or gone).
+        """
         with self._lock:
             self._ranks = [s for s in self._ranks if self._alive(s)]
             self._ranks.sort(key=lambda s: not s.poll_warm())
             taken, self._ranks = self._ranks[:n], self._ranks[n:]
         return taken
+
+    def release(self, n: int) -> None:
+        """The ``n`` ranks a launch took are up for good or gone: replace them now
+        (their imports then run while the learner reads, not in the next launch)."""
+        if n > 0:
+            self._refill()
 
     def ready(self) -> bool:
         """True when the pool is full and every standby rank has imported torch."""
@@ -168,7 +158,7 @@ class StandbyPool:
     def pids(self) -> list[int]:
         """Process ids of the standby ranks (for tests and benchmarks)."""
         with self._lock:
-            return [s.proc.pid for s in self._ranks]
+            return [s.child.proc.pid for s in self._ranks]
 
     def close(self) -> None:
         """Kill every standby rank and start no more (until :meth:`start`)."""
@@ -178,53 +168,26 @@ class StandbyPool:
         for s in ranks:
             s.kill()
 
+    def _refill(self) -> None:
+        """Start standby ranks until there are ``size`` (they import torch on their own)."""
+        with self._lock:
+            self._ranks = [s for s in self._ranks if self._alive(s)]
+            while not self.closed and len(self._ranks) < self.size:
+                child = start_child(
+                    mp.get_context("spawn"),
+                    _rank.standby,
+                    name="ezpz_nb-standby",
+                    start_method="spawn",
+                    standby=True,
+                )
+                self._ranks.append(Standby(child))
+
     @staticmethod
     def _alive(s: Standby) -> bool:
-        if s.proc.exitcode is None:
+        if s.child.proc.exitcode is None:
             return True
         s.kill()
         return False
-
-    @staticmethod
-    def _spawn() -> Standby:
-        ctx = mp.get_context("spawn")
-        conn, child_conn = ctx.Pipe()
-        out_r, out_w = ctx.Pipe(duplex=False)
-        err_r, err_w = ctx.Pipe(duplex=False)
-        life_r, life_w = ctx.Pipe(duplex=False)
-        warm_r, warm_w = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=_rank.standby,
-            args=(child_conn, out_w, err_w, life_r, warm_w, os.getpid()),
-            name="ezpz_nb-standby",
-            daemon=False,  # a rank may start DataLoader workers: daemons may not
-        )
-        with main_hidden("spawn"), _sigint_ignored():
-            proc.start()
-        for c in (child_conn, out_w, err_w, life_r, warm_w):
-            c.close()
-        return Standby(proc, conn, out_r, err_r, life_w, warm_r)
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Start a child that ignores SIGINT until it says otherwise (``rank.standby``).
-
-    A standby is in the kernel's process group until its imports are done, and
-    ipykernel's shutdown sends SIGINT to that group first: a refill started by the
-    last launch then died in ``import site`` with "Fatal Python error" in the
-    kernel's log. An ignored signal stays ignored across exec, until the standby,
-    in a group of its own by then, restores it. Only the main thread may change a
-    handler; elsewhere the child starts as before.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, saved)
 
 
 #: This notebook's pool (empty until warm-up starts it under spawn).

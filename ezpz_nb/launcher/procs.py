@@ -12,7 +12,10 @@ is :mod:`.policy`) or keeps the notebook's list of clusters (that is :mod:`.sess
   notebooks never collide, and nothing is left behind once the folder is removed.
 
 Under spawn, :meth:`RankProcesses.start` first takes ranks from the standby pool
-(:mod:`.pool`: spawned ahead, torch already imported) and spawns only the rest.
+(:mod:`.pool`: spawned ahead, torch already imported) and spawns only the rest;
+:meth:`RankProcesses.release_standby` tells the pool when they no longer start
+(the pool decides what that means for its refill). Every process, fresh or
+standby, is started and killed by :mod:`.children`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import multiprocessing as mp
 import multiprocessing.util
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -31,11 +33,12 @@ from typing import Any
 
 from ezpz_nb.launcher import rank as _rank
 from ezpz_nb.launcher import wire
+from ezpz_nb.launcher.children import Child, kill_group, start_child
 from ezpz_nb.launcher.failures import RankFailure, from_exit
 from ezpz_nb.launcher.output import OutputRelay
 from ezpz_nb.launcher.pool import POOL, Standby
-from ezpz_nb.launcher.stacks import RankStack, parse_faulthandler, stack_from_frames
-from ezpz_nb.launcher.startup import forkserver_context, main_hidden
+from ezpz_nb.launcher.stacks import RankStack, ask_stacks
+from ezpz_nb.launcher.startup import forkserver_context
 
 __all__ = ["RankProcesses", "RankSpec"]
 
@@ -133,37 +136,26 @@ class RankProcesses:
 
     def _adopt(self, standby: Standby, r: int, env: dict[str, str]) -> None:
         """Make a standby process rank ``r``: it joins the group as a fresh rank would."""
-        standby.handed_over()
-        standby.conn.send(self._config(r, env))
-        self.output.add(standby.out_r, r, 1)
-        self.output.add(standby.err_r, r, 2)
-        self.procs.append(standby.proc)
-        self.conns.append(standby.conn)
-        self._lifelines.append(standby.life_w)
+        child = standby.handed_over()
+        child.conn.send(self._config(r, env))
+        self._add(child, r)
 
     def _start_rank(self, ctx: Any, r: int, env: dict[str, str]) -> None:
-        cfg = self._config(r, env)
-        # Pipes are made just before each rank starts so a forked rank never
-        # inherits another rank's write ends (that would hide EOF on death).
-        conn, child_conn = ctx.Pipe()
-        out_r, out_w = ctx.Pipe(duplex=False)
-        err_r, err_w = ctx.Pipe(duplex=False)
-        life_r, life_w = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=_rank.main,
-            args=(cfg, child_conn, out_w, err_w, life_r),
+        child = start_child(
+            ctx,
+            _rank.main,
             name=f"ezpz_nb-rank{r}",
-            daemon=False,
+            start_method=self.spec.start_method,
+            head=(self._config(r, env),),
         )
-        with main_hidden(self.spec.start_method):
-            proc.start()
-        for c in (child_conn, out_w, err_w, life_r):
-            c.close()
-        self.output.add(out_r, r, 1)
-        self.output.add(err_r, r, 2)
-        self.procs.append(proc)
-        self.conns.append(conn)
-        self._lifelines.append(life_w)
+        self._add(child, r)
+
+    def _add(self, child: Child, r: int) -> None:
+        self.output.add(child.out_r, r, 1)
+        self.output.add(child.err_r, r, 2)
+        self.procs.append(child.proc)
+        self.conns.append(child.conn)
+        self._lifelines.append(child.life_w)
 
     def _dump_path(self, r: int) -> str:
         assert self.tmp is not None
@@ -186,28 +178,11 @@ class RankProcesses:
         return from_exit(r, proc.exitcode)
 
     def stacks(self, blocked: set[int]) -> dict[int, RankStack]:
-        """Where each rank is: ask the blocked ones for their stack (faulthandler)."""
-        for r in blocked:
-            try:
-                os.kill(self.procs[r].pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-        stacks: dict[int, RankStack] = {}
-        deadline = time.monotonic() + 2.0
-        for r in range(self.spec.world_size):
-            if r not in blocked:
-                stacks[r] = RankStack(r, "finished")
-                continue
-            frames: list = []
-            while not frames and time.monotonic() < deadline:
-                time.sleep(0.02)
-                try:
-                    with open(self._dump_path(r)) as fh:
-                        frames = parse_faulthandler(fh.read(), "_serve_forever")
-                except OSError:
-                    pass
-            stacks[r] = stack_from_frames(r, frames) if frames else RankStack(r, "unknown")
-        return stacks
+        """Where each rank is: ask the blocked ones for their stack (:func:`.stacks.ask_stacks`)."""
+        ranks = range(self.spec.world_size)
+        return ask_stacks(
+            {r: self.procs[r].pid for r in ranks}, {r: self._dump_path(r) for r in ranks}, blocked
+        )
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Ask every rank to leave, give them ``grace_s`` to do so, then :meth:`kill`."""
@@ -229,16 +204,7 @@ class RankProcesses:
 
     def _kill_locked(self) -> None:
         for p in self.procs:
-            if p.pid is None:
-                continue
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                p.kill()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+            kill_group(p)
         for p in self.procs:
             p.join(2.0)
         self.output.drain(final=True)
@@ -254,8 +220,9 @@ class RankProcesses:
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
-        if self.from_standby:
-            # The ranks the pool gave are gone: it starts their replacements now, while
-            # nothing else runs, rather than during the next launch.
-            self.from_standby = 0
-            POOL.refill()
+        self.release_standby()  # the ranks the pool lent are gone
+
+    def release_standby(self) -> None:
+        """Tell the pool the ranks it lent no longer start (they are up, or gone); once."""
+        lent, self.from_standby = self.from_standby, 0
+        POOL.release(lent)

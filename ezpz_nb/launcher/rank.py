@@ -8,7 +8,6 @@ is already in memory and each rank starts in milliseconds instead of paying an
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import multiprocessing
 import os
 import pickle
@@ -26,6 +25,7 @@ import torch.distributed as dist
 from ezpz_nb.launcher import rankgroup
 from ezpz_nb.launcher.failures import encode
 from ezpz_nb.launcher.runtime import GroupSpec, RankRuntime
+from ezpz_nb.launcher.stacks import register_dump
 from ezpz_nb.launcher.wire import (
     Event,
     Ok,
@@ -200,8 +200,7 @@ def main(cfg: RankConfig, conn: Any, out_w: Any, err_w: Any, lifeline: Any) -> N
     # through a forkserver or spawn that re-imports torch for every worker.
     multiprocessing.set_start_method(None, force=True)
     _start_watching(lifeline, cfg.parent_pid)
-    dump = open(cfg.dump_path, "w")  # no with: must stay open for faulthandler
-    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+    register_dump(cfg.dump_path)  # a hang report asks where this rank is (stacks.py)
     torch.set_num_threads(cfg.threads)
     group = GroupSpec(cfg.backend, cfg.rank, cfg.world_size, timedelta(seconds=cfg.pg_timeout))
     runtime = RankRuntime(group, send_event=_publish_through(conn)).install()

@@ -25,7 +25,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.launcher.runtime import GroupSpec, current
-from ezpz_nb.launcher.startup import LOOPBACK
+from ezpz_nb.launcher.settings import LOOPBACK
 
 _REAL_INIT = c10d.init_process_group
 

@@ -14,9 +14,9 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from ezpz_nb.launcher import wire
-from ezpz_nb.launcher.errors import RankEvent
 from ezpz_nb.launcher.failures import RankFailure, decode
 from ezpz_nb.launcher.procs import RankProcesses
+from ezpz_nb.launcher.wire import RankEvent
 
 __all__ = ["GRACE_S", "RunResult", "collect"]
 

@@ -18,12 +18,12 @@ import os
 import weakref
 from typing import Any, Protocol
 
+from ezpz_nb.launcher.children import main_hidden
 from ezpz_nb.launcher.pool import POOL, size_from_env
 from ezpz_nb.launcher.shutdown import on_kernel_shutdown
 from ezpz_nb.launcher.startup import (
     default_start_method,
     forkserver_context,
-    main_hidden,
     should_warm_up,
 )
 

@@ -1,20 +1,50 @@
-"""Where a blocked rank was: its stack, read from faulthandler, and the call it was in.
+"""Where a blocked rank was: both ends of a stack dump, and the call it was in.
 
-A hung (or interrupted) run asks each blocked rank for its Python stack with
-SIGUSR1 (``faulthandler.register`` in the rank); this module reads the dump back
-and finds the learner's own line and the torch call below it.
+The whole path of a hang, and where each deadline lives:
+
+1. The run's deadline is ``Cluster.timeout`` (seconds), turned into a
+   ``time.monotonic()`` deadline by ``Cluster.run`` and watched by
+   :func:`ezpz_nb.launcher.run.collect`; ranks that have not answered by then are
+   *pending*, and :func:`ezpz_nb.launcher.policy.decide` calls that a hang. (gloo's
+   own collective timeout, ``timeout + 60`` s, is fixed when the ranks start: it
+   only ends a rank the notebook no longer watches.)
+2. Rank side: :func:`register_dump`, called once by ``rank.main``, makes SIGUSR1
+   write every thread's Python stack into the rank's dump file (faulthandler works
+   while the rank is blocked inside a C++ collective).
+3. Notebook side: :func:`ask_stacks` sends SIGUSR1 to each pending rank and reads
+   the dumps back within :data:`ASK_S` seconds (its own deadline); this module
+   then finds the learner's own line and the torch call below it
+   (:func:`stack_from_frames`), which ``HangError`` words.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import re
+import signal
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ezpz_nb.launcher.failures import describe_location, fill_line, is_library, is_ours
 from ezpz_nb.launcher.wire import Frame
 
-__all__ = ["RankStack", "StackState", "parse_faulthandler", "stack_from_frames"]
+__all__ = [
+    "ASK_S",
+    "RankStack",
+    "StackState",
+    "ask_stacks",
+    "parse_faulthandler",
+    "register_dump",
+    "stack_from_frames",
+]
+
+#: How long the notebook waits for the blocked ranks' dumps, all together.
+ASK_S = 2.0
+#: The rank loop's function: the main thread's stack is the one that holds it, and a
+#: rank whose deepest frame of ours is this one waits for the next job.
+RANK_LOOP = "_serve_forever"
 
 #: ``"blocked"`` (inside a call), ``"finished"`` (returned already) or ``"unknown"``
 #: (no stack could be read).
@@ -98,7 +128,7 @@ def _idle(frames: list[Frame]) -> bool:
     if any(not is_library(f.filename) for f in frames):
         return False
     ours = [f.name for f in frames if is_ours(f.filename)]
-    return bool(ours) and ours[-1] == "_serve_forever"
+    return bool(ours) and ours[-1] == RANK_LOOP
 
 
 def stack_from_frames(rank: int, frames: list[Frame]) -> RankStack:
@@ -141,3 +171,42 @@ def stack_from_frames(rank: int, frames: list[Frame]) -> RankStack:
         source=source or "",
         frames=tuple(frames),
     )
+
+
+def register_dump(path: str) -> None:
+    """Rank side: on SIGUSR1, write every thread's stack to ``path`` (kept open for life)."""
+    dump = open(path, "w")  # no with: faulthandler writes to it later
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+
+
+def ask_stacks(
+    pids: dict[int, int], dump_paths: dict[int, str], blocked: set[int]
+) -> dict[int, RankStack]:
+    """Notebook side: where each rank is, asking the ``blocked`` ones for their stack.
+
+    Args:
+        pids: Each rank's process id.
+        dump_paths: Each rank's dump file (the ``path`` its :func:`register_dump` got).
+        blocked: The ranks that did not answer; the others finished.
+    """
+    for r in blocked:
+        try:
+            os.kill(pids[r], signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    stacks: dict[int, RankStack] = {}
+    deadline = time.monotonic() + ASK_S
+    for r in sorted(pids):
+        if r not in blocked:
+            stacks[r] = RankStack(r, "finished")
+            continue
+        frames: list = []
+        while not frames and time.monotonic() < deadline:
+            time.sleep(0.02)
+            try:
+                with open(dump_paths[r]) as fh:
+                    frames = parse_faulthandler(fh.read(), RANK_LOOP)
+            except OSError:
+                pass
+        stacks[r] = stack_from_frames(r, frames) if frames else RankStack(r, "unknown")
+    return stacks

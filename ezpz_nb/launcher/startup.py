@@ -6,25 +6,23 @@ rather than as a crash inside N processes.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ezpz_nb.launcher.errors import LaunchTypeError, LaunchValueError
 from ezpz_nb.launcher.kernel import in_jupyter_kernel
+from ezpz_nb.launcher.settings import (
+    MAX_WORLD_SIZE,
+    START_METHOD_ENV,
+    START_METHODS,
+    WARMUP_ENV,
+    is_off,
+)
+from ezpz_nb.launcher.torchrun import check_backend, in_torchrun_env
 from ezpz_nb.launcher.wire import dumps_job, unpicklable_part
-
-#: Largest world size accepted: beyond this, ranks on one machine are all overhead.
-MAX_WORLD_SIZE = 64
-#: Start methods the launcher supports.
-START_METHODS = ("forkserver", "fork", "spawn")
-
-
-#: The environment variable that chooses the default start method.
-START_METHOD_ENV = "EZPZ_NB_START_METHOD"
 
 
 class StartMethodError(LaunchValueError):
@@ -64,11 +62,6 @@ def default_start_method() -> str:
     return resolve_start_method(os.environ.get(START_METHOD_ENV), sys.platform)
 
 
-#: The address every rank's gloo binds to, whatever the platform names its interfaces
-#: (``lo``, ``lo0``, "Loopback Pseudo-Interface 1"): see ``rankgroup.bind_gloo_to``.
-LOOPBACK = "127.0.0.1"
-
-
 def cores() -> int:
     """CPU cores this process may run on."""
     try:
@@ -78,9 +71,19 @@ def cores() -> int:
 
 
 def check_args(
-    world_size: Any, timeout: Any, threads: Any, start_method: Any, backend: Any
+    world_size: Any,
+    timeout: Any,
+    threads: Any,
+    start_method: Any,
+    backend: Any,
+    *,
+    ranks_here: bool = True,
 ) -> None:
-    """Reject bad input before any process starts."""
+    """Reject bad input before any process starts.
+
+    ``ranks_here=False``: the ranks exist already (under torchrun, perhaps on several
+    nodes), so this machine needs no GPU per rank; each rank checks its own as it joins.
+    """
     if isinstance(world_size, bool) or not isinstance(world_size, int):
         raise LaunchTypeError(
             f"world_size must be an int, got {type(world_size).__name__}: pass e.g. world_size=4"
@@ -102,42 +105,7 @@ def check_args(
         raise LaunchValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
     if start_method in ("fork", "forkserver") and not hasattr(os, "fork"):
         raise LaunchValueError(f"start_method={start_method!r} needs os.fork; use 'spawn' here")
-    if backend not in ("gloo", "nccl"):
-        raise LaunchValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    if backend == "nccl":
-        import torch
-
-        if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
-            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            raise LaunchValueError(
-                f"backend='nccl' needs one CUDA GPU per rank: asked for "
-                f"{world_size} ranks, this machine has {have} GPU(s). "
-                "Use backend='gloo' (the default) on CPU."
-            )
-
-
-@contextlib.contextmanager
-def main_hidden(start_method: str) -> Iterator[None]:
-    """Keep forkserver/spawn ranks from re-running the caller's ``__main__``.
-
-    multiprocessing re-imports the parent's main script in each child so that
-    functions pickled by reference can be found; ours travel by value, and
-    re-running a script's top level in every rank would launch ranks again.
-    """
-    main = sys.modules.get("__main__")
-    if start_method == "fork" or main is None:
-        yield
-        return
-    saved: dict[str, Any] = {
-        k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__
-    }
-    main.__dict__.pop("__file__", None)
-    main.__dict__["__spec__"] = None
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
+    check_backend(backend, ranks=world_size if ranks_here else None)
 
 
 def pack_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
@@ -147,19 +115,39 @@ def pack_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:
             f"fn must be callable, got {type(fn).__name__}: pass the function "
             "itself, not its result (launch(f), not launch(f()))"
         )
+    named = [("fn", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
+    named += [(f"keyword {k!r}", v) for k, v in kwargs.items()]
+    return pack_naming_culprit(
+        (fn, args, kwargs),
+        named,
+        lambda label, obj, exc: (
+            f"{label} (a {type(obj).__name__}) cannot be sent to the ranks: {exc}. "
+            "Create it inside the function instead, or pass something picklable."
+        ),
+    )
+
+
+def pack_naming_culprit(
+    whole: Any, named: list[tuple[str, Any]], blame: Callable[[str, Any, Exception], str]
+) -> bytes:
+    """``dumps_job(whole)``, or a LaunchTypeError that names the part that cannot travel.
+
+    Args:
+        whole: What to pickle.
+        named: ``(label, part)`` for each part of ``whole``, searched in order only
+            when ``whole`` failed (one pickle when all is well).
+        blame: Words the error from the first failing part's label, object and error.
+
+    Raises:
+        LaunchTypeError: ``whole`` cannot be pickled.
+    """
     try:
-        return dumps_job((fn, args, kwargs))
+        return dumps_job(whole)
     except Exception as exc:
-        named = [("fn", fn)] + [(f"argument {i}", a) for i, a in enumerate(args)]
-        named += [(f"keyword {k!r}", v) for k, v in kwargs.items()]
         culprit = unpicklable_part(named)
-        if culprit is not None:
-            label, obj, _ = culprit
-            raise LaunchTypeError(
-                f"{label} (a {type(obj).__name__}) cannot be sent to the ranks: {exc}. "
-                "Create it inside the function instead, or pass something picklable."
-            ) from exc
-        raise LaunchTypeError(f"the job cannot be sent to the ranks: {exc}") from exc
+        if culprit is None:
+            raise LaunchTypeError(f"the job cannot be sent to the ranks: {exc}") from exc
+        raise LaunchTypeError(blame(*culprit)) from culprit[2]
 
 
 def forkserver_context() -> Any:
@@ -173,14 +161,12 @@ def forkserver_context() -> Any:
 
 def warm_up_allowed(env: Mapping[str, str]) -> bool:
     """False when ``EZPZ_NB_WARMUP`` is 0 (or off/false/no)."""
-    return env.get("EZPZ_NB_WARMUP", "1").strip().lower() not in ("0", "false", "no", "off")
+    return not is_off(env.get(WARMUP_ENV))
 
 
 def should_warm_up() -> bool:
     """Whether to prepare ranks at import: in a Jupyter kernel, not under torchrun,
     unless ``EZPZ_NB_WARMUP=0`` (the forkserver, or under spawn the standby pool)."""
-    from ezpz_nb.launcher.torchrun import in_torchrun_env
-
     if not warm_up_allowed(os.environ):
         return False
     return default_start_method() != "fork" and not in_torchrun_env() and in_jupyter_kernel()

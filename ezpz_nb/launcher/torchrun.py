@@ -39,16 +39,20 @@ BACKENDS = ("gloo", "nccl")
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
 
 
-def check_backend(backend: str, local_rank: int | None = None) -> None:
+def check_backend(backend: str, local_rank: int | None = None, *, ranks: int | None = None) -> None:
     """Reject a backend this process cannot use, before any process group exists.
+
+    The one backend check: ``ez.launch`` calls it before starting ranks (``ranks``),
+    a process torchrun started calls it before joining (``local_rank``).
 
     Args:
         backend: ``"gloo"`` or ``"nccl"``.
         local_rank: This process's index on its node (``LOCAL_RANK``); with nccl it
             must name a visible GPU.
+        ranks: Ranks about to be started on this machine; with nccl each needs a GPU.
 
     Raises:
-        ValueError: Unknown backend, or nccl without a (free) GPU; the message
+        LaunchValueError: Unknown backend, or nccl without a (free) GPU; the message
             says what to run instead.
     """
     if backend not in BACKENDS:
@@ -60,10 +64,15 @@ def check_backend(backend: str, local_rank: int | None = None) -> None:
         hint = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
         raise LaunchValueError(
             "backend 'nccl' needs one CUDA GPU per rank, but torch sees no GPU here"
-            f"{hint}. Use --backend gloo (the default, CPU) on this machine, or run on "
+            f"{hint}. Use gloo (the default: backend='gloo', --backend gloo) on this machine, or run on "
             "a node with GPUs and a CUDA build of torch."
         )
     count = torch.cuda.device_count()
+    if ranks is not None and count < ranks:
+        raise LaunchValueError(
+            f"backend 'nccl' needs one CUDA GPU per rank: asked for {ranks} ranks, this "
+            f"machine has {count} GPU(s). Start at most {count} ranks, or use backend='gloo'."
+        )
     if local_rank is not None and not 0 <= local_rank < count:
         raise LaunchValueError(
             f"backend 'nccl' gives each rank its own GPU, but this is local rank {local_rank} "

@@ -22,6 +22,7 @@ import io
 import pickle
 import types
 from collections import ChainMap
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import cloudpickle
@@ -101,6 +102,23 @@ class Event(NamedTuple):
 
 ToRank = Run | Stop
 ToNotebook = Ready | Ok | Error | Unpicklable | Event
+
+
+@dataclass(frozen=True)
+class RankEvent:
+    """An :class:`Event` as the notebook keeps it (see :func:`ezpz_nb.events.publish`).
+
+    Not a message itself: the notebook makes one per :class:`Event` it receives.
+
+    Attributes:
+        rank: Global rank that published it.
+        item: The published object (already unpickled).
+        time: ``time.monotonic()`` in the notebook process when it arrived.
+    """
+
+    rank: int
+    item: Any
+    time: float
 
 
 def _code_keep_filename(code: types.CodeType) -> tuple:
