@@ -15,7 +15,14 @@ import pytest
 from test_launch import _ranks_alive
 
 from ezpz_nb.launcher import live_clusters
-from ezpz_nb.verify import ContractViolation, Report, VerifyError, check_contract, parse_layout
+from ezpz_nb.verify import (
+    ContractViolation,
+    Grid,
+    Report,
+    VerifyError,
+    check_contract,
+    parse_layout,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -190,7 +197,10 @@ def test_a_factory_that_hangs_is_an_error_naming_the_rank():
     ("kwargs", "match"),
     [
         ({"layout": "dp=two"}, "dp=2,tp=2"),
-        ({"layout": "dp=2,pp=2"}, "positive sizes"),
+        ({"layout": "dp=2,pp=2"}, "unknown axis 'pp'"),
+        ({"layout": "dp=2,dp=4"}, "dp is given twice"),
+        ({"layout": "dp=2,tp=0"}, "tp=0 is not a positive int"),
+        ({"layout": {"dp": 2, "cp": -1}}, "cp=-1 is not a positive int"),
         ({"layout": "dp=64,tp=2"}, "at most"),
         ({"epochs": 0}, "epochs"),
         ({"key": ""}, "key"),
@@ -207,6 +217,8 @@ def test_bad_arguments_fail_before_any_rank_starts(kwargs, match):
         check_contract(L.right, args.pop("layout"), **args)
     with pytest.raises(VerifyError, match="function"):
         check_contract(L.Squares(), "dp=2")
+    with pytest.raises(VerifyError, match="tp=0"):  # named here, not by the launcher
+        Grid(2, 0)
 
 
 def test_report_round_trips_through_json_and_raises_for_violations():

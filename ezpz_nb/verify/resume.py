@@ -8,7 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 from ezpz_nb.ledger import Ledger, StepRecord, check_records
-from ezpz_nb.verify.contract import check_args, findings_from, judge, parse_layout
+from ezpz_nb.verify.contract import check_args, parse_layout
+from ezpz_nb.verify.judge import findings_from, judge
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.ranks import Ranks, run_ranks
 from ezpz_nb.verify.report import Finding, Report, VerifyError
@@ -22,6 +23,10 @@ SCENARIOS: dict[str, Callable[[int], list[tuple[int, int]]]] = {
     "epoch boundary": lambda n: [(1, 0)],
     # Stopped again before the resumed part took a step: state that was just loaded.
     "right after a resume": lambda n: [(0, max(1, n // 2)), (0, 0)],
+    # The chain: resume, take a step, save, resume again. A state that stays at the
+    # loaded position (prime-rl #3332) or counts only since the resume (datasets
+    # #8308) passes every stop above and fails here.
+    "steps after a resume": lambda n: [(0, max(1, n // 3)), (0, 1)],
 }
 
 
@@ -148,6 +153,7 @@ def check_resume(
     key: str = "auto",
     timeout: float = 60.0,
     start_method: str | None = None,
+    cluster: Any = None,
 ) -> Report:
     """Compare a straight run with runs stopped and resumed in fresh ranks.
 
@@ -171,6 +177,9 @@ def check_resume(
         resume_options: Keyword arguments for the resumed parts (another
             worker count); default ``options``.
         key, timeout, start_method: As for :func:`check_contract` (timeout per part).
+        cluster: Run the parts of ``cluster``'s world size on its warm ranks (each
+            part still builds a fresh loader and loads the saved state, as under
+            torchrun) instead of fresh ranks: many checks then pay the starts once.
 
     Returns:
         A :class:`Report` whose ``resume`` rule fails on a divergence.
@@ -199,7 +208,11 @@ def check_resume(
     )
     t0 = time.perf_counter()
     run: dict[str, Any] = dict(timeout=timeout, start_method=start_method, key=key)
-    straight = run_ranks(make_loader, grid, epochs=epochs, options=opts, **run)
+
+    def on(g: Grid) -> Any:
+        return cluster if cluster is not None and cluster.world_size == g.world_size else None
+
+    straight = run_ranks(make_loader, grid, epochs=epochs, options=opts, cluster=on(grid), **run)
     name = getattr(make_loader, "__qualname__", type(make_loader).__name__)
     what = f"resuming {name} on {grid}" + (f", resumed on {grid2}" if grid2 != grid else "")
     report = judge(
@@ -232,7 +245,7 @@ def check_resume(
             try:
                 part = run_ranks(
                     make_loader, g, epochs=epochs - at_epoch, start_epoch=at_epoch,
-                    stop=absolute, states=states, options=o, **run,
+                    stop=absolute, states=states, options=o, cluster=on(g), **run,
                 )  # fmt: skip
             except VerifyError as exc:
                 if i == 0 or "make_loader raised" in str(exc):
