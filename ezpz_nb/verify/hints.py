@@ -13,7 +13,15 @@ from collections.abc import Sequence
 
 from ezpz_nb.ledger import Allowance, StepRecord
 
-__all__ = ["NO_KNOWN_CAUSE", "dp_hint", "never_seen_hint", "no_data_hint", "order_hint", "tp_hint"]
+__all__ = [
+    "NO_KNOWN_CAUSE",
+    "dp_hint",
+    "never_seen_hint",
+    "no_data_hint",
+    "order_hint",
+    "resume_hint",
+    "tp_hint",
+]
 
 NO_KNOWN_CAUSE = "no known cause fits this evidence: look at the records (report.ledger)"
 
@@ -138,3 +146,45 @@ def order_hint(shufflers: Sequence[str], unreached: Sequence[str]) -> str:
         f"set_epoch reached every shuffling part ({', '.join(shufflers)}) and the order "
         "still repeated: the shuffle's seed does not depend on the epoch"
     )
+
+
+def resume_hint(
+    straight: list[StepRecord], resumed: list[StepRecord], at: int, changed: str, scenario: str
+) -> str:
+    """The likeliest known cause of a divergence at step ``at`` of one rank's epoch."""
+    if changed:
+        return changed
+    first = [r.sample_ids for r in straight[:1]]
+    restarted = at < len(resumed) and at > 0 and [resumed[at].sample_ids] == first
+    if restarted and scenario == "right after a resume":
+        return (
+            "the position loaded by the previous resume was lost when the state was saved "
+            "again before the first step: a sampler that forgets a loaded offset once its "
+            "iterator is made (torchdata's StatefulDistributedSampler does) saves a fresh "
+            "epoch's state"
+        )
+    if restarted:
+        return (
+            "the resumed loader started the epoch over: its state did not carry the "
+            "sampler's position (a plain DistributedSampler has none: use torchdata's "
+            "StatefulDistributedSampler, or a sampler with state_dict/load_state_dict)"
+        )
+    if at >= len(resumed):
+        return (
+            "the resumed loader ended the epoch early: a state saved at the end of an epoch "
+            "loaded into a loader that considers that epoch done (start the next epoch "
+            "with a fresh iterator, or save the state before the epoch ends)"
+        )
+    ours = sorted(i for r in resumed[at:] for i in r.sample_ids)
+    theirs = sorted(i for r in straight[at:] for i in r.sample_ids)
+    if ours == theirs:
+        return (
+            "the same samples in another order: the shuffle's seed or epoch was not "
+            "restored (call set_epoch(epoch) before load_state_dict)"
+        )
+    if any(len(set(r.worker_ids)) > 1 for r in resumed):
+        return (
+            "the DataLoader workers resumed from other positions than they stopped at "
+            "(per-worker state, or an IterableDataset re-read by each worker)"
+        )
+    return "the resumed loader gave other samples than the straight run from here on"

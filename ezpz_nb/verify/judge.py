@@ -184,7 +184,7 @@ def _no_data(
     return out
 
 
-def not_judged(
+def _unjudged(
     grid: Grid, epochs_with_data: int, shuffle: bool, asked: bool, n: int | None, any_data: bool
 ) -> dict[str, str]:
     """``{rule: why}`` for the rules this run gave no evidence on."""
@@ -267,7 +267,7 @@ def judge(
         "observe": sum(o.observe_s for o in outs),
     }
     key = next((o.key for o in outs if o.key), key)  # "auto" -> the field it found
-    unjudged = not_judged(
+    unjudged = _unjudged(
         grid,
         with_data,
         shuffled,

@@ -7,8 +7,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ezpz_nb.ledger import Ledger, StepRecord, check_records
+from ezpz_nb.ledger import Ledger, check_records
 from ezpz_nb.verify.contract import check_args, parse_layout
+from ezpz_nb.verify.hints import resume_hint
 from ezpz_nb.verify.judge import findings_from, judge
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.ranks import Ranks, run_ranks
@@ -28,48 +29,6 @@ SCENARIOS: dict[str, Callable[[int], list[tuple[int, int]]]] = {
     # #8308) passes every stop above and fails here.
     "steps after a resume": lambda n: [(0, max(1, n // 3)), (0, 1)],
 }
-
-
-def _hint(
-    straight: list[StepRecord], resumed: list[StepRecord], at: int, changed: str, scenario: str
-) -> str:
-    """The likeliest known cause of a divergence at step ``at`` of one rank's epoch."""
-    if changed:
-        return changed
-    first = [r.sample_ids for r in straight[:1]]
-    restarted = at < len(resumed) and at > 0 and [resumed[at].sample_ids] == first
-    if restarted and scenario == "right after a resume":
-        return (
-            "the position loaded by the previous resume was lost when the state was saved "
-            "again before the first step: a sampler that forgets a loaded offset once its "
-            "iterator is made (torchdata's StatefulDistributedSampler does) saves a fresh "
-            "epoch's state"
-        )
-    if restarted:
-        return (
-            "the resumed loader started the epoch over: its state did not carry the "
-            "sampler's position (a plain DistributedSampler has none: use torchdata's "
-            "StatefulDistributedSampler, or a sampler with state_dict/load_state_dict)"
-        )
-    if at >= len(resumed):
-        return (
-            "the resumed loader ended the epoch early: a state saved at the end of an epoch "
-            "loaded into a loader that considers that epoch done (start the next epoch "
-            "with a fresh iterator, or save the state before the epoch ends)"
-        )
-    ours = sorted(i for r in resumed[at:] for i in r.sample_ids)
-    theirs = sorted(i for r in straight[at:] for i in r.sample_ids)
-    if ours == theirs:
-        return (
-            "the same samples in another order: the shuffle's seed or epoch was not "
-            "restored (call set_epoch(epoch) before load_state_dict)"
-        )
-    if any(len(set(r.worker_ids)) > 1 for r in resumed):
-        return (
-            "the DataLoader workers resumed from other positions than they stopped at "
-            "(per-worker state, or an IterableDataset re-read by each worker)"
-        )
-    return "the resumed loader gave other samples than the straight run from here on"
 
 
 def _divergence(
@@ -119,7 +78,7 @@ def _divergence(
                     step=at,
                     sample=None if sample is None else names.get(sample, str(sample)),
                     worker=worker,
-                    hint=_hint(a, b, at, changed, scenario),
+                    hint=resume_hint(a, b, at, changed, scenario),
                 )  # fmt: skip
             )
             break  # the first rank that diverges in this epoch; later epochs still count
