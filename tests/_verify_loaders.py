@@ -153,6 +153,19 @@ def collective_uneven(layout: Any) -> _Agreeing:
     return _Agreeing(hand_sharded(layout), layout.dp_group)
 
 
+def sleeps_on_rank1(layout: Any) -> Iterator[dict[str, Any]]:
+    """Rank 1 is stuck in time.sleep before its first batch; rank 0 yields 4 batches."""
+    if layout.rank == 1:
+
+        class Stuck:
+            def __iter__(self) -> Iterator[dict[str, Any]]:
+                time.sleep(3600)
+                yield {}
+
+        return Stuck()  # type: ignore[return-value]
+    return iter([{"index": torch.tensor([i, i + 2])} for i in (0, 4, 8, 12)])
+
+
 def endless(layout: Any) -> Iterator[dict[str, Any]]:
     """A stream that never ends."""
 

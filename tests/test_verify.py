@@ -15,7 +15,15 @@ import pytest
 from test_launch import _ranks_alive
 
 from ezpz_nb.launcher import live_clusters
-from ezpz_nb.verify import ContractViolation, Report, VerifyError, check_contract, parse_layout
+from ezpz_nb.verify import (
+    ContractViolation,
+    Grid,
+    Report,
+    Verdict,
+    VerifyError,
+    check_contract,
+    parse_layout,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -141,6 +149,20 @@ def test_a_loader_that_hangs_is_reported_within_the_timeout():
     assert "all_reduce" in f.message
 
 
+def test_a_rank_stuck_outside_a_collective_is_not_said_to_be_in_one():
+    """Rank 1 sleeps inside its loader; rank 0 finishes: the hang names rank 1 without
+    claiming a collective, and rank 0's records are kept.
+
+    Guards: "a collective inside it never completed" for a rank in time.sleep, "at least
+    0 steps", and the records of the ranks that finished lost with the hang.
+    """
+    report = check_contract(L.sleeps_on_rank1, "dp=2", epochs=1, timeout=6)
+    f = report.first("equal_steps")
+    assert f is not None and (f.kind, f.rank) == ("hang", 1), report.table()
+    assert "no collective on its stack" in f.message and "at least 0" not in f.message
+    assert report.steps[0] == [4], report.table()
+
+
 def test_an_endless_stream_is_reported_not_hung_on():
     """A generator that never stops: the ranks stop at 3/4 of the timeout and the report says so.
 
@@ -190,7 +212,10 @@ def test_a_factory_that_hangs_is_an_error_naming_the_rank():
     ("kwargs", "match"),
     [
         ({"layout": "dp=two"}, "dp=2,tp=2"),
-        ({"layout": "dp=2,pp=2"}, "positive sizes"),
+        ({"layout": "dp=2,pp=2"}, "unknown axis 'pp'"),
+        ({"layout": "dp=2,dp=4"}, "dp is given twice"),
+        ({"layout": "dp=2,tp=0"}, "tp=0 is not a positive int"),
+        ({"layout": {"dp": 2, "cp": -1}}, "cp=-1 is not a positive int"),
         ({"layout": "dp=64,tp=2"}, "at most"),
         ({"epochs": 0}, "epochs"),
         ({"key": ""}, "key"),
@@ -207,6 +232,36 @@ def test_bad_arguments_fail_before_any_rank_starts(kwargs, match):
         check_contract(L.right, args.pop("layout"), **args)
     with pytest.raises(VerifyError, match="function"):
         check_contract(L.Squares(), "dp=2")
+    with pytest.raises(VerifyError, match="tp=0"):  # named here, not by the launcher
+        Grid(2, 0)
+
+
+def test_a_report_with_a_rule_not_judged_never_reads_as_a_pass():
+    """No violation but a rule without evidence: the headline, the verdict, the JSON and
+    strict raising all say "not judged", with why; the report is still ok.
+
+    Guards: "pass" printed for a rule that never ran (the reshuffle of one epoch).
+    """
+    r = Report("f on dp=2", {"dp": 2, "tp": 1, "cp": 1}, 1, "index",
+               not_judged={"reshuffle": "one epoch: no order to compare"})  # fmt: skip
+    assert r.ok and r.outcome is Verdict.NOT_JUDGED and r.verdict == "not judged"
+    assert (
+        r.table()
+        .splitlines()[0]
+        .endswith("NOT ALL JUDGED: no violation in 4 rule(s); not judged: reshuffle")
+    )
+    assert "one epoch: no order to compare" in r.table()
+    d = json.loads(r.to_json())
+    assert d["verdict"] == "not judged" and d["rules"]["reshuffle"] == "not judged"
+    assert {
+        "rule": "reshuffle",
+        "verdict": "not judged",
+        "reason": "one epoch: no order to compare",
+    } in d["judgements"]
+    assert Report.from_json(r.to_json()).not_judged == r.not_judged
+    assert r.raise_for_violations() is r
+    with pytest.raises(ContractViolation):
+        r.raise_for_violations(strict=True)
 
 
 def test_report_round_trips_through_json_and_raises_for_violations():

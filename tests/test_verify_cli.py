@@ -49,10 +49,12 @@ def test_check_exits_1_on_a_violation_and_2_when_it_cannot_run(factory, code, wo
 
 def test_plugin_loads_without_torch_and_its_fixture_fails_a_bad_loader(pytester):
     """In a fresh pytest: loading the plugin imports no torch; the fixture passes a right
-    loader and fails a wrong one with the report's table.
+    loader (warning that one epoch leaves the reshuffle not judged), fails it with
+    strict=True, and fails a wrong one with the report's table.
 
-    Guards: a plugin that slows every pytest run of a project (torch at load time), or
-    a fixture whose failure does not say which rule broke.
+    Guards: a plugin that slows every pytest run of a project (torch at load time), a
+    fixture whose failure does not say which rule broke, or one that lets a rule it
+    never judged read as a pass.
     """
     pytester.makepyfile(
         test_loaders=f"""
@@ -72,11 +74,16 @@ def test_plugin_loads_without_torch_and_its_fixture_fails_a_bad_loader(pytester)
         def test_wrong(loader_contract):
             import _verify_loaders as L
             loader_contract(L.unsharded, "dp=2", epochs=1)
+
+        def test_strict(loader_contract):
+            import _verify_loaders as L
+            loader_contract(L.right, "dp=2", epochs=1, strict=True)
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
-    result.assert_outcomes(passed=2, failed=1)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "-rw")
+    result.assert_outcomes(passed=2, failed=2, warnings=1)
     result.stdout.fnmatch_lines(["*ContractViolation*", "*DP replicas get disjoint samples*fail*"])
+    result.stdout.fnmatch_lines(["*RulesNotJudged*not judged: reshuffle*"])
 
 
 def test_plugin_module_imports_nothing_heavy():
@@ -106,3 +113,27 @@ def test_check_under_torchrun_exits_1_and_rank_0_prints(tmp_path):
     )
     assert proc.returncode != 0
     assert proc.stdout.count("samples by 'index': FAIL") == 1, proc.stdout + proc.stderr[-2000:]
+
+
+def test_check_under_torchrun_bad_input_exits_2_on_every_rank(tmp_path):
+    """A layout that does not match torchrun's world: every rank exits 2, rank 0 says why once.
+
+    Guards: bad input that exits 1 like a violation under torchrun (the documented
+    1 vs 2 lost), or ranks that disagree on the status.
+    """
+    import re
+
+    from test_torchrun import torchrun_cmd
+
+    cmd, env = torchrun_cmd(2, "ezpz_nb", "check", f"{LOADERS}:right", "--layout", "dp=4")
+    cmd[cmd.index("-m", 3) + 1] = "ezpz_nb"
+    proc = subprocess.run(
+        cmd, env=dict(env, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=150
+    )
+    assert proc.returncode != 0
+    # torchrun's summary: "rank : 1 (local_rank: 1)" then "exitcode : 2 (pid: ...)".
+    codes = re.findall(
+        r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)", proc.stderr
+    )
+    assert dict(codes) == {"0": "2", "1": "2"}, proc.stderr
+    assert proc.stderr.count("exit status 2: the check could not run") == 1, proc.stderr

@@ -1,8 +1,11 @@
 """``ezpz-nb check MODULE:FACTORY --layout dp=2,tp=2``: a loader's contract from the shell.
 
-Exit status: 0 when every rule holds, 1 on a violation, 2 when the check could not
-run (the factory cannot be imported, or fails on a rank). Under torchrun it runs
-in place on torchrun's ranks and rank 0 prints the report.
+Exit status: 0 when no rule is broken, 1 on a violation (or, with ``--strict``, a
+rule not judged), 2 when the check could not run (bad input: a layout, the factory
+cannot be imported, or fails on a rank). Under torchrun it runs in place on
+torchrun's ranks, rank 0 prints, and every rank exits with the same status; torchrun
+itself exits 1 whenever a rank exits non-zero, so read the ranks' ``exitcode`` in
+its summary (2: bad input) or the message rank 0 prints.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ def add_parser(sub: Any) -> None:
         "--resume", action="store_true", help="also stop and resume the loader (needs state_dict)"
     )
     check.add_argument("--json", metavar="PATH", help="also write the report as JSON to PATH")
+    check.add_argument(
+        "--strict", action="store_true", help="exit 1 when a rule was not judged, too"
+    )
 
 
 def load_factory(spec: str) -> Any:
@@ -83,8 +89,7 @@ def run_check(args: argparse.Namespace) -> int:
     try:
         factory = load_factory(args.factory)
     except (ValueError, ImportError) as exc:
-        print(f"ezpz-nb check: {exc}", file=sys.stderr)
-        return 2
+        return _cannot_run(exc)
     kwargs = dict(epochs=args.epochs, key=args.key, timeout=args.timeout)
     try:
         report = check_contract(factory, args.layout, **kwargs)
@@ -92,8 +97,7 @@ def run_check(args: argparse.Namespace) -> int:
         if args.resume:
             reports.append(check_resume(factory, args.layout, **kwargs))
     except VerifyError as exc:
-        print(f"ezpz-nb check: {exc}", file=sys.stderr)
-        return 2
+        return _cannot_run(exc)
     if os.environ.get("RANK", "0") == "0":  # under torchrun every rank has the report
         for r in reports:
             print(r.table())
@@ -101,4 +105,49 @@ def run_check(args: argparse.Namespace) -> int:
             import json
 
             Path(args.json).write_text(json.dumps([r.to_dict() for r in reports], indent=2))
+    if args.strict and any(r.not_judged for r in reports):
+        return 1
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _exit_together(code: int) -> None:
+    """Under torchrun: meet the other ranks, then leave at once with ``code``.
+
+    torchrun stops the ranks still running once one exits non-zero (they would show
+    SIGTERM, not 2), and a Python exit with torch loaded takes long enough for that.
+    Bad input is found on every rank alike: after a barrier each leaves without the
+    interpreter's teardown (``os._exit``), so they all exit before torchrun looks. A
+    rank that never comes is waited for 10 s, then not.
+    """
+    from ezpz_nb.launcher.torchrun import ensure_distributed
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        import torch.distributed as dist
+
+        ensure_distributed("gloo", timeout_s=10)
+        dist.barrier()
+    except Exception:  # noqa: BLE001 - best effort: the status is the same whether or not they met
+        pass
+    os._exit(code)
+
+
+def _cannot_run(exc: Exception) -> int:
+    """Say why the check could not run (rank 0 only under torchrun); the status is 2."""
+    from ezpz_nb.launcher.torchrun import in_torchrun_env
+
+    torchrun = in_torchrun_env()
+    if os.environ.get("RANK", "0") == "0":
+        under = ""
+        if torchrun:
+            under = (
+                " (every rank exits 2; torchrun itself reports any failed rank as exit 1: "
+                "its summary lists each rank's exitcode)"
+            )
+        print(
+            f"ezpz-nb check: {exc}\nexit status 2: the check could not run{under}", file=sys.stderr
+        )
+    if torchrun:
+        _exit_together(2)
+    return 2

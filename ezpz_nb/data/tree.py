@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["find_in_batch", "flatten_batch", "unflatten_batch"]
+__all__ = ["find_in_batch", "flatten_batch", "sample_values", "unflatten_batch"]
 
 
 def flatten_batch(batch: Any) -> tuple[Any, list[torch.Tensor]]:
@@ -78,4 +78,39 @@ def find_in_batch(batch: Any, key: str, accept: Callable[[Any], bool] | None = N
         found = find_in_batch(v, key, accept)
         if found is not None:
             return found
+    return None
+
+
+def _flat(value: Any) -> list[Any]:
+    """One field's values as a flat list: a tensor or array elementwise, lists flattened."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _flat(v)]
+    return [value]
+
+
+def sample_values(batch: Any, key: str) -> list[Any] | None:
+    """Every sample's ``key`` in a batch, in order, or None when no sample has one.
+
+    Reads the shapes loaders give: a dict of columns (``{"index": tensor([3, 7])}``,
+    a Hugging Face batch's lists), a list or tuple of sample dicts
+    (``collate_fn=list``), and any nesting of them. In a dict, the first field
+    that holds ``key`` answers for the whole dict (its fields describe the same
+    samples); in a list or tuple, every element that holds ``key`` adds its samples
+    (``(x, y)`` pairs: only ``x`` holds it; a list of samples: all do).
+
+    Args:
+        batch: One batch as a loader yields it.
+        key: The field to read (``"index"``, ``"__key__"``, ``"worker_id"``...).
+    """
+    if isinstance(batch, dict):
+        if key in batch:
+            return _flat(batch[key])
+        return next(
+            (found for v in batch.values() if (found := sample_values(v, key)) is not None), None
+        )
+    if isinstance(batch, (list, tuple)):
+        parts = [found for v in batch if (found := sample_values(v, key)) is not None]
+        return [x for p in parts for x in p] if parts else None
     return None

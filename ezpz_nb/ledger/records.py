@@ -6,13 +6,12 @@ The file format is :mod:`ezpz_nb.ledger.codec`'s.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ezpz_nb.data.tree import find_in_batch, flatten_batch
+from ezpz_nb.data.tree import find_in_batch, flatten_batch, sample_values
 
 __all__ = ["StepRecord", "StepTimes", "batch_digest", "batch_ints", "batch_tokens", "with_times"]
 
@@ -140,27 +139,14 @@ def batch_digest(batch: Any) -> str:
 
 
 def batch_ints(batch: Any, key: str) -> tuple[int, ...]:
-    """The first ``key`` entry found in a (nested) batch, as a tuple of ints.
+    """Every sample's ``key`` in a (nested) batch, as a tuple of ints.
 
     ``batch_ints(batch, "index")`` gives the sample ids of a batch, ``"worker_id"``
     the DataLoader worker of each sample; ``()`` when the batch has no such key.
+    Columns, lists of sample dicts and nestings of both are read
+    (:func:`~ezpz_nb.data.tree.sample_values`).
     """
-    if isinstance(batch, dict):
-        if key in batch:
-            ids = batch[key]
-            return tuple(
-                int(i) for i in (ids.reshape(-1).tolist() if torch.is_tensor(ids) else ids)
-            )
-        values: Iterable[Any] = batch.values()
-    elif isinstance(batch, (list, tuple)):
-        values = batch
-    else:
-        return ()
-    for v in values:
-        found = batch_ints(v, key)
-        if found:
-            return found
-    return ()
+    return tuple(int(i) for i in sample_values(batch, key) or ())
 
 
 def _find(batch: Any, key: str) -> torch.Tensor | None:

@@ -3,8 +3,9 @@
 :func:`check_contract` runs a loader factory on a ``dp x tp`` (``x cp``) layout of
 real gloo ranks (or in place under torchrun) and says, rule by rule, whether TP
 peers got identical bytes, DP replicas disjoint samples, every sample came
-exactly once an epoch, every rank took as many steps, the global batch kept its
-size and the order changed between epochs; :func:`check_resume` says whether a
+exactly once an epoch, every rank took as many steps (at least one), the global
+batch kept its size and the order changed between epochs; each rule passes only
+on evidence, else it fails or is not judged (a :class:`Verdict`, with why); :func:`check_resume` says whether a
 run stopped and resumed saw what a straight run sees. Both return a
 :class:`Report` (a table, JSON, a mesh figure)::
 
@@ -25,6 +26,7 @@ from ezpz_nb.verify.contract import check_contract, parse_layout
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.report import RULES, ContractViolation, Finding, Report, VerifyError
 from ezpz_nb.verify.resume import SCENARIOS, check_resume
+from ezpz_nb.verify.verdict import Judgement, Verdict
 
 __all__ = [
     "RULES",
@@ -32,7 +34,9 @@ __all__ = [
     "ContractViolation",
     "Finding",
     "Grid",
+    "Judgement",
     "Report",
+    "Verdict",
     "VerifyError",
     "check_contract",
     "check_resume",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from ezpz_nb.data.tree import find_in_batch
+from ezpz_nb.data.tree import sample_values
 
 __all__ = ["KEYS", "NoSampleIds", "observe_batch", "resolve_key", "structure"]
 
@@ -66,15 +66,6 @@ def structure(batch: Any) -> str:
     return " ".join(parts)
 
 
-def _as_list(values: Any) -> list[Any]:
-    if hasattr(values, "tolist"):
-        out = values.tolist()
-        return out if isinstance(out, list) else [out]
-    if isinstance(values, (list, tuple)):
-        return list(values)
-    return [values]
-
-
 def _hash_id(text: str) -> int:
     # 62 bits: an int every JSON reader keeps exact enough, collisions negligible.
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 2
@@ -99,7 +90,7 @@ def resolve_key(batch: Any, key: str) -> str:
     """The field ``key="auto"`` reads in ``batch`` (``index`` or ``__key__``); else ``key``."""
     if key != "auto":
         return key
-    return next((n for n in ("index", "__key__") if find_in_batch(batch, n) is not None), key)
+    return next((n for n in ("index", "__key__") if sample_values(batch, n) is not None), key)
 
 
 def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str, list[int]]:
@@ -118,18 +109,18 @@ def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str,
     else:
         found = None
         for name in ("index", "__key__") if key == "auto" else (key,):
-            found = find_in_batch(batch, name)
+            found = sample_values(batch, name)
             if found is not None:
                 break
         if found is None:
-            want = "an 'index' or '__key__' field" if key == "auto" else f"a {key!r} field"
+            want = "'index' or '__key__' field" if key == "auto" else f"{key!r} field"
             raise NoSampleIds(
                 f"the batch has no {want} to tell its samples apart (its structure: "
                 f"{structure(batch)}). Add the sample's index to each sample "
                 "({'input_ids': ..., 'index': i}), name the field that identifies a sample "
                 "(key='id'), or pass key='digest' to identify samples by their bytes."
             )
-        values = _as_list(found)
+        values = found
     ids = []
     for v in values:
         if isinstance(v, (int, bool)) or (hasattr(v, "__index__") and not isinstance(v, str)):
@@ -142,10 +133,5 @@ def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str,
     h = hashlib.blake2b(digest_size=16)
     for _, leaf in _leaves(batch):
         h.update(_leaf_bytes(leaf))
-    workers = find_in_batch(batch, "worker_id")
-    return (
-        ids,
-        names,
-        h.hexdigest(),
-        [int(w) for w in _as_list(workers)] if workers is not None else [],
-    )
+    workers = sample_values(batch, "worker_id") or []
+    return ids, names, h.hexdigest(), [int(w) for w in workers]

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ezpz_nb.ledger import Ledger, Problem, check_records
 from ezpz_nb.verify.batches import KEYS
+from ezpz_nb.verify.judge import judge
 from ezpz_nb.verify.observe import Grid
-from ezpz_nb.verify.ranks import Ranks, run_ranks
-from ezpz_nb.verify.report import RULES, Finding, Report, VerifyError
+from ezpz_nb.verify.ranks import run_ranks
+from ezpz_nb.verify.report import Report, VerifyError
 
 __all__ = ["check_contract", "parse_layout"]
-
-_BIG_INT = re.compile(r"\b\d{12,}\b")
-_RULE_OF = {kind: rule for rule, (_, kinds) in RULES.items() for kind in kinds}
 
 
 def parse_layout(layout: str | Mapping[str, int] | Grid) -> Grid:
@@ -30,20 +26,34 @@ def parse_layout(layout: str | Mapping[str, int] | Grid) -> Grid:
     if isinstance(layout, str):
         sizes: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in layout.split(","))):
-            name, eq, value = part.partition("=")
-            if not eq or not value.strip().isdigit():
-                raise VerifyError(f"layout {layout!r}: write it as dp=2,tp=2 (and cp=N if any)")
-            sizes[name.strip()] = int(value)
+            name, eq, value = (x.strip() for x in part.partition("="))
+            if not eq or not value.isdigit():
+                raise VerifyError(
+                    f"layout {layout!r}: {part!r} is not NAME=SIZE; write it as dp=2,tp=2 "
+                    "(and cp=N if any)"
+                )
+            if name in sizes:
+                raise VerifyError(
+                    f"layout {layout!r}: {name} is given twice ({name}={sizes[name]} and "
+                    f"{name}={value}); give each axis once, e.g. 'dp=2,tp=2'"
+                )
+            sizes[name] = int(value)
     elif isinstance(layout, Mapping):
         sizes = dict(layout)
     else:
         raise VerifyError(f"layout must be a string like 'dp=2,tp=2' or a dict, got {layout!r}")
-    unknown = set(sizes) - {"dp", "tp", "cp"}
-    bad = {k: v for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1}
-    if unknown or bad or not sizes:
+    unknown = sorted(set(sizes) - {"dp", "tp", "cp"})
+    if unknown or not sizes:
         raise VerifyError(
-            f"layout {layout!r}: give positive sizes for dp, tp and optionally cp, "
-            "e.g. 'dp=2,tp=2' (4 ranks)"
+            f"layout {layout!r}: "
+            + (f"unknown axis {unknown[0]!r}; " if unknown else "no axis; ")
+            + "the axes are dp, tp and optionally cp, e.g. 'dp=2,tp=2' (4 ranks)"
+        )
+    bad = [k for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if bad:
+        raise VerifyError(
+            f"layout {layout!r}: {bad[0]}={sizes[bad[0]]!r} is not a positive int; every axis "
+            "needs at least one rank, e.g. 'dp=2,tp=2' (4 ranks)"
         )
     return Grid(sizes.get("dp", 1), sizes.get("tp", 1), sizes.get("cp", 1))
 
@@ -67,122 +77,6 @@ def check_args(make_loader: Any, grid: Grid, epochs: Any, key: Any, timeout: Any
         )
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise VerifyError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-
-
-def findings_from(
-    problems: Iterable[Problem], ledger: Ledger, names: Mapping[int, str]
-) -> list[Finding]:
-    """The ledger's problems as :class:`Finding` s, samples named by their keys."""
-    by_step = {(r.rank, r.epoch, r.step): r for r in ledger.records}
-    out = []
-
-    def named(m: re.Match[str]) -> str:
-        return names.get(int(m.group()), m.group())
-
-    for p in problems:
-        rank, step, sample = p.first
-        worker = None
-        rec = by_step.get((rank, p.epoch, step)) if rank is not None and step is not None else None
-        if (
-            rec is not None
-            and sample in rec.sample_ids
-            and len(rec.worker_ids) == len(rec.sample_ids)
-        ):
-            worker = rec.worker_ids[rec.sample_ids.index(sample)]
-        out.append(
-            Finding(
-                # Ids hashed from keys read back as the keys.
-                _RULE_OF[p.kind],
-                p.kind,
-                p.epoch,
-                _BIG_INT.sub(named, p.message) if names else p.message,
-                p.expected,
-                rank,
-                step,
-                None if sample is None else names.get(sample, str(sample)),
-                worker,
-                ranks=list(p.ranks),
-            )  # fmt: skip
-        )
-    return out
-
-
-def judge(
-    ranks: Ranks,
-    *,
-    what: str,
-    grid: Grid,
-    epochs: int,
-    key: str,
-    num_samples: int | None,
-    shuffle: bool | None,
-    wall_s: float,
-) -> Report:
-    """Check the records of one run and write the report."""
-    outs = ranks.outcomes
-    records = [r for o in outs for r in o.records]
-    names: dict[int, str] = {}
-    for o in outs:
-        names.update(o.names)
-    n = (
-        num_samples
-        if num_samples is not None
-        else max((o.num_samples or 0 for o in outs), default=0) or None
-    )
-    if names:  # ids hashed from keys or bytes: range(n) means nothing
-        n = None
-    # Without a dataset length, an epoch must cover what the epochs saw together.
-    universe = None if n is not None or epochs < 2 else {i for r in records for i in r.sample_ids}
-    allow = next((o.allowance for o in outs if o.allowance is not None), None)
-    if shuffle is None:
-        shuffle = any(o.shuffles for o in outs)
-    ledger = Ledger(records, n)
-    problems = check_records(
-        records, n, universe=universe, allowance=allow, shuffle=shuffle, global_batch=True
-    )
-    findings = findings_from(problems, ledger, names)
-    for rank, where in sorted(ranks.hung.items()):
-        findings.append(
-            Finding(
-                "equal_steps",
-                "hang",
-                max((r.epoch for r in records), default=0),
-                f"The loader itself hung (a collective inside it never completed) after at "
-                f"least {len([r for r in records if r.rank == rank])} steps: {where}. "
-                "Its ranks disagree on how many batches there are, or one rank stopped "
-                "early.",
-                rank=rank,
-                step=len([r for r in records if r.rank == rank]) or None,
-            )  # fmt: skip
-        )
-    for o in outs:
-        if o.phase == "timeout":
-            last = o.records[-1] if o.records else None
-            findings.append(
-                Finding(
-                    "equal_steps",
-                    "timeout",
-                    last.epoch if last else 0,
-                    f"Rank {o.rank} was still iterating after {len(o.records)} steps when the "
-                    "time ran out: an endless stream (an IterableDataset that never stops, a "
-                    "repeat()) gives no epochs to check. Cut it (take(n)) or raise timeout=.",
-                    rank=o.rank,
-                    step=last.step if last else None,
-                )  # fmt: skip
-            )
-    steps = {
-        o.rank: [sum(1 for r in o.records if r.epoch == e) for e in range(epochs)] for o in outs
-    }
-    seconds = {
-        "wall": wall_s,
-        "loader": sum(o.loader_s for o in outs),
-        "observe": sum(o.observe_s for o in outs),
-    }
-    key = next((o.key for o in outs if o.key), key)  # "auto" -> the field it found
-    return Report(
-        what, {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp}, epochs, key, findings, steps,
-        seconds, ledger=ledger,
-    )  # fmt: skip
 
 
 def check_contract(

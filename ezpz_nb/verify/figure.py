@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-from ezpz_nb.verify.report import RULES, Report
+from ezpz_nb.verify.verdict import RULES
 
 __all__ = ["RULE_COLORS", "mesh_figure"]
 
@@ -21,7 +21,24 @@ RULE_COLORS = {
 _OK = "#EEEEEE"
 
 
-def _rank_rules(report: Report) -> dict[int, list[str]]:
+class Judged(Protocol):
+    """What the figure reads of a report (a :class:`~ezpz_nb.verify.Report` has it all).
+
+    A protocol, not the Report class: the report draws its figure through this
+    module, so this module must not import the report (no import circle).
+    """
+
+    what: str
+    layout: dict[str, int]
+
+    @property
+    def violations(self) -> list[Any]: ...  # the findings that break a rule
+
+    @property
+    def verdict(self) -> str: ...  # "pass", "fail" or "not judged"
+
+
+def _rank_rules(report: Judged) -> dict[int, list[str]]:
     """Rules each rank broke, in the order of :data:`RULES` (violations only)."""
     out: dict[int, list[str]] = {}
     for f in report.violations:
@@ -32,7 +49,7 @@ def _rank_rules(report: Report) -> dict[int, list[str]]:
     return {r: sorted(v, key=order.index) for r, v in out.items()}
 
 
-def mesh_figure(report: Report) -> Any:
+def mesh_figure(report: Judged) -> Any:
     """Draw the ``dp`` rows by ``cp x tp`` columns of ranks, coloured by their first broken rule.
 
     A rule broken by no rank in particular (samples never seen) is named in the

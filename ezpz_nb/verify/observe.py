@@ -18,6 +18,8 @@ from typing import Any
 from ezpz_nb.data.groups import Layout
 from ezpz_nb.ledger import Allowance, StepRecord
 from ezpz_nb.verify.batches import NoSampleIds, observe_batch, resolve_key, structure
+from ezpz_nb.verify.epochs import loader_parts
+from ezpz_nb.verify.report import VerifyError
 
 __all__ = ["Grid", "Outcome", "rank_layout", "run_rank"]
 
@@ -38,6 +40,15 @@ class Grid:
         """Ranks the layout needs."""
         return self.dp * self.cp * self.tp
 
+    def __post_init__(self) -> None:
+        for axis in ("dp", "tp", "cp"):
+            size = getattr(self, axis)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise VerifyError(
+                    f"Grid: {axis}={size!r} is not a positive int; every axis needs at least "
+                    f"one rank, e.g. Grid(dp=2, tp=2) (leave out an axis you do not use)"
+                )
+
     def __str__(self) -> str:
         return f"dp={self.dp},tp={self.tp}" + (f",cp={self.cp}" if self.cp > 1 else "")
 
@@ -53,7 +64,11 @@ class Outcome:
     key: str = ""  # the field that identified samples ("index", "__key__"...)
     num_samples: int | None = None
     allowance: Allowance | None = None
-    shuffles: bool = False  # the loader's sampler says it shuffles
+    shuffles: bool = False  # some part of the loader asked for a shuffle
+    shufflers: list[str] = field(default_factory=list)  # "DistributedSampler at loader.sampler"
+    unreached: list[str] = field(default_factory=list)  # shufflers without a set_epoch
+    length: int | None = None  # len(loader) where it has one: batches it promises an epoch
+    reiterable: bool = True  # iter(loader) is not the loader itself (not spent after one pass)
     phase: str = "done"  # "factory", "iterate", "structure", "timeout" or "done"
     error: str = ""
     loader_s: float = 0.0  # time spent inside the loader's __next__
@@ -197,19 +212,22 @@ def run_rank(
     _publish(Ready(layout.rank))
     inner = _unwrap(loader)
     out.allowance, out.num_samples = _allowance(inner), _num_samples(inner)
-    sampler = getattr(inner, "sampler", None)
-    out.shuffles = (
-        bool(getattr(sampler, "shuffle", False)) or type(sampler).__name__ == "RandomSampler"
-    )
-    from ezpz_nb.data.distributed import forward_set_epoch
-
+    parts = loader_parts(loader)
+    try:
+        out.length = len(loader)
+    except Exception:  # noqa: BLE001 - no __len__, or an IterableDataset's TypeError: unknown
+        out.length = None
+    out.shuffles = bool(parts.shufflers)
+    out.shufflers = [f"{type(o).__name__} at {p}" for p, o in parts.shufflers.items()]
+    out.unreached = parts.unreached()
     published, published_at = 0, time.monotonic()
     try:
         for epoch in range(start_epoch, start_epoch + epochs):
-            forward_set_epoch(loader, epoch)
+            parts.set_epoch(epoch)
             if states is not None and epoch == start_epoch:
                 loader.load_state_dict(states[layout.rank])
             it = iter(loader)
+            out.reiterable = out.reiterable and it is not loader
             step = 0
             while True:
                 if stop is not None and (epoch, step) == stop:
@@ -250,4 +268,7 @@ def run_rank(
         return _fail(out, "key", str(exc))
     except BaseException:  # noqa: BLE001 - the user's loader: reported, never raised here
         return _fail(out, "iterate", traceback.format_exc())
+    if publish_steps and published < len(out.records):
+        # The last records too: if another rank hangs, the report still has this one's.
+        _publish(out.records[published:])
     return out

@@ -23,6 +23,9 @@ class Ranks:
 
     outcomes: list[Outcome]
     hung: dict[int, str] = field(default_factory=dict)  # rank -> where it was blocked
+    in_collective: set[int] = field(
+        default_factory=set
+    )  # hung ranks with a collective on the stack
 
 
 def _raise_failures(outcomes: Iterable[Outcome]) -> None:
@@ -119,7 +122,8 @@ def run_ranks(
                 if isinstance(rec, StepRecord):
                     records.setdefault(rec.rank, []).append(rec)
         partial = [Outcome(rank=r, records=records.get(r, [])) for r in range(grid.world_size)]
-        return Ranks(partial, hung=stuck)
+        inside = {r for r, s in exc.stacks.items() if s.in_collective}
+        return Ranks(partial, hung=stuck, in_collective=inside)
     except RankError as exc:
         raise VerifyError(
             f"rank {exc.ranks[0] if exc.ranks else '?'} died while running the loader "

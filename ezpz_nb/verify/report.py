@@ -7,19 +7,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ezpz_nb.errors import EzpzError
+from ezpz_nb.verify.verdict import RULES, Judgement, Verdict
 
 __all__ = ["RULES", "ContractViolation", "Finding", "Report", "VerifyError"]
-
-#: rule -> (what it promises, the ledger check kinds that break it).
-RULES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "tp_identical": ("TP/CP peers get identical bytes", ("tp_mismatch",)),
-    "dp_disjoint": ("DP replicas get disjoint samples", ("dp_duplicate",)),
-    "exactly_once": ("every sample exactly once an epoch", ("never_seen", "rank_duplicate")),
-    "equal_steps": ("every rank takes as many steps", ("step_mismatch", "hang", "timeout")),
-    "global_batch": ("the global batch keeps its size", ("batch_size",)),
-    "reshuffle": ("the order changes between epochs", ("order_unchanged",)),
-    "resume": ("a resumed run matches the straight one", ("divergence", "resume_error")),
-}
 
 
 class VerifyError(EzpzError, ValueError):
@@ -110,6 +100,9 @@ class Report:
         seconds: ``{"wall": ..., "loader": ..., "observe": ...}``: the check's own
             wall time and, summed over ranks, time inside the loader and time observing.
         scenarios: The stops a resume check tried (empty for a contract check).
+        not_judged: ``{rule: why}`` for each rule the evidence could not judge
+            (one epoch: no order to compare; no TP peers...). Such a rule is
+            neither a pass nor a fail, and the headline says so.
         ledger: The records behind the verdict (not serialised).
     """
 
@@ -121,6 +114,7 @@ class Report:
     steps: dict[int, list[int]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     scenarios: list[str] = field(default_factory=list)
+    not_judged: dict[str, str] = field(default_factory=dict)
     ledger: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -134,21 +128,69 @@ class Report:
         return not self.violations
 
     @property
+    def outcome(self) -> Verdict:
+        """FAIL on a violation; else PASS only when every rule was judged, NOT_JUDGED otherwise."""
+        if not self.ok:
+            return Verdict.FAIL
+        return Verdict.NOT_JUDGED if self.not_judged else Verdict.PASS
+
+    @property
     def verdict(self) -> str:
-        """``"pass"`` or ``"fail"``."""
-        return "pass" if self.ok else "fail"
+        """``"pass"``, ``"fail"`` or ``"not judged"`` (no violation, but some rule unjudged)."""
+        return self.outcome.value
+
+    def not_applicable(self) -> list[str]:
+        """Rules the layout has nothing for (no TP/CP peers, one DP replica): not covered."""
+        out = ["tp_identical"] if self.layout["tp"] * self.layout.get("cp", 1) == 1 else []
+        return out + (["dp_disjoint"] if self.layout["dp"] == 1 else [])
+
+    def _rules(self) -> list[str]:
+        skip = self.not_applicable()
+        if not self.scenarios and "resume" not in self.not_judged:
+            skip.append("resume")
+        return [r for r in RULES if r not in skip]
+
+    def judgements(self) -> list[Judgement]:
+        """One :class:`~ezpz_nb.verify.verdict.Judgement` per rule the check covers."""
+        out = []
+        for rule in self._rules():
+            found = [f for f in self.findings if f.rule == rule]
+            if any(f.violation for f in found):
+                out.append(Judgement(rule, Verdict.FAIL))
+            elif rule in self.not_judged:
+                out.append(Judgement(rule, Verdict.NOT_JUDGED, self.not_judged[rule]))
+            else:
+                why = "; ".join(dict.fromkeys(f.expected for f in found))
+                out.append(Judgement(rule, Verdict.PASS, f"expected: {why}" if why else ""))
+        return out
 
     def rule_verdicts(self) -> dict[str, str]:
-        """``{rule: "pass" | "fail" | "expected"}`` for each rule the check covers."""
-        out = {}
-        for rule in RULES:
-            found = [f for f in self.findings if f.rule == rule]
-            if rule == "resume" and not self.scenarios:
-                continue
-            out[rule] = (
-                "fail" if any(f.violation for f in found) else "expected" if found else "pass"
+        """``{rule: "pass" | "fail" | "expected" | "not judged"}`` for each rule covered.
+
+        ``"expected"`` is a pass whose findings the loader's settings explain
+        (``drop_last``, padding); see :meth:`judgements` for the reasons.
+        """
+        return {
+            j.rule: "expected" if j.verdict is Verdict.PASS and j.reason else j.verdict.value
+            for j in self.judgements()
+        }
+
+    def headline(self) -> str:
+        """``PASS``, ``FAIL`` or ``NOT ALL JUDGED`` with what was and was not judged."""
+        if self.outcome is not Verdict.NOT_JUDGED:
+            skip = self.not_applicable()
+            grid = ",".join(f"{k}={v}" for k, v in self.layout.items() if v > 1) or "1 rank"
+            return self.verdict.upper() + (
+                f" ({len(self._rules())} rules; {' and '.join(skip)} not covered: "
+                f"nothing to compare on {grid})"
+                if skip
+                else ""
             )
-        return out
+        judged = len(self._rules()) - len(self.not_judged)
+        return (
+            f"NOT ALL JUDGED: no violation in {judged} rule(s); "
+            f"not judged: {', '.join(self.not_judged)}"
+        )
 
     def first(self, rule: str) -> Finding | None:
         """The first finding of ``rule`` (violations before expected ones), or None."""
@@ -158,14 +200,14 @@ class Report:
 
     def table(self) -> str:
         """The verdict, one line per rule, then what each finding means."""
-        lines = [
-            f"{self.what}, {self.epochs} epoch(s), samples by {self.key!r}: {self.verdict.upper()}"
-        ]
-        lines.append(f"  {'rule':<44}{'verdict':<10}first offence")
+        lines = [f"{self.what}, {self.epochs} epoch(s), samples by {self.key!r}: {self.headline()}"]
+        lines.append(f"  {'rule':<44}{'verdict':<12}first offence, or why not judged")
         for rule, verdict in self.rule_verdicts().items():
             first = self.first(rule)
-            where = first.where() if first is not None and verdict != "pass" else ""
-            lines.append(f"  {RULES[rule][0]:<44}{verdict:<10}{where}")
+            where = first.where() if first is not None and verdict in ("fail", "expected") else ""
+            lines.append(
+                f"  {RULES[rule][0]:<44}{verdict:<12}{where or self.not_judged.get(rule, '')}"
+            )
         for f in sorted(self.findings, key=lambda f: (not f.violation, f.epoch)):
             tag = "VIOLATION" if f.violation else "expected"
             lines.append(f"- {tag} [{f.kind}] {f.message}")
@@ -187,6 +229,10 @@ class Report:
         d.pop("ledger")
         d["verdict"] = self.verdict
         d["rules"] = self.rule_verdicts()
+        d["judgements"] = [
+            {"rule": j.rule, "verdict": j.verdict.value, "reason": j.reason}
+            for j in self.judgements()
+        ]
         d["steps"] = {str(k): v for k, v in self.steps.items()}
         return d
 
@@ -200,17 +246,21 @@ class Report:
         d = json.loads(text)
         d.pop("verdict", None)
         d.pop("rules", None)
+        d.pop("judgements", None)
         d["findings"] = [Finding(**f) for f in d["findings"]]
         d["steps"] = {int(k): v for k, v in d["steps"].items()}
         return cls(**d)
 
-    def raise_for_violations(self) -> Report:
+    def raise_for_violations(self, strict: bool = False) -> Report:
         """Raise :class:`ContractViolation` if a rule is broken; else return the report.
+
+        Args:
+            strict: Also raise when a rule was not judged (a CI that must judge all).
 
         Raises:
             ContractViolation: carrying this report; its message is :meth:`table`.
         """
-        if not self.ok:
+        if not self.ok or (strict and self.not_judged):
             raise ContractViolation(self)
         return self
 

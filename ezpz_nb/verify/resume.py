@@ -7,8 +7,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ezpz_nb.ledger import Ledger, StepRecord, check_records
-from ezpz_nb.verify.contract import check_args, findings_from, judge, parse_layout
+from ezpz_nb.ledger import Ledger, check_records
+from ezpz_nb.verify.contract import check_args, parse_layout
+from ezpz_nb.verify.hints import resume_hint
+from ezpz_nb.verify.judge import findings_from, judge
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.ranks import Ranks, run_ranks
 from ezpz_nb.verify.report import Finding, Report, VerifyError
@@ -22,49 +24,11 @@ SCENARIOS: dict[str, Callable[[int], list[tuple[int, int]]]] = {
     "epoch boundary": lambda n: [(1, 0)],
     # Stopped again before the resumed part took a step: state that was just loaded.
     "right after a resume": lambda n: [(0, max(1, n // 2)), (0, 0)],
+    # The chain: resume, take a step, save, resume again. A state that stays at the
+    # loaded position (prime-rl #3332) or counts only since the resume (datasets
+    # #8308) passes every stop above and fails here.
+    "steps after a resume": lambda n: [(0, max(1, n // 3)), (0, 1)],
 }
-
-
-def _hint(
-    straight: list[StepRecord], resumed: list[StepRecord], at: int, changed: str, scenario: str
-) -> str:
-    """The likeliest known cause of a divergence at step ``at`` of one rank's epoch."""
-    if changed:
-        return changed
-    first = [r.sample_ids for r in straight[:1]]
-    restarted = at < len(resumed) and at > 0 and [resumed[at].sample_ids] == first
-    if restarted and scenario == "right after a resume":
-        return (
-            "the position loaded by the previous resume was lost when the state was saved "
-            "again before the first step: a sampler that forgets a loaded offset once its "
-            "iterator is made (torchdata's StatefulDistributedSampler does) saves a fresh "
-            "epoch's state"
-        )
-    if restarted:
-        return (
-            "the resumed loader started the epoch over: its state did not carry the "
-            "sampler's position (a plain DistributedSampler has none: use torchdata's "
-            "StatefulDistributedSampler, or a sampler with state_dict/load_state_dict)"
-        )
-    if at >= len(resumed):
-        return (
-            "the resumed loader ended the epoch early: a state saved at the end of an epoch "
-            "loaded into a loader that considers that epoch done (start the next epoch "
-            "with a fresh iterator, or save the state before the epoch ends)"
-        )
-    ours = sorted(i for r in resumed[at:] for i in r.sample_ids)
-    theirs = sorted(i for r in straight[at:] for i in r.sample_ids)
-    if ours == theirs:
-        return (
-            "the same samples in another order: the shuffle's seed or epoch was not "
-            "restored (call set_epoch(epoch) before load_state_dict)"
-        )
-    if any(len(set(r.worker_ids)) > 1 for r in resumed):
-        return (
-            "the DataLoader workers resumed from other positions than they stopped at "
-            "(per-worker state, or an IterableDataset re-read by each worker)"
-        )
-    return "the resumed loader gave other samples than the straight run from here on"
 
 
 def _divergence(
@@ -114,7 +78,7 @@ def _divergence(
                     step=at,
                     sample=None if sample is None else names.get(sample, str(sample)),
                     worker=worker,
-                    hint=_hint(a, b, at, changed, scenario),
+                    hint=resume_hint(a, b, at, changed, scenario),
                 )  # fmt: skip
             )
             break  # the first rank that diverges in this epoch; later epochs still count
@@ -148,6 +112,7 @@ def check_resume(
     key: str = "auto",
     timeout: float = 60.0,
     start_method: str | None = None,
+    cluster: Any = None,
 ) -> Report:
     """Compare a straight run with runs stopped and resumed in fresh ranks.
 
@@ -171,6 +136,9 @@ def check_resume(
         resume_options: Keyword arguments for the resumed parts (another
             worker count); default ``options``.
         key, timeout, start_method: As for :func:`check_contract` (timeout per part).
+        cluster: Run the parts of ``cluster``'s world size on its warm ranks (each
+            part still builds a fresh loader and loads the saved state, as under
+            torchrun) instead of fresh ranks: many checks then pay the starts once.
 
     Returns:
         A :class:`Report` whose ``resume`` rule fails on a divergence.
@@ -199,7 +167,11 @@ def check_resume(
     )
     t0 = time.perf_counter()
     run: dict[str, Any] = dict(timeout=timeout, start_method=start_method, key=key)
-    straight = run_ranks(make_loader, grid, epochs=epochs, options=opts, **run)
+
+    def on(g: Grid) -> Any:
+        return cluster if cluster is not None and cluster.world_size == g.world_size else None
+
+    straight = run_ranks(make_loader, grid, epochs=epochs, options=opts, cluster=on(grid), **run)
     name = getattr(make_loader, "__qualname__", type(make_loader).__name__)
     what = f"resuming {name} on {grid}" + (f", resumed on {grid2}" if grid2 != grid else "")
     report = judge(
@@ -232,7 +204,7 @@ def check_resume(
             try:
                 part = run_ranks(
                     make_loader, g, epochs=epochs - at_epoch, start_epoch=at_epoch,
-                    stop=absolute, states=states, options=o, **run,
+                    stop=absolute, states=states, options=o, cluster=on(g), **run,
                 )  # fmt: skip
             except VerifyError as exc:
                 if i == 0 or "make_loader raised" in str(exc):

@@ -1,0 +1,62 @@
+"""Reading every sample of a batch: ``data.tree.sample_values`` (verify and the ledger share it).
+
+Pure functions on batches built by hand as loaders give them; no ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from ezpz_nb.data.tree import sample_values
+from ezpz_nb.ledger.records import batch_ints
+from ezpz_nb.verify.batches import NoSampleIds, observe_batch
+
+
+class _Samples(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": torch.ones(2) * i, "meta": {"index": i, "worker_id": 0}}
+
+
+@pytest.mark.parametrize(
+    "collate",
+    [None, list, tuple, lambda b: [(s, torch.tensor(0)) for s in b]],
+    ids=["default", "list", "tuple", "pairs"],
+)
+def test_every_sample_of_a_batch_is_read_whatever_the_collate(collate):
+    """Columns, lists and tuples of sample dicts, pairs: each batch's ids are all its samples.
+
+    Guards: the first sample's id standing for the whole batch (collate_fn=list made
+    the check say "12 of 16 never seen" for a right loader), in verify and the ledger alike.
+    """
+    loader = DataLoader(_Samples(), batch_size=3, collate_fn=collate)
+    got = [batch_ints(b, "index") for b in loader]
+    assert got == [(0, 1, 2), (3, 4, 5)]
+    assert [observe_batch(b, "auto")[0] for b in loader] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_columns_nesting_and_keys():
+    """A dict of lists (a Hugging Face batch), a key two dicts deep, string keys, and no key."""
+    assert sample_values({"text": ["a", "b"], "index": [4, 5]}, "index") == [4, 5]
+    assert sample_values(({"m": {"index": torch.tensor([[1], [2]])}}, torch.zeros(2)), "index") == [
+        1,
+        2,
+    ]
+    assert sample_values([{"__key__": "s/0"}, {"__key__": "s/1"}], "__key__") == ["s/0", "s/1"]
+    assert sample_values({"x": torch.zeros(2)}, "index") is None
+    assert batch_ints({"x": torch.zeros(2)}, "index") == ()
+
+
+def test_a_batch_without_ids_says_what_to_pass():
+    """No id field: the error names the structure and the three ways out, with no "an a" typo.
+
+    Guards: "has no an 'index'" / "has no a 'index' field" (issue 33's typos).
+    """
+    for key, want in (("auto", "no 'index' or '__key__' field"), ("id", "no 'id' field")):
+        with pytest.raises(NoSampleIds, match=want) as err:
+            observe_batch({"x": torch.zeros(2, 2)}, key)
+        assert "key='digest'" in str(err.value)
