@@ -3,7 +3,9 @@
 #   1. the GPU tests (pytest; they skip on machines without CUDA),
 #   2. tp_broadcast under torchrun on nccl, one GPU per rank, ledger checked,
 #   3. uneven steps under torchrun on nccl must fail, not hang (needs 2+ GPUs),
-#   4. pin_memory / non_blocking host-to-device copies, measured (benchmarks/pin_memory.py),
+#   4. pin_memory / non_blocking host-to-device copies and the side-stream prefetch, measured
+#      (benchmarks/pin_memory.py); host timers against CUDA events on a step, checked
+#      (benchmarks/cuda_timing.py),
 #   5. notebook 14's worker file (taken from the notebook) under torchrun on nccl; with 2+
 #      GPUs also its checker (one node, two simulated nodes) and its elastic restart,
 #   6. the capstone (FSDP2 x TP) under torchrun on nccl, ledger checked.
@@ -74,9 +76,11 @@ else
     echo "SKIP  uneven steps on nccl: needs 2 GPUs (NCCL takes one GPU per rank)"
 fi
 
-echo "== 4. pin_memory and non_blocking: host-to-device copies while kernels run"
+echo "== 4. pin_memory, non_blocking, side-stream prefetch; host timers against CUDA events"
 timeout 120 "$PY" benchmarks/pin_memory.py
-report "pin_memory / non_blocking copies measured" $?
+report "pin_memory / non_blocking copies and side-stream prefetch measured" $?
+timeout 60 "$PY" benchmarks/cuda_timing.py
+report "CUDA events see a step's kernels, a host timer alone only their launches" $?
 
 echo "== 5. notebook 14's worker file, torchrun, nccl, $NPROC rank(s), tp $TP"
 # The file the notebook's %%writefile cells write, taken from the stored notebook.
@@ -94,6 +98,7 @@ if [ "$NGPU" -ge 2 ]; then
     timeout 240 "$PY" -c 'import sys; from ezpz_nb.examples.by_hand import check_worker
 check_worker(sys.argv[1], backend="nccl"); print("check_worker: all good")' "$OUT/torchrun_worker.py"
     report "notebook 14 checker on nccl (1 node x 2, then 2 nodes x 1)" $?
+    # torchrun() starts its agents with a store per rendezvous round (ROUND_STORE).
     timeout 180 "$PY" -c 'import sys; from ezpz_nb.examples.agents import torchrun
 from ezpz_nb.examples.by_hand import load_attempts
 torchrun(sys.argv[1], "--backend", "nccl", "--out", sys.argv[2], "--checkpoint-every", "2",

@@ -234,7 +234,7 @@ def _expect_ledger(case: str, out: Path, world: int, tp: int, run: AgentRun) -> 
         raise _fail(
             case,
             f"no ledger files in {out}/attempt0/: record the loader with "
-            "record(loader, layout, path=OUT/attempt{ATTEMPT}/rank{RANK}.jsonl)",
+            "record(loader, layout, path=OUT/attempt{attempt}/rank{RANK}.jsonl)",
             run,
         ) from None
     if ledger.ranks() != list(range(world)):
