@@ -24,8 +24,8 @@
 # - Count processes and threads against cores; decide whether a TP leader should load and
 #   broadcast, or every TP rank load.
 #
-# **Time:** about 30 minutes (advanced track). Running the cells alone takes about 15 s on an
-# idle 2-core machine.
+# **Time:** 35 to 40 minutes with the predictions and the exercise (advanced track). Running
+# the cells alone takes about 15 s on an idle 2-core machine.
 #
 # The numbers are this machine's and this run's; the relations are the lesson. Timings move
 # with the machine's load: rerun a cell and the figures change, the relations do not.

@@ -9,9 +9,10 @@
 # %% [markdown]
 # # 14 · From the notebook to a cluster, by hand: torchrun, two nodes, an elastic restart
 #
-# **Time:** about 40 minutes (advanced track). Running it top to bottom takes about 40 s on an idle 2-core
-# machine: five real torchrun jobs (about 22 s of them, `benchmarks/agents.py`), and every rank
-# of each pays a fresh `import torch`. On a machine busy with other work allow up to 2 minutes.
+# **Time:** 45 to 55 minutes reading the worker's cells as given (advanced track); writing them
+# yourself from the text takes 60 to 90. Running it top to bottom takes about a minute on an
+# idle 2-core machine: six real torchrun jobs, and every rank of each pays a fresh
+# `import torch`. On a machine busy with other work allow up to 3 minutes.
 #
 # `ez.launch` hid the startup code, which was right for learning the data. The job you run next
 # has none of that: torchrun starts your file once per rank and you write everything the ranks
