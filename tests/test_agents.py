@@ -412,3 +412,16 @@ def test_a_membership_change_restart_resumes_though_the_agents_counts_disagree(c
     got = load_attempts(out)
     assert got.resumed == [(0, 0, 0), (1, 1, 2)]
     assert got.exactly_once()
+
+
+@pytest.mark.system
+def test_the_worker_refuses_restarts_on_torchruns_shared_store(case, monkeypatch):
+    """Guards: issue 34. With --max-restarts and torchrun's default store (one for the whole
+    job, still holding the last round's keys after a restart), the worker must refuse at
+    startup and say which variable to set, not fail later in init_process_group."""
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    argv = torchrun_argv(_solution(case), "--out", str(case / "out"), max_restarts=1)
+    run = run_agents([argv], echo=False)
+    assert not run.ok
+    assert run.lines("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), run.diagnosis()
+    assert not (case / "out").exists()  # refused before anything was written
