@@ -460,10 +460,12 @@ assert spreads[True].mean() < spreads[False].mean()
 # %% [markdown]
 # It does not: balancing only pairs batches differently, so the counts stay equal. Packed rows
 # are balanced **in tokens** by construction (every full row holds 256 real tokens), which is
-# one reason large-scale pretraining packs. They are not balanced in attention work: under the
-# document mask a document of n tokens costs about n² in attention, so a row's cost follows the
-# sum of its documents' squared lengths, and a row of one long document costs more than a row
-# of many short ones (measured below).
+# one reason large-scale pretraining packs. They are not balanced in attention work: with the
+# kernels that skip what the document mask hides (flash-attention's varlen kernels,
+# `flex_attention`), a document of n tokens costs about n² in attention, so a row's cost
+# follows the sum of its documents' squared lengths, and a row of one long document costs more
+# than a row of many short ones (measured below). A dense L x L mask, as this tiny model
+# takes, costs every row the same and wastes the rest.
 #
 # ### The loss the optimizer sees: per token, over the whole step
 #
@@ -478,35 +480,42 @@ assert spreads[True].mean() < spreads[False].mean()
 # **sums** them (no division by the number of ranks).
 #
 # **Predict:** on packed rows every row holds 256 tokens. Do the two normalizations differ?
+# And on budget batches?
 #
 # <details><summary>Answer</summary>
 #
-# A little. The labels stop at each document's end (the last token of a piece predicts
-# nothing), so a row's labelled tokens are 256 minus its number of pieces, and replicas
-# differ by a few tokens a step. The cell prints how much; on budget batches, where replicas
-# hold 3000 and 4000 tokens, the gap is far larger.
+# Barely. The labels stop at each piece's end (its last token predicts nothing), so a row's
+# labelled tokens are 256 minus its number of pieces, and replicas differ by a token or two a
+# step. The cell also runs section 2's budget batches, where a replica can hold a thousand
+# labelled tokens fewer than another in the same step; read the weights and the differences.
 #
 # </details>
 
 
 # %%
-def loss_two_ways(corpus, steps=3, accum=2):
+def loss_two_ways(corpus, pieces, packed, steps=3, accum=2):
     """Per optimizer step: the mean of per-rank means, and the global per-token mean."""
     layout = make_layout()
-    rows = PackedRows(corpus, ROW)
-    sampler = DistributedSampler(rows, layout.dp_size, layout.dp_rank, seed=3)
-    loader = iter(DataLoader(rows, batch_size=2, sampler=sampler, drop_last=True))
-    model = TinyLM(corpus.vocab_size, ROW)
-    out = []
+    if packed:
+        rows = PackedRows(corpus, ROW)
+        sampler = DistributedSampler(rows, layout.dp_size, layout.dp_rank, seed=3)
+        loader = DataLoader(rows, batch_size=2, sampler=sampler, drop_last=True)
+    else:  # section 2's budget batches, planned globally and dealt over the replicas
+        plan = plan_then_shard([e - s for _, s, e in pieces], layout.dp_size, BUDGET)
+        collate = PadCollate(corpus, pieces)
+        loader = DataLoader(
+            range(len(pieces)), batch_sampler=plan[layout.dp_rank], collate_fn=collate
+        )
+    batches, model, out = iter(loader), TinyLM(corpus.vocab_size, MAX_LEN), []
     for _ in range(steps):
-        micro = [next(loader) for _ in range(accum)]  # one optimizer step = accum micro-batches
-        counted = torch.stack([(b["labels"] != IGNORE).sum() for b in micro])
-        tokens = counted.sum().float()  # this rank's labelled tokens in the whole step
+        micro = [next(batches) for _ in range(accum)]  # one optimizer step = accum micro-batches
+        tokens = sum((b["labels"] != IGNORE).sum() for b in micro).float()  # this rank's, all micro
         global_tokens = tokens.clone()
         dist.all_reduce(global_tokens, group=layout.dp_group)  # before any backward
         loss_sum = torch.zeros(())
         for b in micro:
-            logits = model(b["input_ids"], b["position_ids"], document_mask(b["doc_ids"]))
+            mask = document_mask(b["doc_ids"]) if packed else None  # padded rows: plain causal
+            logits = model(b["input_ids"], b.get("position_ids"), mask)
             summed = torch.nn.functional.cross_entropy(
                 logits.flatten(0, 1), b["labels"].flatten(), reduction="sum"
             )  # labels IGNORE (-100) are left out, as cross_entropy's default ignore_index
@@ -525,16 +534,28 @@ def loss_two_ways(corpus, steps=3, accum=2):
     return out
 
 
-two_ways = ez.launch(loss_two_ways, corpus, world_size=WORLD)[0]
-for step, (mean_of_means, per_token, counts) in enumerate(two_ways):
-    print(
-        f"step {step}: labelled tokens per replica {[int(c) for c in counts]}; "
-        f"mean of rank means {mean_of_means:.6f}, global per-token mean {per_token:.6f}, "
-        f"difference {per_token - mean_of_means:+.2e}"
-    )
-    assert len(set(counts)) == 1 or mean_of_means != per_token
+gaps = {}
+for packed in (True, False):
+    two_ways = ez.launch(loss_two_ways, corpus, pieces, packed, world_size=WORLD)[0]
+    print("packed rows:" if packed else "budget batches:")
+    for step, (mean_of_means, per_token, counts) in enumerate(two_ways):
+        print(
+            f"  step {step}: labelled tokens per replica {[int(c) for c in counts]} (a token of "
+            f"the smallest weighs {max(counts) / min(counts):.2f}x one of the largest in the "
+            f"mean of rank means); mean of rank means {mean_of_means:.5f}, per-token mean "
+            f"{per_token:.5f}, difference {per_token - mean_of_means:+.1e}"
+        )
+        assert len(set(counts)) == 1 or mean_of_means != per_token
+    gaps[packed] = max(abs(per_token - m) for m, per_token, _ in two_ways)
+print(f"largest difference: packed rows {gaps[True]:.1e}, budget batches {gaps[False]:.1e}")
 
 # %% [markdown]
+# The losses differ little here because this model is untrained: its loss is about the same on
+# every token, so weighing tokens differently hardly moves the mean. What differs is the
+# **weight** of each token in the gradient, printed per step: on the budget step where one
+# replica holds fewer labelled tokens, each of its tokens counts more than a token elsewhere.
+# In training, where some replicas hold harder text than others, that bias moves the update.
+#
 # With gradient accumulation the per-rank habit compounds: dividing each micro-batch's mean by
 # the number of micro-batches weighs a micro-batch of few tokens like one of many. The global
 # count fixes both at once, and it costs one all-reduce of a single number per step, before the

@@ -29,7 +29,8 @@
 #   rendezvous): see `LOCAL_RANK` differ from `RANK`, and where TP groups land.
 # - Read torchrun's logs: `--log-dir`, `--tee`, `--local-ranks-filter`.
 # - Kill a rank mid-epoch and watch `--max-restarts` bring the job back from its last
-#   checkpoint, every sample counted exactly once.
+#   checkpoint, every sample counted exactly once; on two nodes, see the agents' restart
+#   counts disagree, and key the attempt on what every rank agrees on instead.
 # - See a rendezvous give up on a node that never comes, in bounded time.
 
 # %%
@@ -59,7 +60,7 @@ WORK = Path(work.name)
 # | `WORLD_SIZE` | ranks in the job | 4 |
 # | `LOCAL_WORLD_SIZE` | ranks on this node (`--nproc-per-node`) | 2 |
 # | `GROUP_RANK` | this node's number, decided by the rendezvous | 1 |
-# | `TORCHELASTIC_RESTART_COUNT` | this node's agent's count of restarts; nodes may differ (section 6) | 0 |
+# | `TORCHELASTIC_RESTART_COUNT` | its agent's count of restarts; nodes differ (section 6) | 0 |
 #
 # In the notebooks `LOCAL_RANK` and `RANK` were always equal: one machine. On two nodes they are
 # not, and code that picks a GPU with `RANK` asks for GPU 3 on a node that has two.
@@ -140,17 +141,18 @@ def parse_args(argv=None):
 # Which store that is matters after a restart. By default torchrun's agents keep **one store
 # for the whole job**: every round of ranks gets the same `MASTER_PORT`, and after a restart it
 # still holds what the last round's ranks wrote there, such as their addresses. Measured here
-# with this file and torch 2.13: 3 of 5 restarts failed in the restarted ranks'
-# `init_process_group` (two hung, one connected to a dead rank's address). A key prefix per
-# `TORCHELASTIC_RESTART_COUNT` looks like the fix, but that count is **kept by each node's
-# agent**: an agent that restarts its ranks because another node left and came back does not
-# count it (section 6 shows two agents disagree), so the ranks of two nodes look for different
-# prefixes and wait for each other until the timeout (pytorch issues 108158, 135712). The file
-# keys nothing on that count. It asks torchrun for **a store per rendezvous round**
-# (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, set by this notebook's `torchrun()`): the round's
-# rendezvous hands every node the same new `MASTER_PORT`, where the round's rank 0 serves a
-# fresh store. Started with `--max-restarts` but without it, the file refuses to run. The
-# attempt number (for the ledger folders and `--kill`) is decided by rank 0 and broadcast.
+# with an earlier version of this file that joined it as it is (torch 2.13): 3 of 5 restarts
+# failed in `init_process_group` (two hung, one connected to a dead rank's address). A key
+# prefix per `TORCHELASTIC_RESTART_COUNT` looks like the fix, but that count is **kept by each
+# node's agent**: an agent that restarts its ranks because another node left and came back
+# does not count it (section 6 shows two agents disagree), so the ranks of two nodes look for
+# different prefixes and wait for each other until the timeout (pytorch issues 108158,
+# 135712). The file keys nothing on that count. It asks torchrun for **a store per
+# rendezvous round** (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, set by this notebook's
+# `torchrun()`): the round's rendezvous hands every node the same new `MASTER_PORT`, where the
+# round's rank 0 serves a fresh store. Started with `--max-restarts` but without it, the file
+# refuses to run. The attempt number (for the ledger folders and `--kill`) is decided by rank 0
+# and broadcast.
 #
 # **What changes on GPUs** (`--backend nccl`; the same file, nothing else to edit):
 #
@@ -586,8 +588,8 @@ assert load_attempts(WORK / "membership").exactly_once()
 # **When a node is replaced.** The rendezvous numbers the nodes of each round by sorting their
 # descriptors (host address, agent process id, a counter), not by `--node-rank`: a new node
 # can sort first, and **rank 0 can move to another node** between attempts (in the run above
-# it may have). This file's rank 0 reads the checkpoint; on a new node a checkpoint on the old node's
-# local disk is not there, and the job would silently start over. "Nodes need not share a
+# it may have). This file's rank 0 reads the checkpoint; on a new node, a checkpoint on the
+# old node's local disk is not there, and the job would silently start over. "Nodes need not share a
 # filesystem" holds only when nothing is read back. So: keep checkpoints on storage every node
 # sees (a shared filesystem, an object store), or refuse. The file refuses: when any agent has
 # restarted its ranks (the largest count over the ranks, all-reduced) but rank 0 finds no trace
