@@ -25,9 +25,9 @@
 # | the global batch keeps its size | the effective learning rate changes |
 # | the order changes between epochs | every epoch repeats the first one's order |
 #
-# **Time:** 35 to 40 minutes with the predictions (advanced track). Running it top to bottom
-# takes about a minute on an idle 2-core machine (every section starts real ranks, and some
-# import `datasets` or torchdata in each).
+# **Time:** 35 to 40 minutes with the predictions (advanced track). Every check starts real
+# ranks (a resume check starts fresh ones for each way of stopping), so running it takes
+# longer than the core notebooks: 88 s measured on a 2-core machine under heavy load.
 #
 # **Learning goals**
 #
