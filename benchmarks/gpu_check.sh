@@ -7,7 +7,8 @@
 #      (benchmarks/pin_memory.py); host timers against CUDA events on a step, checked
 #      (benchmarks/cuda_timing.py),
 #   5. notebook 14's worker file (taken from the notebook) under torchrun on nccl; with 2+
-#      GPUs also its checker (one node, two simulated nodes) and its elastic restart,
+#      GPUs also its checker (one node, two simulated nodes), its elastic restart, and the
+#      membership-change restart of two simulated nodes (their agents' counts disagree),
 #   6. the capstone (FSDP2 x TP) under torchrun on nccl, ledger checked.
 # Prints PASS/FAIL/SKIP per check and a summary; exits 1 if any check failed.
 # Without a GPU it prints "SKIP: no GPU" and exits 0, unless nvidia-smi sees GPUs that
@@ -106,6 +107,18 @@ torchrun(sys.argv[1], "--backend", "nccl", "--out", sys.argv[2], "--checkpoint-e
 got = load_attempts(sys.argv[2]); print(got.resumed, got.counted.summary())
 sys.exit(0 if got.exactly_once() and got.replayed.records else 1)' "$OUT/torchrun_worker.py" "$OUT/elastic"
     report "notebook 14 elastic restart on nccl (a rank killed, resumed exactly once)" $?
+    # Two simulated nodes, one GPU each: rank 1 dies, rank 0 waits; node 0's agent restarts
+    # for the membership change without counting it, so the counts must disagree (0 and 1).
+    timeout 180 "$PY" -c 'import sys; from ezpz_nb.examples.agents import torchrun
+from ezpz_nb.examples.by_hand import load_attempts
+gpus = [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+run = torchrun(sys.argv[1], "--backend", "nccl", "--out", sys.argv[2], "--checkpoint-every", "2",
+               "--kill", "1:1:3", "--others-block", "--timeout", "60", nnodes=2, max_restarts=1,
+               node_envs=gpus, timeout_s=170).raise_for_status()
+counts = sorted(int(ln.split()[-1]) for ln in run.lines(r"^rank \d+ local_rank .* attempt 1 "))
+got = load_attempts(sys.argv[2]); print("restart counts", counts, got.resumed)
+sys.exit(0 if counts == [0, 1] and got.exactly_once() else 1)' "$OUT/torchrun_worker.py" "$OUT/membership"
+    report "notebook 14 membership-change restart on nccl (2 nodes x 1 GPU, counts 0 and 1)" $?
 else
     echo "SKIP  notebook 14 checker and elastic restart on nccl: need 2 GPUs (one per rank)"
 fi
