@@ -3,9 +3,12 @@
 #   1. the GPU tests (pytest; they skip on machines without CUDA),
 #   2. tp_broadcast under torchrun on nccl, one GPU per rank, ledger checked,
 #   3. uneven steps under torchrun on nccl must fail, not hang (needs 2+ GPUs),
-#   4. pin_memory / non_blocking host-to-device copies, measured (benchmarks/pin_memory.py),
+#   4. pin_memory / non_blocking host-to-device copies and the side-stream prefetch, measured
+#      (benchmarks/pin_memory.py); host timers against CUDA events on a step, checked
+#      (benchmarks/cuda_timing.py),
 #   5. notebook 14's worker file (taken from the notebook) under torchrun on nccl; with 2+
-#      GPUs also its checker (one node, two simulated nodes) and its elastic restart,
+#      GPUs also its checker (one node, two simulated nodes), its elastic restart, and the
+#      membership-change restart of two simulated nodes (their agents' counts disagree),
 #   6. the capstone (FSDP2 x TP) under torchrun on nccl, ledger checked.
 # Prints PASS/FAIL/SKIP per check and a summary; exits 1 if any check failed.
 # Without a GPU it prints "SKIP: no GPU" and exits 0, unless nvidia-smi sees GPUs that
@@ -80,9 +83,11 @@ else
     echo "SKIP  uneven steps on nccl: needs 2 GPUs (NCCL takes one GPU per rank)"
 fi
 
-echo "== 4. pin_memory and non_blocking: host-to-device copies while kernels run"
+echo "== 4. pin_memory, non_blocking, side-stream prefetch; host timers against CUDA events"
 timeout 120 "$PY" benchmarks/pin_memory.py
-report "pin_memory / non_blocking copies measured" $?
+report "pin_memory / non_blocking copies and side-stream prefetch measured" $?
+timeout 60 "$PY" benchmarks/cuda_timing.py
+report "CUDA events see a step's kernels, a host timer alone only their launches" $?
 
 echo "== 5. notebook 14's worker file, torchrun, nccl, $NPROC rank(s), tp $TP"
 # The file the notebook's %%writefile cells write, taken from the stored notebook.
@@ -100,6 +105,7 @@ if [ "$NGPU" -ge 2 ]; then
     timeout 240 "$PY" -c 'import sys; from ezpz_nb.agents.by_hand import check_worker
 check_worker(sys.argv[1], backend="nccl"); print("check_worker: all good")' "$OUT/torchrun_worker.py"
     report "notebook 14 checker on nccl (1 node x 2, then 2 nodes x 1)" $?
+    # torchrun() starts its agents with a store per rendezvous round (ROUND_STORE).
     timeout 180 "$PY" -c 'import sys; from ezpz_nb.agents.agents import torchrun
 from ezpz_nb.agents.by_hand import load_attempts
 torchrun(sys.argv[1], "--backend", "nccl", "--out", sys.argv[2], "--checkpoint-every", "2",
@@ -107,6 +113,18 @@ torchrun(sys.argv[1], "--backend", "nccl", "--out", sys.argv[2], "--checkpoint-e
 got = load_attempts(sys.argv[2]); print(got.resumed, got.counted.summary())
 sys.exit(0 if got.exactly_once() and got.replayed.records else 1)' "$OUT/torchrun_worker.py" "$OUT/elastic"
     report "notebook 14 elastic restart on nccl (a rank killed, resumed exactly once)" $?
+    # Two simulated nodes, one GPU each: rank 1 dies, rank 0 waits; node 0's agent restarts
+    # for the membership change without counting it, so the counts must disagree (0 and 1).
+    timeout 180 "$PY" -c 'import sys; from ezpz_nb.agents.agents import torchrun
+from ezpz_nb.agents.by_hand import load_attempts
+gpus = [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+run = torchrun(sys.argv[1], "--backend", "nccl", "--out", sys.argv[2], "--checkpoint-every", "2",
+               "--kill", "1:1:3", "--others-block", "--timeout", "60", nnodes=2, max_restarts=1,
+               node_envs=gpus, timeout_s=170).raise_for_status()
+counts = sorted(int(ln.split()[-1]) for ln in run.lines(r"^rank \d+ local_rank .* attempt 1 "))
+got = load_attempts(sys.argv[2]); print("restart counts", counts, got.resumed)
+sys.exit(0 if counts == [0, 1] and got.exactly_once() else 1)' "$OUT/torchrun_worker.py" "$OUT/membership"
+    report "notebook 14 membership-change restart on nccl (2 nodes x 1 GPU, counts 0 and 1)" $?
 else
     echo "SKIP  notebook 14 checker and elastic restart on nccl: need 2 GPUs (one per rank)"
 fi

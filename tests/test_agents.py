@@ -388,3 +388,40 @@ def test_lines_of_ranks_sharing_a_pipe_arrive_whole(case):
     got = run.lines(r"line \d+")
     assert len(got) == 600
     assert all(re.fullmatch(r"rank [01] line \d+ end\n?", ln) for ln in got), got[:5]
+
+
+_ROUND = re.compile(r"rank (\d+) .* attempt (\d+) .* restart_count (\d+)")
+
+
+@pytest.mark.system
+def test_a_membership_change_restart_resumes_though_the_agents_counts_disagree(case):
+    """Guards: issue 34. Two nodes of one rank; rank 1 dies and rank 0 blocks (as an NCCL
+    rank in a collective does). Node 1's agent restarts on the failure (its count 1), node
+    0's on the membership change (its count stays 0). The worker keys the attempt on what
+    rank 0 decides and takes a new store per round, so the second round joins, resumes
+    from the checkpoint, and every sample counts once."""
+    out = case / "out"
+    run = torchrun(
+        _solution(case), "--out", str(out), "--checkpoint-every", "2", "--kill", "1:1:3",
+        "--others-block", "--timeout", "20", nnodes=2, max_restarts=1, echo=False,
+    )  # fmt: skip
+    run.raise_for_status()
+    rounds = {(int(m[1]), int(m[2])): int(m[3]) for ln in run.lines() if (m := _ROUND.search(ln))}
+    assert rounds.keys() == {(0, 0), (1, 0), (0, 1), (1, 1)}, rounds
+    assert {rounds[0, 1], rounds[1, 1]} == {0, 1}, f"the agents' counts agree: {rounds}"
+    got = load_attempts(out)
+    assert got.resumed == [(0, 0, 0), (1, 1, 2)]
+    assert got.exactly_once()
+
+
+@pytest.mark.system
+def test_the_worker_refuses_restarts_on_torchruns_shared_store(case, monkeypatch):
+    """Guards: issue 34. With --max-restarts and torchrun's default store (one for the whole
+    job, still holding the last round's keys after a restart), the worker must refuse at
+    startup and say which variable to set, not fail later in init_process_group."""
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    argv = torchrun_argv(_solution(case), "--out", str(case / "out"), max_restarts=1)
+    run = run_agents([argv], echo=False)
+    assert not run.ok
+    assert run.lines("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), run.diagnosis()
+    assert not (case / "out").exists()  # refused before anything was written

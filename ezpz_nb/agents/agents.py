@@ -45,6 +45,7 @@ from ezpz_nb.agents.torchrun_args import (
 
 __all__ = [
     "AgentError",
+    "ROUND_STORE",
     "AgentRun",
     "check_worker_file",
     "free_port",
@@ -52,6 +53,12 @@ __all__ = [
     "torchrun",
     "torchrun_argv",
 ]
+
+#: What :func:`torchrun` sets for its agents: every rendezvous round gives its ranks
+#: a new store (MASTER_PORT), served by global rank 0. torchrun's default, one store
+#: kept by the agents for the whole job, still holds the last round's keys after a
+#: restart (pytorch issue 135712).
+ROUND_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 # Variables a launcher sets per process: inherited from a notebook started under
 # torchrun (or left by an earlier cell), they would misdirect the agents' ranks.
@@ -288,4 +295,4 @@ def torchrun(
         for n in nodes
     ]
     envs = None if node_envs is None else [node_envs[n] for n in nodes]
-    return run_agents(commands, timeout_s=timeout_s, echo=echo, node_envs=envs)
+    return run_agents(commands, timeout_s=timeout_s, echo=echo, env=ROUND_STORE, node_envs=envs)

@@ -17,7 +17,9 @@ prints ``rank R local_rank L world_size W local_world_size LW node N attempt A
 device D dp P tp T`` once, records its steps with :func:`ezpz_nb.ledger.record` into
 ``OUT/attempt{A}/rank{R}.jsonl``, rank 0 writes ``OUT/attempt{A}/resumed.json``
 (``{"epoch": e, "steps": k}``, where the attempt started), and a TP leader whose
-group spans nodes warns with the words "spans nodes".
+group spans nodes warns with the words "spans nodes". The attempt ``A`` is one that
+every rank agrees on (rank 0 decides and broadcasts it), not
+``TORCHELASTIC_RESTART_COUNT``, which each node's agent counts for itself.
 """
 
 from __future__ import annotations
@@ -234,7 +236,7 @@ def _expect_ledger(case: str, out: Path, world: int, tp: int, run: AgentRun) -> 
         raise _fail(
             case,
             f"no ledger files in {out}/attempt0/: record the loader with "
-            "record(loader, layout, path=OUT/attempt{ATTEMPT}/rank{RANK}.jsonl)",
+            "record(loader, layout, path=OUT/attempt{attempt}/rank{RANK}.jsonl)",
             run,
         ) from None
     if ledger.ranks() != list(range(world)):

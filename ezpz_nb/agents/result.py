@@ -74,7 +74,10 @@ class AgentRun:
             )
         cause = self.root_cause()
         if cause:
-            return "a rank failed, so torchrun stopped the job; its report:\n" + cause
+            return (
+                "a rank failed, so its node's torchrun stopped that node's ranks; its report:\n"
+                + cause
+            )
         return f"agents exited with {self.returncodes}; see their output"
 
     def root_cause(self) -> str:

@@ -142,7 +142,8 @@ def cli_main(
     except BaseException:  # noqa: BLE001 - whatever failed: say so and exit at once
         # A rank whose collective failed cannot leave cleanly: tearing the group
         # down (even a normal exit) waits for its pending collective until the
-        # group's timeout. Exit now with the traceback; torchrun stops the others.
+        # group's timeout. Exit now with the traceback; this node's torchrun stops
+        # its other ranks (other nodes' ranks fail on their own, or time out).
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()

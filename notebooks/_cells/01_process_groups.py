@@ -154,10 +154,12 @@ assert all(left >= last_arrival for _, left in times)
 # in `all_reduce` raises (`No backend type associated with device type cpu`). So, in a GPU job:
 #
 # - Give each rank its own GPU **first**: `torch.cuda.set_device(local_rank)` with
-#   `local_rank = int(os.environ["LOCAL_RANK"])` (torchrun sets it), or
-#   `dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))`. Without it
-#   every rank's `torch.cuda.current_device()` is 0, and `broadcast_object_list` and
-#   `all_gather_object` put their tensors there: all ranks on `cuda:0`.
+#   `local_rank = int(os.environ["LOCAL_RANK"])` (torchrun sets it). Without it every rank's
+#   `torch.cuda.current_device()` is 0, and `broadcast_object_list` and `all_gather_object`
+#   put their tensors there: all ranks on `cuda:0`. Passing
+#   `device_id=torch.device("cuda", local_rank)` to `init_process_group` as well binds the
+#   communicator to that GPU at once, but in torch 2.13 it does **not** set the current device:
+#   it is an extra, not a replacement.
 # - Put the tensors of a collective on that device: `torch.tensor([x], device="cuda")`.
 # - Agreements that live on the CPU (a step count, a flag, a Python object) can go on a gloo
 #   side group, `cpu_group = dist.new_group(backend="gloo")`, passed as `group=`: no copy to the
@@ -354,12 +356,14 @@ assert hang.stacks[1].call == "all_reduce"
 #   line (as `HangError` does here).
 # - **NCCL**: collectives run on the GPU, and a watchdog thread notices the timeout and
 #   **aborts the process**. Its message names the collective (`OpType=ALLREDUCE`, its sequence
-#   number) but not your line. NCCL's counterpart of `HangError` is the **Flight Recorder**: with
-#   `TORCH_FR_BUFFER_SIZE=2000` (formerly `TORCH_NCCL_TRACE_BUFFER_SIZE`) each rank keeps its
-#   last collectives with their stacks, and `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes them to one
-#   file per rank when the watchdog fires (`TORCH_FR_DUMP_TEMP_FILE` sets the path prefix).
-#   `torchfrtrace DIR`, installed with torch, reads all ranks' files and names the first
-#   collective they disagree on.
+#   number) but not your line. NCCL's counterpart of `HangError` is the **Flight Recorder**: each
+#   rank already keeps its last 2000 collectives with their stacks (`TORCH_FR_BUFFER_SIZE`,
+#   formerly `TORCH_NCCL_TRACE_BUFFER_SIZE`; 2000 is torch 2.13's default on NCCL, so setting it
+#   to 2000 changes nothing), and `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes them to one file per
+#   rank when the watchdog fires (`TORCH_FR_DUMP_TEMP_FILE` sets the path prefix). Each file
+#   lands on its rank's own node: gather them into one folder, then `torchfrtrace DIR`,
+#   installed with torch, reads all ranks' files and names the first collective they
+#   disagree on.
 # - Under **torchrun** a rank that finished its script exits, and a gloo rank still waiting for
 #   it fails within seconds with `Connection closed by peer`, naming no step (notebook 02).
 #
@@ -467,14 +471,15 @@ assert 3 not in missing.failures
 #   (`dist.get_global_rank(group, 0)`).
 # - Subgroup options: `use_local_synchronization=True` lets non-members skip `new_group`;
 #   `sort_ranks=False` makes group rank 0 the first rank listed, not the smallest.
-# - On NCCL: `torch.cuda.set_device(local_rank)` (or `device_id=`) first, collective tensors on
-#   that GPU, CPU-side agreements on a `dist.new_group(backend="gloo")` side group.
+# - On NCCL: `torch.cuda.set_device(local_rank)` first (`device_id=` binds the communicator but
+#   does not set the device), collective tensors on that GPU, CPU-side agreements on a
+#   `dist.new_group(backend="gloo")` side group.
 # - Collectives pair up by call order. Ranks that disagree on the sequence hang (for 30 minutes
 #   on gloo, 10 on NCCL, by default) or, on NCCL, may even go on out of step.
 #   `TORCH_DISTRIBUTED_DEBUG=DETAIL` names the mismatched calls; `dist.monitored_barrier` names
 #   the rank that did not arrive. On NCCL a timeout aborts the process: the Flight Recorder
-#   (`TORCH_FR_BUFFER_SIZE`, `TORCH_NCCL_DUMP_ON_TIMEOUT=1`, `torchfrtrace`) says where each
-#   rank was.
+#   (on by default; `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes its records on each node,
+#   `torchfrtrace` reads them gathered) says where each rank was.
 #
 # Now do exercises 1 and 2 in `05_workshop.ipynb`.
 #

@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 11 · Real text on real ranks
 #
-# **Time:** about 60 minutes with the predictions and the two exercises (advanced track).
+# **Time:** 70 to 80 minutes with the predictions and the two exercises (advanced track).
 # Running the cells alone takes under a minute.
 #
 # Every notebook so far fed tokens of one fixed length. Real pretraining and fine-tuning data is
@@ -47,6 +47,7 @@ from ezpz_nb.data import TPBroadcastDataLoader
 from ezpz_nb.data.groups import make_layout
 from ezpz_nb.ledger import Ledger, record
 from ezpz_nb.text import (
+    IGNORE,
     PackedRows,
     PadCollate,
     budget_batches,
@@ -414,8 +415,9 @@ viz.loss_curves(curves)
 # Equal step counts do not mean equal work. With budget batches, one replica may hold 4000 real
 # tokens while another holds 3000 in the same step: its attention and its loss cover fewer
 # tokens, it finishes first and waits in the all-reduce. And the **global batch in tokens**
-# (the sum over replicas) changes from step to step, which is what the learning rate actually
-# sees. `plan_then_shard(..., balance=True)` sorts the batches by real tokens and gives the
+# (the sum over replicas) changes from step to step; how much each of those tokens weighs in the
+# update depends on how the loss is normalized (the end of this section).
+# `plan_then_shard(..., balance=True)` sorts the batches by real tokens and gives the
 # replicas of one step neighbouring batches. (It also puts the small batches into the same
 # steps, so the global batch in tokens can vary *more* from step to step: compare the ranges.)
 #
@@ -457,8 +459,119 @@ assert spreads[True].mean() < spreads[False].mean()
 
 # %% [markdown]
 # It does not: balancing only pairs batches differently, so the counts stay equal. Packed rows
-# are balanced by construction (every full row holds 256 real tokens), which is one reason
-# large-scale pretraining packs.
+# are balanced **in tokens** by construction (every full row holds 256 real tokens), which is
+# one reason large-scale pretraining packs. They are not balanced in attention work: with the
+# kernels that skip what the document mask hides (flash-attention's varlen kernels,
+# `flex_attention`), a document of n tokens costs about n² in attention, so a row's cost
+# follows the sum of its documents' squared lengths, and a row of one long document costs more
+# than a row of many short ones (measured below). A dense L x L mask, as this tiny model
+# takes, costs every row the same and wastes the rest.
+#
+# ### The loss the optimizer sees: per token, over the whole step
+#
+# `train` in section 3 does what most first scripts (and DDP with `loss.mean()`) do: each rank
+# takes the **mean over its own tokens**, and the gradient all-reduce averages the ranks. A
+# token on a replica with fewer labelled tokens then weighs more than one on a replica with
+# more. The loss of a language model is meant per token over the whole step: **the sum of the
+# per-token losses divided by the step's global token count**, the count all-reduced over the
+# DP replicas before the backward pass. With gradient accumulation (several micro-batches per
+# optimizer step), the count covers every micro-batch of the step: each micro-batch's
+# `loss_sum / global_tokens` goes into `backward()`, the gradients add up, and the all-reduce
+# **sums** them (no division by the number of ranks).
+#
+# **Predict:** on packed rows every row holds 256 tokens. Do the two normalizations differ?
+# And on budget batches?
+#
+# <details><summary>Answer</summary>
+#
+# Barely. The labels stop at each piece's end (its last token predicts nothing), so a row's
+# labelled tokens are 256 minus its number of pieces, and replicas differ by a token or two a
+# step. The cell also runs section 2's budget batches, where a replica can hold a thousand
+# labelled tokens fewer than another in the same step; read the weights and the differences.
+#
+# </details>
+
+
+# %%
+def loss_two_ways(corpus, pieces, packed, steps=3, accum=2):
+    """Per optimizer step: the mean of per-rank means, and the global per-token mean."""
+    layout = make_layout()
+    if packed:
+        rows = PackedRows(corpus, ROW)
+        sampler = DistributedSampler(rows, layout.dp_size, layout.dp_rank, seed=3)
+        loader = DataLoader(rows, batch_size=2, sampler=sampler, drop_last=True)
+    else:  # section 2's budget batches, planned globally and dealt over the replicas
+        plan = plan_then_shard([e - s for _, s, e in pieces], layout.dp_size, BUDGET)
+        collate = PadCollate(corpus, pieces)
+        loader = DataLoader(
+            range(len(pieces)), batch_sampler=plan[layout.dp_rank], collate_fn=collate
+        )
+    batches, model, out = iter(loader), TinyLM(corpus.vocab_size, MAX_LEN), []
+    for _ in range(steps):
+        micro = [next(batches) for _ in range(accum)]  # one optimizer step = accum micro-batches
+        tokens = sum((b["labels"] != IGNORE).sum() for b in micro).float()  # this rank's, all micro
+        global_tokens = tokens.clone()
+        dist.all_reduce(global_tokens, group=layout.dp_group)  # before any backward
+        loss_sum = torch.zeros(())
+        for b in micro:
+            mask = document_mask(b["doc_ids"]) if packed else None  # padded rows: plain causal
+            logits = model(b["input_ids"], b.get("position_ids"), mask)
+            summed = torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), b["labels"].flatten(), reduction="sum"
+            )  # labels IGNORE (-100) are left out, as cross_entropy's default ignore_index
+            (summed / global_tokens).backward()  # gradients add up over the micro-batches
+            loss_sum += summed.detach()
+        for p in model.parameters():  # SUM, not the mean: the division was by global_tokens
+            dist.all_reduce(p.grad, group=layout.dp_group)
+            p.grad = None  # (no optimizer here: only the numbers are compared)
+        per_rank = torch.stack([loss_sum / tokens, tokens])  # this rank's mean, and its weight
+        gathered = [torch.zeros(2) for _ in range(layout.dp_size)]
+        dist.all_gather(gathered, per_rank, group=layout.dp_group)
+        global_sum = loss_sum.clone()
+        dist.all_reduce(global_sum, group=layout.dp_group)
+        means, counts = torch.stack(gathered).T
+        out.append((means.mean().item(), (global_sum / global_tokens).item(), counts.tolist()))
+    return out
+
+
+gaps = {}
+for packed in (True, False):
+    two_ways = ez.launch(loss_two_ways, corpus, pieces, packed, world_size=WORLD)[0]
+    print("packed rows:" if packed else "budget batches:")
+    for step, (mean_of_means, per_token, counts) in enumerate(two_ways):
+        print(
+            f"  step {step}: labelled tokens per replica {[int(c) for c in counts]} (a token of "
+            f"the smallest weighs {max(counts) / min(counts):.2f}x one of the largest in the "
+            f"mean of rank means); mean of rank means {mean_of_means:.5f}, per-token mean "
+            f"{per_token:.5f}, difference {per_token - mean_of_means:+.1e}"
+        )
+        assert len(set(counts)) == 1 or mean_of_means != per_token
+    gaps[packed] = max(abs(per_token - m) for m, per_token, _ in two_ways)
+print(f"largest difference: packed rows {gaps[True]:.1e}, budget batches {gaps[False]:.1e}")
+
+# %% [markdown]
+# The losses differ little here because this model is untrained: its loss is about the same on
+# every token, so weighing tokens differently hardly moves the mean. What differs is the
+# **weight** of each token in the gradient, printed per step: on the budget step where one
+# replica holds fewer labelled tokens, each of its tokens counts more than a token elsewhere.
+# In training, where some replicas hold harder text than others, that bias moves the update.
+#
+# With gradient accumulation the per-rank habit compounds: dividing each micro-batch's mean by
+# the number of micro-batches weighs a micro-batch of few tokens like one of many. The global
+# count fixes both at once, and it costs one all-reduce of a single number per step, before the
+# backward pass. Below, the attention work of packed rows: the sum of squared document lengths
+# per row, from the rows' `doc_ids`.
+
+# %%
+work = []
+for i in range(len(rows) - 1):  # the last row holds padding
+    _, lengths = torch.unique(rows[i]["doc_ids"], return_counts=True)
+    work.append(int((lengths.long() ** 2).sum()))
+print(
+    f"{len(work)} rows of {ROW} tokens: attention work (sum of squared document lengths) "
+    f"from {min(work)} to {max(work)}, {max(work) / min(work):.1f}x apart"
+)
+assert max(work) <= ROW**2 and min(work) >= ROW
 #
 # ## 5. The TP broadcast with changing shapes
 #
@@ -511,9 +624,11 @@ print(
 # whatever the shape. What changing shapes cost: `TPBroadcastDataLoader` sends one buffer per
 # step while the shapes stay the same, and when they change, a second broadcast with the new
 # shapes (pickled) first. The times above are one run on a busy machine, so read them as an
-# order of magnitude, not a verdict. On a GPU with `torch.compile`, changing shapes cost more
-# than a broadcast: each new shape can trigger a recompilation, one reason packed rows of one
-# fixed shape are the usual choice there.
+# order of magnitude, not a verdict. With `torch.compile`, the first new shape triggers one
+# recompile, which marks the dimensions that changed as dynamic (automatic dynamic shapes);
+# later shapes reuse that graph. CUDA graphs (`mode="reduce-overhead"`) are recorded per shape,
+# so there every new shape costs a new recording, and kernels tuned for one shape lose on
+# others: one reason packed rows of one fixed shape are the usual choice on GPUs.
 
 # %% [markdown]
 # ## Exercises
@@ -614,7 +729,11 @@ assert ex.check_budget_plan(plan_batches).passed
 #   position ids per document and use a block-diagonal causal mask (`cu_seqlens` in flash
 #   attention): document B's logits then do not depend on document A, bit for bit.
 # - Equal steps are not equal work: real tokens per replica differ per step unless the plan
-#   balances them or the rows are packed.
+#   balances them or the rows are packed; packed rows still differ in attention work (the sum
+#   of squared document lengths).
+# - Normalize the training loss per token over the whole step: the sum of per-token losses
+#   divided by the global token count (all-reduced before the backward, over every
+#   micro-batch of an accumulated step), and sum the gradients.
 # - The TP broadcast carries changing shapes in its header; peers receive identical bytes.
 #
 # The same packed pipeline runs under torchrun and writes one ledger per rank, with the

@@ -24,8 +24,8 @@
 # - Count processes and threads against cores; decide whether a TP leader should load and
 #   broadcast, or every TP rank load.
 #
-# **Time:** about 30 minutes (advanced track). Running the cells alone takes about 15 s on an
-# idle 2-core machine.
+# **Time:** 35 to 40 minutes with the predictions and the exercise (advanced track). Running
+# the cells alone takes about 15 s on an idle 2-core machine.
 #
 # The numbers are this machine's and this run's; the relations are the lesson. Timings move
 # with the machine's load: rerun a cell and the figures change, the relations do not.
@@ -98,7 +98,9 @@ viz.step_timeline(base)
 #
 # ## 2. Workers, prefetching, and the start of each epoch
 #
-# `num_workers=k` forks k processes that load batches while the rank computes;
+# `num_workers=k` starts k processes that load batches while the rank computes (by fork on
+# Linux up to Python 3.13; Python 3.14's Linux default is forkserver, macOS and Windows spawn,
+# and then each worker imports and unpickles the dataset afresh);
 # `prefetch_factor` is how many batches each worker keeps ready. The sweep runs on **one rank**
 # so that the workers have cores of their own: a worker only helps when a core is free for it
 # (here: the notebook's cores minus the ranks). On a GPU node the same holds per rank: 8 ranks
@@ -223,10 +225,12 @@ viz.step_timeline(led)
 #
 # Every rank is a process; every DataLoader worker is another; each may run several intra-op
 # threads (`torch.get_num_threads()`, set by `OMP_NUM_THREADS` or `torch.set_num_threads`). When
-# ranks x (1 + workers) x threads exceeds the cores, they take turns, and a step's time grows with
+# ranks x (threads + workers) exceeds the cores, they take turns, and a step's time grows with
 # every extra thread. `ez.launch` gives each rank `cores // ranks` threads; DataLoader workers
 # run with 1 thread each (torch sets it in every worker). On a cluster, ask the scheduler for
-# the cores you will use: Slurm's `--cpus-per-task` per rank, then `OMP_NUM_THREADS` to match.
+# the cores you will use: with one torchrun per node (`docs/scale-out.md`), Slurm's
+# `--cpus-per-task` is the whole node's share for all its ranks and their workers; then set
+# `OMP_NUM_THREADS` per rank to match.
 
 
 # %%
@@ -249,8 +253,9 @@ for threads in (1, 2):
 
 # %% [markdown]
 # With more threads than cores, a second thread per rank buys nothing and often costs: the
-# threads wait for each other at every parallel region. Count before you set the knobs:
-# `ranks_per_node x (1 + num_workers) x threads <= cores_per_node`.
+# threads wait for each other at every parallel region. Count before you set the knobs: each
+# rank runs its `threads`, each of its workers one, so
+# `ranks_per_node x (threads + num_workers) <= cores_per_node`.
 #
 # ## 5. TP: the leader loads and broadcasts, or every TP rank loads?
 #
@@ -296,33 +301,54 @@ def tp_table():
 
 tp = ez.launch(tp_table, world_size=4)
 table = {k: max(rank[k] for rank in tp) for k in tp[0]}
-print("| batch | every TP rank loads | leader loads + broadcasts | this run |")
+print("| batch | every TP rank loads | leader loads + broadcasts | faster here |")
 print("|---|---|---|---|")
 for case in TP_CASES:
     each, bcast = table[(case, False)], table[(case, True)]
     won = "every rank loads" if each < bcast else "broadcast"
-    print(f"| {case} | {each:.2f} ms | {bcast:.2f} ms | {won} |")
+    ratio = max(each, bcast) / min(each, bcast)
+    print(f"| {case} | {each:.2f} ms | {bcast:.2f} ms | {won}, {ratio:.1f}x |")
+
+
+def tp_verdict(case, each, bcast, noise=1.25):
+    """One sentence on this run's numbers: who won, by how much, or too close to call."""
+    ratio = max(each, bcast) / min(each, bcast)
+    if ratio < noise:
+        return f"{case}: a tie on this run ({each:.1f} vs {bcast:.1f} ms, under {noise}x apart)"
+    won = "every TP rank loading" if each < bcast else "the leader's broadcast"
+    return (
+        f"{case}: {won} wins, {ratio:.1f}x ({each:.1f} ms loading each, {bcast:.1f} ms broadcast)"
+    )
+
+
+for case in TP_CASES:
+    print(tp_verdict(case, table[(case, False)], table[(case, True)]))
 
 # %% [markdown]
-# The two sides of the crossover: a batch that costs less to make than to send (random tokens,
-# 2 MiB) should go to "every rank loads", since the broadcast moves 2 MiB through the group every
-# step for nothing; a batch that costs much more to make than to send goes to the broadcast,
-# most clearly when the TP ranks share fewer cores than there are ranks (four ranks tokenizing
-# the same documents on 2 cores each take twice as long). On a busy 2-core laptop the cheap
-# case is within noise (a few ms either way): rerun the cell and watch which row keeps its
-# winner. On a GPU node with cores to spare
-# per rank, duplicated loading costs CPU, not time, and the crossover moves towards "every rank
-# loads" (torchtitan and picotron do that); with heavy decoding (images, video) or few cores
-# per GPU, the broadcast wins.
+# Read the sentences above: they are this run's numbers, worded by `tp_verdict` (a ratio under
+# 1.25x is called a tie, since one run on a shared machine moves that much). What decides it is
+# what each side costs **on these cores**. Every TP rank loading does the loading four times at
+# once; here four ranks share 2 cores, so even "cheap" random-token batches (32 samples stacked
+# into 2 MiB) are made four times on half a core each, and the broadcast, one rank making the
+# batch and loopback moving 2 MiB, can win. The tokenizing case costs far more to make than to
+# send, so expect it to lean further towards the broadcast; the sentence above says whether it
+# did on this run. Rerun the cell: a row that changes its winner was a tie. On a GPU node with cores to spare per rank, duplicated loading costs CPU, not time, and
+# the crossover moves towards "every rank loads" (torchtitan and picotron do that); with heavy
+# decoding (images, video) or few cores per GPU, the broadcast wins.
 #
 # ## 6. `pin_memory` and `non_blocking` (GPUs only)
 #
 # On a GPU, a batch is copied from host memory to the device. From ordinary (pageable) memory
 # the copy is staged through a pinned buffer and blocks the host. `DataLoader(pin_memory=True)`
 # makes the loader's thread put each batch in page-locked memory, and
-# `batch.to("cuda", non_blocking=True)` then starts the copy and returns at once, so it overlaps
-# with the previous step's kernels. Nothing of this can be shown on this CPU-only machine:
-# `make gpu-check` measures the copy with and without pinning when a GPU is present.
+# `batch.to("cuda", non_blocking=True)` then queues the copy and returns at once: the **host**
+# goes on (fetching the next batch, launching kernels). On the device the copy is queued on the
+# same stream as the kernels and runs after the previous step's, not beside them; our H200
+# table (`docs/throughput.md`) shows the same step time with and without `non_blocking`. For
+# the copy to overlap the kernels, prefetch the next batch on a side stream
+# (`torch.cuda.Stream()`), make the step `wait_stream` for it, and `record_stream` the batch.
+# Nothing of this can be shown on this CPU-only machine: `make gpu-check` measures the copies,
+# and the side-stream prefetch against the same loop on one stream, when a GPU is present.
 
 # %%
 print("GPU here:", torch.cuda.is_available())
@@ -366,6 +392,6 @@ assert ex.check_faster_loader(faster_loader).passed
 # - `ledger.diagnose()` and `viz.step_timeline(ledger)` tell data wait from compute from waiting
 #   for a straggler, per rank; measure before changing a knob.
 # - Workers and prefetching hide loading behind the step only with free cores; count
-#   `ranks x (1 + workers) x threads` against the cores, and keep workers with
+#   `ranks x (threads + workers)` against the cores, and keep workers with
 #   `persistent_workers=True` when epochs are short.
 # - One slow shard slows every rank: rebalance the work, or give that rank more hands.

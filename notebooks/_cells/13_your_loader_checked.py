@@ -25,7 +25,9 @@
 # | the global batch keeps its size | the effective learning rate changes |
 # | the order changes between epochs | every epoch repeats the first one's order |
 #
-# **Time:** about 20 minutes (advanced track).
+# **Time:** 35 to 40 minutes with the predictions (advanced track). Every check starts real
+# ranks (a resume check starts fresh ones for each way of stopping), so running it takes
+# longer than the core notebooks: 88 s measured on a 2-core machine under heavy load.
 #
 # **Learning goals**
 #
@@ -120,6 +122,17 @@ assert one_epoch.verdict == "not judged" and set(one_epoch.not_judged) == {"resh
 #
 # Each factory below is one line away from `right`. The check names the rule each breaks and
 # where it first shows: rank, step, sample.
+#
+# **Predict:** for each of the four, which rule of the table above breaks first?
+#
+# <details><summary>Answer</summary>
+#
+# `world_sharded`: TP peers get identical bytes (the sampler splits a TP pair). `no_sampler`:
+# DP replicas get disjoint samples. `hand_sharded`: every rank takes as many steps (8, 8, 7, 7
+# samples in batches of 1). `wrapped`: the order changes between epochs (the wrapper hides the
+# sampler from `set_epoch`). The cell after the next one asserts exactly this.
+#
+# </details>
 
 
 # %%
@@ -191,6 +204,18 @@ mistakes["world_sharded"].figure()
 # Every rank imports `datasets` when it first unpickles one (a few seconds on a busy laptop),
 # so this section runs its checks on one `ez.Cluster` of 4 ranks that stays up between them
 # (`cluster=`): the import is paid once.
+#
+# **Predict:** 34 rows over 4 ranks. Does every rank get the same number of rows: map-style;
+# four files (12, 12, 6, 4 rows) streamed over 2 replicas; three files streamed over 4 ranks?
+#
+# <details><summary>Answer</summary>
+#
+# In none of the three. Map-style: 9, 9, 8, 8 (34 does not divide by 4). Four files over 2
+# replicas: whole files, 12 + 6 and 12 + 4. Three files over 4 ranks: every rank reads every
+# file and keeps one row in four, 9, 9, 8, 8. Every row is still seen once; the step counts
+# differ, and that is a hang in the next collective. The cells below show it.
+#
+# </details>
 
 # %%
 import datasets  # the `notebook` (or `loaders`) extra: pip install 'ezpz_nb[notebook]'
@@ -333,6 +358,18 @@ hf_ranks.close()
 # boundary, and again right after a resume), saves `state_dict()` on every rank, and resumes
 # from it **in fresh ranks**, as a restarted job does. The joined parts must see each sample
 # exactly once per epoch, and the first place they part from the straight run is named.
+#
+# **Predict:** `StatefulDataLoader` with 2 workers over a plain `DistributedSampler`, stopped
+# mid-epoch. The sampler has no state of its own: can the resumed loader still avoid repeating
+# the batches already taken?
+#
+# <details><summary>Answer</summary>
+#
+# Yes: the loader counts the batches it yielded (across its workers) and, on resume, fast-forwards
+# the sampler past them. The first table says so; the text after it says when the stateful
+# sampler does worse.
+#
+# </details>
 
 
 # %%

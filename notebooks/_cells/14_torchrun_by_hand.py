@@ -9,9 +9,10 @@
 # %% [markdown]
 # # 14 · From the notebook to a cluster, by hand: torchrun, two nodes, an elastic restart
 #
-# **Time:** about 40 minutes (advanced track). Running it top to bottom takes about 40 s on an idle 2-core
-# machine: five real torchrun jobs (about 22 s of them, `benchmarks/agents.py`), and every rank
-# of each pays a fresh `import torch`. On a machine busy with other work allow up to 2 minutes.
+# **Time:** 45 to 55 minutes reading the worker's cells as given (advanced track); writing them
+# yourself from the text takes 60 to 90. Running it top to bottom takes about a minute on an
+# idle 2-core machine: six real torchrun jobs, and every rank of each pays a fresh
+# `import torch`. On a machine busy with other work allow up to 3 minutes.
 #
 # `ez.launch` hid the startup code, which was right for learning the data. The job you run next
 # has none of that: torchrun starts your file once per rank and you write everything the ranks
@@ -28,7 +29,8 @@
 #   rendezvous): see `LOCAL_RANK` differ from `RANK`, and where TP groups land.
 # - Read torchrun's logs: `--log-dir`, `--tee`, `--local-ranks-filter`.
 # - Kill a rank mid-epoch and watch `--max-restarts` bring the job back from its last
-#   checkpoint, every sample counted exactly once.
+#   checkpoint, every sample counted exactly once; on two nodes, see the agents' restart
+#   counts disagree, and key the attempt on what every rank agrees on instead.
 # - See a rendezvous give up on a node that never comes, in bounded time.
 
 # %%
@@ -58,7 +60,7 @@ WORK = Path(work.name)
 # | `WORLD_SIZE` | ranks in the job | 4 |
 # | `LOCAL_WORLD_SIZE` | ranks on this node (`--nproc-per-node`) | 2 |
 # | `GROUP_RANK` | this node's number, decided by the rendezvous | 1 |
-# | `TORCHELASTIC_RESTART_COUNT` | 0, then 1 after the first restart | 0 |
+# | `TORCHELASTIC_RESTART_COUNT` | its agent's count of restarts; nodes differ (section 6) | 0 |
 #
 # In the notebooks `LOCAL_RANK` and `RANK` were always equal: one machine. On two nodes they are
 # not, and code that picks a GPU with `RANK` asks for GPU 3 on a node that has two.
@@ -80,6 +82,7 @@ import argparse
 import json
 import os
 import signal
+import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -101,8 +104,11 @@ LOCAL_RANK = int(os.environ["LOCAL_RANK"])  # 0 .. LOCAL_WORLD_SIZE-1: unique on
 WORLD_SIZE = int(os.environ["WORLD_SIZE"])  # ranks in the job: nodes x --nproc-per-node
 LOCAL_WORLD_SIZE = int(os.environ["LOCAL_WORLD_SIZE"])  # ranks on this node (--nproc-per-node)
 NODE = int(os.environ["GROUP_RANK"])  # this node's number, given by the rendezvous
-ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])  # 0; 1 after torchrun's first restart
 RUN_ID = os.environ["TORCHELASTIC_RUN_ID"]  # the same in every attempt of one job
+# This node's agent's own count of restarts: agents on other nodes may count otherwise
+# (section 6), so nothing that every rank must agree on is keyed on it.
+RESTART_COUNT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+MAX_RESTARTS = int(os.environ["TORCHELASTIC_MAX_RESTARTS"])
 
 
 def parse_args(argv=None):
@@ -116,7 +122,12 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--out", type=Path, default=Path("ledger"), help="ledgers and checkpoint")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps (0: never)")
-    p.add_argument("--kill", default="", help="RANK:EPOCH:STEP dies there, first attempt only")
+    p.add_argument("--kill", default="", help="RANK:EPOCH:STEP dies there, in attempt 0 only")
+    p.add_argument(
+        "--others-block",
+        action="store_true",
+        help="with --kill: the other ranks wait there, as NCCL ranks in a collective do",
+    )
     return p.parse_args(argv)
 
 
@@ -124,29 +135,50 @@ def parse_args(argv=None):
 # ## 2. Joining the group, and what changes on GPUs
 #
 # `init_process_group` gets an explicit **timeout**: torch's defaults are 30 minutes on gloo
-# and 10 on NCCL, far too long to wait for a job that hangs. It also gets a store with a prefix
-# per attempt. torchrun's store outlives a restart (the same `MASTER_PORT` in both attempts)
-# and still holds what the first attempt's ranks wrote, such as their addresses. Measured here
-# with this file and torch 2.13: without the prefix, 3 of 5 restarts failed in the restarted
-# ranks' `init_process_group` (two hung, one tried to connect to a dead rank's address); with
-# it, 7 of 7 succeeded.
+# and 10 on NCCL, far too long to wait for a job that hangs. It joins through `env://` (the
+# default): `RANK`, `WORLD_SIZE`, and the store at `MASTER_ADDR:MASTER_PORT`.
+#
+# Which store that is matters after a restart. By default torchrun's agents keep **one store
+# for the whole job**: every round of ranks gets the same `MASTER_PORT`, and after a restart it
+# still holds what the last round's ranks wrote there, such as their addresses. Measured here
+# with an earlier version of this file that joined it as it is (torch 2.13): 3 of 5 restarts
+# failed in `init_process_group` (two hung, one connected to a dead rank's address). A key
+# prefix per `TORCHELASTIC_RESTART_COUNT` looks like the fix, but that count is **kept by each
+# node's agent**: an agent that restarts its ranks because another node left and came back
+# does not count it (section 6 shows two agents disagree), so the ranks of two nodes look for
+# different prefixes and wait for each other until the timeout (pytorch issues 108158,
+# 135712). The file keys nothing on that count. It asks torchrun for **a store per
+# rendezvous round** (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, set by this notebook's
+# `torchrun()`): the round's rendezvous hands every node the same new `MASTER_PORT`, where the
+# round's rank 0 serves a fresh store. Started with `--max-restarts` but without it, the file
+# refuses to run. The attempt number (for the ledger folders and `--kill`) is decided by rank 0
+# and broadcast.
 #
 # **What changes on GPUs** (`--backend nccl`; the same file, nothing else to edit):
 #
-# - **One process per GPU.** `torch.cuda.set_device(LOCAL_RANK)` before anything else, and
-#   `device_id=` binds the communicator to that GPU. Without them every rank of a node works on
-#   `cuda:0`: `barrier` and `broadcast_object_list` use the current device.
+# - **One process per GPU.** `torch.cuda.set_device(LOCAL_RANK)` first, before anything touches
+#   CUDA. `device_id=` in `init_process_group` is an extra: it binds the communicator to that
+#   GPU at once, but in torch 2.13 it does **not** set the current device, and the object
+#   collectives (`broadcast_object_list`, `all_gather_object`) put their tensors on the current
+#   device. Without `set_device` every rank of a node puts them on `cuda:0`, and NCCL fails.
+#   `barrier` picks its device by its own rules (its docstring): `device_ids=` if given, else
+#   the bound `device_id`, else the GPU the group first used, else global rank % GPUs per node.
 # - **Collective tensors live on the rank's GPU.** Under NCCL a CPU tensor has no backend; the
 #   all-reduce in section 3 runs on `device`. CPU-side agreements (where to resume, how many
 #   steps were taken) go on a **gloo side group**, `dist.new_group(backend="gloo")`.
 # - **The watchdog.** NCCL collectives run asynchronously; a watchdog thread in each rank
 #   notices one that runs past the timeout and **aborts the process** (on gloo the timeout
-#   raises in your own thread, at your line). torchrun then stops the other ranks.
-# - **Flight Recorder**, the cluster's counterpart of `HangError`: with
-#   `TORCH_FR_BUFFER_SIZE=2000` (formerly `TORCH_NCCL_TRACE_BUFFER_SIZE`) each rank records its
-#   last collectives, and `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes them to files when the watchdog
-#   fires (`TORCH_FR_DUMP_TEMP_FILE` names them). Comparing the ranks' records shows which rank
-#   is missing from which collective.
+#   raises in your own thread, at your line). That node's torchrun then stops its other ranks;
+#   agents on other nodes only notice when their own ranks fail (with `--max-restarts=0`, their
+#   NCCL ranks wait in the collective until their own timeout) or when a restarting node comes
+#   back to the rendezvous.
+# - **Flight Recorder**, the cluster's counterpart of `HangError`: on NCCL each rank already
+#   records its last 2000 collectives (`TORCH_FR_BUFFER_SIZE`, formerly
+#   `TORCH_NCCL_TRACE_BUFFER_SIZE`; 2000 is torch 2.13's default, so setting it to 2000 changes
+#   nothing). `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes the records to files when the watchdog fires
+#   (`TORCH_FR_DUMP_TEMP_FILE` is the path prefix). Each rank writes on **its own node's disk**:
+#   gather the files from every node, then compare the ranks' records to see which rank is
+#   missing from which collective.
 # - **`NCCL_DEBUG=INFO`** prints NCCL's setup: which network interface and transport each
 #   communicator uses. It is the first thing to read when ranks on two nodes cannot connect
 #   (then name the interface with `NCCL_SOCKET_IFNAME`, or `GLOO_SOCKET_IFNAME` for gloo).
@@ -155,32 +187,29 @@ def parse_args(argv=None):
 # %%
 # %%writefile -a torchrun_worker.py
 def init(backend, timeout_s):
-    """Join the job's process group; return this rank's device and a gloo group."""
+    """Join this round's process group; return this rank's device and a gloo group."""
+    if MAX_RESTARTS > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # The agents' shared store outlives a restart and keeps the last round's keys
+        # (the dead ranks' addresses); only the agents' own counts could tell the
+        # rounds apart, and they disagree (section 6). A store per round does not.
+        raise RuntimeError(
+            "--max-restarts > 0 with torchrun's shared store: start torchrun with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 so that every rendezvous round gives "
+            "its ranks a new store (pytorch issue 135712)"
+        )
     timeout = timedelta(seconds=timeout_s)
-    # torchrun's store (at MASTER_ADDR:MASTER_PORT) lives as long as the agent, so
-    # after a restart it still holds what the first attempt's ranks wrote there,
-    # such as their addresses. One prefix per attempt keeps the attempts apart.
-    store = dist.PrefixStore(
-        f"attempt{ATTEMPT}",
-        dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            WORLD_SIZE,
-            is_master=False,
-            timeout=timeout,  # the agent serves it
-        ),
-    )
-    join = dict(store=store, rank=RANK, world_size=WORLD_SIZE, timeout=timeout)
     if backend == "nccl":
-        # One process per GPU, picked by LOCAL_RANK. Without set_device every rank of
-        # a node would work on cuda:0 (barrier and broadcast_object_list use it).
+        # One process per GPU, picked by LOCAL_RANK, before anything touches CUDA:
+        # barrier and broadcast_object_list use the current device, and device_id=
+        # does not set it.
         torch.cuda.set_device(LOCAL_RANK)
         device = torch.device("cuda", LOCAL_RANK)
-        # device_id= binds the communicator to that GPU at once, not at the first collective.
-        dist.init_process_group("nccl", device_id=device, **join)
+        # device_id= also binds the communicator to that GPU now (eager init).
+        dist.init_process_group("nccl", timeout=timeout, device_id=device)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo", **join)
+        # env:// (the default): RANK, WORLD_SIZE and this round's MASTER_ADDR:PORT.
+        dist.init_process_group("gloo", timeout=timeout)
     # NCCL has no CPU tensors: agreements the CPU makes (where to resume, how many
     # steps were taken) go on a gloo group of the same ranks.
     cpu_group = dist.new_group(backend="gloo")
@@ -255,16 +284,42 @@ def build_pipeline(args, device):
 
 # %%
 # %%writefile -a torchrun_worker.py
-def resume_position(ckpt, cpu_group):
-    """(epoch, steps done in it) of this job's last checkpoint, agreed by all ranks."""
-    position = [0, 0]
-    if RANK == 0 and ckpt.exists():
-        saved = json.loads(ckpt.read_text())
-        if saved["run_id"] == RUN_ID:  # another job's checkpoint is not ours to resume
-            position = [saved["epoch"], saved["steps"]]
-    # Rank 0 reads, everyone follows: nodes need not share a filesystem for this.
-    dist.broadcast_object_list(position, src=0, group=cpu_group)
-    return position
+def agree_on_attempt(out, cpu_group):
+    """(attempt, epoch, steps done in it) of this job, decided by rank 0, agreed by all."""
+    # Did any agent restart its ranks? Each count is local; their maximum is not.
+    restarted = torch.tensor([RESTART_COUNT])
+    dist.all_reduce(restarted, op=dist.ReduceOp.MAX, group=cpu_group)
+    agreed = [0, 0, 0]  # attempt, epoch, steps; attempt -1: refuse to run
+    if RANK == 0:
+        agreed = read_job_state(out, restarted.item() > 0)
+    # Rank 0 reads, everyone follows: only rank 0's node needs to see OUT.
+    dist.broadcast_object_list(agreed, src=0, group=cpu_group)
+    if agreed[0] < 0:
+        raise RuntimeError(
+            f"rank 0 (node {agreed[1]}) finds no trace of this job in {out}, but an agent "
+            "restarted its ranks: after a node replacement rank 0 can be on another node. "
+            "Put --out on storage every node shares."
+        )
+    return agreed[0], agreed[1], agreed[2]
+
+
+def read_job_state(out, restarted):
+    """Rank 0: this attempt's number (attempts started before it), and the checkpoint."""
+    started, ckpt = out / "started.json", out / "checkpoint.json"
+    attempt, position = 0, [0, 0]
+    if started.exists() and json.loads(started.read_text())["run_id"] == RUN_ID:
+        attempt = json.loads(started.read_text())["attempts"]
+    if ckpt.exists() and json.loads(ckpt.read_text())["run_id"] == RUN_ID:
+        saved = json.loads(ckpt.read_text())  # another job's checkpoint is not ours
+        position = [saved["epoch"], saved["steps"]]
+    if restarted and attempt == 0:
+        return [-1, NODE, 0]
+    out.mkdir(parents=True, exist_ok=True)
+    started.write_text(json.dumps({"run_id": RUN_ID, "attempts": attempt + 1}))
+    folder = out / f"attempt{attempt}"
+    folder.mkdir(exist_ok=True)
+    (folder / "resumed.json").write_text(json.dumps(dict(epoch=position[0], steps=position[1])))
+    return [attempt, *position]
 
 
 def save_position(ckpt, epoch, steps):
@@ -273,26 +328,23 @@ def save_position(ckpt, epoch, steps):
     os.replace(tmp, ckpt)  # atomic: a kill never leaves half a checkpoint
 
 
-def train(args, device, cpu_group, layout, loader):
+def train(args, device, cpu_group, layout, loader, attempt, start):
     """Every epoch from the last checkpoint on; one ledger file per rank and attempt."""
     ckpt = args.out / "checkpoint.json"
-    start_epoch, start_steps = resume_position(ckpt, cpu_group)
-    folder = args.out / f"attempt{ATTEMPT}"
-    if RANK == 0:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "resumed.json").write_text(
-            json.dumps({"epoch": start_epoch, "steps": start_steps})
-        )
-    kill = tuple(int(x) for x in args.kill.split(":")) if args.kill else None
+    start_epoch, start_steps = start
+    kill = tuple(int(x) for x in args.kill.split(":")) if args.kill and attempt == 0 else None
     taken = 0
-    with record(loader, layout, path=folder / f"rank{RANK}.jsonl") as rec:
+    with record(loader, layout, path=args.out / f"attempt{attempt}" / f"rank{RANK}.jsonl") as rec:
         for epoch in range(start_epoch, args.epochs):
             rec.set_epoch(epoch)
             skip = start_steps if epoch == start_epoch else 0
             loader.load_state_dict({"steps": skip})  # applies to this epoch only
             for step, batch in enumerate(rec, start=skip):
-                if ATTEMPT == 0 and kill == (RANK, epoch, step):
+                if kill == (RANK, epoch, step):
                     os.kill(os.getpid(), signal.SIGKILL)  # mid-step, as the OOM killer would
+                if kill and args.others_block and kill[1:] == (epoch, step):
+                    time.sleep(args.timeout)  # gloo would notice the dead peer; NCCL waits
+                    raise TimeoutError(f"rank {RANK}: the collective timed out")
                 x = batch["input_ids"].to(device)
                 total = x.float().sum()  # a stand-in for the loss of this step
                 # The gradient all-reduce's stand-in: on this rank's device (NCCL needs it).
@@ -318,14 +370,15 @@ def train(args, device, cpu_group, layout, loader):
 def main(argv=None):
     args = parse_args(argv)
     device, cpu_group = init(args.backend, args.timeout)
+    attempt, *start = agree_on_attempt(args.out, cpu_group)
     layout, loader = build_pipeline(args, device)
     print(
         f"rank {RANK} local_rank {LOCAL_RANK} world_size {WORLD_SIZE} "
-        f"local_world_size {LOCAL_WORLD_SIZE} node {NODE} attempt {ATTEMPT} "
-        f"device {device} dp {layout.dp_rank} tp {layout.tp_rank}",
+        f"local_world_size {LOCAL_WORLD_SIZE} node {NODE} attempt {attempt} "
+        f"device {device} dp {layout.dp_rank} tp {layout.tp_rank} restart_count {RESTART_COUNT}",
         flush=True,
     )
-    steps = train(args, device, cpu_group, layout, loader)
+    steps = train(args, device, cpu_group, layout, loader, attempt, start)
     print(f"rank {RANK} done: {steps} steps", flush=True)
     # Only after a run that went well (a rank whose collective failed would wait here).
     # destroy_distributed() is dist.destroy_process_group() that also frees the groups
@@ -379,7 +432,8 @@ print(" \\\n    ".join(["torchrun", *argv[3:script_at], " ".join(argv[script_at:
 # - `--log-dir` gives each agent a folder for its ranks' output files
 #   (`RUN_ID/attempt_0/LOCAL_RANK/stdout.log`);
 # - `--tee 3` writes stdout and stderr to those files *and* to the console, each line prefixed
-#   with the rank (`[default0]:`);
+#   with the **local** rank (`[default0]:`): both nodes print `[default0]`. For the global rank,
+#   set `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[${rank}]:'` in the agents' environment;
 # - `--local-ranks-filter 0` shows only local rank 0's lines on the console. The files still
 #   hold every rank's.
 #
@@ -446,8 +500,9 @@ assert merged.ok and merged.ranks() == [0, 1, 2, 3]
 #
 # Two ranks, DP 2. The data position is saved every 2 steps. In the first attempt rank 1 dies
 # (SIGKILL) in epoch 1 at step 3, after the checkpoint of step 2. With `--max-restarts=1`
-# torchrun stops the other rank, starts both again (`TORCHELASTIC_RESTART_COUNT=1`), and they
-# resume from the checkpoint: steps 2 and 3 of epoch 1 are **redone**.
+# torchrun stops the other rank, starts both again (its count of restarts,
+# `TORCHELASTIC_RESTART_COUNT`, is now 1), and they resume from the checkpoint: steps 2 and 3
+# of epoch 1 are **redone**.
 #
 # **Predict:** rank 0 was waiting in step 3's all-reduce when rank 1 died. What happens to it?
 #
@@ -491,6 +546,54 @@ assert len(counted_ids) == len(set(counted_ids)) == 48
 # the exactly-once proof holds on the steps that count. In a real job the model's checkpoint is
 # taken at the same step as the data position; otherwise the model and the data disagree about
 # what was trained on.
+#
+# ### Two nodes: each agent keeps its own count
+#
+# On one node there is one agent, and its count is the job's. On two nodes there are two. Run
+# the same restart with one rank per node, and make rank 0 **wait** at the step where rank 1
+# dies (`--others-block`), as an NCCL rank waits in a collective whose peer is gone (gloo
+# would notice the closed socket and fail at once). Node 1's agent sees its rank fail, spends
+# a restart, and goes back to the rendezvous. Node 0's agent sees a healthy rank and a node
+# waiting to join: it restarts its rank for the **membership change**, which torchrun does not
+# count as a restart (`agent/server/api.py`: "membership changes do not count as retries").
+#
+# **Predict:** in the second round, what `TORCHELASTIC_RESTART_COUNT` does each rank read? And
+# would a store prefix `attempt{TORCHELASTIC_RESTART_COUNT}` let the two ranks meet?
+#
+# <details><summary>Answer</summary>
+#
+# The rank started by node 1's agent reads 1; the one started by node 0's agent reads 0. With
+# that prefix they would write and wait under different keys and never meet (the issue this
+# notebook was fixed for measured exactly that: `DistStoreError: wait timeout ... keys:
+# /attempt1/...`). This file uses a new store per round and rank 0's attempt number instead.
+#
+# </details>
+
+# %%
+membership = torchrun(
+    WORKER, "--out", str(WORK / "membership"), "--checkpoint-every", "2", "--kill", "1:1:3",
+    "--others-block", "--timeout", "20", nnodes=2, max_restarts=1, echo=False,
+)  # fmt: skip
+membership.raise_for_status()
+print("rank  attempt (rank 0's)  TORCHELASTIC_RESTART_COUNT (its agent's)")
+counts = {}
+for line in membership.lines(r"^rank \d+ local_rank .* attempt 1 "):
+    words = line.split()
+    counts[int(words[1])] = int(words[-1])
+    print(f"{words[1]:>4}  {1:>18}  {words[-1]:>41}")
+assert sorted(counts.values()) == [0, 1]  # the two agents disagree
+assert load_attempts(WORK / "membership").exactly_once()
+
+# %% [markdown]
+# **When a node is replaced.** The rendezvous numbers the nodes of each round by sorting their
+# descriptors (host address, agent process id, a counter), not by `--node-rank`: a new node
+# can sort first, and **rank 0 can move to another node** between attempts (in the run above
+# it may have). This file's rank 0 reads the checkpoint; on a new node, a checkpoint on the
+# old node's local disk is not there, and the job would silently start over. "Nodes need not share a
+# filesystem" holds only when nothing is read back. So: keep checkpoints on storage every node
+# sees (a shared filesystem, an object store), or refuse. The file refuses: when any agent has
+# restarted its ranks (the largest count over the ranks, all-reduced) but rank 0 finds no trace
+# of this job in `--out`, every rank raises and says where `--out` must live.
 #
 # ## 7. A node that never arrives
 #
@@ -583,11 +686,12 @@ else:
 # ```
 #
 # and on a GPU node, unchanged: `... torchrun_worker.py --backend nccl --tp-size 2 --out ledger`.
-# Two nodes, each running:
+# Two nodes, each running (`--out` on storage both nodes share, for the restart):
 #
 # ```bash
-# torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \
-#     --rdzv-id=JOB_ID --max-restarts=1 torchrun_worker.py --backend nccl --tp-size 4 --out ledger
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=2 --nproc-per-node=4 \
+#     --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 --rdzv-id=JOB_ID --max-restarts=1 \
+#     torchrun_worker.py --backend nccl --tp-size 4 --out /shared/ledger
 # ```
 #
 # `docs/by-hand.md` in the repository says more (Slurm and PBS: `docs/scale-out.md`).
@@ -596,11 +700,15 @@ else:
 #
 # - torchrun sets `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`; the GPU is
 #   `LOCAL_RANK`'s, never `RANK`'s.
-# - Join with an explicit timeout; under NCCL, `set_device` + `device_id=`, collectives on the
-#   GPU, CPU agreements on a gloo group.
+# - Join with an explicit timeout; under NCCL, `set_device` first (`device_id=` does not set
+#   it), collectives on the GPU, CPU agreements on a gloo group.
 # - A TP group stays on one node when tp divides the ranks per node; warn when it does not.
-# - `--max-restarts` restarts every rank; the data resumes from the last saved position, the
+# - `--max-restarts`: every agent restarts its own node's ranks (the failed node's on the
+#   failure, the others' when it comes back); the data resumes from the last saved position, the
 #   steps after it are redone, and the ledger proves each sample counted once.
+# - `TORCHELASTIC_RESTART_COUNT` is each agent's own count: nodes disagree after a membership
+#   change. Key per-attempt state on what every rank agrees on (a store per round, rank 0's
+#   decision), and keep checkpoints where a moved rank 0 finds them.
 # - `--rdzv-conf join_timeout=...` bounds the wait for a node that never comes.
 
 # %%
