@@ -22,6 +22,12 @@ run stopped and resumed saw what a straight run sees. Both return a
 from __future__ import annotations
 
 from ezpz_nb.verify.contract import check_contract, parse_layout
+from ezpz_nb.verify.mixture import (
+    MixJudgement,
+    check_layout_invariance,
+    check_mixture,
+    global_batches,
+)
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.report import RULES, ContractViolation, Finding, Report, VerifyError
 from ezpz_nb.verify.resume import SCENARIOS, check_resume
@@ -32,9 +38,13 @@ __all__ = [
     "ContractViolation",
     "Finding",
     "Grid",
+    "MixJudgement",
     "Report",
     "VerifyError",
     "check_contract",
+    "check_layout_invariance",
+    "check_mixture",
     "check_resume",
+    "global_batches",
     "parse_layout",
 ]
