@@ -314,7 +314,7 @@ def test_ledger_v4_keeps_token_counts_and_documents_per_row(corpus, pieces, tmp_
         assert [(s.real_tokens, s.pad_tokens, s.row_docs) for s in steps] == seen[r]
         assert all(s.row_docs == () for s in ledger.steps(r, 0))
         assert all(len(s.row_docs) == 4 for s in ledger.steps(r, 1))
-    assert codec.decode((tmp_path / "rank0.jsonl").read_text()).version == 4 == codec.VERSION
+    assert codec.decode((tmp_path / "rank0.jsonl").read_text()).version == codec.VERSION >= 4
     fig = viz.token_counts(ledger, epoch=0)
     assert fig.ezpz_data["real"][2].tolist() == [
         a for a, _, _ in seen[2][: len(ledger.steps(2, 0))]
