@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from ezpz_nb.errors import EzpzError
 
-__all__ = ["METHODS", "MixError", "MixedLoader", "Mixture", "schedule"]
+__all__ = ["METHODS", "MixError", "MixedLoader", "Mixture", "realized_shares", "schedule"]
 
 #: The schedules :class:`Mixture` knows.
 METHODS = ("multinomial", "greedy", "stratified")
@@ -152,6 +152,28 @@ class Mixture:
                 part = slice(p * size, (p + 1) * size)
                 idx[where[part]] = perm[k[part] - p * size]
         return np.stack([src, idx], axis=1)
+
+
+def realized_shares(
+    sources: np.ndarray, num_sources: int, *, amounts: np.ndarray | None = None, cumulative: bool
+) -> np.ndarray:
+    """Each source's share of each global batch (or of everything up to it): ``batches x sources``.
+
+    Args:
+        sources: ``batches x global_batch`` source ids.
+        num_sources: How many sources (columns).
+        amounts: What each sample counts for, shaped like ``sources`` (its tokens); one
+            sample each when ``None``.
+        cumulative: Shares of all batches up to each one, instead of each batch alone.
+    """
+    src = np.asarray(sources, dtype=np.int64)
+    amt = np.ones(src.shape) if amounts is None else np.asarray(amounts, dtype=np.float64)
+    per = np.stack(
+        [np.bincount(r, weights=a, minlength=num_sources) for r, a in zip(src, amt, strict=True)]
+    )
+    if cumulative:
+        per = np.cumsum(per, axis=0)
+    return per / np.maximum(per.sum(axis=1, keepdims=True), 1e-12)
 
 
 def _check_rank(dp_rank: int, dp_size: int, global_batch: int) -> int:
