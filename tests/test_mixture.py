@@ -11,7 +11,14 @@ import pytest
 import torch
 
 import ezpz_nb as ez
-from ezpz_nb.data.mixture import METHODS, MixedLoader, MixError, Mixture, schedule
+from ezpz_nb.data.mixture import (
+    METHODS,
+    MixedLoader,
+    MixError,
+    Mixture,
+    realized_shares,
+    schedule,
+)
 from ezpz_nb.ledger import record
 from ezpz_nb.verify import (
     MixJudgement,
@@ -203,3 +210,16 @@ def test_bad_input_is_refused_before_anything_runs():
         MixedLoader(mix, keys, num_batches=2).load_state_dict({"step": 1})
     with pytest.raises(VerifyError, match="per is"):
         check_mixture([[(0, 0)]], WEIGHTS, bound=1, per="epoch")
+
+
+def test_realized_shares_count_samples_or_tokens_per_batch_or_cumulative():
+    """Guards the shares the notebook draws: per batch they are each batch's counts over its
+    size; cumulative, the running counts over the running size; with amounts, token sums."""
+    src = np.array([[0, 0, 1, 2], [1, 1, 1, 2]])
+    toks = np.array([[1, 1, 2, 4], [3, 3, 3, 1]])
+    per = realized_shares(src, 3, cumulative=False)
+    assert per.tolist() == [[2 / 4, 1 / 4, 1 / 4], [0, 3 / 4, 1 / 4]]
+    cum = realized_shares(src, 3, cumulative=True)
+    assert cum[1].tolist() == [2 / 8, 4 / 8, 2 / 8]
+    by_tokens = realized_shares(src, 3, amounts=toks, cumulative=True)
+    assert by_tokens[1].tolist() == [2 / 18, 11 / 18, 5 / 18]
