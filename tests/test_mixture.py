@@ -6,6 +6,8 @@ sizes (the rest of the 4 ranks are TP peers of each replica), worker counts and 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -19,13 +21,14 @@ from ezpz_nb.data.mixture import (
     realized_shares,
     schedule,
 )
-from ezpz_nb.ledger import record
+from ezpz_nb.ledger import Ledger, record
 from ezpz_nb.verify import (
     MixJudgement,
     VerifyError,
     check_layout_invariance,
     check_mixture,
     global_batches,
+    ledger_stream,
 )
 
 SIZES, WEIGHTS, GLOBAL, BATCHES = (7, 13, 40), (0.5, 0.3, 0.2), 8, 6
@@ -82,13 +85,13 @@ def per_rank_job(mixture, dp):
 
 
 def recorded_job(mixture):
-    """The dataset ids this rank's ledger recorded, step by step (dp=4)."""
+    """This rank's ledger records of one epoch at dp=4."""
     rank = torch.distributed.get_rank()
     loader = MixedLoader(mixture, keys, num_batches=BATCHES, dp_rank=rank, dp_size=4)
     with record(loader, publish=False) as rec:
         for _ in rec:
             pass
-    return [r.dataset_ids for r in rec.ledger().records]
+    return rec.ledger().records
 
 
 @pytest.fixture(scope="module")
@@ -144,10 +147,18 @@ def test_per_rank_sampling_fails_invariance_at_its_first_difference(cluster):
 
 def test_the_ledger_records_each_samples_dataset(cluster):
     """Guards ledger format 5 on real ranks: each step's dataset_ids are the sources the mixed
-    loader handed that rank, in batch order."""
+    loader handed that rank, in batch order; ledger_stream puts the global stream back together
+    from the ranks' records; a ledger whose batches carried no dataset_id is not judged."""
     mix = Mixture(SIZES, WEIGHTS, GLOBAL, "greedy")
     plan = mix.plan(BATCHES)
-    for rank, ids in enumerate(cluster.run(recorded_job, mix)):
+    records = cluster.run(recorded_job, mix)
+    stream = ledger_stream(Ledger([r for recs in records for r in recs]))
+    assert [p for b in stream for p in b] == [(int(s), mix.offsets[s] + int(i)) for s, i in plan]
+    assert check_mixture(stream, WEIGHTS, bound=1, per="cumulative").passed
+    untagged = Ledger([replace(r, dataset_ids=()) for recs in records for r in recs])
+    assert check_mixture(ledger_stream(untagged), WEIGHTS, bound=1).outcome == "not judged"
+    for rank, recs in enumerate(records):
+        ids = [r.dataset_ids for r in recs]
         want = [
             tuple(int(s) for s in plan[b * 8 + 2 * rank : b * 8 + 2 * rank + 2, 0])
             for b in range(6)

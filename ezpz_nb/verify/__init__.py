@@ -27,6 +27,7 @@ from ezpz_nb.verify.mixture import (
     check_layout_invariance,
     check_mixture,
     global_batches,
+    ledger_stream,
 )
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.report import RULES, ContractViolation, Finding, Report, VerifyError
@@ -46,5 +47,6 @@ __all__ = [
     "check_mixture",
     "check_resume",
     "global_batches",
+    "ledger_stream",
     "parse_layout",
 ]

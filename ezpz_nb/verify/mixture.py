@@ -19,13 +19,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ezpz_nb.ledger import Ledger
 from ezpz_nb.verify.report import VerifyError
 
-__all__ = ["MixJudgement", "Stream", "check_layout_invariance", "check_mixture", "global_batches"]
+__all__ = [
+    "MixJudgement",
+    "Stream",
+    "check_layout_invariance",
+    "check_mixture",
+    "global_batches",
+    "ledger_stream",
+]
 
 #: Global batches, each a list of ``(source, index)`` in stream order.
 Stream = list[list[tuple[int, int]]]
-OUTCOMES = ("pass", "fail", "not judged")
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,25 @@ def global_batches(per_rank: Sequence[Sequence[Sequence[tuple[int, int]]]]) -> S
     return [[tuple(p) for r in per_rank for p in r[b]] for b in range(n)]  # type: ignore[misc]
 
 
+def ledger_stream(ledger: Ledger, epoch: int = 0) -> Stream:
+    """The global batches of one epoch of a ledger, as ``(dataset_id, sample_id)`` pairs.
+
+    Each step's records of DP leaders (``tp_rank == 0``, ``cp_rank == 0``: their peers
+    hold the same samples), in DP-rank order. Records without ``dataset_ids`` (ledger
+    format 5, from batches with a ``dataset_id`` entry) add nothing, so a ledger of
+    batches that do not say gives an empty stream, which the judges do not judge.
+    """
+    leaders = sorted(
+        (r for r in ledger.records if r.epoch == epoch and r.tp_rank == 0 and r.cp_rank == 0),
+        key=lambda r: (r.dp_rank, r.step),
+    )
+    per_rank: dict[int, list[list[tuple[int, int]]]] = {}
+    for r in leaders:
+        pairs = list(zip(r.dataset_ids, r.sample_ids, strict=False))
+        per_rank.setdefault(r.dp_rank, []).append(pairs)
+    return global_batches([per_rank[d] for d in sorted(per_rank)])
+
+
 def _amounts(stream: Stream, tokens: Sequence[Sequence[int]] | None) -> list[np.ndarray]:
     if tokens is None:
         return [np.ones(len(b)) for b in stream]
@@ -117,7 +143,12 @@ def check_mixture(
     w = w / w.sum()
     unit = "samples" if tokens is None else "tokens"
     if not stream or not any(stream):
-        return MixJudgement("mixture", "not judged", "the stream holds no samples to count")
+        return MixJudgement(
+            "mixture",
+            "not judged",
+            "the stream holds no samples to count (from a ledger: its batches carried no "
+            "dataset_id, see MixedLoader)",
+        )
     got = np.zeros(len(w))
     worst = 0.0
     for b, (batch, amount) in enumerate(zip(stream, _amounts(stream, tokens), strict=True)):

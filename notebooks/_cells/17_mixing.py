@@ -42,9 +42,9 @@ import ezpz_nb as ez
 from ezpz_nb import viz
 from ezpz_nb.data.groups import Layout
 from ezpz_nb.data.mixture import METHODS, MixedLoader, Mixture, realized_shares
-from ezpz_nb.ledger import record
+from ezpz_nb.ledger import Ledger, record
 from ezpz_nb.text import PadCollate, pack_rows, split_pieces, stdlib_corpus
-from ezpz_nb.verify import check_layout_invariance, check_mixture, global_batches
+from ezpz_nb.verify import check_layout_invariance, check_mixture, global_batches, ledger_stream
 
 MAX_LEN, ROW, WORLD = 8192, 1024, 4  # longest sample (every document whole), packed row, ranks
 GLOBAL, BATCHES = 16, 24  # samples per global batch, global batches in the epoch
@@ -171,7 +171,8 @@ for m in ("greedy", "stratified"):
 # format 5 keeps which dataset every sample came from (`dataset_ids`). Below, the 4 ranks
 # run it at dp 1, 2 and 4 (the other ranks of a replica are its TP peers), with 0 and 2 workers
 # a rank, and once stopped after 10 global batches at dp 4 and resumed at dp 2; the global
-# stream of `(source, index)` pairs is put back together from the ledgers and hashed.
+# stream of `(source, index)` pairs is put back together from the ledgers
+# (`ezpz_nb.verify.ledger_stream`: each step's DP leaders in DP-rank order) and hashed.
 #
 # **Predict:** will the hashes agree? And for a loader in which every DP rank draws its own
 # sources with a seed of its own (`seed + rank`), where will dp 1 and dp 4 first differ?
@@ -188,7 +189,7 @@ for m in ("greedy", "stratified"):
 
 # %%
 def mixed_run(mix, dp, workers, stop=None, resume_dp=None):
-    """This rank's (source, index) pairs per step, from its ledger; resumed at resume_dp."""
+    """This rank's ledger records (one list per part: straight, or stopped then resumed)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     parts = []
     state = None
@@ -205,14 +206,13 @@ def mixed_run(mix, dp, workers, stop=None, resume_dp=None):
                 if stop is not None and state is None and step + 1 == stop:
                     break  # a run that saves after its 10th step, then stops
         state = loader.state_dict()
-        steps = [list(zip(r.dataset_ids, r.sample_ids, strict=True)) for r in rec.ledger().records]
-        parts.append(steps if lay.tp_rank == 0 else None)
+        parts.append(rec.ledger().records)
     return parts
 
 
 def gathered(results, part=0):
-    """The global batches: each step's DP leaders' batches, in DP-rank order."""
-    return global_batches([r[part] for r in results if r[part] is not None])
+    """The global batches of (dataset_id, sample_id), from every rank's ledger of one part."""
+    return ledger_stream(Ledger([rec for r in results for rec in r[part]]))
 
 
 def fingerprint(stream):
@@ -249,7 +249,12 @@ def per_rank_sampling(dp, seed=0):
     return [steps if rank % tp == 0 else None]
 
 
-naive = {dp: gathered(cluster.run(per_rank_sampling, dp)) for dp in (1, 4)}
+def leaders_batches(results):
+    """Global batches from the DP leaders' step lists, in DP-rank order."""
+    return global_batches([r[0] for r in results if r[0] is not None])
+
+
+naive = {dp: leaders_batches(cluster.run(per_rank_sampling, dp)) for dp in (1, 4)}
 broken = check_layout_invariance(naive[1], naive[4], names=("dp=1", "dp=4"))
 print(f"hashes {fingerprint(naive[1])} and {fingerprint(naive[4])}")
 print(broken)
