@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 from matplotlib.axis import Axis
 from matplotlib.figure import Figure
@@ -192,7 +193,27 @@ SHAPES: list[tuple[str, Callable[[], Figure]]] = [
             "the first packed rows",
         ),
     ),
+    # notebook 17's shape: three designs, 24 global batches of 16, three sources
+    ("17 mixture shares", lambda: mix_figure()),
 ]
+
+
+def mix_figure() -> Figure:
+    """Notebook 17's figure, from real plans (tokens: 600, 3000 and 5000 per sample)."""
+    from ezpz_nb.data.mixture import METHODS, Mixture, realized_shares
+
+    shares = {}
+    for m in METHODS:
+        src = Mixture((22, 21, 21), (0.5, 0.3, 0.2), 16, m).plan(24)[:, 0].reshape(24, 16)
+        toks = np.array([600, 3000, 5000])[src]
+        shares[m] = {
+            scope + unit: realized_shares(src, 3, amounts=a, cumulative=scope == "cumulative")
+            for scope in ("batch", "cumulative")
+            for unit, a in (("", None), ("_tokens", toks))
+        }
+    names = ("short docs", "medium docs", "long docs")
+    return viz.mix_shares(shares, (0.5, 0.3, 0.2), names, "realized share against target")
+
 
 # Axes whose numbers are measurements, not counts: fractions are right there.
 REAL_VALUED = {"loss curves": "training loss"}

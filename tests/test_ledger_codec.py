@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, replace
 
 import pytest
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from ezpz_nb.data import RandomTokenDataset
 from ezpz_nb.ledger import FORMAT_VERSION, Ledger, StepRecord, codec, record, tag_worker
@@ -55,12 +55,16 @@ def write_v2_first(records: list[StepRecord], num_samples: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Version 2's last step fields: the first ones, then worker ids, CP and the loss.
+V2_LAST = (*FIRST_FIELDS, "worker_ids", "cp_rank", "cp_size", "loss")
+
+
 def write_v2_last(records: list[StepRecord], num_samples: int) -> str:
-    """Version 2 at its last: every field but times in the step line, loss lines after."""
+    """Version 2 at its last: every field it knew in the step line, loss lines after."""
     lines = [json.dumps({"ezpz_nb_ledger": 2, "kind": "header", "num_samples": num_samples})]
     for r in records:
         lines.append(
-            json.dumps({"kind": "step", **{k: v for k, v in asdict(r).items() if k != "times"}})
+            json.dumps({"kind": "step", **{k: v for k, v in asdict(r).items() if k in V2_LAST}})
         )
         if r.loss is not None:
             lines.append(
@@ -79,7 +83,7 @@ def write_v2_last(records: list[StepRecord], num_samples: int) -> str:
 
 
 # What version 3 added to version 2's last fields, before version 4's token counts.
-V3_FIELDS = (*FIRST_FIELDS, "worker_ids", "cp_rank", "cp_size", "loss")
+V3_FIELDS = V2_LAST
 
 
 def write_v3(records: list[StepRecord], num_samples: int) -> str:
@@ -98,12 +102,29 @@ def write_v3(records: list[StepRecord], num_samples: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+# What version 4 added to version 3: token counts (before version 5's dataset_ids).
+V4_FIELDS = (*V3_FIELDS, "real_tokens", "pad_tokens", "row_docs")
+
+
+def write_v4(records: list[StepRecord], num_samples: int) -> str:
+    """Version 4: version 3 with token counts in the step lines, no dataset_ids."""
+    text = write_v3(records, num_samples).replace('"ezpz_nb_ledger": 3', '"ezpz_nb_ledger": 4')
+    lines = [json.loads(line) for line in text.splitlines()]
+    for d, r in zip((d for d in lines if d.get("kind") == "step"), records, strict=True):
+        d.update({k: v for k, v in asdict(r).items() if k in V4_FIELDS})
+    return "\n".join(json.dumps(d) for d in lines) + "\n"
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """A real recorder's records (worker ids, a loss and times on every step) and its file."""
     path = tmp_path_factory.mktemp("codec") / "rank0.jsonl"
     ds = tag_worker(RandomTokenDataset(32, 4, num_samples=6))
-    with record(DataLoader(ds, batch_size=2), path=path, publish=False) as rec:
+    # A dataset id per sample, as a mixed loader's batches carry: version 5 records them.
+    loader = DataLoader(
+        ds, batch_size=2, collate_fn=lambda xs: {**default_collate(xs), "dataset_id": [1, 0]}
+    )
+    with record(loader, path=path, publish=False) as rec:
         for step, _ in enumerate(rec):
             rec.log_loss(2.0 - step / 4)
             with rec.collective():
@@ -123,8 +144,9 @@ def test_the_version_history_names_every_version():
     [
         (write_v1, 1, FIRST_FIELDS, {}),
         (write_v2_first, 2, FIRST_FIELDS, {0: True}),
-        (write_v2_last, 2, (*FIRST_FIELDS, "worker_ids", "cp_rank", "cp_size", "loss"), {0: True}),
+        (write_v2_last, 2, V2_LAST, {0: True}),
         (write_v3, 3, V3_FIELDS, {0: True}),
+        (write_v4, 4, V4_FIELDS, {0: True}),
     ],
 )
 def test_every_older_version_loads(recorded, tmp_path, writer, version, kept, complete):
@@ -150,10 +172,11 @@ def test_every_older_version_loads(recorded, tmp_path, writer, version, kept, co
     assert loaded.complete == complete
     if "worker_ids" in kept:  # the recorder saw worker ids: the old file must give them back
         assert all(r.worker_ids == (-1, -1) for r in loaded.records)
+    assert all(r.dataset_ids == () for r in loaded.records)  # no older version knew them
 
 
 def test_the_current_version_round_trips_times_and_losses(recorded, tmp_path):
-    """Guards versions 3 and 4: the recorder's own file and Ledger.save of its ledger both give
+    """Guards versions 3 to 5: the recorder's own file and Ledger.save of its ledger both give
     back every record with its loss and its times, field for field."""
     ledger, path = recorded
     assert codec.decode(path.read_text()).version == codec.VERSION
@@ -162,6 +185,7 @@ def test_the_current_version_round_trips_times_and_losses(recorded, tmp_path):
         assert [r.times for r in loaded.records] == [r.times for r in ledger.records]
         assert [r.loss for r in loaded.records] == [r.loss for r in ledger.records]
     assert all(r.times is not None and r.times.entered_at is not None for r in ledger.records)
+    assert all(r.dataset_ids == (1, 0) for r in ledger.records)  # version 5: recorded, kept
 
 
 def test_time_lines_a_reader_cannot_use_are_skipped(recorded, tmp_path):

@@ -314,13 +314,15 @@ def test_ledger_v4_keeps_token_counts_and_documents_per_row(corpus, pieces, tmp_
         assert [(s.real_tokens, s.pad_tokens, s.row_docs) for s in steps] == seen[r]
         assert all(s.row_docs == () for s in ledger.steps(r, 0))
         assert all(len(s.row_docs) == 4 for s in ledger.steps(r, 1))
-    assert codec.decode((tmp_path / "rank0.jsonl").read_text()).version == 4 == codec.VERSION
+    assert codec.decode((tmp_path / "rank0.jsonl").read_text()).version == codec.VERSION >= 4
     fig = viz.token_counts(ledger, epoch=0)
     assert fig.ezpz_data["real"][2].tolist() == [
         a for a, _, _ in seen[2][: len(ledger.steps(2, 0))]
     ]
     old = (
-        (tmp_path / "rank0.jsonl").read_text().replace('"ezpz_nb_ledger": 4', '"ezpz_nb_ledger": 3')
+        (tmp_path / "rank0.jsonl")
+        .read_text()
+        .replace(f'"ezpz_nb_ledger": {codec.VERSION}', '"ezpz_nb_ledger": 3')
     )
     old = "\n".join(
         line.split(', "real_tokens"')[0] + "}" if '"kind": "step"' in line else line

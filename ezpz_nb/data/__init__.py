@@ -5,7 +5,9 @@
   importable from here;
 * :mod:`.groups`: the DP x TP layout of the ranks (``make_layout``);
 * :mod:`.broadcast`: the packed broadcast of a batch inside a TP group (its wire
-  format), over :mod:`.tree` (a nested batch as tree + tensors).
+  format), over :mod:`.tree` (a nested batch as tree + tensors);
+* :mod:`.mixture`: sources mixed by weight into one global-batch stream that
+  does not depend on the DP size or the workers (``Mixture``, ``MixedLoader``).
 
 Nothing here knows about notebooks or the launcher.
 """
@@ -20,9 +22,13 @@ from ezpz_nb.data.distributed import (
     forward_set_epoch,
     get_random_dataset_fsdp_tp,
 )
+from ezpz_nb.data.mixture import MixedLoader, MixError, Mixture
 
 __all__ = [
     "DataLayoutWarning",
+    "MixError",
+    "MixedLoader",
+    "Mixture",
     "RandomTokenDataset",
     "TPBroadcastDataLoader",
     "TPLeaderError",

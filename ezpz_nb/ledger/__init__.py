@@ -18,10 +18,10 @@ went wrong, in plain words::
     print(ledger.summary())
 
 Ledger files (``record(..., path=...)``, :meth:`Ledger.save`, :meth:`Ledger.load`)
-are JSON lines, format version 4 (:mod:`ezpz_nb.ledger.codec` writes and
+are JSON lines, format version 5 (:mod:`ezpz_nb.ledger.codec` writes and
 reads them), one object per line with a ``kind``:
 
-* ``header`` (first line): ``{"ezpz_nb_ledger": 4, "kind": "header",
+* ``header`` (first line): ``{"ezpz_nb_ledger": 5, "kind": "header",
   "num_samples": 64, "rank": 3, "world_size": 4, "pid": 1234, "run_id": "..."}``
   (a file of one rank; :meth:`Ledger.save` of a merged ledger leaves out the
   per-process keys). ``run_id`` is torchrun's ``TORCHELASTIC_RUN_ID`` when there
@@ -31,6 +31,8 @@ reads them), one object per line with a ``kind``:
   Version 4 added its token counts, ``real_tokens`` and ``pad_tokens``, and
   for packed rows ``row_docs``, the documents of each row (-1, -1 and ``[]``
   where the batch does not say; see :func:`~ezpz_nb.ledger.records.batch_tokens`).
+  Version 5 added ``dataset_ids``, the source of each sample of a mixed batch
+  (its ``dataset_id`` values; ``[]`` where the batch does not say).
 * ``loss`` (optional): ``{"kind": "loss", "rank": 3, "epoch": 0, "step": 5,
   "loss": 2.31}``, the loss of that step, written after its step line by
   :meth:`RecordingLoader.log_loss` (a step's line is written before its loss exists).

@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: Version of the ledger file format this module writes.
-VERSION = 4
+VERSION = 5
 
 #: What each version added: the decoder reads all of them.
 HISTORY = {
@@ -38,6 +38,8 @@ HISTORY = {
     3: "time lines: data wait, compute and collective per rank and step",
     4: "token counts in step lines: real_tokens, pad_tokens, and row_docs (the documents "
     "of each packed row); -1, -1 and [] where a batch does not say",
+    5: "dataset_ids in step lines: the source of each sample of a mixed batch "
+    "([] where a batch does not say)",
 }
 
 # Readers skip kinds and keys they do not know, and give keys an older writer
@@ -105,7 +107,7 @@ class Decoded:
 
 def _step_from(d: dict[str, Any]) -> StepRecord:
     known = {k: d[k] for k in _STEP_FIELDS if k in d}
-    for k in ("sample_ids", "worker_ids"):
+    for k in ("sample_ids", "worker_ids", "dataset_ids"):
         if k in known:
             known[k] = tuple(known[k])
     if "row_docs" in known:

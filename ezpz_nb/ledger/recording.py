@@ -207,6 +207,7 @@ class RecordingLoader:
                 real_tokens=real,
                 pad_tokens=pad,
                 row_docs=row_docs,
+                dataset_ids=batch_ints(batch, "dataset_id"),
             )
             self.records.append(rec)
             self._write(codec.encode_step(rec))

@@ -83,6 +83,9 @@ class StepRecord:
         pad_tokens: Padding tokens in the batch; -1 when the batch does not say.
         row_docs: For packed rows (a batch with ``doc_ids``), the documents in each
             row, in the order they appear; ``()`` otherwise.
+        dataset_ids: Which dataset of a mixture each sample came from, in batch order
+            (the batch's ``dataset_id`` values, see :class:`ezpz_nb.data.mixture.MixedLoader`);
+            ``()`` when the batch does not say. Format version 5.
         times: How long the step took (:class:`StepTimes`); ``None`` when not
             measured. Not part of a record's equality: two runs that held the
             same batches compare equal however long they took.
@@ -109,6 +112,7 @@ class StepRecord:
     real_tokens: int = -1
     pad_tokens: int = -1
     row_docs: tuple[tuple[int, ...], ...] = ()
+    dataset_ids: tuple[int, ...] = ()
     times: StepTimes | None = field(default=None, compare=False)
 
 

@@ -23,6 +23,13 @@ run stopped and resumed saw what a straight run sees. Both return a
 from __future__ import annotations
 
 from ezpz_nb.verify.contract import check_contract, parse_layout
+from ezpz_nb.verify.mixture import (
+    MixJudgement,
+    check_layout_invariance,
+    check_mixture,
+    global_batches,
+    ledger_stream,
+)
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.report import RULES, ContractViolation, Finding, Report, VerifyError
 from ezpz_nb.verify.resume import SCENARIOS, check_resume
@@ -35,10 +42,15 @@ __all__ = [
     "Finding",
     "Grid",
     "Judgement",
+    "MixJudgement",
     "Report",
     "Verdict",
     "VerifyError",
     "check_contract",
+    "check_layout_invariance",
+    "check_mixture",
     "check_resume",
+    "global_batches",
+    "ledger_stream",
     "parse_layout",
 ]

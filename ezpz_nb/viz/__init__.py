@@ -15,6 +15,8 @@ it draws kept as plain arrays in ``fig.ezpz_data``:
 * :mod:`.tokens`: :func:`doc_lengths`, :func:`token_counts`, :func:`packed_rows`
   (documents of real text: their lengths, real and pad tokens per rank and step,
   packed rows coloured by document);
+* :mod:`.mixture`: :func:`mix_shares` (each source's realized share of a mixture
+  against its target, per global batch and cumulative, in samples and tokens);
 * :mod:`.training`: :func:`loss_curves` (the loss per step of several runs,
   against a reference run);
 * :mod:`.widgets` and :mod:`.progress`: the live explorer and run progress
@@ -41,6 +43,7 @@ _WHERE = {
     "doc_lengths": "tokens",
     "token_counts": "tokens",
     "packed_rows": "tokens",
+    "mix_shares": "mixture",
     "png_bytes": "figure",
     "EzFigure": "figure",
 }

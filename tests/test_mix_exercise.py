@@ -1,0 +1,127 @@
+"""Notebook 17's checker (ezpz_nb.workshop.mixing): dodges rejected, right answers accepted.
+
+Every answer runs on 4 real ranks (one warm Cluster), inside real DataLoader workers. The
+corpus below is the checker's specification: 0 false passes, 0 false failures.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ezpz_nb as ez
+from ezpz_nb.data.mixture import Mixture
+from ezpz_nb.workshop.mixing import check_mix_batch
+
+
+def library_answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Right: the stratified Mixture's plan, this rank's slots of batch ``step``."""
+    plan = Mixture(tuple(sizes), tuple(weights), global_batch, "stratified", seed).plan(step + 1)
+    m = global_batch // dp_size
+    lo = step * global_batch + dp_rank * m
+    return [(int(s), int(i)) for s, i in plan[lo : lo + m]]
+
+
+def greedy_in_order(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Right, unusually: no randomness at all. The same greedy composition every batch (each
+    slot to the source furthest behind), samples of a source in plain order 0, 1, 2..."""
+    w = np.asarray(weights) / sum(weights)
+    counts = np.zeros(len(w))
+    src = []
+    for i in range(global_batch):
+        s = int(np.argmax(w * (i + 1) - counts))
+        src.append(s)
+        counts[s] += 1
+    before = {s: step * int(counts[s]) for s in range(len(w))}
+    out = []
+    for s in src:
+        out.append((s, before[s] % sizes[s]))
+        before[s] += 1
+    m = global_batch // dp_size
+    return out[dp_rank * m : (dp_rank + 1) * m]
+
+
+def per_rank_sampling(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge: each rank draws its own sources and samples (seeded by its rank)."""
+    rng = np.random.default_rng([seed, step, dp_rank])
+    m = global_batch // dp_size
+    src = rng.choice(len(weights), size=m, p=np.asarray(weights) / sum(weights))
+    return [(int(s), int(rng.integers(sizes[s]))) for s in src]
+
+
+def round_robin(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge: deterministic and layout-free, but every source in turn, whatever its weight."""
+    m = global_batch // dp_size
+    first = step * global_batch + dp_rank * m
+    out = []
+    for p in range(first, first + m):
+        s = p % len(sizes)
+        out.append((s, (p // len(sizes)) % sizes[s]))
+    return out
+
+
+class SameSeedInEveryWorker:
+    """Dodge (HF datasets #7567): one generator made up front; each DataLoader worker gets a
+    copy of it in the same state, so the workers draw the same batches."""
+
+    def __init__(self):
+        self.rng = np.random.default_rng(0)
+
+    def __call__(self, sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+        quota = Mixture(tuple(sizes), tuple(weights), global_batch).plan(1)[:, 0]
+        src = self.rng.permutation(quota)
+        out = [(int(s), int(self.rng.integers(sizes[s]))) for s in src]
+        m = global_batch // dp_size
+        return out[dp_rank * m : (dp_rank + 1) * m]
+
+
+def same_seed_every_step(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge: the right shares, the same order at every layout, but the picks come from the
+    seed alone: every step hands out the same samples again."""
+    rng = np.random.default_rng(seed)
+    quota = Mixture(tuple(sizes), tuple(weights), global_batch).plan(1)[:, 0]
+    out = [(int(s), int(rng.integers(sizes[s]))) for s in quota]
+    m = global_batch // dp_size
+    return out[dp_rank * m : (dp_rank + 1) * m]
+
+
+def not_done(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ez.Cluster(4, timeout=60) as c:
+        yield c
+
+
+@pytest.mark.parametrize("fn", [library_answer, greedy_in_order])
+def test_right_answers_pass(cluster, fn):
+    """Guards against false failures: the library's stratified plan and a plain greedy
+    schedule with samples in order (no randomness at all) are both accepted."""
+    got = check_mix_batch(fn, cluster=cluster)
+    assert got.status == "correct", got.message
+
+
+@pytest.mark.parametrize(
+    ("fn", "says"),
+    [
+        (per_rank_sampling, "must not depend on the layout"),
+        (round_robin, "against a target"),
+        (SameSeedInEveryWorker(), "must not depend on the layout"),
+        (same_seed_every_step, "again"),
+    ],
+)
+def test_dodges_are_rejected_by_the_rule_they_break(cluster, fn, says):
+    """Guards against false passes: per-rank sampling (layout), a weight-blind round-robin
+    (shares), one generator copied into every worker (layout) and picks from the seed alone
+    (repeats) are each turned down, by the rule each one breaks."""
+    got = check_mix_batch(fn, cluster=cluster)
+    assert got.status == "wrong" and says in got.message, got.message
+
+
+def test_not_done_and_bad_arguments():
+    """Guards the learner's first runs: the stub is "not done" (on fresh ranks), something not
+    callable is refused before any rank starts."""
+    assert check_mix_batch(not_done).status == "not done"
+    assert check_mix_batch([(0, 0)]).status == "wrong"  # type: ignore[arg-type]
