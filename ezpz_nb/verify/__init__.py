@@ -22,6 +22,7 @@ run stopped and resumed saw what a straight run sees. Both return a
 from __future__ import annotations
 
 from ezpz_nb.verify.contract import check_contract, parse_layout
+from ezpz_nb.verify.dcp import VIAS
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.report import RULES, ContractViolation, Finding, Report, VerifyError
 from ezpz_nb.verify.resume import SCENARIOS, check_resume
@@ -29,6 +30,7 @@ from ezpz_nb.verify.resume import SCENARIOS, check_resume
 __all__ = [
     "RULES",
     "SCENARIOS",
+    "VIAS",
     "ContractViolation",
     "Finding",
     "Grid",

@@ -148,6 +148,7 @@ def check_resume(
     key: str = "auto",
     timeout: float = 60.0,
     start_method: str | None = None,
+    via: str = "state_dict",
 ) -> Report:
     """Compare a straight run with runs stopped and resumed in fresh ranks.
 
@@ -171,6 +172,9 @@ def check_resume(
         resume_options: Keyword arguments for the resumed parts (another
             worker count); default ``options``.
         key, timeout, start_method: As for :func:`check_contract` (timeout per part).
+        via: ``"state_dict"`` (each rank's state through the notebook) or ``"dcp"``
+            (saved and loaded with ``torch.distributed.checkpoint``, keyed per DP
+            rank: :mod:`ezpz_nb.verify.dcp`).
 
     Returns:
         A :class:`Report` whose ``resume`` rule fails on a divergence.
@@ -179,6 +183,13 @@ def check_resume(
         VerifyError: Bad arguments, a failing factory (naming the rank), or a
             loader without state.
     """
+    if via != "state_dict":
+        from ezpz_nb.verify.dcp import resume_via
+
+        args = dict(layout=layout, epochs=epochs, scenarios=scenarios, options=options,
+                    resume_layout=resume_layout, resume_options=resume_options, key=key,
+                    timeout=timeout, start_method=start_method)  # fmt: skip
+        return resume_via(via, check_resume, make_loader, **args)
     grid = parse_layout(layout)
     grid2 = parse_layout(resume_layout) if resume_layout is not None else grid
     check_args(make_loader, grid, epochs, key, timeout)
