@@ -25,7 +25,7 @@ from ezpz_nb.data.distributed import (
     forward_set_epoch,
     get_random_dataset_fsdp_tp,
 )
-from ezpz_nb.data.resumable import GlobalOrderLoader, LoaderStateError
+from ezpz_nb.data.resumable import GlobalOrderLoader, LoaderStateError, ShardStream
 
 __all__ = [
     "CheckpointLayoutError",
@@ -33,6 +33,7 @@ __all__ = [
     "GlobalOrderLoader",
     "LoaderCheckpoint",
     "LoaderStateError",
+    "ShardStream",
     "DataLayoutWarning",
     "RandomTokenDataset",
     "TPBroadcastDataLoader",

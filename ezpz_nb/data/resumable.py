@@ -29,7 +29,14 @@ import torch
 
 from ezpz_nb.errors import EzpzError
 
-__all__ = ["RNG_MODES", "GlobalOrderLoader", "LoaderStateError", "RngMode"]
+__all__ = [
+    "RNG_MODES",
+    "GlobalOrderLoader",
+    "LoaderStateError",
+    "RngMode",
+    "ShardStream",
+    "collate",
+]
 
 RngMode = Literal["per-rank", "per-sample"]
 RNG_MODES: tuple[str, ...] = get_args(RngMode)
@@ -38,6 +45,25 @@ MASK_TOKEN = 0
 
 class LoaderStateError(EzpzError, ValueError):
     """A state given to ``load_state_dict`` that this loader cannot resume from."""
+
+
+def masked(item: dict[str, Any], g: torch.Generator, rate: float) -> dict[str, Any]:
+    """``item`` with a share ``rate`` of its ``input_ids`` replaced by token 0, drawn from ``g``."""
+    item = dict(item)
+    if rate > 0:
+        ids = item["input_ids"].clone()
+        ids[torch.rand(ids.shape, generator=g) < rate] = MASK_TOKEN
+        item["input_ids"] = ids
+    return item
+
+
+def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack a list of sample dicts into one batch dict (ints become a tensor)."""
+    out: dict[str, Any] = {}
+    for k in items[0]:
+        vals = [it[k] for it in items]
+        out[k] = torch.stack(vals) if isinstance(vals[0], torch.Tensor) else torch.tensor(vals)
+    return out
 
 
 class GlobalOrderLoader:
@@ -116,28 +142,14 @@ class GlobalOrderLoader:
             mine = step[self.dp_rank :: self.dp_size]
             # Counted before the yield: a state saved after the step holds the next place.
             self.consumed_samples += self.global_batch
-            yield self._collate([self._item(i) for i in mine])
+            yield collate([self._item(i) for i in mine])
         self.epoch, self.consumed_samples = self.epoch + 1, 0
 
     def _item(self, index: int) -> dict[str, Any]:
-        item = dict(self.dataset[index])
-        if self.mask_rate > 0:
-            ids = item["input_ids"].clone()
-            g = self.generator
-            if self.rng == "per-sample":
-                g = torch.Generator().manual_seed((self.seed << 32) ^ (self.epoch << 20) ^ index)
-            hide = torch.rand(ids.shape, generator=g) < self.mask_rate
-            ids[hide] = MASK_TOKEN
-            item["input_ids"] = ids
-        return item
-
-    @staticmethod
-    def _collate(items: list[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k in items[0]:
-            vals = [it[k] for it in items]
-            out[k] = torch.stack(vals) if isinstance(vals[0], torch.Tensor) else torch.tensor(vals)
-        return out
+        g = self.generator
+        if self.rng == "per-sample":
+            g = torch.Generator().manual_seed((self.seed << 32) ^ (self.epoch << 20) ^ index)
+        return masked(self.dataset[index], g, self.mask_rate)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"epoch", "consumed_samples", "generator"}``: the place and this rank's RNG.
@@ -165,5 +177,50 @@ class GlobalOrderLoader:
                 f"{state!r:.200}"
             ) from exc
         self.epoch, self.consumed_samples = epoch, consumed
+        if state.get("generator") is not None:
+            self.generator.set_state(state["generator"])
+
+
+class ShardStream:
+    """A stream over this DP rank's own shard, as a sharded streaming dataset reads files.
+
+    DP rank ``r`` reads samples ``r, r + D, r + 2D ...`` (``D`` the DP size) in
+    batches, masking tokens with its own generator (seeded ``seed + r``). Its
+    state names the shard it reads and the offset in it, as the state of a
+    split streaming dataset does (the iterator of shard ``r`` at position ``k``),
+    and ``load_state_dict`` trusts it: a rank given another rank's state
+    continues *that* rank's shard. This is the loader in which one key for all
+    ranks makes them replay each other's samples (torchtitan #291, SimpleTuner #2986).
+    """
+
+    def __init__(
+        self, dataset: Any, batch_size: int, dp_rank: int, dp_size: int, *,
+        seed: int = 0, mask_rate: float = 0.25,
+    ) -> None:  # fmt: skip
+        self.dataset, self.batch_size, self.mask_rate = dataset, batch_size, mask_rate
+        self.shard, self.dp_size, self.seed = dp_rank, dp_size, seed
+        self.offset = 0  # samples of the shard handed out
+        self.generator = torch.Generator().manual_seed(seed + dp_rank)
+
+    def _indices(self) -> list[int]:
+        return list(range(self.shard, len(self.dataset), self.dp_size))
+
+    def __len__(self) -> int:
+        return (len(self._indices()) - self.offset) // self.batch_size
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        mine = self._indices()
+        while self.offset + self.batch_size <= len(mine):
+            take = mine[self.offset : self.offset + self.batch_size]
+            self.offset += self.batch_size
+            yield collate([masked(self.dataset[i], self.generator, self.mask_rate) for i in take])
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"shard", "offset", "generator"}``: which shard, how far, this rank's RNG."""
+        return {"shard": self.shard, "offset": self.offset, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved shard at the saved offset (a missing generator stays fresh)."""
+        self.shard, self.offset = int(state["shard"]), int(state["offset"])
         if state.get("generator") is not None:
             self.generator.set_state(state["generator"])
