@@ -21,6 +21,7 @@ from ezpz_nb.data.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointLayoutError,
     LoaderCheckpoint,
+    sub_layout,
 )
 from ezpz_nb.data.groups import Layout
 from ezpz_nb.data.resumable import GlobalOrderLoader
@@ -44,27 +45,6 @@ def ckpt_dir() -> Iterator[str]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _layout(dp: int, tp: int) -> tuple[Layout, Any] | None:
-    """The first ``dp * tp`` ranks as ``dp x tp`` (TP innermost) and their group; None off it.
-
-    Every rank of the cluster must call it (``new_group`` is collective over the world).
-    """
-    r = dist.get_rank()
-    world = dp * tp
-    groups = {}
-    for start in range(
-        0, world, tp
-    ):  # new_group is collective over the world: same order everywhere
-        groups["tp", start // tp] = dist.new_group(list(range(start, start + tp)))
-    for t in range(tp):
-        groups["dp", t] = dist.new_group(list(range(t, world, tp)))
-    groups["all"] = dist.new_group(list(range(world)))
-    if r >= world:
-        return None
-    d, t = divmod(r, tp)
-    return Layout(r, world, d, dp, t, tp, groups["dp", t], groups["tp", d]), groups["all"]
-
-
 def _loader(lay: Layout, rng: str = "per-rank") -> GlobalOrderLoader:
     ds = RuleTokenDataset(num_samples=48)
     return GlobalOrderLoader(ds, 2, lay.dp_rank, lay.dp_size, seed=7, mask_rate=0.25, rng=rng)  # type: ignore[arg-type]
@@ -78,7 +58,7 @@ def _part(
 
     Returns ``(indices seen, input_ids digests)`` or the refusal's text, None off the layout.
     """
-    made = _layout(dp, tp)
+    made = sub_layout(dp, tp)
     if made is None:
         return None
     lay, group = made
@@ -155,7 +135,7 @@ def test_forgetting_the_rng_changes_the_masks_after_the_resume(cluster, ckpt_dir
     def job(path: str) -> tuple[list[int], list[int]]:
         import torch.distributed.checkpoint as dcp
 
-        lay, group = _layout(2, 2)  # type: ignore[misc]  # every rank is on a 2 x 2 layout
+        lay, group = sub_layout(2, 2)  # type: ignore[misc]  # every rank is on a 2 x 2 layout
         loader = _loader(lay)
         dcp.load({"data": LoaderCheckpoint(loader, lay)}, checkpoint_id=path, process_group=group)
         loader.generator.manual_seed(7 + lay.dp_rank)  # the RNG forgotten
@@ -181,7 +161,7 @@ def test_tp_peers_with_different_states_refuse_to_save(cluster, ckpt_dir):
     def job(path: str) -> str:
         import torch.distributed.checkpoint as dcp
 
-        lay, group = _layout(2, 2)  # type: ignore[misc]
+        lay, group = sub_layout(2, 2)  # type: ignore[misc]
         loader = _loader(lay)
         it = iter(loader)
         for _ in range(2 if lay.rank == 3 else 1):

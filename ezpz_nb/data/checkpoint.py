@@ -50,6 +50,7 @@ __all__ = [
     "CheckpointStateError",
     "Design",
     "LoaderCheckpoint",
+    "sub_layout",
 ]
 
 #: Bumped when the keys below change; a restore of another version refuses.
@@ -279,3 +280,23 @@ class LoaderCheckpoint:
         if self.process_rng and "rng" in part:
             torch.set_rng_state(part["rng"]["torch"])
             random.setstate(part["rng"]["python"])
+
+
+def sub_layout(dp: int, tp: int = 1) -> tuple[Any, Any] | None:
+    """The first ``dp * tp`` ranks as a ``dp x tp`` layout, and their group; None on the rest.
+
+    A job resumed at fewer ranks, played inside ranks that are already running
+    (a warm ``ez.Cluster``): pass the group to ``dcp.save``/``dcp.load`` as
+    ``process_group``. Every rank must call it, in the same order (``new_group``
+    is collective over the whole world).
+    """
+    from ezpz_nb.data.groups import Layout
+
+    rank, world = dist.get_rank(), dp * tp
+    tp_groups = [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)]
+    dp_groups = [dist.new_group(list(range(t, world, tp))) for t in range(tp)]
+    group = dist.new_group(list(range(world)))
+    if rank >= world:
+        return None
+    d, t = divmod(rank, tp)
+    return Layout(rank, world, d, dp, t, tp, dp_groups[t], tp_groups[d]), group
