@@ -57,3 +57,30 @@ def test_an_unknown_via_is_refused_before_any_rank_starts():
     """Guards: a typo in via silently running the default path."""
     with pytest.raises(VerifyError, match="via must be one of"):
         check_resume(masked, "dp=2", via="disk")
+
+
+def test_under_torchrun_the_parts_run_in_place_through_one_shared_folder(tmp_path):
+    """torchrun --nproc_per_node=2: dcp.save and dcp.load in torchrun's own processes.
+
+    Guards: ranks of one node writing to different folders (each its own temporary
+    name), a folder left behind, and another world size tried in place.
+    """
+    import subprocess
+    from pathlib import Path
+
+    from test_torchrun import torchrun_cmd
+
+    from ezpz_nb.verify import Report
+
+    out = tmp_path / "report.json"
+    script = str(Path(__file__).parent / "_verify_dcp_torchrun.py")
+    cmd, env = torchrun_cmd(2, script, str(out))
+    proc = subprocess.run(
+        cmd, env=dict(env, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=200
+    )
+    assert out.exists(), proc.stderr[-3000:]
+    report_json, refused = out.read_text().rsplit("\n", 1)
+    report = Report.from_json(report_json)
+    assert report.rule_verdicts()["resume"] == "pass", report.table()
+    assert "under torchrun the parts run in torchrun's 2 processes" in refused
+    assert not list(tmp_path.glob("ezpz-dcp-*"))
