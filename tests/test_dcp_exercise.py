@@ -43,3 +43,4 @@ def test_the_checker_judges_its_corpus(cluster, name):
 def test_not_done_before_any_rank_starts():
     """Guards: an unfinished exercise reported as wrong (or started on ranks)."""
     assert check_loader_state(None, None).status == "not done"
+    assert "must be functions" in check_loader_state({}, print).message  # type: ignore[arg-type]

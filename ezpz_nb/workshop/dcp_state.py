@@ -152,6 +152,12 @@ def check_loader_state(
     """
     if loader_state is None or load_loader_state is None:
         return _say("not done", "write loader_state and load_loader_state, then run this cell")
+    if not (callable(loader_state) and callable(load_loader_state)):
+        return _say(
+            "wrong",
+            "loader_state and load_loader_state must be functions: "
+            "def loader_state(loader, layout): return {...}",
+        )
     if cluster is not None and cluster.world_size != DP * TP:
         return _say("not done", f"pass a Cluster(world_size={DP * TP}) or none")
     from ezpz_nb.launcher import launch
