@@ -7,6 +7,7 @@ is noticed.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -101,9 +102,9 @@ def test_one_key_for_every_rank_comes_back_as_one_ranks_value(cluster, ckpt_dir)
         state = {"model": model, "loader": {"pos": 100 + r}}
         if not model_first:
             state = {"loader": {"pos": 100 + r}, "model": model}
-        dcp.save(state, checkpoint_id=path + str(model_first))
+        dcp.save(state, checkpoint_id=os.path.join(path, str(model_first)))
         back = {"loader": {"pos": -1}}
-        dcp.load(back, checkpoint_id=path + str(model_first))
+        dcp.load(back, checkpoint_id=os.path.join(path, str(model_first)))
         return back["loader"]["pos"]
 
     assert cluster.run(job, ckpt_dir, False) == [100] * 4  # nothing planned before it: rank 0
