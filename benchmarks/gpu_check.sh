@@ -9,7 +9,9 @@
 #   5. notebook 14's worker file (taken from the notebook) under torchrun on nccl; with 2+
 #      GPUs also its checker (one node, two simulated nodes), its elastic restart, and the
 #      membership-change restart of two simulated nodes (their agents' counts disagree),
-#   6. the capstone (FSDP2 x TP) under torchrun on nccl, ledger checked.
+#   6. the capstone (FSDP2 x TP) under torchrun on nccl, ledger checked,
+#   7. a DCP checkpoint (model, optimizer, loader) saved on N GPUs, the job killed, and
+#      resumed on N/2 (needs 2+ GPUs): 0 samples repeated, 0 never seen.
 # Prints PASS/FAIL/SKIP per check and a summary; exits 1 if any check failed.
 # Without a GPU it prints "SKIP: no GPU" and exits 0, unless nvidia-smi sees GPUs that
 # torch does not (a CPU build of torch on a GPU node): then it exits 1.
@@ -133,6 +135,21 @@ echo "== 6. capstone, torchrun, nccl, $NPROC rank(s), tp $TP"
 timeout 180 "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
     -m ezpz_nb.examples.capstone --backend nccl --tp-size "$TP" --out "$OUT/capstone" --check
 report "torchrun nccl capstone (ledger in $OUT/capstone checked)" $?
+
+if [ "$NGPU" -ge 2 ]; then
+    echo "== 7. dcp_resume, torchrun, nccl: saved on $NGPU rank(s), killed, resumed on $((NGPU / 2))"
+    timeout 180 "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NGPU" \
+        -m ezpz_nb.examples.dcp_resume --backend nccl --out "$OUT/dcp_a" \
+        --checkpoint "$OUT/dcp_ckpt" --save-at 2 --kill
+    timeout 180 "$PY" -m torch.distributed.run --standalone --nproc_per_node=$((NGPU / 2)) \
+        -m ezpz_nb.examples.dcp_resume --backend nccl --out "$OUT/dcp_b" --resume-from "$OUT/dcp_ckpt" \
+    && "$PY" -c 'import sys; from ezpz_nb.examples.dcp_resume import join
+got = join(*sys.argv[1:], num_samples=48); print("repeated, never seen:", got); sys.exit(got != (0, 0))' \
+        "$OUT/dcp_a" "$OUT/dcp_b"
+    report "torchrun nccl DCP resume at another world size (0 repeated, 0 never seen)" $?
+else
+    echo "SKIP  DCP resume at another world size on nccl: need 2 GPUs (one per rank)"
+fi
 
 echo "gpu_check: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -19,10 +19,7 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 # Circles other engineers remove in the same round; the integrator deletes each entry
 # when its fix lands (a listed circle that no longer exists fails, as a reminder).
-KNOWN_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"ezpz_nb", "ezpz_nb.magic"}): "issue 36 item 2 (magic imports the package)",
-    frozenset({"ezpz_nb.verify.figure", "ezpz_nb.verify.report"}): "issue 33",
-}
+KNOWN_CIRCLES: dict[frozenset[str], str] = {}
 
 Graph = Mapping[str, Mapping[str, int]]  # module -> {imported module: line of the first import}
 

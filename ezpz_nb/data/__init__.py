@@ -4,6 +4,10 @@
   ``get_random_dataset_fsdp_tp`` (the names of ``ezpz.data.distributed``),
   importable from here;
 * :mod:`.groups`: the DP x TP layout of the ranks (``make_layout``);
+* :mod:`.resumable`: ``GlobalOrderLoader``, a loader whose place is one global
+  ``consumed_samples`` (it resumes at any DP size);
+* :mod:`.checkpoint`: ``LoaderCheckpoint``, the loader's state in a
+  ``torch.distributed.checkpoint`` save, keyed per DP rank (docs/checkpoint.md);
 * :mod:`.broadcast`: the packed broadcast of a batch inside a TP group (its wire
   format), over :mod:`.tree` (a nested batch as tree + tensors);
 * :mod:`.mixture`: sources mixed by weight into one global-batch stream that
@@ -14,6 +18,7 @@ Nothing here knows about notebooks or the launcher.
 
 from __future__ import annotations
 
+from ezpz_nb.data.checkpoint import CheckpointLayoutError, CheckpointStateError, LoaderCheckpoint
 from ezpz_nb.data.distributed import (
     DataLayoutWarning,
     RandomTokenDataset,
@@ -23,8 +28,15 @@ from ezpz_nb.data.distributed import (
     get_random_dataset_fsdp_tp,
 )
 from ezpz_nb.data.mixture import MixedLoader, MixError, Mixture
+from ezpz_nb.data.resumable import GlobalOrderLoader, LoaderStateError, ShardStream
 
 __all__ = [
+    "CheckpointLayoutError",
+    "CheckpointStateError",
+    "GlobalOrderLoader",
+    "LoaderCheckpoint",
+    "LoaderStateError",
+    "ShardStream",
     "DataLayoutWarning",
     "MixError",
     "MixedLoader",

@@ -23,6 +23,7 @@ run stopped and resumed saw what a straight run sees. Both return a
 from __future__ import annotations
 
 from ezpz_nb.verify.contract import check_contract, parse_layout
+from ezpz_nb.verify.dcp import VIAS
 from ezpz_nb.verify.mixture import (
     MixJudgement,
     check_layout_invariance,
@@ -38,6 +39,7 @@ from ezpz_nb.verify.verdict import Judgement, Verdict
 __all__ = [
     "RULES",
     "SCENARIOS",
+    "VIAS",
     "ContractViolation",
     "Finding",
     "Grid",

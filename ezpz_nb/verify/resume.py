@@ -113,6 +113,7 @@ def check_resume(
     timeout: float = 60.0,
     start_method: str | None = None,
     cluster: Any = None,
+    via: str = "state_dict",
 ) -> Report:
     """Compare a straight run with runs stopped and resumed in fresh ranks.
 
@@ -139,6 +140,9 @@ def check_resume(
         cluster: Run the parts of ``cluster``'s world size on its warm ranks (each
             part still builds a fresh loader and loads the saved state, as under
             torchrun) instead of fresh ranks: many checks then pay the starts once.
+        via: ``"state_dict"`` (each rank's state through the notebook) or ``"dcp"``
+            (saved and loaded with ``torch.distributed.checkpoint``, keyed per DP
+            rank: :mod:`ezpz_nb.verify.dcp`).
 
     Returns:
         A :class:`Report` whose ``resume`` rule fails on a divergence.
@@ -147,6 +151,13 @@ def check_resume(
         VerifyError: Bad arguments, a failing factory (naming the rank), or a
             loader without state.
     """
+    if via != "state_dict":
+        from ezpz_nb.verify.dcp import resume_via
+
+        args = dict(layout=layout, epochs=epochs, scenarios=scenarios, options=options,
+                    resume_layout=resume_layout, resume_options=resume_options, key=key,
+                    timeout=timeout, start_method=start_method)  # fmt: skip
+        return resume_via(via, check_resume, make_loader, **args)
     grid = parse_layout(layout)
     grid2 = parse_layout(resume_layout) if resume_layout is not None else grid
     check_args(make_loader, grid, epochs, key, timeout)

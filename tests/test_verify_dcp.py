@@ -1,0 +1,86 @@
+"""check_resume(..., via="dcp"): the loader's state saved and loaded by torch.distributed.checkpoint."""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from typing import Any
+
+import pytest
+
+from ezpz_nb.data.resumable import GlobalOrderLoader
+from ezpz_nb.examples.capstone import RuleTokenDataset
+from ezpz_nb.verify import VerifyError, check_resume
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def masked(layout: Any) -> GlobalOrderLoader:
+    """48 rule sequences, 2 per DP rank a step, a quarter of the tokens masked by a per-rank RNG."""
+    ds = RuleTokenDataset(num_samples=48)
+    return GlobalOrderLoader(ds, 2, layout.dp_rank, layout.dp_size, seed=1, mask_rate=0.25)
+
+
+def _leftovers() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "ezpz-dcp-*")))
+
+
+def test_a_sound_loader_resumes_through_dcp_on_dp2_tp2_in_every_scenario():
+    """Per-DP-rank keys in a real dcp.save / dcp.load, on 4 ranks, and the folder is removed.
+
+    Guards: the DCP path losing a rank's place (one key for all: every rank would
+    replay one rank's shard) and checkpoint folders outliving the check.
+    """
+    before = _leftovers()
+    report = check_resume(masked, "dp=2,tp=2", epochs=2, via="dcp")
+    assert report.ok, report.table()
+    assert report.rule_verdicts()["resume"] == "pass"
+    assert _leftovers() == before
+
+
+def test_another_dp_size_through_dcp_is_the_checkpoints_refusal():
+    """Saved at dp 2, resumed at dp 4: the report carries the refusal saying what differs.
+
+    Guards: a resume at another DP size that loads some ranks' keys and silently
+    drops or invents the rest.
+    """
+    report = check_resume(
+        masked, "dp=2", epochs=1, scenarios=["mid-epoch"], resume_layout="dp=4", via="dcp"
+    )
+    errors = [f for f in report.violations if f.kind == "resume_error"]
+    assert errors, report.table()
+    assert "saved at dp=2, tp=1 (refuse); this run is dp=4, tp=1" in errors[0].message
+
+
+def test_an_unknown_via_is_refused_before_any_rank_starts():
+    """Guards: a typo in via silently running the default path."""
+    with pytest.raises(VerifyError, match="via must be one of"):
+        check_resume(masked, "dp=2", via="disk")
+
+
+def test_under_torchrun_the_parts_run_in_place_through_one_shared_folder(tmp_path):
+    """torchrun --nproc_per_node=2: dcp.save and dcp.load in torchrun's own processes.
+
+    Guards: ranks of one node writing to different folders (each its own temporary
+    name), a folder left behind, and another world size tried in place.
+    """
+    import subprocess
+    from pathlib import Path
+
+    from test_torchrun import torchrun_cmd
+
+    from ezpz_nb.verify import Report
+
+    out = tmp_path / "report.json"
+    script = str(Path(__file__).parent / "_verify_dcp_torchrun.py")
+    cmd, env = torchrun_cmd(2, script, str(out))
+    proc = subprocess.run(
+        cmd, env=dict(env, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=200
+    )
+    assert out.exists(), proc.stderr[-3000:]
+    report_json, refused = out.read_text().rsplit("\n", 1)
+    report = Report.from_json(report_json)
+    assert report.rule_verdicts()["resume"] == "pass", report.table()
+    assert "under torchrun the parts run in torchrun's 2 processes" in refused
+    assert not list(tmp_path.glob("ezpz-dcp-*"))
