@@ -17,24 +17,37 @@ run stopped and resumed saw what a straight run sees. Both return a
     report = check_contract(make_loader, "dp=2,tp=2", epochs=2)
     print(report.table())
     report.raise_for_violations()   # in a test
+
+:func:`check_eval` judges an evaluation loader, where a repeated or dropped sample
+is a violation (weights summed: padding at weight 0 passes); :func:`check_steps`
+judges an endless loader over ``steps`` batches. Their rules answer pass, fail or
+not judged (with why), in an :class:`EvalReport`.
 """
 
 from __future__ import annotations
 
 from ezpz_nb.verify.contract import check_contract, parse_layout
+from ezpz_nb.verify.evaluation import check_eval
 from ezpz_nb.verify.observe import Grid
+from ezpz_nb.verify.outcomes import EvalReport, EvalViolation, RuleOutcome
 from ezpz_nb.verify.report import RULES, ContractViolation, Finding, Report, VerifyError
 from ezpz_nb.verify.resume import SCENARIOS, check_resume
+from ezpz_nb.verify.stepped import check_steps
 
 __all__ = [
     "RULES",
     "SCENARIOS",
     "ContractViolation",
+    "EvalReport",
+    "EvalViolation",
     "Finding",
     "Grid",
     "Report",
+    "RuleOutcome",
     "VerifyError",
     "check_contract",
+    "check_eval",
     "check_resume",
+    "check_steps",
     "parse_layout",
 ]
