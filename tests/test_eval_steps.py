@@ -14,7 +14,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 import ezpz_nb as ez
+from ezpz_nb import viz
 from ezpz_nb.data import ShardError, SteppedLoader, WeightedShard, eval_indices, global_mean
+from ezpz_nb.ledger import Ledger, record
 
 BASE = 9  # sizes BASE .. BASE+dp-1: every remainder modulo dp
 
@@ -115,7 +117,8 @@ def _stepped() -> dict:
     """On each rank: a straight run's batches, its epochs, and a run stopped and resumed."""
     rank, world = dist.get_rank(), dist.get_world_size()
     straight = SteppedLoader(Values(N_STREAM), BATCH, rank, world, steps=STEPS, seed=3)
-    batches = [(b["index"].tolist(), b["epoch"].tolist()) for b in straight]
+    with record(straight) as rec:
+        batches = [(b["index"].tolist(), b["epoch"].tolist()) for b in rec]
     first = SteppedLoader(Values(N_STREAM), BATCH, rank, world, steps=STEPS, seed=3)
     head = [b["index"].tolist() for _, b in zip(range(STOP), first, strict=False)]
     state = first.state_dict()
@@ -130,11 +133,12 @@ def _stepped() -> dict:
         "state_step": state["step"],
         "wraps": straight.wrap_steps(),
         "share": straight.share,
+        "ledger": rec.ledger(),
     }
 
 
 def test_stepped_loader_takes_n_steps_with_per_rank_epochs_and_balanced_epochs():
-    """Guards training by step count: 10 samples over 3 ranks (shares 4, 3, 3) for 9 steps of 2
+    """Guards training by step count (and its figure): 10 samples over 3 ranks (shares 4, 3, 3) for 9 steps of 2
     (more than 5 epochs): every rank yields exactly 9 batches and reaches the barrier, each rank
     counts its own epochs (rank 0 wraps later), every epoch all ranks finished deals each sample
     to exactly one rank with shares within one, and a stop at step 4 resumes to the same batches."""
@@ -161,3 +165,12 @@ def test_stepped_loader_takes_n_steps_with_per_rank_epochs_and_balanced_epochs()
     for g in got:
         assert g["state_step"] == STOP
         assert g["resumed"] == [idx for idx, _ in g["batches"]]
+    # The figure draws the recorded ids and puts a bar at each rank's own wraps.
+    fig = viz.epoch_wraps(Ledger.from_results([g["ledger"] for g in got]), epochs_of(got))
+    for r, g in enumerate(got):
+        assert fig.ezpz_data["ids"][r].tolist() == [i for idx, _ in g["batches"] for i in idx]
+        assert [k // BATCH for k in fig.ezpz_data["wraps"][r]] == g["wraps"]
+
+
+def epochs_of(got: list) -> dict:
+    return {r: [eps for _, eps in g["batches"]] for r, g in enumerate(got)}
