@@ -170,7 +170,7 @@ class EvalStep(Joinable):
         return ShadowStep(self)
 
     @property
-    def join_device(self):
+    def join_device(self):  # where Join's own all-reduce runs: on NCCL, the rank's GPU
         return torch.device("cpu")
 
     @property
