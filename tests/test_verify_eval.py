@@ -141,3 +141,14 @@ def test_bad_arguments_are_refused_before_any_rank():
         check_eval(42, "dp=3")  # type: ignore[arg-type]
     with pytest.raises(VerifyError, match="num_samples must be a positive int"):
         check_eval(padded, "dp=3", num_samples=-1)
+
+
+def one_weight_per_batch(layout):
+    return ({"index": torch.tensor([i, i + 1]), "weight": 1.0} for i in range(0, N, 2))
+
+
+def test_a_weight_per_batch_not_per_sample_is_refused(cluster):
+    """Guards a silent misjudgement: a batch's single weight read as one sample's; the check
+    names the batch and asks for one weight per sample."""
+    with pytest.raises(VerifyError, match="batch 0 holds 2 samples but 1 'weight' values"):
+        check_eval(one_weight_per_batch, "dp=3", cluster=cluster)

@@ -74,11 +74,19 @@ def seen_on_rank(
             ids, names, _, _ = observe_batch(batch, key)
             w = find_in_batch(batch, weight)
             e = find_in_batch(batch, "epoch")
+            weights = [float(x) for x in _flat(w)] if w is not None else [1.0] * len(ids)
+            epochs = [int(x) for x in _flat(e)] if e is not None else None
+            if len(weights) != len(ids) or (epochs is not None and len(epochs) != len(ids)):
+                raise ValueError(
+                    f"batch {len(seen.ids)} holds {len(ids)} samples but {len(weights)} "
+                    f"{weight!r} values and {len(epochs or ids)} 'epoch' values: give one per sample"
+                )
             seen.ids.append(ids)
             seen.names.update(names)
-            seen.weights.append([float(x) for x in _flat(w)] if w is not None else [1.0] * len(ids))
-            if e is not None:
-                seen.epochs = (seen.epochs or []) + [[int(x) for x in _flat(e)]]
+            seen.weights.append(weights)
+            if epochs is not None:
+                seen.epochs = seen.epochs if seen.epochs is not None else []
+                seen.epochs.append(epochs)
             if limit is not None and len(seen.ids) >= limit:
                 break
     except BaseException:  # noqa: BLE001 - the user's code: reported with its rank, never raised here
