@@ -152,3 +152,11 @@ def test_a_weight_per_batch_not_per_sample_is_refused(cluster):
     names the batch and asks for one weight per sample."""
     with pytest.raises(VerifyError, match="batch 0 holds 2 samples but 1 'weight' values"):
         check_eval(one_weight_per_batch, "dp=3", cluster=cluster)
+
+
+def test_tp_peers_share_their_replicas_samples():
+    """Guards the eval mode under TP: TP peers hold the same samples, so only one rank per
+    replica counts; weight-0 padding on dp=2,tp=2 passes rather than counting everything twice."""
+    r = check_eval(weighted, "dp=2,tp=2")
+    assert r.ok and r.outcome("counted_once") == "pass", r.table()
+    assert r.steps == {0: 3, 1: 3, 2: 3, 3: 3}
