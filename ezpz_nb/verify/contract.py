@@ -140,7 +140,13 @@ def judge(
     problems = check_records(
         records, n, universe=universe, allowance=allow, shuffle=shuffle, global_batch=True
     )
-    findings = findings_from(problems, ledger, names)
+    if ranks.hung:
+        # After a hang the records are only what the ranks published in bunches
+        # (observe._PUBLISH_S), and a finished rank's reply is not in the HangError:
+        # their step counts are lower bounds set by timing, not evidence. The stack
+        # showing where the rank is blocked is the evidence, so the hang is the finding.
+        problems = [p for p in problems if p.kind != "step_mismatch"]
+    findings = []
     for rank, where in sorted(ranks.hung.items()):
         findings.append(
             Finding(
@@ -155,6 +161,7 @@ def judge(
                 step=len([r for r in records if r.rank == rank]) or None,
             )  # fmt: skip
         )
+    findings += findings_from(problems, ledger, names)
     for o in outs:
         if o.phase == "timeout":
             last = o.records[-1] if o.records else None
