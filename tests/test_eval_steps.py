@@ -1,7 +1,8 @@
 """ezpz_nb.data's exact evaluation and stepped loader, on real gloo ranks.
 
 One launch of 4 ranks runs every evaluation case (DP groups of 2, 3 and 4 made
-inside it); the stepped loader runs on 3 ranks whose shares differ in size.
+inside it); the stepped loader runs on 3 ranks whose shares differ in size, over a
+map-style dataset and over a stream without a length.
 """
 
 from __future__ import annotations
@@ -170,6 +171,98 @@ def test_stepped_loader_takes_n_steps_with_per_rank_epochs_and_balanced_epochs()
     for r, g in enumerate(got):
         assert fig.ezpz_data["ids"][r].tolist() == [i for idx, _ in g["batches"] for i in idx]
         assert [k // BATCH for k in fig.ezpz_data["wraps"][r]] == g["wraps"]
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """N_STREAM samples a pass, no length, reshuffled by set_epoch: the same order on every rank."""
+
+    def __init__(self, n: int = N_STREAM) -> None:
+        self.n, self.epoch, self.passes = n, 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        self.passes += 1
+        g = torch.Generator().manual_seed(100 + self.epoch)
+        for i in torch.randperm(self.n, generator=g).tolist():
+            yield {"index": i, "value": torch.tensor(_value(i))}
+
+
+STREAM_STOP = 5  # mid-epoch on every rank (shares 4, 3, 3 with batches of 2)
+
+
+def _streamed() -> dict:
+    """On each rank: a straight run over the stream, and one stopped mid-epoch and resumed."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    straight = SteppedLoader(Stream(), BATCH, rank, world, steps=STEPS)
+    batches = [(b["index"].tolist(), b["epoch"].tolist()) for b in straight]
+    first = SteppedLoader(Stream(), BATCH, rank, world, steps=STEPS)
+    head = [b["index"].tolist() for _, b in zip(range(STREAM_STOP), first, strict=False)]
+    state = first.state_dict()
+    second = SteppedLoader(Stream(), BATCH, rank, world, steps=STEPS)
+    second.load_state_dict(state)
+    tail = [b["index"].tolist() for b in second]
+    dist.barrier()  # every rank took its STEPS and got here: no rank ran out first
+    return {
+        "batches": batches,
+        "resumed": head + tail,
+        "state": state,
+        "epoch": straight.epoch,
+        "wraps": straight.wrap_steps(),
+        "share": straight.share,
+        "passes": straight.dataset.passes,
+    }
+
+
+def test_stepped_loader_repeats_a_stream_without_length_per_rank():
+    """Guards training by step count over an endless stream: an IterableDataset of 10 samples
+    (reshuffled by set_epoch) over 3 ranks for 9 steps of 2: every rank yields exactly 9
+    batches and reaches the barrier, counts its own epochs (rank 0's share is 4, the others' 3,
+    so rank 0 wraps later), each epoch every rank finished deals each sample to exactly one
+    rank, shares within one, and a state saved mid-epoch resumes to the same batches."""
+    got = ez.launch(_streamed, world_size=3, timeout=120)
+    assert [len(g["batches"]) for g in got] == [STEPS] * 3
+    assert [g["share"] for g in got] == [4, 3, 3]
+    assert got[0]["wraps"] != got[1]["wraps"]  # per-rank epoch counters
+    by_epoch: dict[int, dict[int, list[int]]] = {}
+    for r, g in enumerate(got):
+        flat = [e for _, eps in g["batches"] for e in eps]
+        assert flat == sorted(flat) and flat[-1] == g["epoch"]
+        wraps = [p // BATCH for p in range(1, len(flat)) if flat[p] > flat[p - 1]]
+        assert wraps == g["wraps"], (r, g["batches"], g["wraps"])
+        assert g["passes"] == g["epoch"] + 1  # one pass of the stream per epoch of the rank
+        for idx, eps in g["batches"]:
+            for i, e in zip(idx, eps, strict=True):
+                by_epoch.setdefault(e, {}).setdefault(r, []).append(i)
+    done = min(g["epoch"] for g in got)
+    assert done >= 4
+    for e in range(done):
+        shares = by_epoch[e]
+        assert sorted(i for r in range(3) for i in shares[r]) == list(range(N_STREAM)), e
+        sizes = [len(shares[r]) for r in range(3)]
+        assert max(sizes) - min(sizes) <= 1, (e, sizes)
+    for g in got:
+        assert g["state"]["step"] == STREAM_STOP and 0 < g["state"]["offset"] < g["share"]
+        assert g["resumed"] == [idx for idx, _ in g["batches"]]
+
+
+def test_stepped_loader_refuses_what_a_stream_cannot_do():
+    """Guards the stream's clear errors: a generator (spent after one pass), shuffle=True (a
+    stream shuffles itself), a map-style state loaded into a stream loader, and a pass with
+    fewer samples than replicas (raised at the first batch, the stream's length being unknown)."""
+    with pytest.raises(ShardError, match="spent after one pass"):
+        SteppedLoader((x for x in range(5)), 1, 0, 2, steps=3)
+    with pytest.raises(ShardError, match="cannot be shuffled here"):
+        SteppedLoader(Stream(), 1, 0, 2, steps=3, shuffle=True)
+    with pytest.raises(ShardError, match="over a map-style dataset"):
+        SteppedLoader(Stream(), 1, 0, 2, steps=3).load_state_dict(
+            SteppedLoader(Values(4), 1, 0, 2, steps=3).state_dict()
+        )
+    with pytest.raises(ShardError, match="gave rank 1 no sample"):
+        next(iter(SteppedLoader(Stream(1), 1, 1, 2, steps=3)))
+    with pytest.raises(ShardError, match="known only as it is read"):
+        SteppedLoader(Stream(), 1, 0, 2, steps=3).position(0)
 
 
 def epochs_of(got: list) -> dict:

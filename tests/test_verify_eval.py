@@ -80,6 +80,30 @@ def endless_plain(layout):
     return itertools.cycle(list(uneven(layout)))
 
 
+def everything_cycled(layout):
+    """Every rank cycles the whole dataset, no epoch field: its order repeats every N samples."""
+    return itertools.cycle([{"index": torch.tensor([i])} for i in range(N)])
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """N samples a pass, no length, reshuffled by set_epoch (the same order on every rank)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.epoch)
+        for i in torch.randperm(N, generator=g).tolist():
+            yield {"index": i, "x": torch.tensor(float(i))}
+
+
+def stream_stepped(layout):
+    return SteppedLoader(Stream(), 2, layout.dp_rank, layout.dp_size, steps=8)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     with ez.Cluster(world_size=3, timeout=60) as c:
@@ -131,6 +155,24 @@ def test_steps_mode_judges_steps_and_balanced_epochs(cluster):
     assert r.outcome("steps") == "pass" and r.outcome("balanced_coverage") == "not judged"
     r = check_steps(endless_plain, "dp=3", steps=6, num_samples=N, cluster=cluster)
     assert r.outcome("steps") == "pass" and r.steps == {0: 6, 1: 6, 2: 6}
+
+
+def test_steps_mode_judges_streams_and_reads_epochs_from_a_repeating_order(cluster):
+    """Guards the steps mode on streams: SteppedLoader over an IterableDataset (no length)
+    passes both rules; without an epoch field, an order that repeats is read as the epochs,
+    so a round-robin cycle passes (shares 4, 3, 3) and every rank cycling everything fails
+    (a sample on two ranks in one epoch), while too few steps to see it repeat is not judged."""
+    r = check_steps(stream_stepped, "dp=3", steps=8, num_samples=N, cluster=cluster)
+    assert r.ok and r.outcome("balanced_coverage") == "pass", r.table()
+    r = check_steps(endless_plain, "dp=3", steps=8, num_samples=N, cluster=cluster)
+    cov = next(x for x in r.rules if x.rule == "balanced_coverage")
+    assert cov.outcome == "pass" and "rank 0: 4, rank 1: 3, rank 2: 3" in cov.detail, r.table()
+    r = check_steps(everything_cycled, "dp=3", steps=20, num_samples=N, cluster=cluster)
+    cov = next(x for x in r.rules if x.rule == "balanced_coverage")
+    assert cov.outcome == "fail" and "again to rank 1" in cov.detail, r.table()
+    r = check_steps(endless_plain, "dp=3", steps=7, num_samples=N, cluster=cluster)
+    cov = next(x for x in r.rules if x.rule == "balanced_coverage")
+    assert cov.outcome == "not judged" and "rank 0's order does not repeat" in cov.detail
 
 
 def test_bad_arguments_are_refused_before_any_rank():

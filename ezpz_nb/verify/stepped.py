@@ -5,6 +5,8 @@ one is cut there, as the training loop cuts it). :func:`check_steps` judges that
 every rank yields them all (a rank that runs out first leaves the others in a
 collective) and, from the ``epoch`` field each sample carries, that every epoch
 all ranks finished dealt each sample to exactly one rank with shares within one.
+Without that field a rank's epochs are read from its order where it repeats
+(an unshuffled stream cycled); a reshuffled one leaves coverage not judged.
 """
 
 from __future__ import annotations
@@ -36,14 +38,56 @@ def judge_steps(seen: list[Seen], steps: int) -> RuleOutcome:
     )  # fmt: skip
 
 
+def period(ids: list[int]) -> int | None:
+    """The shortest ``p`` with two whole passes of ``p`` ids and every id equal to the one ``p`` later.
+
+    A rank whose order repeats like that took one epoch per ``p`` samples: the evidence
+    for its epochs when its batches carry none. A reshuffled order has no such ``p``.
+    """
+    for p in range(1, len(ids) // 2 + 1):
+        if all(ids[k] == ids[k + p] for k in range(len(ids) - p)):
+            return p
+    return None
+
+
+def inferred_epochs(seen: list[Seen]) -> tuple[list[Seen], str] | str:
+    """Each rank's epochs read from its order repeating, with how; else why they cannot be."""
+    out, periods = [], []
+    for s in seen:
+        p = period([i for ids in s.ids for i in ids])
+        if p is None:
+            return (
+                f"the batches carry no 'epoch' field and rank {s.rank}'s order does not repeat "
+                "twice within these steps (a reshuffled stream, or too few steps), so its "
+                "epochs cannot be told apart: add each sample's epoch ({'index': i, 'epoch': "
+                "e}, as SteppedLoader does) or raise steps to cover two epochs unshuffled"
+            )
+        flat = iter(range(sum(map(len, s.ids))))
+        eps = [[next(flat) // p for _ in ids] for ids in s.ids]
+        out.append(Seen(s.rank, s.ids, s.weights, eps, s.names, s.num_samples))
+        periods.append(f"rank {s.rank}: {p}")
+    return out, f"; epochs read from each rank's order repeating ({', '.join(periods)} samples)"
+
+
 def judge_coverage(seen: list[Seen], num_samples: int | None) -> RuleOutcome:
-    """In each epoch every rank finished, each sample on exactly one rank, shares within one."""
+    """In each epoch every rank finished, each sample on exactly one rank, shares within one.
+
+    Without an ``epoch`` field a rank's epochs are read from its order repeating
+    (:func:`period`); a reshuffled order leaves the rule not judged.
+    """
+    how = ""
     if any(s.epochs is None for s in seen):
-        return RuleOutcome(
-            "balanced_coverage", "not judged",
-            "the batches carry no 'epoch' field, so a rank's epochs cannot be told apart: add "
-            "each sample's epoch ({'index': i, 'epoch': e}, as SteppedLoader does)",
-        )  # fmt: skip
+        got = inferred_epochs(seen)
+        if isinstance(got, str):
+            return RuleOutcome("balanced_coverage", "not judged", got)
+        seen, how = got
+    outcome = _coverage(seen, num_samples)
+    if how:
+        outcome.detail += how
+    return outcome
+
+
+def _coverage(seen: list[Seen], num_samples: int | None) -> RuleOutcome:
     owner: dict[tuple[int, int], int] = {}
     ranks = [s.rank for s in seen]
     shares: dict[int, dict[int, int]] = defaultdict(lambda: dict.fromkeys(ranks, 0))
@@ -105,7 +149,8 @@ def check_steps(
 
     Args:
         make_loader: ``make_loader(layout) -> iterable of batches`` with sample ids
-            and, for the coverage rule, an ``epoch`` field per sample.
+            and, for the coverage rule, an ``epoch`` field per sample (or an
+            order that repeats twice within ``steps``, read as the epochs).
         layout: ``"dp=3"``, a dict or a ``Grid``.
         steps: Batches to take on every rank.
         key: The field naming each sample.
