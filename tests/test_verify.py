@@ -149,8 +149,7 @@ def test_a_hang_is_judged_by_the_stack_not_by_the_records_that_arrived():
     HangError, so it published none. Those counts are timing, not evidence.
 
     Guards: a hang reported as rank 1's step mismatch (rank 1 "took 0 steps") ahead
-    of rank 0's hang, or samples the records have not reached reported as never seen,
-    depending on when the ranks happened to publish.
+    of rank 0's hang, depending on when the ranks happened to publish.
     """
     from ezpz_nb.ledger import StepRecord
     from ezpz_nb.verify.contract import judge
@@ -168,24 +167,6 @@ def test_a_hang_is_judged_by_the_stack_not_by_the_records_that_arrived():
     )  # fmt: skip
     kinds = [(f.kind, f.rank) for f in report.violations if f.rule == "equal_steps"]
     assert kinds == [("hang", 0)], report.table()
-    # Hung in epoch 1 after a whole epoch 0: the samples epoch 1 has not reached yet
-    # are not "never seen", and rank 1's repeat within epoch 0 still counts.
-    recs = [
-        StepRecord(e, s, r, r, 2, 0, 1, ids, "loaded", f"d{e}{s}{r}", ())
-        for e, s, r, ids in [
-            (0, 0, 0, (0, 2)), (0, 1, 0, (4, 6)), (0, 0, 1, (1, 3)), (0, 1, 1, (5, 1)),
-            (1, 0, 0, (0, 2)),
-        ]
-    ]  # fmt: skip
-    ranks = Ranks(
-        [Outcome(rank=r, records=[x for x in recs if x.rank == r]) for r in (0, 1)],
-        hung={0: "rank 0: all_reduce() at loader.py:9"},
-    )
-    report = judge(
-        ranks, what="hung", grid=Grid(2), epochs=2, key="auto",
-        num_samples=8, shuffle=None, wall_s=1.0,
-    )  # fmt: skip
-    assert [f.kind for f in report.violations] == ["hang", "rank_duplicate"], report.table()
 
 
 def test_an_endless_stream_is_reported_not_hung_on():

@@ -143,10 +143,9 @@ def judge(
     if ranks.hung:
         # After a hang the records are only what the ranks published in bunches
         # (observe._PUBLISH_S), and a finished rank's reply is not in the HangError:
-        # step counts and epoch coverage read from them are set by timing, not
-        # evidence. The stack showing where the rank is blocked is the evidence, so
-        # the hang is the finding; what each record holds (duplicates) still counts.
-        problems = [p for p in problems if p.kind not in ("step_mismatch", "never_seen")]
+        # their step counts are lower bounds set by timing, not evidence. The stack
+        # showing where the rank is blocked is the evidence, so the hang is the finding.
+        problems = [p for p in problems if p.kind != "step_mismatch"]
     findings = []
     for rank, where in sorted(ranks.hung.items()):
         findings.append(
