@@ -17,9 +17,13 @@ try:
     from ezpz_nb.data import (
         DataLayoutWarning,
         RandomTokenDataset,
+        ShardError,
+        SteppedLoader,
         TPBroadcastDataLoader,
         TPLeaderError,
+        WeightedShard,
         get_random_dataset_fsdp_tp,
+        global_mean,
     )
     from ezpz_nb.data.groups import Layout, layout_table, make_layout
     from ezpz_nb.errors import EzpzError
@@ -65,9 +69,13 @@ __all__ = [
     "DataLayoutWarning",
     "Layout",
     "RandomTokenDataset",
+    "ShardError",
+    "SteppedLoader",
     "TPBroadcastDataLoader",
     "TPLeaderError",
+    "WeightedShard",
     "get_random_dataset_fsdp_tp",
+    "global_mean",
     "layout_table",
     "make_layout",
     # what each rank saw (ezpz_nb.ledger); figures and widgets live in ezpz_nb.viz

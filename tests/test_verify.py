@@ -163,6 +163,34 @@ def test_a_rank_stuck_outside_a_collective_is_not_said_to_be_in_one():
     assert report.steps[0] == [4], report.table()
 
 
+def test_a_hang_is_judged_by_the_stack_not_by_the_records_that_arrived():
+    """The records a hung run left: whatever bunches the ranks published before it.
+
+    The run the test above makes, as a loaded machine once left it: rank 0 published
+    one step before it blocked, rank 1 finished but its reply (3 steps) is not in the
+    HangError, so it published none. Those counts are timing, not evidence.
+
+    Guards: a hang reported as rank 1's step mismatch (rank 1 "took 0 steps") ahead
+    of rank 0's hang, depending on when the ranks happened to publish.
+    """
+    from ezpz_nb.ledger import StepRecord
+    from ezpz_nb.verify.judge import judge
+    from ezpz_nb.verify.observe import Grid, Outcome
+    from ezpz_nb.verify.ranks import Ranks
+
+    rec = StepRecord(0, 0, 0, 0, 2, 0, 1, (0, 2, 4, 6), "loaded", "d0", ())
+    ranks = Ranks(
+        [Outcome(rank=0, records=[rec]), Outcome(rank=1)],
+        hung={0: "rank 0: all_reduce() at loader.py:9"},
+    )
+    report = judge(
+        ranks, what="hung", grid=Grid(2), epochs=1, key="auto",
+        num_samples=None, shuffle=None, wall_s=1.0,
+    )  # fmt: skip
+    kinds = [(f.kind, f.rank) for f in report.violations if f.rule == "equal_steps"]
+    assert kinds == [("hang", 0)], report.table()
+
+
 def test_an_endless_stream_is_reported_not_hung_on():
     """A generator that never stops: the ranks stop at 3/4 of the timeout and the report says so.
 

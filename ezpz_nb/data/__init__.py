@@ -8,6 +8,9 @@
   ``consumed_samples`` (it resumes at any DP size);
 * :mod:`.checkpoint`: ``LoaderCheckpoint``, the loader's state in a
   ``torch.distributed.checkpoint`` save, keyed per DP rank (docs/checkpoint.md);
+* :mod:`.evaluation`: exact evaluation on any size and DP degree (``WeightedShard``,
+  ``global_mean``); :mod:`.stepped`: ``SteppedLoader``, N steps on every rank over an
+  endless pass with per-rank epochs;
 * :mod:`.broadcast`: the packed broadcast of a batch inside a TP group (its wire
   format), over :mod:`.tree` (a nested batch as tree + tensors);
 * :mod:`.mixture`: sources mixed by weight into one global-batch stream that
@@ -27,8 +30,16 @@ from ezpz_nb.data.distributed import (
     forward_set_epoch,
     get_random_dataset_fsdp_tp,
 )
+from ezpz_nb.data.evaluation import (
+    ShardError,
+    WeightedShard,
+    eval_indices,
+    global_mean,
+    weighted_sums,
+)
 from ezpz_nb.data.mixture import MixedLoader, MixError, Mixture
 from ezpz_nb.data.resumable import GlobalOrderLoader, LoaderStateError, ShardStream
+from ezpz_nb.data.stepped import SteppedLoader
 
 __all__ = [
     "CheckpointLayoutError",
@@ -42,8 +53,14 @@ __all__ = [
     "MixedLoader",
     "Mixture",
     "RandomTokenDataset",
+    "ShardError",
+    "SteppedLoader",
     "TPBroadcastDataLoader",
     "TPLeaderError",
+    "WeightedShard",
+    "eval_indices",
     "forward_set_epoch",
     "get_random_dataset_fsdp_tp",
+    "global_mean",
+    "weighted_sums",
 ]

@@ -1,6 +1,6 @@
 """Train, save model, optimizer and loader in one DCP checkpoint, get killed, resume elsewhere.
 
-The capstone's :class:`~ezpz_nb.examples.capstone.TinyLM` trains with FSDP2 over
+The capstone's :class:`~ezpz_nb.examples.capstone.CapstoneLM` trains with FSDP2 over
 the DP ranks (``--tp-size`` > 1 adds TP) on a
 :class:`~ezpz_nb.data.resumable.GlobalOrderLoader`, whose place is one global
 ``consumed_samples``. At step ``--save-at`` every rank writes one
@@ -39,8 +39,14 @@ import torch.nn.functional as F
 
 from ezpz_nb.data.checkpoint import LoaderCheckpoint
 from ezpz_nb.data.resumable import GlobalOrderLoader
-from ezpz_nb.examples.capstone import RuleTokenDataset, TinyLM, avg_reduces_correctly, parallelize
-from ezpz_nb.examples.common import begin, cli_main, device, record_epochs, to_device
+from ezpz_nb.examples.capstone import (
+    CapstoneLM,
+    RuleTokenDataset,
+    avg_reduces_correctly,
+    parallelize,
+)
+from ezpz_nb.examples.command import cli_main
+from ezpz_nb.examples.common import begin, device, record_epochs, to_device
 from ezpz_nb.ledger import Ledger
 
 __all__ = ["ModelAndOptim", "join", "main", "run"]
@@ -105,7 +111,7 @@ def run(
     dev = device()
     mesh = init_device_mesh(dev.type, (layout.dp_size, tp_size), mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
-    model = parallelize(TinyLM().to(dev), mesh)
+    model = parallelize(CapstoneLM().to(dev), mesh)
     if not avg_reduces_correctly(mesh.get_group("dp")):
         model.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)

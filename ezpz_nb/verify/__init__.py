@@ -18,12 +18,18 @@ run stopped and resumed saw what a straight run sees. Both return a
     report = check_contract(make_loader, "dp=2,tp=2", epochs=2)
     print(report.table())
     report.raise_for_violations()   # in a test
+
+:func:`check_eval` judges an evaluation loader, where a repeated or dropped sample
+is a violation (weights summed: padding at weight 0 passes); :func:`check_steps`
+judges an endless loader over ``steps`` batches. Their rules answer pass, fail or
+not judged (with why), in an :class:`EvalReport`.
 """
 
 from __future__ import annotations
 
 from ezpz_nb.verify.contract import check_contract, parse_layout
 from ezpz_nb.verify.dcp import VIAS
+from ezpz_nb.verify.evaluation import check_eval
 from ezpz_nb.verify.mixture import (
     MixJudgement,
     check_layout_invariance,
@@ -32,8 +38,10 @@ from ezpz_nb.verify.mixture import (
     ledger_stream,
 )
 from ezpz_nb.verify.observe import Grid
+from ezpz_nb.verify.outcomes import EvalReport, EvalViolation, RuleOutcome
 from ezpz_nb.verify.report import RULES, ContractViolation, Finding, Report, VerifyError
 from ezpz_nb.verify.resume import SCENARIOS, check_resume
+from ezpz_nb.verify.stepped import check_steps
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
 __all__ = [
@@ -41,17 +49,22 @@ __all__ = [
     "SCENARIOS",
     "VIAS",
     "ContractViolation",
+    "EvalReport",
+    "EvalViolation",
     "Finding",
     "Grid",
     "Judgement",
     "MixJudgement",
     "Report",
+    "RuleOutcome",
     "Verdict",
     "VerifyError",
     "check_contract",
+    "check_eval",
     "check_layout_invariance",
     "check_mixture",
     "check_resume",
+    "check_steps",
     "global_batches",
     "ledger_stream",
     "parse_layout",

@@ -12,6 +12,8 @@ it draws kept as plain arrays in ``fig.ezpz_data``:
   dp x tp grid);
 * :mod:`.steps`: :func:`step_timeline` (each rank's steps split into data
   wait, compute and collective wait, and the straggler named);
+* :mod:`.wraps`: :func:`epoch_wraps` (a stepped loader's per-rank epochs, and where
+  each rank wrapped);
 * :mod:`.tokens`: :func:`doc_lengths`, :func:`token_counts`, :func:`packed_rows`
   (documents of real text: their lengths, real and pad tokens per rank and step,
   packed rows coloured by document);
@@ -40,6 +42,7 @@ _WHERE = {
     "timeline": "ranks",
     "layout": "ranks",
     "step_timeline": "steps",
+    "epoch_wraps": "wraps",
     "doc_lengths": "tokens",
     "token_counts": "tokens",
     "packed_rows": "tokens",

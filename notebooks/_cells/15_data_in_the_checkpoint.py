@@ -45,7 +45,12 @@ import ezpz_nb as ez
 from ezpz_nb.data import CheckpointLayoutError, GlobalOrderLoader, LoaderCheckpoint, ShardStream
 from ezpz_nb.data.checkpoint import sub_layout
 from ezpz_nb.data.groups import Layout
-from ezpz_nb.examples.capstone import RuleTokenDataset, TinyLM, avg_reduces_correctly, parallelize
+from ezpz_nb.examples.capstone import (
+    CapstoneLM,
+    RuleTokenDataset,
+    avg_reduces_correctly,
+    parallelize,
+)
 
 N, BATCH, STEPS, STOP = 32, 2, 8, 3  # 32 samples, 2 DP replicas of batch 2: 8 steps an epoch
 cluster = ez.Cluster(world_size=4, timeout=120)  # one warm cluster for every job below
@@ -97,7 +102,7 @@ def train(path, steps, data="keyed", load=False, save=False):
     dp, tp = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
     layout = Layout(dist.get_rank(), 4, dp, 2, tp, 2, mesh.get_group("dp"), mesh.get_group("tp"))
     torch.manual_seed(0)
-    model = parallelize(TinyLM(), mesh)
+    model = parallelize(CapstoneLM(), mesh)
     if not avg_reduces_correctly(mesh.get_group("dp")):  # gloo may sum for AVG: see notebook 08
         model.set_force_sum_reduction_for_comms(True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)

@@ -1,0 +1,185 @@
+"""The steps check for endless loaders: ``steps`` batches on every rank, each epoch dealt once.
+
+A loader over a stream is run for exactly ``steps`` batches per rank (an endless
+one is cut there, as the training loop cuts it). :func:`check_steps` judges that
+every rank yields them all (a rank that runs out first leaves the others in a
+collective) and, from the ``epoch`` field each sample carries, that every epoch
+all ranks finished dealt each sample to exactly one rank with shares within one.
+Without that field a rank's epochs are read from its order where it repeats
+(an unshuffled stream cycled); a reshuffled one leaves coverage not judged.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ezpz_nb.verify.contract import parse_layout
+from ezpz_nb.verify.evaluation import Seen, run_seen
+from ezpz_nb.verify.observe import Grid
+from ezpz_nb.verify.outcomes import EvalReport, RuleOutcome
+from ezpz_nb.verify.report import VerifyError
+
+__all__ = ["check_steps"]
+
+
+def judge_steps(seen: list[Seen], steps: int) -> RuleOutcome:
+    """Every rank yields ``steps`` batches."""
+    short = [s for s in seen if len(s.ids) < steps]
+    if not short:
+        return RuleOutcome("steps", "pass", f"every rank yielded {steps} batches")
+    first = min(short, key=lambda s: (len(s.ids), s.rank))
+    return RuleOutcome(
+        "steps", "fail",
+        f"rank {first.rank} ran out after {len(first.ids)} of {steps} steps: the others wait "
+        "for it in their next collective. Repeat the stream (SteppedLoader) and stop by step count.",
+        rank=first.rank, step=len(first.ids),
+    )  # fmt: skip
+
+
+def period(ids: list[int]) -> int | None:
+    """The shortest ``p`` with two whole passes of ``p`` ids and every id equal to the one ``p`` later.
+
+    A rank whose order repeats like that took one epoch per ``p`` samples: the evidence
+    for its epochs when its batches carry none. A reshuffled order has no such ``p``.
+    """
+    for p in range(1, len(ids) // 2 + 1):
+        if all(ids[k] == ids[k + p] for k in range(len(ids) - p)):
+            return p
+    return None
+
+
+def inferred_epochs(seen: list[Seen]) -> tuple[list[Seen], str] | str:
+    """Each rank's epochs read from its order repeating, with how; else why they cannot be."""
+    out, periods = [], []
+    for s in seen:
+        p = period([i for ids in s.ids for i in ids])
+        if p is None:
+            return (
+                f"the batches carry no 'epoch' field and rank {s.rank}'s order does not repeat "
+                "twice within these steps (a reshuffled stream, or too few steps), so its "
+                "epochs cannot be told apart: add each sample's epoch ({'index': i, 'epoch': "
+                "e}, as SteppedLoader does) or raise steps to cover two epochs unshuffled"
+            )
+        flat = iter(range(sum(map(len, s.ids))))
+        eps = [[next(flat) // p for _ in ids] for ids in s.ids]
+        out.append(Seen(s.rank, s.ids, s.weights, eps, s.names, s.num_samples))
+        periods.append(f"rank {s.rank}: {p}")
+    return out, f"; epochs read from each rank's order repeating ({', '.join(periods)} samples)"
+
+
+def judge_coverage(seen: list[Seen], num_samples: int | None) -> RuleOutcome:
+    """In each epoch every rank finished, each sample on exactly one rank, shares within one.
+
+    Without an ``epoch`` field a rank's epochs are read from its order repeating
+    (:func:`period`); a reshuffled order leaves the rule not judged.
+    """
+    how = ""
+    if any(s.epochs is None for s in seen):
+        got = inferred_epochs(seen)
+        if isinstance(got, str):
+            return RuleOutcome("balanced_coverage", "not judged", got)
+        seen, how = got
+    outcome = _coverage(seen, num_samples)
+    if how:
+        outcome.detail += how
+    return outcome
+
+
+def _coverage(seen: list[Seen], num_samples: int | None) -> RuleOutcome:
+    owner: dict[tuple[int, int], int] = {}
+    ranks = [s.rank for s in seen]
+    shares: dict[int, dict[int, int]] = defaultdict(lambda: dict.fromkeys(ranks, 0))
+    for s in seen:
+        for step, (ids, eps) in enumerate(zip(s.ids, s.epochs or [], strict=True)):
+            for i, e in zip(ids, eps, strict=True):
+                if (e, i) in owner:
+                    return RuleOutcome(
+                        "balanced_coverage", "fail",
+                        f"epoch {e}: sample {i} went to rank {owner[(e, i)]} and again to rank "
+                        f"{s.rank}: the ranks' shares of an epoch overlap",
+                        rank=s.rank, step=step, sample=str(i),
+                    )  # fmt: skip
+                owner[(e, i)] = s.rank
+                shares[e][s.rank] += 1
+    finished = min(max((e for eps in s.epochs or [] for e in eps), default=0) for s in seen)
+    if finished == 0:
+        return RuleOutcome(
+            "balanced_coverage", "not judged",
+            "no sample was dealt twice, but no epoch ended on every rank within these steps: "
+            "raise steps to cover one epoch",
+        )  # fmt: skip
+    universe = set(range(num_samples)) if num_samples is not None else {i for _, i in owner}
+    for e in range(finished):
+        missing = sorted(universe - {i for (ep, i) in owner if ep == e})
+        if missing:
+            return RuleOutcome(
+                "balanced_coverage", "fail",
+                f"epoch {e} ended on every rank without sample {missing[0]} "
+                f"({len(missing)} missing)",
+                sample=str(missing[0]),
+            )  # fmt: skip
+        sizes = shares[e]
+        if max(sizes.values()) - min(sizes.values()) > 1:
+            big = max(sizes, key=lambda r: sizes[r])
+            return RuleOutcome(
+                "balanced_coverage", "fail",
+                f"epoch {e}: shares per rank {list(sizes.values())} differ by more than one",
+                rank=big,
+            )  # fmt: skip
+    return RuleOutcome(
+        "balanced_coverage", "pass",
+        f"{finished} epoch(s) ended on every rank, each dealing all {len(universe)} samples "
+        f"once, shares within one (epoch 0: {list(shares[0].values())})",
+    )  # fmt: skip
+
+
+def check_steps(
+    make_loader: Callable[..., Any],
+    layout: str | Mapping[str, int] | Grid = "dp=2",
+    *,
+    steps: int,
+    key: str = "auto",
+    num_samples: int | None = None,
+    timeout: float = 60.0,
+    cluster: Any = None,
+) -> EvalReport:
+    """Run a (possibly endless) loader for ``steps`` batches on real ranks and judge it.
+
+    Args:
+        make_loader: ``make_loader(layout) -> iterable of batches`` with sample ids
+            and, for the coverage rule, an ``epoch`` field per sample (or an
+            order that repeats twice within ``steps``, read as the epochs).
+        layout: ``"dp=3"``, a dict or a ``Grid``.
+        steps: Batches to take on every rank.
+        key: The field naming each sample.
+        num_samples: The dataset's length; by default ``len(loader.dataset)``, else
+            every sample seen.
+        timeout: Seconds for the whole run.
+        cluster: Run on this warm :class:`ezpz_nb.Cluster` (its size must match).
+
+    Returns:
+        An :class:`~ezpz_nb.verify.EvalReport` with rules ``steps`` (every rank
+        yields them all, so the counts are equal) and ``balanced_coverage``.
+
+    Raises:
+        VerifyError: Bad arguments (before any rank starts), a hang, or the loader raised.
+    """
+    grid = parse_layout(layout)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise VerifyError(f"steps must be a positive int, got {steps!r}")
+    seen = run_seen(make_loader, grid, key, "weight", steps, timeout, cluster)
+    dp_seen = [s for s in seen if s.counts]
+    n = (
+        num_samples
+        if num_samples is not None
+        else next((s.num_samples for s in seen if s.num_samples), None)
+    )
+    return EvalReport(
+        f"{getattr(make_loader, '__qualname__', 'make_loader')} on {grid}, {steps} steps",
+        {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp},
+        "steps",
+        [judge_steps(seen, steps), judge_coverage(dp_seen, n)],
+        {s.rank: len(s.ids) for s in seen},
+    )

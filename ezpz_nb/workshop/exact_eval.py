@@ -1,0 +1,161 @@
+"""Checker for notebook 16's exercise: an evaluation loop exact on any dataset size and DP degree.
+
+The learner writes ``exact_mean(dataset, dp_rank, dp_size) -> float``: every rank
+returns the mean of ``dataset[i]["loss"]`` over all ``len(dataset)`` samples, equal to
+what one process computes, while reading at most ``ceil(len / dp_size)`` samples
+itself. Each check draws a fresh size and DP degree (2, 3 or 4 ranks; a size the
+degree does not divide) and fresh losses, so a fixed answer cannot fit, and the
+three dodges (``DistributedSampler``'s padding, ``drop_last``, the mean of per-rank
+means) each land measurably off; the checker names the one an answer matches.
+Reading every sample on every rank is exact but not distributed: refused too.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+from ezpz_nb.workshop.verdicts import CHECK_TIMEOUT, CheckResult
+
+__all__ = ["LossTable", "check_exact_mean", "dodge_means", "draw_case"]
+
+EXERCISE = "exact_mean"
+#: Relative error an answer may have: float32 sums pass, every dodge lands far outside.
+TOLERANCE = 1e-6
+#: A dodge must land at least this far off (relative) for a case to be drawn.
+SEPARATION = 1e-3
+
+
+class LossTable:
+    """The evaluation set the learner's function gets: ``len``, and ``[i] -> {"index", "loss"}``.
+
+    It notes every index read, so the checker sees which samples each rank touched.
+    """
+
+    def __init__(self, losses: list[float]) -> None:
+        self.losses = losses
+        self.reads: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.losses)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if not isinstance(i, int) or not 0 <= i < len(self.losses):
+            raise IndexError(f"index {i!r} outside 0..{len(self.losses) - 1}")
+        self.reads.append(i)
+        return {"index": i, "loss": self.losses[i]}
+
+
+def dodge_means(losses: list[float], dp: int) -> dict[str, float]:
+    """What each dodge would return: padding, ``drop_last``, the mean of per-rank means."""
+    n = len(losses)
+    padded = [losses[i % n] for i in range(math.ceil(n / dp) * dp)]
+    kept = losses[: (n // dp) * dp]
+    shard_means = [math.fsum(losses[r::dp]) / len(losses[r::dp]) for r in range(dp)]
+    return {
+        "DistributedSampler's padding (the first samples counted twice)": math.fsum(padded)
+        / len(padded),
+        "drop_last (the last samples never counted)": math.fsum(kept) / len(kept),
+        "the mean of per-rank means (a short shard weighs as much as a long one)": math.fsum(
+            shard_means
+        )
+        / dp,
+    }
+
+
+def draw_case(rng: random.Random) -> tuple[int, list[float]]:
+    """A DP degree and losses whose size the degree does not divide, every dodge far off."""
+    while True:
+        dp = rng.choice((2, 3, 4))
+        n = rng.choice([k for k in range(2 * dp + 1, 41) if k % dp])
+        losses = [round(rng.uniform(0.0, 10.0), 6) for _ in range(n)]
+        truth = math.fsum(losses) / n
+        if all(abs(v - truth) > SEPARATION * truth for v in dodge_means(losses, dp).values()):
+            return dp, losses
+
+
+def job_exact_mean(fn: Callable[..., Any], losses: list[float]) -> tuple[Any, list[int]]:
+    """On each rank: the learner's answer, and the indices it read."""
+    import torch.distributed as dist
+
+    table = LossTable(losses)
+    out = fn(table, dist.get_rank(), dist.get_world_size())
+    return out, sorted(set(table.reads))
+
+
+def _launch(fn: Callable[..., Any], losses: list[float], dp: int, timeout: float) -> Any:
+    """The ranks' results, or the CheckResult that says why there are none."""
+    from ezpz_nb.launcher import launch
+    from ezpz_nb.launcher.errors import HangError, RankError
+
+    try:
+        return launch(job_exact_mean, fn, losses, world_size=dp, timeout=timeout)
+    except RankError as err:
+        first = min(err.failures.values(), key=lambda f: (f.kind == "stopped", f.rank))
+        if first.exc_type.endswith("NotImplementedError"):
+            return CheckResult(EXERCISE, "not done", "exact_mean still raises NotImplementedError.")
+        return CheckResult(EXERCISE, "wrong", f"rank {first.rank} raised {first.message}")
+    except HangError as err:
+        return CheckResult(
+            EXERCISE, "wrong",
+            f"the ranks hung ({err.timeout:g} s): every rank must make the same collectives, "
+            "as often, a rank with a shorter shard included: sum in the loop, all-reduce after it.",
+        )  # fmt: skip
+
+
+def _judge(got: list[Any], losses: list[float], dp: int) -> CheckResult:
+    n, truth = len(losses), math.fsum(losses) / len(losses)
+    case = f"(N={n}, dp={dp}, one process's mean {truth:.6f})"
+    if all(out is None for out, _ in got):
+        return CheckResult(EXERCISE, "not done", "exact_mean returned None: return the mean.")
+    for rank, (out, reads) in enumerate(got):
+        if not isinstance(out, (int, float)) and not hasattr(out, "item"):
+            return CheckResult(
+                EXERCISE, "wrong", f"rank {rank} returned {out!r}: return the mean, a float, on every rank."
+            )  # fmt: skip
+        value = float(out)
+        if not abs(value - truth) <= TOLERANCE * abs(truth):
+            same = [k for k, v in dodge_means(losses, dp).items() if abs(v - value) <= 1e-9 * truth]
+            why = f" That is what {same[0]} gives." if same else ""
+            return CheckResult(
+                EXERCISE, "wrong", f"rank {rank} returned {value:.6f} {case}.{why}"
+            )  # fmt: skip
+        share = math.ceil(n / dp)
+        if len(reads) > share:
+            return CheckResult(
+                EXERCISE, "wrong",
+                f"rank {rank} read {len(reads)} samples {case}: exact, but each rank should "
+                f"evaluate only its share (at most {share}) and combine with one collective.",
+            )  # fmt: skip
+    return CheckResult(
+        EXERCISE, "correct",
+        f"every rank returned {truth:.6f} {case}, and each read only its share.",
+    )  # fmt: skip
+
+
+def check_exact_mean(
+    fn: Callable[..., Any], *, timeout: float = CHECK_TIMEOUT, seed: int | None = None
+) -> CheckResult:
+    """Notebook 16's exercise: ``fn(dataset, dp_rank, dp_size)`` returns the exact mean loss.
+
+    Args:
+        fn: The learner's function, run on every rank of a fresh group.
+        timeout: Seconds before the ranks count as hung.
+        seed: Fix the drawn case (tests, an instructor replaying one); by default fresh.
+    """
+    if not callable(fn):
+        result = CheckResult(
+            EXERCISE, "wrong", "pass the function itself: check_exact_mean(exact_mean)."
+        )
+    else:
+        dp, losses = draw_case(random.Random(seed))
+        got = _launch(fn, losses, dp, timeout)
+        result = got if isinstance(got, CheckResult) else _judge(got, losses, dp)
+    tag = {"correct": "correct", "wrong": "not right yet", "not done": "not done yet"}
+    result = CheckResult(
+        EXERCISE, result.status, f"{EXERCISE}: {tag[result.status]}. {result.message}"
+    )
+    print(result.message)
+    return result

@@ -1,0 +1,161 @@
+"""Notebook 16's exercise checker (``ezpz_nb.workshop.exact_eval``) against its corpus, on real ranks.
+
+Dodges a learner tries (padding, drop_last, the mean of per-rank means, every rank reading
+everything) must never pass; right answers, unusual ones included, must pass. Each answer is
+checked on seeds that draw dp = 2, 3 and 4 (found below, not hard-coded), so 0 false passes
+and 0 false failures are asserted on every degree.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+
+from ezpz_nb.data import WeightedShard, global_mean
+from ezpz_nb.workshop.exact_eval import check_exact_mean, dodge_means, draw_case
+
+
+def _pair_mean(total: float, count: float) -> float:
+    t = torch.tensor([total, count], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t[0] / t[1])
+
+
+# ------------------------------------------------------------------ dodges
+def padding(ds, rank, world):
+    idx = list(DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False))
+    return _pair_mean(sum(ds[i]["loss"] for i in idx), len(idx))
+
+
+def drop_last(ds, rank, world):
+    s = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False, drop_last=True)
+    idx = list(s)
+    return _pair_mean(sum(ds[i]["loss"] for i in idx), len(idx))
+
+
+def mean_of_means(ds, rank, world):
+    idx = range(rank, len(ds), world)
+    m = torch.tensor(sum(ds[i]["loss"] for i in idx) / len(idx), dtype=torch.float64)
+    dist.all_reduce(m)
+    return float(m) / world
+
+
+def everyone_reads_all(ds, rank, world):
+    return sum(ds[i]["loss"] for i in range(len(ds))) / len(ds)
+
+
+def collective_in_the_loop(ds, rank, world):
+    """Sums with an all_reduce per sample: the short shard leaves the others waiting."""
+    total = torch.zeros(2, dtype=torch.float64)
+    for i in range(rank, len(ds), world):
+        step = torch.tensor([ds[i]["loss"], 1.0], dtype=torch.float64)
+        dist.all_reduce(step)
+        total += step
+    return float(total[0] / total[1])
+
+
+def not_done(ds, rank, world):
+    raise NotImplementedError
+
+
+DODGES = [padding, drop_last, mean_of_means, everyone_reads_all, collective_in_the_loop]
+
+
+# ------------------------------------------------------------------ right answers
+def strided_sum_count(ds, rank, world):
+    idx = range(rank, len(ds), world)
+    return _pair_mean(sum(ds[i]["loss"] for i in idx), len(idx))
+
+
+def weighted_shard(ds, rank, world):
+    shard = WeightedShard(ds, rank, world)
+    total = sum(shard[k]["loss"] * shard[k]["weight"] for k in range(len(shard)))
+    return global_mean(total, sum(shard.weights))
+
+
+def contiguous_blocks_gathered(ds, rank, world):
+    """Unusual: contiguous blocks, (sum, count) gathered as objects, combined with fsum."""
+    bounds = [round(r * len(ds) / world) for r in range(world + 1)]
+    mine = [ds[i]["loss"] for i in range(bounds[rank], bounds[rank + 1])]
+    parts: list = [None] * world
+    dist.all_gather_object(parts, (mine, len(mine)))
+    return math.fsum(v for vals, _ in parts for v in vals) / sum(c for _, c in parts)
+
+
+def padding_masked(ds, rank, world):
+    """Unusual: keep DistributedSampler's padding but give positions past N weight 0."""
+    s = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False)
+    total = count = 0.0
+    for k, i in enumerate(s):
+        w = 1.0 if rank + k * world < len(ds) else 0.0
+        total += w * ds[i]["loss"]
+        count += w
+    return _pair_mean(total, count)
+
+
+def float32_sums(ds, rank, world):
+    t = torch.zeros(2, dtype=torch.float32)
+    for i in range(rank, len(ds), world):
+        t += torch.tensor([ds[i]["loss"], 1.0])
+    dist.all_reduce(t)
+    return t[0] / t[1]  # a tensor: the checker reads its value
+
+
+RIGHTS = [
+    strided_sum_count,
+    weighted_shard,
+    contiguous_blocks_gathered,
+    padding_masked,
+    float32_sums,
+]
+
+
+def _seed_for(dp: int) -> int:
+    return next(s for s in range(1000) if draw_case(random.Random(s))[0] == dp)
+
+
+SEEDS = {dp: _seed_for(dp) for dp in (2, 3, 4)}
+
+
+def test_draws_cover_every_degree_and_separate_every_dodge():
+    """Guards the draw: fresh cases reach dp 2, 3 and 4, sizes the degree does not divide, and
+    each dodge lands at least 0.1% off one process's mean (so a dodge cannot pass by chance)."""
+    rng = random.Random(7)
+    degrees = set()
+    for _ in range(200):
+        dp, losses = draw_case(rng)
+        degrees.add(dp)
+        truth = math.fsum(losses) / len(losses)
+        assert len(losses) % dp
+        assert all(abs(v - truth) > 1e-3 * truth for v in dodge_means(losses, dp).values())
+    assert degrees == {2, 3, 4}
+
+
+@pytest.mark.parametrize("dp", [2, 3, 4])
+def test_checker_rejects_every_dodge_and_accepts_every_right_answer(dp, capsys):
+    """Guards 0 false passes and 0 false failures over the corpus at each DP degree, and that
+    the verdict names the dodge a wrong mean equals."""
+    seed = SEEDS[dp]
+    for fn in DODGES:
+        # The hanging dodge is stopped after 6 s (a right answer takes well under one).
+        result = check_exact_mean(
+            fn, seed=seed, timeout=6.0 if fn is collective_in_the_loop else 15.0
+        )
+        assert result.status == "wrong", (fn.__name__, result.message)
+    assert "padding" in check_exact_mean(padding, seed=seed).message
+    assert "drop_last" in check_exact_mean(drop_last, seed=seed).message
+    assert "per-rank means" in check_exact_mean(mean_of_means, seed=seed).message
+    for fn in RIGHTS:
+        result = check_exact_mean(fn, seed=seed)
+        assert result.status == "correct", (fn.__name__, result.message)
+
+
+def test_not_done_and_not_a_function():
+    """Guards the learner's first runs: the blank says "not done", a call result is refused."""
+    assert check_exact_mean(not_done, seed=SEEDS[2]).status == "not done"
+    assert check_exact_mean(3.0).status == "wrong"  # type: ignore[arg-type]

@@ -1,0 +1,204 @@
+"""ezpz_nb.verify's evaluation and steps modes, on real gloo ranks (one warm 3-rank Cluster).
+
+Guards the rule that an evaluation loader's repeated or dropped sample is a violation (not
+"expected" as in a training check), and that each rule answers pass, fail or "not judged".
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+import ezpz_nb as ez
+from ezpz_nb.data import SteppedLoader, WeightedShard
+from ezpz_nb.verify import EvalViolation, VerifyError, check_eval, check_steps
+
+N = 10  # over 3 replicas: shares 4, 3, 3, and padding to 4 each repeats two samples
+
+
+class Indexed(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> dict:
+        return {"index": i, "x": torch.tensor(float(i))}
+
+
+class Keyed(Indexed):
+    def __getitem__(self, i: int) -> dict:
+        return {"__key__": f"doc-{i:03d}", "x": torch.tensor(float(i))}
+
+
+def padded(layout):
+    s = DistributedSampler(
+        Indexed(), num_replicas=layout.dp_size, rank=layout.dp_rank, shuffle=False
+    )
+    return DataLoader(Indexed(), batch_size=2, sampler=s)
+
+
+def dropped(layout):
+    s = DistributedSampler(
+        Indexed(), num_replicas=layout.dp_size, rank=layout.dp_rank, shuffle=False, drop_last=True
+    )
+    return DataLoader(Indexed(), batch_size=2, sampler=s)
+
+
+def weighted(layout):
+    return DataLoader(WeightedShard(Indexed(), layout.dp_rank, layout.dp_size), batch_size=2)
+
+
+def uneven(layout):
+    shard = Subset(Indexed(), range(layout.dp_rank, N, layout.dp_size))
+    return DataLoader(shard, batch_size=1)
+
+
+def keyed_uneven(layout):
+    return DataLoader(Subset(Keyed(), range(layout.dp_rank, N, layout.dp_size)), batch_size=1)
+
+
+def stepped(layout):
+    return SteppedLoader(Indexed(), 2, layout.dp_rank, layout.dp_size, steps=8, seed=1)
+
+
+def everyone_everything(layout):
+    """Every rank streams the whole dataset: each epoch deals each sample three times."""
+    loader = SteppedLoader(Indexed(), 2, 0, 1, steps=8, seed=1)
+    return loader
+
+
+def no_epochs(layout):
+    return (
+        {"index": b["index"]}
+        for b in SteppedLoader(Indexed(), 2, layout.dp_rank, layout.dp_size, steps=8)
+    )
+
+
+def endless_plain(layout):
+    return itertools.cycle(list(uneven(layout)))
+
+
+def everything_cycled(layout):
+    """Every rank cycles the whole dataset, no epoch field: its order repeats every N samples."""
+    return itertools.cycle([{"index": torch.tensor([i])} for i in range(N)])
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """N samples a pass, no length, reshuffled by set_epoch (the same order on every rank)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.epoch)
+        for i in torch.randperm(N, generator=g).tolist():
+            yield {"index": i, "x": torch.tensor(float(i))}
+
+
+def stream_stepped(layout):
+    return SteppedLoader(Stream(), 2, layout.dp_rank, layout.dp_size, steps=8)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ez.Cluster(world_size=3, timeout=60) as c:
+        yield c
+
+
+def test_eval_mode_fails_padding_and_drop_last_and_passes_weight_zero(cluster):
+    """Guards the issue's demand: DistributedSampler's padding (a sample counted twice) and
+    drop_last (a sample never counted) fail the eval mode at the first place at fault, while
+    padding with weight 0 passes both rules."""
+    r = check_eval(padded, "dp=3", cluster=cluster)
+    assert r.outcome("counted_once") == "fail" and r.outcome("equal_steps") == "pass"
+    assert "counted again" in r.rules[0].detail and r.rules[0].sample == "0", r.table()
+    # indices padded to 12 repeat 0 and 1: rank 1 holds 1, 4, 7, 0 (0 at its step 1)
+    assert (r.rules[0].rank, r.rules[0].step) == (1, 1), r.table()
+    with pytest.raises(EvalViolation):
+        r.raise_for_violations()
+    r = check_eval(dropped, "dp=3", cluster=cluster)
+    assert r.outcome("counted_once") == "fail" and "never counted (first: 9)" in r.table()
+    r = check_eval(weighted, "dp=3", cluster=cluster)
+    assert r.ok and r.outcome("counted_once") == "pass", r.table()
+    assert r.outcome("equal_steps") == "pass" and r.steps == {0: 2, 1: 2, 2: 2}
+
+
+def test_eval_mode_uneven_shards_are_exact_but_unequal(cluster):
+    """Guards the equal-steps rule's three answers: uneven shards count each sample once, fail
+    equal steps when the eval step makes a collective (FSDP), and leave it not judged (with why)
+    when it makes none; hashed keys without a length leave drops not judged."""
+    r = check_eval(uneven, "dp=3", cluster=cluster)
+    assert r.outcome("counted_once") == "pass" and r.outcome("equal_steps") == "fail"
+    assert r.rules[1].rank == 1 and r.rules[1].step == 3, r.table()
+    r = check_eval(uneven, "dp=3", collective_step=False, cluster=cluster)
+    assert r.ok and r.outcome("equal_steps") == "not judged" and "collective_step=False" in str(r)
+    r = check_eval(keyed_uneven, "dp=3", collective_step=False, cluster=cluster)
+    assert r.outcome("counted_once") == "not judged" and "num_samples=" in str(r), r.table()
+
+
+def test_steps_mode_judges_steps_and_balanced_epochs(cluster):
+    """Guards the steps mode for endless loaders: SteppedLoader passes; a finite shard runs out
+    (fail at its rank and step); every rank streaming everything deals a sample to two ranks in
+    one epoch (fail); batches without an epoch field leave coverage not judged."""
+    r = check_steps(stepped, "dp=3", steps=8, cluster=cluster)
+    assert r.ok and r.outcome("balanced_coverage") == "pass", r.table()
+    r = check_steps(uneven, "dp=3", steps=5, cluster=cluster)
+    assert r.outcome("steps") == "fail" and r.rules[0].rank == 1 and r.rules[0].step == 3
+    r = check_steps(everyone_everything, "dp=3", steps=8, cluster=cluster)
+    assert r.outcome("balanced_coverage") == "fail" and "again to rank 1" in str(r), r.table()
+    r = check_steps(no_epochs, "dp=3", steps=8, num_samples=N, cluster=cluster)
+    assert r.outcome("steps") == "pass" and r.outcome("balanced_coverage") == "not judged"
+    r = check_steps(endless_plain, "dp=3", steps=6, num_samples=N, cluster=cluster)
+    assert r.outcome("steps") == "pass" and r.steps == {0: 6, 1: 6, 2: 6}
+
+
+def test_steps_mode_judges_streams_and_reads_epochs_from_a_repeating_order(cluster):
+    """Guards the steps mode on streams: SteppedLoader over an IterableDataset (no length)
+    passes both rules; without an epoch field, an order that repeats is read as the epochs,
+    so a round-robin cycle passes (shares 4, 3, 3) and every rank cycling everything fails
+    (a sample on two ranks in one epoch), while too few steps to see it repeat is not judged."""
+    r = check_steps(stream_stepped, "dp=3", steps=8, num_samples=N, cluster=cluster)
+    assert r.ok and r.outcome("balanced_coverage") == "pass", r.table()
+    r = check_steps(endless_plain, "dp=3", steps=8, num_samples=N, cluster=cluster)
+    cov = next(x for x in r.rules if x.rule == "balanced_coverage")
+    assert cov.outcome == "pass" and "rank 0: 4, rank 1: 3, rank 2: 3" in cov.detail, r.table()
+    r = check_steps(everything_cycled, "dp=3", steps=20, num_samples=N, cluster=cluster)
+    cov = next(x for x in r.rules if x.rule == "balanced_coverage")
+    assert cov.outcome == "fail" and "again to rank 1" in cov.detail, r.table()
+    r = check_steps(endless_plain, "dp=3", steps=7, num_samples=N, cluster=cluster)
+    cov = next(x for x in r.rules if x.rule == "balanced_coverage")
+    assert cov.outcome == "not judged" and "rank 0's order does not repeat" in cov.detail
+
+
+def test_bad_arguments_are_refused_before_any_rank():
+    """Guards: bad input gets VerifyError saying what to pass, before a process starts."""
+    with pytest.raises(VerifyError, match="steps must be a positive int"):
+        check_steps(stepped, "dp=3", steps=0)
+    with pytest.raises(VerifyError, match="make_loader must be a function"):
+        check_eval(42, "dp=3")  # type: ignore[arg-type]
+    with pytest.raises(VerifyError, match="num_samples must be a positive int"):
+        check_eval(padded, "dp=3", num_samples=-1)
+
+
+def one_weight_per_batch(layout):
+    return ({"index": torch.tensor([i, i + 1]), "weight": 1.0} for i in range(0, N, 2))
+
+
+def test_a_weight_per_batch_not_per_sample_is_refused(cluster):
+    """Guards a silent misjudgement: a batch's single weight read as one sample's; the check
+    names the batch and asks for one weight per sample."""
+    with pytest.raises(VerifyError, match="batch 0 holds 2 samples but 1 'weight' values"):
+        check_eval(one_weight_per_batch, "dp=3", cluster=cluster)
+
+
+def test_tp_peers_share_their_replicas_samples():
+    """Guards the eval mode under TP: TP peers hold the same samples, so only one rank per
+    replica counts; weight-0 padding on dp=2,tp=2 passes rather than counting everything twice."""
+    r = check_eval(weighted, "dp=2,tp=2")
+    assert r.ok and r.outcome("counted_once") == "pass", r.table()
+    assert r.steps == {0: 3, 1: 3, 2: 3, 3: 3}
