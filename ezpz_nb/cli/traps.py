@@ -11,7 +11,6 @@ import sys
 from collections.abc import Mapping
 
 from ezpz_nb.cli.report import Check
-from ezpz_nb.launcher.settings import ONE_LAUNCH, START_METHOD_ENV
 
 __all__ = ["start_method_check", "threads_check", "torchrun_check", "trap_checks"]
 
@@ -28,6 +27,9 @@ def start_method_check(platform: str, env: Mapping[str, str], standby: int = 0) 
         env: The environment (``EZPZ_NB_START_METHOD`` may choose the method).
         standby: Ranks the standby pool keeps ready under spawn (0: no pool).
     """
+    # Imported here: the doctor runs (and says what to install) in a Python without torch,
+    # and importing anything under ezpz_nb.launcher imports the launcher, which needs it.
+    from ezpz_nb.launcher.settings import START_METHOD_ENV
     from ezpz_nb.launcher.startup import resolve_start_method
 
     try:
@@ -89,12 +91,16 @@ def torchrun_check(platform: str, env: Mapping[str, str]) -> Check | None:
     )
 
 
-def threads_check(cores: int, env: Mapping[str, str], ranks: int = ONE_LAUNCH) -> Check:
+def threads_check(cores: int, env: Mapping[str, str], ranks: int | None = None) -> Check:
     """Whether ``ranks`` ranks, with their threads, oversubscribe ``cores`` cores.
 
     ``ez.launch`` gives each rank ``max(1, cores // ranks)`` threads; torchrun gives
     each process ``OMP_NUM_THREADS`` threads (1 when it is not set).
     """
+    if ranks is None:  # the world size most cells launch
+        from ezpz_nb.launcher.settings import ONE_LAUNCH
+
+        ranks = ONE_LAUNCH
     per_rank = max(1, cores // ranks)
     omp = env.get("OMP_NUM_THREADS", "").strip()
     torchrun_threads = int(omp) if omp.isdigit() and int(omp) > 0 else 1
