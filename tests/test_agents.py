@@ -425,3 +425,25 @@ def test_the_worker_refuses_restarts_on_torchruns_shared_store(case, monkeypatch
     assert not run.ok
     assert run.lines("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), run.diagnosis()
     assert not (case / "out").exists()  # refused before anything was written
+
+
+@pytest.mark.system
+def test_the_worker_refuses_to_start_over_when_rank_0_finds_no_trace_after_a_restart(case):
+    """Guards: issue 34, the node replacement. Rank 0 reads the checkpoint; after a restart
+    it can be on another node, whose disk holds nothing of the job, and the job would
+    silently start over. Stood in for here by the dying rank taking `--out` with it: in the
+    second round every rank must refuse, say where `--out` must live, and write nothing."""
+    out = case / "out"
+    wipe_then_die = (
+        "os.kill(os.getpid(), signal.SIGKILL)",
+        "__import__('shutil').rmtree(args.out); os.kill(os.getpid(), signal.SIGKILL)",
+    )
+    run = torchrun(
+        _solution(case, replace=wipe_then_die), "--out", str(out), "--checkpoint-every", "2",
+        "--kill", "1:1:3", "--others-block", "--timeout", "20", nnodes=2, max_restarts=1,
+        echo=False,
+    )  # fmt: skip
+    assert not run.ok, "the job started over with no trace of its first attempt"
+    refusals = run.lines(r"finds no trace of this job in .* Put --out on storage every node")
+    assert refusals, run.diagnosis()
+    assert not out.exists(), f"written after the refusal: {sorted(out.rglob('*'))}"
