@@ -588,14 +588,15 @@ assert load_attempts(WORK / "membership").exactly_once()
 
 # %% [markdown]
 # **When a node is replaced.** The rendezvous numbers the nodes of each round by sorting their
-# descriptors (host address, agent process id, a counter), not by `--node-rank`: a new node
-# can sort first, and **rank 0 can move to another node** between attempts (in the run above
-# it may have). This file's rank 0 reads the checkpoint; on a new node, a checkpoint on the
-# old node's local disk is not there, and the job would silently start over. "Nodes need not share a
-# filesystem" holds only when nothing is read back. So: keep checkpoints on storage every node
-# sees (a shared filesystem, an object store), or refuse. The file refuses: when any agent has
-# restarted its ranks (the largest count over the ranks, all-reduced) but rank 0 finds no trace
-# of this job in `--out`, every rank raises and says where `--out` must live.
+# descriptors (host address, agent process id, a counter), not by `--node-rank`. While the same
+# agents run, the order holds (above, one agent started rank 0 in both rounds). A replacement
+# node, or an agent started anew, brings a new descriptor that can sort first, and then **rank 0
+# moves to another node**. This file's rank 0 reads the checkpoint; on a new node, a checkpoint on
+# the old node's local disk is not there, and the job would silently start over. "Nodes need not
+# share a filesystem" holds only when nothing is read back. So: keep checkpoints on storage every
+# node sees (a shared filesystem, an object store), or refuse. The file refuses: when any agent
+# has restarted its ranks (the largest count over the ranks, all-reduced) but rank 0 finds no
+# trace of this job in `--out`, every rank raises and says where `--out` must live.
 #
 # ## 7. A node that never arrives
 #
