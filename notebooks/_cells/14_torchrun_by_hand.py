@@ -176,8 +176,9 @@ def parse_args(argv=None):
 # - **Flight Recorder**, the cluster's counterpart of `HangError`: on NCCL each rank already
 #   records its last 2000 collectives (`TORCH_FR_BUFFER_SIZE`, formerly
 #   `TORCH_NCCL_TRACE_BUFFER_SIZE`; 2000 is torch 2.13's default, so setting it to 2000 changes
-#   nothing). `TORCH_NCCL_DUMP_ON_TIMEOUT=1` has the watchdog write the records to files when it
-#   fires (its default has changed between releases; setting it makes sure), one per rank at
+#   nothing; only the opt-in torchcomms path, `TORCH_DISTRIBUTED_USE_TORCHCOMMS=1`, starts at 0).
+#   `TORCH_NCCL_DUMP_ON_TIMEOUT=1` has the watchdog write the records to files when it fires (its
+#   default has changed between releases; setting it makes sure), one per rank at
 #   `TORCH_FR_DUMP_TEMP_FILE` (the path prefix). Each rank writes **where it runs**: unless that
 #   path is on storage every node shares, gather the files from every node, then compare the
 #   ranks' records to see which rank is missing from which collective.
