@@ -408,7 +408,9 @@ def test_a_membership_change_restart_resumes_though_the_agents_counts_disagree(c
     run.raise_for_status()
     rounds = {(int(m[1]), int(m[2])): int(m[3]) for ln in run.lines() if (m := _ROUND.search(ln))}
     assert rounds.keys() == {(0, 0), (1, 0), (0, 1), (1, 1)}, rounds
-    assert {rounds[0, 1], rounds[1, 1]} == {0, 1}, f"the agents' counts agree: {rounds}"
+    # The killed rank's agent counted its restart; rank 0's agent (the same one in both
+    # rounds: the same agents sort the same way) restarted for the membership change.
+    assert (rounds[0, 1], rounds[1, 1]) == (0, 1), f"counts (rank, attempt): {rounds}"
     got = load_attempts(out)
     assert got.resumed == [(0, 0, 0), (1, 1, 2)]
     assert got.exactly_once()
@@ -425,3 +427,25 @@ def test_the_worker_refuses_restarts_on_torchruns_shared_store(case, monkeypatch
     assert not run.ok
     assert run.lines("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"), run.diagnosis()
     assert not (case / "out").exists()  # refused before anything was written
+
+
+@pytest.mark.system
+def test_the_worker_refuses_to_start_over_when_rank_0_finds_no_trace_after_a_restart(case):
+    """Guards: issue 34, the node replacement. Rank 0 reads the checkpoint; after a node is
+    replaced it can be on another node, whose disk holds nothing of the job, and the job would
+    silently start over. Stood in for here by the dying rank taking `--out` with it: in the
+    second round every rank must refuse, say where `--out` must live, and write nothing."""
+    out = case / "out"
+    wipe_then_die = (
+        "os.kill(os.getpid(), signal.SIGKILL)",
+        "__import__('shutil').rmtree(args.out); os.kill(os.getpid(), signal.SIGKILL)",
+    )
+    run = torchrun(
+        _solution(case, replace=wipe_then_die), "--out", str(out), "--checkpoint-every", "2",
+        "--kill", "1:1:3", "--others-block", "--timeout", "20", nnodes=2, max_restarts=1,
+        echo=False,
+    )  # fmt: skip
+    assert not run.ok, "the job started over with no trace of its first attempt"
+    refusals = run.lines(r"finds no trace of this job in .* Put --out on storage every node")
+    assert refusals, run.diagnosis()
+    assert not out.exists(), f"written after the refusal: {sorted(out.rglob('*'))}"

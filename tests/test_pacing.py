@@ -89,13 +89,9 @@ PREDICT_MINUTES = 3
 EXERCISE_MINUTES = 6
 CELL_MINUTES = 1
 TOLERANCE = 0.25
-# Not judged yet, with why: their stated times predate the rule and their sources belong to
-# other issues. Remove a name once its Time line agrees with the estimate.
-NOT_JUDGED = {
-    "06_explorer": "an optional playground: the time is the learner's to spend on the widgets",
-    "09_resume": "states 45 minutes against an estimate near 33: re-estimate with the rule",
-    "10_iterable_workers": "states 40 minutes against an estimate near 26: re-estimate with the rule",
-}
+# Not judged, with why (empty: every notebook is held to the rule). A notebook the rule cannot
+# judge (say, a playground whose time is the learner's to spend) goes here with its reason.
+NOT_JUDGED: dict[str, str] = {}
 
 
 def estimate(source: Path) -> tuple[float, str]:

@@ -354,16 +354,17 @@ assert hang.stacks[1].call == "all_reduce"
 #
 # - **gloo**: the waiting call raises in the rank's own thread, so its traceback names your
 #   line (as `HangError` does here).
-# - **NCCL**: collectives run on the GPU, and a watchdog thread notices the timeout and
-#   **aborts the process**. Its message names the collective (`OpType=ALLREDUCE`, its sequence
-#   number) but not your line. NCCL's counterpart of `HangError` is the **Flight Recorder**: each
-#   rank already keeps its last 2000 collectives with their stacks (`TORCH_FR_BUFFER_SIZE`,
-#   formerly `TORCH_NCCL_TRACE_BUFFER_SIZE`; 2000 is torch 2.13's default on NCCL, so setting it
-#   to 2000 changes nothing), and `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes them to one file per
-#   rank when the watchdog fires (`TORCH_FR_DUMP_TEMP_FILE` sets the path prefix). Each file
-#   lands on its rank's own node: gather them into one folder, then `torchfrtrace DIR`,
-#   installed with torch, reads all ranks' files and names the first collective they
-#   disagree on.
+# - **NCCL**: collectives run on the GPU, and a watchdog thread notices the timeout and **aborts
+#   the process**. Its message names the collective (`OpType=ALLREDUCE`, its sequence number) but
+#   not your line. NCCL's counterpart of `HangError` is the **Flight Recorder**: each rank already
+#   keeps its last 2000 collectives with their stacks (`TORCH_FR_BUFFER_SIZE`, formerly
+#   `TORCH_NCCL_TRACE_BUFFER_SIZE`; 2000 is torch 2.13's default on NCCL, so setting it to 2000
+#   changes nothing; only the opt-in torchcomms path starts at 0), and
+#   `TORCH_NCCL_DUMP_ON_TIMEOUT=1` has the watchdog write them to one file per rank when it fires
+#   (its default has changed between releases; setting it makes sure). `TORCH_FR_DUMP_TEMP_FILE`
+#   sets the path prefix; each rank writes on its own node, so unless that path is shared, gather
+#   the files into one folder, then `torchfrtrace DIR`, installed with torch, reads all ranks'
+#   files and names the first collective they disagree on.
 # - Under **torchrun** a rank that finished its script exits, and a gloo rank still waiting for
 #   it fails within seconds with `Connection closed by peer`, naming no step (notebook 02).
 #
@@ -478,8 +479,8 @@ assert 3 not in missing.failures
 #   on gloo, 10 on NCCL, by default) or, on NCCL, may even go on out of step.
 #   `TORCH_DISTRIBUTED_DEBUG=DETAIL` names the mismatched calls; `dist.monitored_barrier` names
 #   the rank that did not arrive. On NCCL a timeout aborts the process: the Flight Recorder
-#   (on by default; `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes its records on each node,
-#   `torchfrtrace` reads them gathered) says where each rank was.
+#   (recording by default; `TORCH_NCCL_DUMP_ON_TIMEOUT=1` has each rank write its records
+#   where it runs, `torchfrtrace` reads them gathered) says where each rank was.
 #
 # Now do exercises 1 and 2 in `05_workshop.ipynb`.
 #

@@ -355,7 +355,7 @@ assert ex.check_steps_over_stream(steps_over_stream).passed
 # %% [markdown]
 # ## What next
 #
-# - **Explore** (optional, about 10 minutes): `06_explorer` reruns the loading on 4 ranks as you
+# - **Explore** (optional, about 20 minutes): `06_explorer` reruns the loading on 4 ranks as you
 #   change the world size, the TP size, `drop_last` or `set_epoch`, and redraws what each rank saw.
 # - **Run it on a cluster.** The same workers run under torchrun, Slurm or PBS: see the
 #   README's section *Beyond the notebook: torchrun, Slurm and PBS*, and start with

@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 06 · Explore the loading settings live
 #
-# **Time:** about 10 minutes. **Optional**: the last notebook of the core path, to skip when
+# **Time:** about 20 minutes. **Optional**: the last notebook of the core path, to skip when
 # the workshop runs late, or to explore at home.
 #
 # Every picture in this notebook comes from a **real run**: 4 gloo ranks start, build the DP and TP

@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 10 · Iterable data with workers
 #
-# **Time:** about 40 minutes with the predictions (advanced track). Running the cells alone
+# **Time:** 25 to 30 minutes with the predictions (advanced track). Running the cells alone
 # takes under a minute.
 #
 # Big corpora are streams: files read line by line, shards fetched one after another. A stream

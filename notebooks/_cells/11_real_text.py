@@ -477,7 +477,8 @@ assert spreads[True].mean() < spreads[False].mean()
 # DP replicas before the backward pass. With gradient accumulation (several micro-batches per
 # optimizer step), the count covers every micro-batch of the step: each micro-batch's
 # `loss_sum / global_tokens` goes into `backward()`, the gradients add up, and the all-reduce
-# **sums** them (no division by the number of ranks).
+# must **sum** them (no division by the number of ranks). DDP and FSDP average the gradients
+# by default: multiply that loss by the number of DP ranks to undo their division.
 #
 # **Predict:** on packed rows every row holds 256 tokens. Do the two normalizations differ?
 # And on budget batches?
@@ -733,7 +734,8 @@ assert ex.check_budget_plan(plan_batches).passed
 #   of squared document lengths).
 # - Normalize the training loss per token over the whole step: the sum of per-token losses
 #   divided by the global token count (all-reduced before the backward, over every
-#   micro-batch of an accumulated step), and sum the gradients.
+#   micro-batch of an accumulated step), and sum the gradients (under DDP or FSDP, which
+#   average them, multiply that loss by the number of DP ranks).
 # - The TP broadcast carries changing shapes in its header; peers receive identical bytes.
 #
 # The same packed pipeline runs under torchrun and writes one ledger per rank, with the

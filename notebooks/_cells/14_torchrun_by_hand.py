@@ -169,16 +169,19 @@ def parse_args(argv=None):
 # - **The watchdog.** NCCL collectives run asynchronously; a watchdog thread in each rank
 #   notices one that runs past the timeout and **aborts the process** (on gloo the timeout
 #   raises in your own thread, at your line). That node's torchrun then stops its other ranks;
-#   agents on other nodes only notice when their own ranks fail (with `--max-restarts=0`, their
-#   NCCL ranks wait in the collective until their own timeout) or when a restarting node comes
-#   back to the rendezvous.
+#   agents on other nodes only notice when their own ranks fail or when a restarting node comes
+#   back to the rendezvous. With `--max-restarts=0` nobody comes back: their NCCL ranks wait in
+#   the collective until their own timeout, unless NCCL notices the lost connection first and
+#   reports a remote error.
 # - **Flight Recorder**, the cluster's counterpart of `HangError`: on NCCL each rank already
 #   records its last 2000 collectives (`TORCH_FR_BUFFER_SIZE`, formerly
 #   `TORCH_NCCL_TRACE_BUFFER_SIZE`; 2000 is torch 2.13's default, so setting it to 2000 changes
-#   nothing). `TORCH_NCCL_DUMP_ON_TIMEOUT=1` writes the records to files when the watchdog fires
-#   (`TORCH_FR_DUMP_TEMP_FILE` is the path prefix). Each rank writes on **its own node's disk**:
-#   gather the files from every node, then compare the ranks' records to see which rank is
-#   missing from which collective.
+#   nothing; only the opt-in torchcomms path, `TORCH_DISTRIBUTED_USE_TORCHCOMMS=1`, starts at 0).
+#   `TORCH_NCCL_DUMP_ON_TIMEOUT=1` has the watchdog write the records to files when it fires (its
+#   default has changed between releases; setting it makes sure), one per rank at
+#   `TORCH_FR_DUMP_TEMP_FILE` (the path prefix). Each rank writes **where it runs**: unless that
+#   path is on storage every node shares, gather the files from every node, then compare the
+#   ranks' records to see which rank is missing from which collective.
 # - **`NCCL_DEBUG=INFO`** prints NCCL's setup: which network interface and transport each
 #   communicator uses. It is the first thing to read when ranks on two nodes cannot connect
 #   (then name the interface with `NCCL_SOCKET_IFNAME`, or `GLOO_SOCKET_IFNAME` for gloo).
@@ -586,14 +589,15 @@ assert load_attempts(WORK / "membership").exactly_once()
 
 # %% [markdown]
 # **When a node is replaced.** The rendezvous numbers the nodes of each round by sorting their
-# descriptors (host address, agent process id, a counter), not by `--node-rank`: a new node
-# can sort first, and **rank 0 can move to another node** between attempts (in the run above
-# it may have). This file's rank 0 reads the checkpoint; on a new node, a checkpoint on the
-# old node's local disk is not there, and the job would silently start over. "Nodes need not share a
-# filesystem" holds only when nothing is read back. So: keep checkpoints on storage every node
-# sees (a shared filesystem, an object store), or refuse. The file refuses: when any agent has
-# restarted its ranks (the largest count over the ranks, all-reduced) but rank 0 finds no trace
-# of this job in `--out`, every rank raises and says where `--out` must live.
+# descriptors (host address, agent process id, a counter), not by `--node-rank`. While the same
+# agents run, the order holds (above, one agent started rank 0 in both rounds). A replacement
+# node, or an agent started anew, brings a new descriptor that can sort first, and then **rank 0
+# moves to another node**. This file's rank 0 reads the checkpoint; on a new node, a checkpoint on
+# the old node's local disk is not there, and the job would silently start over. "Nodes need not
+# share a filesystem" holds only when nothing is read back. So: keep checkpoints on storage every
+# node sees (a shared filesystem, an object store), or refuse. The file refuses: when any agent
+# has restarted its ranks (the largest count over the ranks, all-reduced) but rank 0 finds no
+# trace of this job in `--out`, every rank raises and says where `--out` must live.
 #
 # ## 7. A node that never arrives
 #
