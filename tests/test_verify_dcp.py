@@ -84,3 +84,22 @@ def test_under_torchrun_the_parts_run_in_place_through_one_shared_folder(tmp_pat
     assert report.rule_verdicts()["resume"] == "pass", report.table()
     assert "under torchrun the parts run in torchrun's 2 processes" in refused
     assert not list(tmp_path.glob("ezpz-dcp-*"))
+
+
+def broadcast(layout: Any) -> Any:
+    """Only the TP leader loads ``masked``; its TP peers receive (their "loader" state is None)."""
+    from ezpz_nb.data.distributed import TPBroadcastDataLoader
+
+    return TPBroadcastDataLoader(masked(layout), layout.tp_group)
+
+
+def test_a_tp_broadcast_loader_resumes_through_dcp_at_dp2_tp2():
+    """TPBroadcastDataLoader: the leader's state, saved once per TP group, resumes both peers.
+
+    Guards: the TP-agreement check refusing a correct broadcast loader (its peers
+    hold ``"loader": None`` by design), and a peer that does not resume at its
+    leader's step (it would wait for batches the leader never sends, or stop early).
+    """
+    report = check_resume(broadcast, "dp=2,tp=2", epochs=2, via="dcp")
+    assert report.ok, report.table()
+    assert report.rule_verdicts()["resume"] == "pass"

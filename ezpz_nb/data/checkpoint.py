@@ -13,8 +13,11 @@ others replay its shard. :class:`LoaderCheckpoint` writes
      "global": {"epoch", "consumed_samples"}}            # design "reshard" only
 
 so each DP replica keeps its own place. TP peers of one DP rank write the same
-key and DCP keeps one copy per TP group; they must agree, and
-:meth:`LoaderCheckpoint.state_dict` checks that they do before any byte is written.
+key, holding their TP leader's part (sent to them in :meth:`LoaderCheckpoint.state_dict`),
+so DCP's one copy per TP group is the leader's, and a peer restores it to resume in
+step with its leader. Before any byte is written the peers are checked to agree with
+the leader on everything they track: a peer that does not load
+(``TPBroadcastDataLoader``: ``"loader": None``) must still be at the leader's step.
 
 Resuming at another layout has two designs (``on_new_layout``):
 
@@ -86,6 +89,26 @@ def fingerprint(value: Any) -> str:
 
     walk(value)
     return hashlib.sha1(buf.getvalue()).hexdigest()[:12]
+
+
+def shape_print(value: Any) -> Any:
+    """A state as a tree of :func:`fingerprint` leaves; dict keys kept, None kept as None."""
+    if isinstance(value, dict):
+        return {k: shape_print(v) for k, v in value.items()}
+    return None if value is None else fingerprint(value)
+
+
+def tracks(peer: Any, leader: Any) -> bool:
+    """Whether a TP peer's :func:`shape_print` agrees with its leader's on all the peer holds.
+
+    A peer that does not load holds None where the leader holds the inner
+    loader's state; every value the peer does hold (its step) must be the leader's.
+    """
+    if peer is None:
+        return True
+    if isinstance(peer, dict) and isinstance(leader, dict):
+        return peer.keys() == leader.keys() and all(tracks(peer[k], leader[k]) for k in peer)
+    return bool(peer == leader)
 
 
 def _gather(value: Any, group: Any) -> list[Any]:
@@ -166,15 +189,18 @@ class LoaderCheckpoint:
             return self._template()
         part = self._rank_state()
         tp, dp = self.layout.tp_group, self.layout.dp_group
-        prints = [fingerprint(part["loader"])]
+        # The TP leader (group rank 0) writes its part; a peer tracks a subset of
+        # it (TPBroadcastDataLoader's peers hold "loader": None, only the step).
+        prints = [(shape_print(part["loader"]), part)]
         if tp is not None and dist.get_world_size(tp) > 1:
-            prints = _gather(prints[0], tp)
+            prints = _gather((prints[0][0], part if dist.get_rank(tp) == 0 else None), tp)
+            part = prints[0][1]  # every peer writes the leader's: DCP keeps one copy, the same
         place = self._global_place() if self.design == "reshard" else None
         # One gather over DP tells every rank about every TP group and every place:
         # a refusal raised on some ranks only would leave the others in dcp.save.
-        mine = (self.layout.dp_rank, prints, place)
+        mine = (self.layout.dp_rank, [p for p, _ in prints], place)
         views = _gather(mine, dp) if dp is not None else [mine]
-        split = [(d, p) for d, p, _ in views if len(set(p)) > 1]
+        split = [(d, p) for d, p, _ in views if not all(tracks(q, p[0]) for q in p[1:])]
         if split:
             raise CheckpointStateError(
                 f"TP peers of DP rank {split[0][0]} hold different loader states "
