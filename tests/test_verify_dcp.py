@@ -103,3 +103,32 @@ def test_a_tp_broadcast_loader_resumes_through_dcp_at_dp2_tp2():
     report = check_resume(broadcast, "dp=2,tp=2", epochs=2, via="dcp")
     assert report.ok, report.table()
     assert report.rule_verdicts()["resume"] == "pass"
+
+
+class ForgetfulLoader(GlobalOrderLoader):
+    """Saves its place but not its generator: resumed, it draws the epoch's first masks again."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The place only (the dodge)."""
+        return {k: v for k, v in super().state_dict().items() if k != "generator"}
+
+
+def forgetful(layout: Any) -> ForgetfulLoader:
+    """``masked`` with the RNG left out of its state."""
+    ds = RuleTokenDataset(num_samples=48)
+    return ForgetfulLoader(ds, 2, layout.dp_rank, layout.dp_size, seed=1, mask_rate=0.25)
+
+
+def test_a_forgotten_rng_fails_at_the_first_step_with_other_masks():
+    """The right samples after the resume, other masked tokens: a divergence, not a pass.
+
+    Guards: the dcp path comparing sample ids only (a forgotten RNG passed it);
+    the finding names the epoch, rank and step and says the contents differ.
+    """
+    report = check_resume(forgetful, "dp=2", epochs=1, scenarios=["mid-epoch"], via="dcp")
+    assert report.rule_verdicts()["resume"] == "fail", report.table()
+    found = [f for f in report.violations if f.kind == "divergence"]
+    assert found, report.table()
+    first = found[0]
+    assert (first.epoch, first.rank, first.step) == (0, 0, 6), first
+    assert "with other contents" in first.message and "RNG" in first.hint

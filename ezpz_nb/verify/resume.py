@@ -67,16 +67,29 @@ def _hint(
     return "the resumed loader gave other samples than the straight run from here on"
 
 
+#: Why a resumed batch holds the straight run's samples with other contents.
+DRAWS_HINT = (
+    "the resumed loader drew other random values (masks, crops, noise): its RNG's state "
+    "was not saved and restored with its place (put generator.get_state() in state_dict)"
+)
+
+
 def _divergence(
-    scenario: str, straight: Ledger, merged: Ledger, names: Mapping[int, str], changed: str
-) -> list[Finding]:
+    scenario: str, straight: Ledger, merged: Ledger, names: Mapping[int, str], changed: str,
+    draws: bool = False,
+) -> list[Finding]:  # fmt: skip
     out = []
+
+    def same(x: StepRecord, y: StepRecord) -> bool:
+        # draws: the batches' contents (digests) must match too, not only their ids.
+        return x.sample_ids == y.sample_ids and (not draws or x.digest == y.digest)
+
     for epoch in straight.epochs():
         for rank in straight.ranks():
             a, b = straight.steps(rank, epoch), merged.steps(rank, epoch)
             at = next(
                 (i for i in range(max(len(a), len(b)))
-                 if i >= len(a) or i >= len(b) or a[i].sample_ids != b[i].sample_ids),
+                 if i >= len(a) or i >= len(b) or not same(a[i], b[i])),
                 None,
             )  # fmt: skip
             if at is None:
@@ -103,6 +116,9 @@ def _divergence(
                 if want
                 else ", the straight run had none"
             )
+            redrawn = bool(got and want and got.sample_ids == want.sample_ids)
+            if got and redrawn:
+                said = f"the same samples {list(got.sample_ids)[:6]} with other contents"
             out.append(
                 Finding(
                     "resume",
@@ -114,7 +130,7 @@ def _divergence(
                     step=at,
                     sample=None if sample is None else names.get(sample, str(sample)),
                     worker=worker,
-                    hint=_hint(a, b, at, changed, scenario),
+                    hint=DRAWS_HINT if redrawn else _hint(a, b, at, changed, scenario),
                 )  # fmt: skip
             )
             break  # the first rank that diverges in this epoch; later epochs still count
@@ -174,7 +190,8 @@ def check_resume(
         key, timeout, start_method: As for :func:`check_contract` (timeout per part).
         via: ``"state_dict"`` (each rank's state through the notebook) or ``"dcp"``
             (saved and loaded with ``torch.distributed.checkpoint``, keyed per DP
-            rank: :mod:`ezpz_nb.verify.dcp`).
+            rank, and the batches' contents compared too, so a forgotten RNG
+            fails: :mod:`ezpz_nb.verify.dcp`).
 
     Returns:
         A :class:`Report` whose ``resume`` rule fails on a divergence.
@@ -268,8 +285,9 @@ def check_resume(
                 at_epoch = absolute[0]
         else:
             report.findings += _judge_parts(
-                scenario, parts, report.ledger, n, universe, names, changed, grid2 != grid
-            )
+                scenario, parts, report.ledger, n, universe, names, changed, grid2 != grid,
+                getattr(make_loader, "compare_draws", False),
+            )  # fmt: skip
     report.scenarios = list(scenarios)
     report.seconds["wall"] = time.perf_counter() - t0
     return report
@@ -284,6 +302,7 @@ def _judge_parts(
     names: Mapping[int, str],
     changed: str,
     moved: bool = False,
+    draws: bool = False,
 ) -> list[Finding]:
     """Exactly-once over the joined parts, and where they first leave the straight run.
 
@@ -291,6 +310,9 @@ def _judge_parts(
     cut anew, so its batches differ from the straight run's even when the loader
     re-shards its position exactly (MosaicML streaming does): there the divergence
     is expected as long as the joined parts saw every sample exactly once.
+    With ``draws`` (the factory's ``compare_draws``) a batch must also hold the
+    straight run's contents (its digest): a loader that forgets its RNG resumes
+    with the right samples and other masks.
     """
     merged = Ledger.merge_runs(*parts)
     problems = [
@@ -302,7 +324,7 @@ def _judge_parts(
         replace(f, message=f"[{scenario}] {f.message}")
         for f in findings_from(problems, merged, names)
     ]
-    diverged = _divergence(scenario, straight, merged, names, changed)
+    diverged = _divergence(scenario, straight, merged, names, changed, draws)
     if moved and not problems:
         why = (
             "resumed at another layout: each rank's share of the rest of the epoch is cut "
