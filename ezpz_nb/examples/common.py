@@ -41,6 +41,7 @@ from ezpz_nb._dist import collective_device as device
 from ezpz_nb._dist import destroy_distributed
 from ezpz_nb.data.groups import Layout, make_layout
 from ezpz_nb.data.tree import flatten_batch, unflatten_batch
+from ezpz_nb.errors import EzpzError
 from ezpz_nb.launcher.torchrun import (
     BACKENDS,
     TORCHRUN_VARS,
@@ -58,6 +59,7 @@ __all__ = [
     "TORCHRUN_VARS",
     "VOCAB_SIZE",
     "ShardOver",
+    "UsageError",
     "begin",
     "check_backend",
     "cli_main",
@@ -264,8 +266,15 @@ def parser_for(run: Callable[..., Ledger], description: str | None) -> argparse.
 _LAUNCH_ONLY = ("backend", "timeout", "check")
 
 
+class UsageError(EzpzError, ValueError):
+    """Options of a walkthrough that cannot work together: it exits 2 before any group starts."""
+
+
 def cli_main(
-    run: Callable[..., Ledger], description: str | None, argv: Sequence[str] | None = None
+    run: Callable[..., Ledger],
+    description: str | None,
+    argv: Sequence[str] | None = None,
+    check_args: Callable[..., None] | None = None,
 ) -> int:
     """Parse options, join torchrun's group, run the worker, report on rank 0.
 
@@ -278,6 +287,9 @@ def cli_main(
             (:func:`parser_for`).
         description: The ``--help`` text (the walkthrough module's docstring).
         argv: The options (default: ``sys.argv[1:]``).
+        check_args: Called with ``run``'s options before any process group
+            starts; a :class:`UsageError` it raises is the usage message and
+            exit status 2 (under torchrun, on every rank, with no traceback).
 
     Returns:
         The process exit status: 0, or 1 with ``--check`` and a problem found.
@@ -285,6 +297,11 @@ def cli_main(
     """
     parser = parser_for(run, description)
     args = parser.parse_args(argv)
+    try:
+        if check_args is not None:
+            check_args(**{k: v for k, v in vars(args).items() if k not in _LAUNCH_ONLY})
+    except UsageError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     try:
         created = ensure_distributed(args.backend, args.timeout)
     except (RuntimeError, ValueError) as exc:
