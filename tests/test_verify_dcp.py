@@ -132,3 +132,24 @@ def test_a_forgotten_rng_fails_at_the_first_step_with_other_masks():
     first = found[0]
     assert (first.epoch, first.rank, first.step) == (0, 0, 6), first
     assert "with other contents" in first.message and "RNG" in first.hint
+
+
+def forgetful_broadcast(layout: Any) -> Any:
+    """A TP leader whose loader forgets its RNG, broadcasting to its peer."""
+    from ezpz_nb.data.distributed import TPBroadcastDataLoader
+
+    return TPBroadcastDataLoader(forgetful(layout), layout.tp_group)
+
+
+def test_a_tp_broadcast_leader_that_forgets_its_rng_still_fails_at_dp2_tp2():
+    """The agreement check lets broadcast peers through, not a leader's forgotten RNG.
+
+    Guards: the TP fix hiding a real trap (peers compare only their step; the
+    leader's draws must still match the straight run's on every rank).
+    """
+    report = check_resume(
+        forgetful_broadcast, "dp=2,tp=2", epochs=1, scenarios=["mid-epoch"], via="dcp"
+    )
+    assert report.rule_verdicts()["resume"] == "fail", report.table()
+    first = next(f for f in report.violations if f.kind == "divergence")
+    assert (first.epoch, first.step) == (0, 6) and "with other contents" in first.message
