@@ -177,6 +177,41 @@ def test_tp_peers_with_different_states_refuse_to_save(cluster, ckpt_dir):
     assert all("TP peers of DP rank 1 hold different loader states" in o for o in out[2:]), out
 
 
+def test_a_tp_broadcast_peer_saves_its_leaders_state_and_refuses_another_step(cluster, ckpt_dir):
+    """TPBroadcastDataLoader at dp 2 x tp 2: peers hold ``"loader": None`` and still save.
+
+    Guards: the agreement check comparing what a peer does not track (a false
+    refusal), the checkpoint keeping a peer's empty state instead of the leader's,
+    and a peer at another step than its leader (rebuilt, nothing loaded) saved anyway.
+    """
+
+    def job(path: str, fresh_peer: bool) -> Any:
+        import torch.distributed.checkpoint as dcp
+
+        from ezpz_nb.data.distributed import TPBroadcastDataLoader
+
+        lay, group = sub_layout(2, 2)  # type: ignore[misc]
+        loader = TPBroadcastDataLoader(_loader(lay), lay.tp_group)
+        it = iter(loader)
+        for _ in range(2):
+            next(it)
+        if fresh_peer and lay.rank == 3:
+            loader = TPBroadcastDataLoader(_loader(lay), lay.tp_group)  # rebuilt, not loaded
+        try:
+            dcp.save({"data": LoaderCheckpoint(loader, lay)}, checkpoint_id=path)
+        except Exception as exc:  # noqa: BLE001 - DCP wraps the rank's error
+            return str(exc)
+        back = TPBroadcastDataLoader(_loader(lay), lay.tp_group)
+        dcp.load({"data": LoaderCheckpoint(back, lay)}, checkpoint_id=path)
+        return [b["index"].tolist() for b in back]
+
+    straight = cluster.run(job, os.path.join(ckpt_dir, "a"), False)
+    for r in range(4):
+        assert straight[r] == straight[r ^ 1] and len(straight[r]) == 12 - 2, straight[r]
+    out = cluster.run(job, os.path.join(ckpt_dir, "b"), True)
+    assert all("TP peers of DP rank 1 hold different loader states" in o for o in out[2:]), out
+
+
 def test_another_dp_size_refuses_saying_what_differs(cluster, ckpt_dir):
     """Saved at dp 4, resumed at dp 2 and at dp 3 under the "refuse" design.
 

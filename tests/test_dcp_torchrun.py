@@ -40,3 +40,25 @@ def test_the_refuse_design_stops_a_resume_on_fewer_ranks_saying_what_differs(tmp
     resumed = torchrun(2, "dcp_resume", "--design", "refuse", "--resume-from", str(ckpt))
     assert resumed.returncode != 0
     assert "saved at dp=4, tp=1 (refuse); this run is dp=2, tp=1" in resumed.stdout + resumed.stderr
+
+
+def test_options_that_cannot_work_exit_2_before_any_process_group_starts():
+    """``--save-at`` without ``--checkpoint``, under torchrun and alone: a usage error, status 2.
+
+    Guards: the check raised inside the ranks after their group started (a
+    ValueError traceback per rank, exit status 1), and other combinations that
+    would run and save nothing (``--kill`` without ``--save-at``).
+    """
+    import subprocess
+    import sys
+
+    proc = torchrun(2, "dcp_resume", "--save-at", "3")
+    said = proc.stdout + proc.stderr
+    assert "dcp_resume.py: error: --save-at needs --checkpoint DIR" in said, output(proc)
+    assert "exitcode  : 2" in said and "ValueError" not in said, output(proc)
+    alone = subprocess.run(
+        [sys.executable, "-m", "ezpz_nb.examples.dcp_resume", "--kill"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert alone.returncode == 2, output(alone)
+    assert "error: --kill needs --save-at N" in alone.stderr

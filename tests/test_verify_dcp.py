@@ -84,3 +84,72 @@ def test_under_torchrun_the_parts_run_in_place_through_one_shared_folder(tmp_pat
     assert report.rule_verdicts()["resume"] == "pass", report.table()
     assert "under torchrun the parts run in torchrun's 2 processes" in refused
     assert not list(tmp_path.glob("ezpz-dcp-*"))
+
+
+def broadcast(layout: Any) -> Any:
+    """Only the TP leader loads ``masked``; its TP peers receive (their "loader" state is None)."""
+    from ezpz_nb.data.distributed import TPBroadcastDataLoader
+
+    return TPBroadcastDataLoader(masked(layout), layout.tp_group)
+
+
+def test_a_tp_broadcast_loader_resumes_through_dcp_at_dp2_tp2():
+    """TPBroadcastDataLoader: the leader's state, saved once per TP group, resumes both peers.
+
+    Guards: the TP-agreement check refusing a correct broadcast loader (its peers
+    hold ``"loader": None`` by design), and a peer that does not resume at its
+    leader's step (it would wait for batches the leader never sends, or stop early).
+    """
+    report = check_resume(broadcast, "dp=2,tp=2", epochs=2, via="dcp")
+    assert report.ok, report.table()
+    assert report.rule_verdicts()["resume"] == "pass"
+
+
+class ForgetfulLoader(GlobalOrderLoader):
+    """Saves its place but not its generator: resumed, it draws the epoch's first masks again."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The place only (the dodge)."""
+        return {k: v for k, v in super().state_dict().items() if k != "generator"}
+
+
+def forgetful(layout: Any) -> ForgetfulLoader:
+    """``masked`` with the RNG left out of its state."""
+    ds = RuleTokenDataset(num_samples=48)
+    return ForgetfulLoader(ds, 2, layout.dp_rank, layout.dp_size, seed=1, mask_rate=0.25)
+
+
+def test_a_forgotten_rng_fails_at_the_first_step_with_other_masks():
+    """The right samples after the resume, other masked tokens: a divergence, not a pass.
+
+    Guards: the dcp path comparing sample ids only (a forgotten RNG passed it);
+    the finding names the epoch, rank and step and says the contents differ.
+    """
+    report = check_resume(forgetful, "dp=2", epochs=1, scenarios=["mid-epoch"], via="dcp")
+    assert report.rule_verdicts()["resume"] == "fail", report.table()
+    found = [f for f in report.violations if f.kind == "divergence"]
+    assert found, report.table()
+    first = found[0]
+    assert (first.epoch, first.rank, first.step) == (0, 0, 6), first
+    assert "with other contents" in first.message and "RNG" in first.hint
+
+
+def forgetful_broadcast(layout: Any) -> Any:
+    """A TP leader whose loader forgets its RNG, broadcasting to its peer."""
+    from ezpz_nb.data.distributed import TPBroadcastDataLoader
+
+    return TPBroadcastDataLoader(forgetful(layout), layout.tp_group)
+
+
+def test_a_tp_broadcast_leader_that_forgets_its_rng_still_fails_at_dp2_tp2():
+    """The agreement check lets broadcast peers through, not a leader's forgotten RNG.
+
+    Guards: the TP fix hiding a real trap (peers compare only their step; the
+    leader's draws must still match the straight run's on every rank).
+    """
+    report = check_resume(
+        forgetful_broadcast, "dp=2,tp=2", epochs=1, scenarios=["mid-epoch"], via="dcp"
+    )
+    assert report.rule_verdicts()["resume"] == "fail", report.table()
+    first = next(f for f in report.violations if f.kind == "divergence")
+    assert (first.epoch, first.step) == (0, 6) and "with other contents" in first.message

@@ -13,8 +13,11 @@ others replay its shard. :class:`LoaderCheckpoint` writes
      "global": {"epoch", "consumed_samples"}}            # design "reshard" only
 
 so each DP replica keeps its own place. TP peers of one DP rank write the same
-key and DCP keeps one copy per TP group; they must agree, and
-:meth:`LoaderCheckpoint.state_dict` checks that they do before any byte is written.
+key, holding their TP leader's part (sent to them in :meth:`LoaderCheckpoint.state_dict`),
+so DCP's one copy per TP group is the leader's, and a peer restores it to resume in
+step with its leader. Before any byte is written the peers are checked to agree with
+the leader on everything they track: a peer that does not load
+(``TPBroadcastDataLoader``: ``"loader": None``) must still be at the leader's step.
 
 Resuming at another layout has two designs (``on_new_layout``):
 
@@ -32,15 +35,13 @@ is a refusal.
 
 from __future__ import annotations
 
-import hashlib
-import io
-import pickle
 import random
 from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
 
+from ezpz_nb.data.state_print import shape_print, tracks
 from ezpz_nb.errors import EzpzError
 
 __all__ = [
@@ -65,27 +66,6 @@ class CheckpointLayoutError(EzpzError, RuntimeError):
 
 class CheckpointStateError(EzpzError, RuntimeError):
     """Ranks that must hold the same loader state do not: saving it would keep one silently."""
-
-
-def fingerprint(value: Any) -> str:
-    """A short digest of a state (tensors by their bytes), equal on ranks holding equal states."""
-    buf = io.BytesIO()
-
-    def walk(v: Any) -> None:
-        if isinstance(v, dict):
-            for k in sorted(v, key=str):
-                buf.write(repr(k).encode())
-                walk(v[k])
-        elif isinstance(v, list | tuple):
-            for x in v:
-                walk(x)
-        elif isinstance(v, torch.Tensor):
-            buf.write(v.detach().cpu().contiguous().numpy().tobytes())
-        else:
-            buf.write(pickle.dumps(v))
-
-    walk(value)
-    return hashlib.sha1(buf.getvalue()).hexdigest()[:12]
 
 
 def _gather(value: Any, group: Any) -> list[Any]:
@@ -166,15 +146,18 @@ class LoaderCheckpoint:
             return self._template()
         part = self._rank_state()
         tp, dp = self.layout.tp_group, self.layout.dp_group
-        prints = [fingerprint(part["loader"])]
+        # The TP leader (group rank 0) writes its part; a peer tracks a subset of
+        # it (TPBroadcastDataLoader's peers hold "loader": None, only the step).
+        prints = [(shape_print(part["loader"]), part)]
         if tp is not None and dist.get_world_size(tp) > 1:
-            prints = _gather(prints[0], tp)
+            prints = _gather((prints[0][0], part if dist.get_rank(tp) == 0 else None), tp)
+            part = prints[0][1]  # every peer writes the leader's: DCP keeps one copy, the same
         place = self._global_place() if self.design == "reshard" else None
         # One gather over DP tells every rank about every TP group and every place:
         # a refusal raised on some ranks only would leave the others in dcp.save.
-        mine = (self.layout.dp_rank, prints, place)
+        mine = (self.layout.dp_rank, [p for p, _ in prints], place)
         views = _gather(mine, dp) if dp is not None else [mine]
-        split = [(d, p) for d, p, _ in views if len(set(p)) > 1]
+        split = [(d, p) for d, p, _ in views if not all(tracks(q, p[0]) for q in p[1:])]
         if split:
             raise CheckpointStateError(
                 f"TP peers of DP rank {split[0][0]} hold different loader states "

@@ -23,10 +23,11 @@ from typing import Any
 import torch.distributed as dist
 
 from ezpz_nb._dist import destroy_distributed
+from ezpz_nb.errors import EzpzError
 from ezpz_nb.launcher.torchrun import BACKENDS, ensure_distributed
 from ezpz_nb.ledger import Ledger
 
-__all__ = ["cli_main", "parser_for"]
+__all__ = ["UsageError", "cli_main", "parser_for"]
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -111,8 +112,15 @@ def parser_for(run: Callable[..., Ledger], description: str | None) -> argparse.
 _LAUNCH_ONLY = ("backend", "timeout", "check")
 
 
+class UsageError(EzpzError, ValueError):
+    """Options of a walkthrough that cannot work together: it exits 2 before any group starts."""
+
+
 def cli_main(
-    run: Callable[..., Ledger], description: str | None, argv: Sequence[str] | None = None
+    run: Callable[..., Ledger],
+    description: str | None,
+    argv: Sequence[str] | None = None,
+    check_args: Callable[..., None] | None = None,
 ) -> int:
     """Parse options, join torchrun's group, run the worker, report on rank 0.
 
@@ -125,6 +133,9 @@ def cli_main(
             (:func:`parser_for`).
         description: The ``--help`` text (the walkthrough module's docstring).
         argv: The options (default: ``sys.argv[1:]``).
+        check_args: Called with ``run``'s options before any process group
+            starts; a :class:`UsageError` it raises is the usage message and
+            exit status 2 (under torchrun, on every rank, with no traceback).
 
     Returns:
         The process exit status: 0, or 1 with ``--check`` and a problem found.
@@ -132,6 +143,11 @@ def cli_main(
     """
     parser = parser_for(run, description)
     args = parser.parse_args(argv)
+    try:
+        if check_args is not None:
+            check_args(**{k: v for k, v in vars(args).items() if k not in _LAUNCH_ONLY})
+    except UsageError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     try:
         created = ensure_distributed(args.backend, args.timeout)
     except (RuntimeError, ValueError) as exc:

@@ -45,11 +45,11 @@ from ezpz_nb.examples.capstone import (
     avg_reduces_correctly,
     parallelize,
 )
-from ezpz_nb.examples.command import cli_main
+from ezpz_nb.examples.command import UsageError, cli_main
 from ezpz_nb.examples.common import begin, device, record_epochs, to_device
 from ezpz_nb.ledger import Ledger
 
-__all__ = ["ModelAndOptim", "join", "main", "run"]
+__all__ = ["ModelAndOptim", "check_args", "join", "main", "run"]
 
 
 class ModelAndOptim:
@@ -71,6 +71,52 @@ class ModelAndOptim:
 
         set_state_dict(
             self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+
+
+def check_args(
+    tp_size: int = 1,
+    num_samples: int = 48,
+    batch_size: int = 2,
+    epochs: int = 1,
+    *,
+    save_at: int = 0,
+    checkpoint: str | None = None,
+    kill: bool = False,
+    resume_from: str | None = None,
+    **_: Any,
+) -> None:
+    """Refuse options that cannot work, before any process group starts (see :func:`run`).
+
+    The world size is torchrun's ``WORLD_SIZE`` (1 outside torchrun).
+
+    Raises:
+        UsageError: What is wrong and what to pass instead.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    sizes = {"--tp-size": tp_size, "--num-samples": num_samples, "--batch-size": batch_size,
+             "--epochs": epochs}  # fmt: skip
+    bad = [f"{k} {v}" for k, v in sizes.items() if v < 1] + (["--save-at"] if save_at < 0 else [])
+    if bad:
+        raise UsageError(f"{', '.join(bad)}: must be at least 1 (--save-at at least 0)")
+    if world % tp_size:
+        raise UsageError(f"--tp-size {tp_size} does not divide the {world} ranks into TP groups")
+    if save_at and not checkpoint:
+        raise UsageError("--save-at needs --checkpoint DIR (where to write the checkpoint)")
+    if checkpoint and not save_at:
+        raise UsageError("--checkpoint DIR needs --save-at N (after how many steps to save)")
+    if kill and not save_at:
+        raise UsageError("--kill needs --save-at N (it kills rank 0 right after that save)")
+    steps = num_samples // (batch_size * (world // tp_size)) * epochs
+    if save_at > steps:
+        raise UsageError(
+            f"--save-at {save_at}: this run takes only {steps} steps ({num_samples} samples, "
+            f"{batch_size} per DP rank, {world // tp_size} DP ranks, {epochs} epoch(s))"
+        )
+    if resume_from and not os.path.isfile(os.path.join(resume_from, ".metadata")):
+        raise UsageError(
+            f"--resume-from {resume_from}: no DCP checkpoint there (no .metadata file); "
+            "pass the --checkpoint DIR a run saved to"
         )
 
 
@@ -105,8 +151,8 @@ def run(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
 
-    if save_at and not checkpoint:
-        raise ValueError("--save-at needs --checkpoint DIR (where to write the checkpoint)")
+    check_args(tp_size, num_samples, batch_size, epochs, save_at=save_at,
+               checkpoint=checkpoint, kill=kill, resume_from=resume_from)  # fmt: skip
     layout = begin(tp_size, out)
     dev = device()
     mesh = init_device_mesh(dev.type, (layout.dp_size, tp_size), mesh_dim_names=("dp", "tp"))
@@ -175,7 +221,7 @@ def join(*folders: str, num_samples: int = 48) -> tuple[int, int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point (see the module docstring)."""
-    return cli_main(run, __doc__, argv)
+    return cli_main(run, __doc__, argv, check_args=check_args)
 
 
 if __name__ == "__main__":

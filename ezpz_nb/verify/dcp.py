@@ -7,7 +7,9 @@ instead writes it with ``dcp.save`` beside the model and reads it with
 (:mod:`ezpz_nb.data.checkpoint`). Here every part's ranks save the user's loader
 through :class:`~ezpz_nb.data.checkpoint.LoaderCheckpoint` (per-DP-rank keys,
 RNG, layout) into a folder of their own, and the next part's ranks load it
-from there: only a token naming the folder travels through the notebook. A
+from there: only a token naming the folder travels through the notebook. The
+resumed batches must hold the straight run's contents, not only its samples
+(a forgotten RNG draws other masks). A
 resume at another DP size therefore meets the checkpoint's refusal, which the
 report shows as the verdict.
 
@@ -84,7 +86,14 @@ class DcpLoader:
 
 
 class ThroughDcp:
-    """A loader factory that wraps each loader it makes in a :class:`DcpLoader`."""
+    """A loader factory that wraps each loader it makes in a :class:`DcpLoader`.
+
+    ``compare_draws`` asks ``check_resume`` to compare the resumed batches'
+    contents with the straight run's, not only their sample ids: the checkpoint
+    carries the loader's RNG, so a loader that forgets it draws other masks.
+    """
+
+    compare_draws = True
 
     def __init__(self, make_loader: Callable[..., Any], root: str) -> None:
         self.make_loader, self.root = make_loader, root

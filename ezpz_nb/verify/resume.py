@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ezpz_nb.ledger import Ledger, check_records
+from ezpz_nb.ledger import Ledger, StepRecord, check_records
 from ezpz_nb.verify.contract import check_args, parse_layout
 from ezpz_nb.verify.hints import resume_hint
 from ezpz_nb.verify.judge import findings_from, judge
@@ -31,16 +31,29 @@ SCENARIOS: dict[str, Callable[[int], list[tuple[int, int]]]] = {
 }
 
 
+#: Why a resumed batch holds the straight run's samples with other contents.
+DRAWS_HINT = (
+    "the resumed loader drew other random values (masks, crops, noise): its RNG's state "
+    "was not saved and restored with its place (put generator.get_state() in state_dict)"
+)
+
+
 def _divergence(
-    scenario: str, straight: Ledger, merged: Ledger, names: Mapping[int, str], changed: str
-) -> list[Finding]:
+    scenario: str, straight: Ledger, merged: Ledger, names: Mapping[int, str], changed: str,
+    draws: bool = False,
+) -> list[Finding]:  # fmt: skip
     out = []
+
+    def same(x: StepRecord, y: StepRecord) -> bool:
+        # draws: the batches' contents (digests) must match too, not only their ids.
+        return x.sample_ids == y.sample_ids and (not draws or x.digest == y.digest)
+
     for epoch in straight.epochs():
         for rank in straight.ranks():
             a, b = straight.steps(rank, epoch), merged.steps(rank, epoch)
             at = next(
                 (i for i in range(max(len(a), len(b)))
-                 if i >= len(a) or i >= len(b) or a[i].sample_ids != b[i].sample_ids),
+                 if i >= len(a) or i >= len(b) or not same(a[i], b[i])),
                 None,
             )  # fmt: skip
             if at is None:
@@ -67,6 +80,9 @@ def _divergence(
                 if want
                 else ", the straight run had none"
             )
+            redrawn = bool(got and want and got.sample_ids == want.sample_ids)
+            if got and redrawn:
+                said = f"the same samples {list(got.sample_ids)[:6]} with other contents"
             out.append(
                 Finding(
                     "resume",
@@ -78,7 +94,7 @@ def _divergence(
                     step=at,
                     sample=None if sample is None else names.get(sample, str(sample)),
                     worker=worker,
-                    hint=resume_hint(a, b, at, changed, scenario),
+                    hint=DRAWS_HINT if redrawn else resume_hint(a, b, at, changed, scenario),
                 )  # fmt: skip
             )
             break  # the first rank that diverges in this epoch; later epochs still count
@@ -142,7 +158,8 @@ def check_resume(
             torchrun) instead of fresh ranks: many checks then pay the starts once.
         via: ``"state_dict"`` (each rank's state through the notebook) or ``"dcp"``
             (saved and loaded with ``torch.distributed.checkpoint``, keyed per DP
-            rank: :mod:`ezpz_nb.verify.dcp`).
+            rank, and the batches' contents compared too, so a forgotten RNG
+            fails: :mod:`ezpz_nb.verify.dcp`).
 
     Returns:
         A :class:`Report` whose ``resume`` rule fails on a divergence.
@@ -240,8 +257,9 @@ def check_resume(
                 at_epoch = absolute[0]
         else:
             report.findings += _judge_parts(
-                scenario, parts, report.ledger, n, universe, names, changed, grid2 != grid
-            )
+                scenario, parts, report.ledger, n, universe, names, changed, grid2 != grid,
+                getattr(make_loader, "compare_draws", False),
+            )  # fmt: skip
     report.scenarios = list(scenarios)
     report.seconds["wall"] = time.perf_counter() - t0
     return report
@@ -256,6 +274,7 @@ def _judge_parts(
     names: Mapping[int, str],
     changed: str,
     moved: bool = False,
+    draws: bool = False,
 ) -> list[Finding]:
     """Exactly-once over the joined parts, and where they first leave the straight run.
 
@@ -263,6 +282,9 @@ def _judge_parts(
     cut anew, so its batches differ from the straight run's even when the loader
     re-shards its position exactly (MosaicML streaming does): there the divergence
     is expected as long as the joined parts saw every sample exactly once.
+    With ``draws`` (the factory's ``compare_draws``) a batch must also hold the
+    straight run's contents (its digest): a loader that forgets its RNG resumes
+    with the right samples and other masks.
     """
     merged = Ledger.merge_runs(*parts)
     problems = [
@@ -274,7 +296,7 @@ def _judge_parts(
         replace(f, message=f"[{scenario}] {f.message}")
         for f in findings_from(problems, merged, names)
     ]
-    diverged = _divergence(scenario, straight, merged, names, changed)
+    diverged = _divergence(scenario, straight, merged, names, changed, draws)
     if moved and not problems:
         why = (
             "resumed at another layout: each rank's share of the rest of the epoch is cut "

@@ -66,14 +66,16 @@ print(cluster)
 # sharded streaming dataset. TP peers read the same shard, so they hold the same state.
 #
 # Model and optimizer go in through DCP's own `get_state_dict`/`set_state_dict` (each rank
-# holds its DTensor shards; DCP writes every shard once). `data` picks how the loader is saved:
+# holds its DTensor shards; DCP writes every shard once). The job saves after 3 steps, beside
+# the same model and optimizer, one checkpoint for each way of saving the loader; a resumed job
+# (`load=`) loads one of them:
 #
-# | `data=` | what each rank puts in the checkpoint |
+# | way | what each rank puts in the checkpoint under `"data"` |
 # |---|---|
 # | `"keyed"` | `LoaderCheckpoint`: layout + `dp_rank_<r>: {loader, rng}` |
 # | `"one key"` | `{"loader": loader.state_dict()}` on every rank |
 # | `"rank 0"` | the same, on rank 0 only |
-# | `"none"` | nothing: model and optimizer only |
+# | `"none"` | nothing is loaded: model and optimizer only (from the keyed checkpoint) |
 
 
 # %%
@@ -93,8 +95,12 @@ class ModelAndOptim:
         )
 
 
-def train(path, steps, data="keyed", load=False, save=False):
-    """Build model, optimizer, loader on dp 2 x tp 2; maybe load; take `steps` steps; maybe save."""
+def train(root, steps, load=None, save_at=None):
+    """Build model, optimizer, loader on dp 2 x tp 2; maybe load `load`'s way; take `steps` steps.
+
+    With `save_at`, after that many steps the job saves model, optimizer and the loader in one
+    dcp.save for each way in SAVES (one folder each), as a job stopped there would.
+    """
     warnings.filterwarnings("ignore", category=FutureWarning)  # FSDP2's renamed collective
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -107,18 +113,27 @@ def train(path, steps, data="keyed", load=False, save=False):
         model.set_force_sum_reduction_for_comms(True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
     loader = ShardStream(RuleTokenDataset(num_samples=N), BATCH, dp, 2, seed=5)
-    state = {"app": ModelAndOptim(model, opt)}
-    if data == "keyed":
-        state["data"] = LoaderCheckpoint(loader, layout)
-    elif data == "one key" or (data == "rank 0" and dist.get_rank() == 0):
-        state["data"] = {"loader": loader.state_dict()}
-    if load:
-        dcp.load(state, checkpoint_id=path)
-        if isinstance(state.get("data"), dict):  # a plain dict is filled in place
-            loader.load_state_dict(state["data"]["loader"])
+
+    def state(data):
+        """What each rank hands to dcp.save / dcp.load for one way of saving the loader."""
+        out = {"app": ModelAndOptim(model, opt)}
+        if data == "keyed":
+            out["data"] = LoaderCheckpoint(loader, layout)
+        elif data == "one key" or (data == "rank 0" and dist.get_rank() == 0):
+            out["data"] = {"loader": loader.state_dict()}
+        return out
+
+    if load:  # "none" loads the keyed checkpoint's model and optimizer only
+        loaded = state(load)
+        dcp.load(loaded, checkpoint_id=f"{root}/{'keyed' if load == 'none' else load}")
+        if isinstance(loaded.get("data"), dict):  # a plain dict is filled in place
+            loader.load_state_dict(loaded["data"]["loader"])
     restored = loader.shard
     losses, seen, it = [], [], iter(loader)
-    for _ in range(steps):
+    for step in range(steps):
+        if step == save_at:
+            for data in SAVES:
+                dcp.save(state(data), checkpoint_id=f"{root}/{data}")
         batch = next(it)
         loss = torch.nn.functional.cross_entropy(
             model(batch["input_ids"]).flatten(0, 1), batch["labels"].flatten()
@@ -130,14 +145,11 @@ def train(path, steps, data="keyed", load=False, save=False):
         dist.all_reduce(mean, group=layout.dp_group)
         losses.append(mean.item() / 2)
         seen.append(batch["index"].tolist())
-    if save:
-        if isinstance(state.get("data"), dict):  # LoaderCheckpoint reads the loader itself
-            state["data"] = {"loader": loader.state_dict()}
-        dcp.save(state, checkpoint_id=path)
     return {"dp_rank": dp, "tp_rank": tp, "shard": restored, "losses": losses, "seen": seen}
 
 
-straight = cluster.run(train, None, STEPS)
+SAVES = ("keyed", "one key", "rank 0")  # "none" saves nothing of its own
+straight = cluster.run(train, work.name, STEPS, save_at=STOP)
 print("straight run, losses:", [round(x, 4) for x in straight[0]["losses"]])
 print("DP rank 0 saw", straight[0]["seen"], "\nDP rank 1 saw", straight[2]["seen"])
 
@@ -145,42 +157,35 @@ print("DP rank 0 saw", straight[0]["seen"], "\nDP rank 1 saw", straight[2]["seen
 # %% [markdown]
 # ## 2. Resume at the same layout: the loss after the resume, bit for bit
 #
-# The job takes 3 steps, `dcp.save`s model, optimizer and `LoaderCheckpoint`, and the ranks
-# drop everything. A second job builds all of it fresh, `dcp.load`s, and takes the other 5.
+# After 3 steps the job `dcp.save`d model, optimizer and `LoaderCheckpoint` (the straight run
+# above saved there on its way, as a job stopped after step 3 would: a save reads, it changes
+# nothing). A second job builds all of it fresh, `dcp.load`s, and takes the other 5.
 #
 # **Predict:** the largest difference between the resumed run's 5 losses and the straight
 # run's last 5: 0.0, about 1e-7, or about 1e-3?
 
 
 # %%
-def join(first, second):
+def join(second):
     """The ledger over the join, one TP leader per DP rank: (repeated, never seen)."""
-    counts = collections.Counter(
-        i
-        for part in (first, second)
-        for r in part
-        if r["tp_rank"] == 0
-        for batch in r["seen"]
-        for i in batch
-    )
+    before = [b for r in straight if r["tp_rank"] == 0 for b in r["seen"][:STOP]]
+    after = [b for r in second if r["tp_rank"] == 0 for b in r["seen"]]
+    counts = collections.Counter(i for batch in before + after for i in batch)
     return sum(c - 1 for c in counts.values()), N - len(counts)
 
 
 def resume(data):
-    path = f"{work.name}/{data.replace(' ', '_')}"
-    first = cluster.run(train, path, STOP, data=data, save=True)
-    second = cluster.run(train, path, STEPS - STOP, data=data, load=True)
+    """A fresh job that loads the checkpoint saved `data`'s way and takes the other steps."""
+    second = cluster.run(train, work.name, STEPS - STOP, load=data)
     diff = max(
         abs(a - b) for a, b in zip(second[0]["losses"], straight[0]["losses"][STOP:], strict=True)
     )
-    return first, second, diff
+    return second, diff
 
 
-first, second, diff = resume("keyed")
-print(
-    f"keyed per DP rank: max abs loss diff {diff}, (repeated, never seen) = {join(first, second)}"
-)
-assert diff == 0.0 and join(first, second) == (0, 0)
+second, diff = resume("keyed")
+print(f"keyed per DP rank: max abs loss diff {diff}, (repeated, never seen) = {join(second)}")
+assert diff == 0.0 and join(second) == (0, 0)
 
 # %% [markdown]
 # 0.0: the resumed run computes the same numbers in the same order. On CPU with gloo the
@@ -202,11 +207,11 @@ assert diff == 0.0 and join(first, second) == (0, 0)
 
 # %%
 for data in ("one key", "rank 0", "none"):
-    first, second, diff = resume(data)
+    second, diff = resume(data)
     shards = [r["shard"] for r in second]
     print(
         f"{data:8}: shard per rank after the load {shards}, (repeated, never seen) = "
-        f"{join(first, second)}, max abs loss diff {diff:.2e}"
+        f"{join(second)}, max abs loss diff {diff:.2e}"
     )
 
 # %% [markdown]
@@ -223,10 +228,12 @@ for data in ("one key", "rank 0", "none"):
 # - **none:** model and optimizer are back, the loader starts the epoch over: every rank
 #   replays what it trained on before the stop, and the loss moves off the straight run.
 #
-# `LoaderCheckpoint` keys each DP rank's state `dp_rank_<r>`; TP peers write the same key and
-# DCP keeps one copy per TP group. They must hold the same state, and `state_dict()` checks
-# that they do (a fingerprint gathered over the TP group) before a byte is written: a
-# difference raises `CheckpointStateError` on every rank.
+# `LoaderCheckpoint` keys each DP rank's state `dp_rank_<r>`; TP peers write the same key,
+# holding their TP leader's part, so the one copy DCP keeps per TP group is the leader's and
+# every peer resumes at its leader's step. Before a byte is written `state_dict()` checks that
+# each peer agrees with its leader on all it tracks (fingerprints gathered over the TP group;
+# a `TPBroadcastDataLoader` peer, which loads nothing, tracks only its step): a difference
+# raises `CheckpointStateError` on every rank.
 #
 # ## 4. Resume at another DP size: dp 4 -> 2 -> 3
 #
