@@ -422,7 +422,8 @@ if streaming is not None:
     print(mosaic_elastic.table())
 
 # %% [markdown]
-# Read the three tables (on `streaming` 0.13; the cell prints the version).
+# Where `streaming` is installed, the cell above printed three tables (on `streaming` 0.13);
+# where it is not, it printed only why it skipped, and what follows is what those tables show.
 #
 # - The contract holds: TP peers get the same samples through `replication`, the two replicas
 #   split the 48 samples, and `shuffle_seed` with the epoch gives each epoch a new order.
