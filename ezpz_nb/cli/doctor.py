@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ezpz_nb._machine import available_memory
+from ezpz_nb.wrapping import wrap_message
 
 __all__ = [
     "BUDGET_S",
@@ -69,7 +70,8 @@ class Check:
     def __str__(self) -> str:
         mark = {True: "ok  ", False: "FAIL", None: "warn"}[self.ok]
         line = f"  {mark}  {self.name:<17} {self.detail}"
-        return line + (f"\n        what to do: {self.fix}" if self.fix else "")
+        # Broken between words: a detail or a fix is often wider than a notebook's output.
+        return wrap_message(line + (f"\n        what to do: {self.fix}" if self.fix else ""))
 
 
 @dataclass
@@ -547,5 +549,5 @@ def main(budget: float = BUDGET_S) -> int:
     started = time.monotonic() - process_age()
     print("ezpz-nb doctor: checking this machine for the ezpz_nb notebooks", flush=True)
     report = run_checks(echo=lambda line: print(line, flush=True), started=started, budget=budget)
-    print(report.verdict, flush=True)
+    print(wrap_message(report.verdict), flush=True)
     return 0 if report.ok else 1

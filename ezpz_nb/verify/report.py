@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ezpz_nb.errors import EzpzError
+from ezpz_nb.wrapping import wrap_message
 
 __all__ = ["RULES", "ContractViolation", "Finding", "Report", "VerifyError"]
 
@@ -173,7 +174,7 @@ class Report:
                 lines.append(f"    why expected: {f.expected}")
             if f.hint:
                 lines.append(f"    likely cause: {f.hint}")
-        return "\n".join(lines)
+        return wrap_message("\n".join(lines))  # between words, to fit a notebook's output
 
     def __str__(self) -> str:
         return self.table()

@@ -313,24 +313,38 @@ hf_ranks.close()
 
 
 # %%
-def stateful(layout, num_workers=2):
+def stateful_loader(*args, **kwargs):
+    """torchdata's StatefulDataLoader, without the warning its constructor gives on every rank.
+
+    torchdata 0.11 (its last release) calls `torch.set_vital`, which torch 2.13 deprecates:
+    one "'set_vital' is deprecated" warning per rank and per part of a check, none of it
+    ours to fix. Filtered around that one call, on the rank that makes the loader; its
+    DataLoader workers are forked later and make no loader.
+    """
+    import warnings
+
     from torchdata.stateful_dataloader import StatefulDataLoader
 
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        return StatefulDataLoader(*args, **kwargs)
+
+
+def stateful(layout, num_workers=2):
     s = DistributedSampler(Tokens(), num_replicas=layout.dp_size, rank=layout.dp_rank, seed=0)
-    return StatefulDataLoader(
+    return stateful_loader(
         Tokens(), batch_size=4, sampler=s, num_workers=num_workers,
         multiprocessing_context="fork" if num_workers else None,
     )  # fmt: skip
 
 
 def stateful_sampler(layout):
-    from torchdata.stateful_dataloader import StatefulDataLoader
     from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
     s = StatefulDistributedSampler(
         Tokens(), num_replicas=layout.dp_size, rank=layout.dp_rank, seed=0
     )
-    return StatefulDataLoader(Tokens(), batch_size=4, sampler=s)
+    return stateful_loader(Tokens(), batch_size=4, sampler=s)
 
 
 with_workers = check_resume(stateful, "dp=2", epochs=2, scenarios=["mid-epoch"])
