@@ -70,8 +70,7 @@ class Check:
     def __str__(self) -> str:
         mark = {True: "ok  ", False: "FAIL", None: "warn"}[self.ok]
         line = f"  {mark}  {self.name:<17} {self.detail}"
-        # Broken between words: a detail or a fix is often wider than a notebook's output.
-        return wrap_message(line + (f"\n        what to do: {self.fix}" if self.fix else ""))
+        return line + (f"\n        what to do: {self.fix}" if self.fix else "")
 
 
 @dataclass
@@ -107,7 +106,9 @@ class Report:
         return f"ezpz-nb doctor: READY: {len(self.checks)} checks passed{note} ({took})"
 
     def __str__(self) -> str:
-        return "\n".join([*(str(c) for c in self.checks), self.verdict])
+        # What a notebook prints (00): broken between words to fit its output column. The
+        # command line prints each check as it finishes, and the verdict as one line.
+        return wrap_message("\n".join([*(str(c) for c in self.checks), self.verdict]))
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -549,5 +550,5 @@ def main(budget: float = BUDGET_S) -> int:
     started = time.monotonic() - process_age()
     print("ezpz-nb doctor: checking this machine for the ezpz_nb notebooks", flush=True)
     report = run_checks(echo=lambda line: print(line, flush=True), started=started, budget=budget)
-    print(wrap_message(report.verdict), flush=True)
+    print(report.verdict, flush=True)
     return 0 if report.ok else 1
