@@ -131,6 +131,7 @@ def run_all(lab: Lab, browser: Any, notebook: str, timeout_s: float) -> Any:
     page, problems = open_and_run(lab, browser, notebook, timeout_s)
     if problems:
         page.screenshot(path=str(ARTIFACTS / f"{Path(notebook).stem}-failure.png"))
+        (ARTIFACTS / f"{Path(notebook).stem}-problems.txt").write_text("\n".join(problems))
         page.close()
     assert not problems, f"{notebook}: " + "\n".join(problems)
     return page

@@ -148,7 +148,7 @@ class RankError(EzpzError, RuntimeError):
         """
         groups = fold(self.failures)
         summary = self._summary(_failing_line)
-        out = [wrap_message(f"{type(self).__name__}: {summary[0]}"), *summary[1:]]
+        out = wrap_message(f"{type(self).__name__}: " + "\n".join(summary)).split("\n")
         for ranks, f in groups:
             text = format_for_learner(f).rstrip()
             if text and not _only_the_line(f):
@@ -247,7 +247,7 @@ class HangError(_ShownPlain, EzpzError, TimeoutError):
             "All ranks were stopped. Make every rank make the same collective calls "
             "in the same order (or raise `timeout=` if the work is just slow)."
         )
-        super().__init__("\n".join(lines))
+        super().__init__(wrap_message("\n".join(lines)))
 
 
 class RunInterrupted(_ShownPlain, EzpzError, KeyboardInterrupt):
@@ -269,4 +269,4 @@ class RunInterrupted(_ShownPlain, EzpzError, KeyboardInterrupt):
             "All ranks were stopped; the next run starts fresh ranks. A rank blocked in a "
             "collective is waiting for a call another rank never made."
         )
-        super().__init__("\n".join(lines))
+        super().__init__(wrap_message("\n".join(lines)))
