@@ -96,7 +96,8 @@ report
 # %%
 assert report.ok, report.table()
 print(report.steps)
-print(json.loads(report.to_json())["rules"])
+for rule, verdict in json.loads(report.to_json())["rules"].items():
+    print(f"  {rule}: {verdict}")
 
 # %% [markdown]
 # ## Four classic mistakes
@@ -291,8 +292,8 @@ def hf_skip(ds, n=3):
 for ds in (stream4, stream3):
     rep = check_contract(hf_skip(ds), "dp=2,tp=2", epochs=1, num_samples=34, cluster=hf_ranks)
     never = next((f for f in rep.findings if f.kind == "never_seen"), None)
-    print(f"{ds.num_shards} shards, skip(3) on each of 2 replicas: steps {rep.steps}; never seen: "
-          f"{never.message.split(' were')[0].split(': ')[1] if never else 'none'}")  # fmt: skip
+    print(f"{ds.num_shards} shards, skip(3) on each of 2 replicas: steps {rep.steps};\n"
+          f"  never seen: {never.message.split(' were')[0].split(': ')[1] if never else 'none'}")  # fmt: skip
 hf_ranks.close()
 
 # %% [markdown]
