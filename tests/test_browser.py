@@ -84,9 +84,10 @@ STDERR_LINES = f"""() => [...document.querySelectorAll('{PANEL} .jp-CodeCell')].
 # where the edge falls. The width in characters is measured in the output's own font.
 MID_WORD = f"""() => {{
     const found = [];
-    // torch's C++ log lines (glog's "W1204 17:49:53.04 TCPStore.cpp:115]") and C++ stack
-    // frames, as a torchrun agent prints them (14): torch's words, not ours to wrap.
-    const NOT_OURS = /^(\\[[^\\]]*\\] )*(\\[?[WEIF]\\d{{4}} |frame #\\d+: )/;
+    // torch's words, not ours to wrap, as 14's torchrun agents print them: C++ log lines
+    // (glog's "W1204 17:49:53.04 TCPStore.cpp:115]"), C++ stack frames, and a worker's
+    // output as torchrun --tee relays it ("[default0]:[rank0]: File ...").
+    const NOT_OURS = /^(\\[[^\\]]*\\] )*(\\[?[WEIF]\\d{{4}} |frame #\\d+: |\\[default\\d+\\]:)/;
     const cells = [...document.querySelectorAll('{PANEL} .jp-CodeCell')];
     for (const pre of document.querySelectorAll('{PANEL} .jp-OutputArea-output pre')) {{
         const probe = document.createElement('span');

@@ -388,8 +388,8 @@ except Exception as exc:  # noqa: BLE001 - not only ImportError, see the message
     # torchvision beside a CPU torch): say so instead of failing the notebook.
     streaming = None
     print(
-        f"MosaicML streaming cannot be imported here ({type(exc).__name__}: {exc}): skipped. "
-        "To run this part, in a separate virtual environment: install torch and torchvision "
+        f"MosaicML streaming cannot be imported here, skipped:\n  {type(exc).__name__}: {exc}\n"
+        "To run this part, in a separate virtual environment: install torch and torchvision\n"
         "from one index (e.g. both from PyTorch's CPU index), then pip install "
         "'ezpz_nb[streaming]'"
     )
