@@ -39,6 +39,7 @@ from pathlib import Path
 from ezpz_nb.examples.agents import AgentError, free_port, run_agents, torchrun, torchrun_argv
 from ezpz_nb.examples.by_hand import check_worker, load_attempts, startup_lines
 from ezpz_nb.ledger import Ledger
+from ezpz_nb.wrapping import wrap_message
 
 WORKER = Path("torchrun_worker.py")  # written beside this notebook by the cells below
 work = tempfile.TemporaryDirectory(prefix="ezpz-nb14-")  # ledgers, logs; removed at the end
@@ -511,7 +512,7 @@ try:
     ).raise_for_status()
 except AgentError as exc:
     alone = exc.run
-    print(exc)
+    print(wrap_message(str(exc)))  # broken between words for the output column
 assert alone is not None and not alone.ok and alone.lines("RendezvousTimeoutError")
 print(f"gave up after {alone.elapsed_s:.1f} s")
 
@@ -535,7 +536,7 @@ mismatched = [
 try:
     run_agents(mismatched)
 except AgentError as exc:
-    print(exc)
+    print(wrap_message(str(exc)))  # broken between words for the output column
 else:
     raise AssertionError("expected the mismatch to be refused")
 
@@ -552,7 +553,7 @@ with socket.socket() as busy:
     try:
         run_agents([torchrun_argv(WORKER, nnodes=1, endpoint=f"127.0.0.1:{taken}")])
     except AgentError as exc:
-        print(exc)
+        print(wrap_message(str(exc)))  # broken between words for the output column
     else:
         raise AssertionError("expected the busy port to be refused")
 
@@ -565,7 +566,7 @@ broken.write_text(WORKER.read_text().replace("def main(argv=None):", "def main(a
 try:
     torchrun(broken, nproc_per_node=2)
 except AgentError as exc:
-    print(exc)
+    print(wrap_message(str(exc)))  # broken between words for the output column
 else:
     raise AssertionError("expected the syntax error to be refused")
 
