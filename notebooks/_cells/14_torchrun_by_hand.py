@@ -223,7 +223,8 @@ def build_pipeline(args, device):
     nodes = sorted({r // LOCAL_WORLD_SIZE for r in tp_ranks})
     if len(nodes) > 1 and layout.tp_rank == 0:
         warnings.warn(
-            f"TP group {tp_ranks} spans nodes {nodes}: every batch and every TP collective "
+            # On lines of its own, after the file and line: a notebook breaks longer ones.
+            f"\nTP group {tp_ranks} spans nodes {nodes}: every batch and every TP collective\n"
             f"crosses the network. Use a --tp-size that divides --nproc-per-node "
             f"({LOCAL_WORLD_SIZE}).",
             stacklevel=1,
