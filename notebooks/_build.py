@@ -2,8 +2,9 @@
 
 Each ``_cells/NN_name.py`` is a notebook in jupytext's percent format (valid Python:
 ruff lints it, any editor or jupytext opens it). This script reads it with jupytext
-and writes ``NN_name.ipynb`` with clean metadata (kernel ``python3``, no outputs,
-no execution counts) and stable cell ids, so regenerated notebooks are byte-identical.
+and writes ``NN_name.ipynb`` with clean metadata (kernel ``python3``, as JupyterLab
+writes it, so opening a notebook does not mark it modified; no outputs, no execution
+counts) and stable cell ids, so regenerated notebooks are byte-identical.
 
 One source, two notebooks: when cells of a source are tagged ``workshop`` or
 ``solutions``, it becomes ``NN_name.ipynb`` (untagged and ``workshop`` cells) and
@@ -22,6 +23,7 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from pathlib import Path
@@ -35,8 +37,22 @@ CELLS = HERE / "_cells"
 
 #: The kernel every stored notebook must name ("No such kernel" elsewhere otherwise).
 KERNEL_NAME = "python3"
-KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": KERNEL_NAME}
-LANGUAGE_INFO = {"name": "python"}
+#: The metadata JupyterLab 4 writes when it opens a notebook on a python3 (ipykernel)
+#: kernel, stored as it writes it: a notebook that lacks it shows as modified on opening,
+#: before any edit, and a saved run then differs in metadata, not only in outputs.
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": KERNEL_NAME}
+#: The Python the project is tested with (CI, `make test`): on another one JupyterLab
+#: writes that version instead, the one line a saved notebook differs by besides outputs.
+TESTED_PYTHON = "3.11.7"
+LANGUAGE_INFO = {
+    "codemirror_mode": {"name": "ipython", "version": 3},
+    "file_extension": ".py",
+    "mimetype": "text/x-python",
+    "name": "python",
+    "nbconvert_exporter": "python",
+    "pygments_lexer": "ipython3",
+    "version": TESTED_PYTHON,
+}
 #: Cell tags that pick the notebook a cell goes to; the first one names the main notebook.
 VARIANTS = ("workshop", "solutions")
 
@@ -77,7 +93,10 @@ def check_pairs(source: nbformat.NotebookNode, name: str) -> None:
 def to_notebook(source: nbformat.NotebookNode, variant: str | None = None) -> nbformat.NotebookNode:
     """The clean notebook of one variant (``None``: a source without variants)."""
     nb = new_notebook()
-    nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": dict(LANGUAGE_INFO)}
+    nb.metadata = {
+        "kernelspec": dict(KERNELSPEC),
+        "language_info": copy.deepcopy(LANGUAGE_INFO),
+    }
     for cell in source.cells:
         if _variant(cell) not in (None, variant):
             continue

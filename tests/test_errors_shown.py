@@ -44,7 +44,7 @@ def kernel():
     kc.wait_for_ready(timeout=60)
 
     def run(code: str, interrupt_after: tuple[str, int] | None = None) -> tuple[int, str, list]:
-        """Run a cell: its execution count, its stream text, its error outputs.
+        """Run a cell: its execution count, its text (streams and Out[n]), its error outputs.
 
         ``interrupt_after=(text, n)``: press stop once ``text`` was printed ``n`` times.
         """
@@ -64,7 +64,14 @@ def kernel():
                 km.interrupt_kernel()
 
         reply = kc.execute_interactive(code, timeout=180, output_hook=hook)
-        text = "".join(m["content"].get("text", "") for m in msgs if m["msg_type"] == "stream")
+        # What the cell showed as text: its streams, and its Out[n] (an execute_result).
+        text = "".join(
+            m["content"].get("text", "")
+            if m["msg_type"] == "stream"
+            else m["content"]["data"].get("text/plain", "") + "\n"
+            for m in msgs
+            if m["msg_type"] in ("stream", "execute_result")
+        )
         errors = [m["content"] for m in msgs if m["msg_type"] == "error"]
         return reply["content"]["execution_count"], text, errors
 
@@ -90,12 +97,15 @@ def test_a_rank_error_in_a_kernel_shows_the_learners_lines_folded(kernel):
     assert f"Cell In[{launched}], line 2" in shown
     assert "ez.launch(lookup, table, world_size=4)" in shown
     assert f"Cell In[{defined}], line 4, in lookup" in shown and "return table[key]" in shown
-    assert shown.index(f"Cell In[{launched}]") < shown.index(f"Cell In[{defined}]")
+    # issue 35: the failing line leads (under the headline), the launching line comes last
+    lines = shown.splitlines()
+    assert lines[1] == f"  at Cell In[{defined}], line 4, in lookup", lines[:3]
+    assert lines[2] == "  ----> 4 return table[key]", lines[:3]
+    assert shown.index(f"Cell In[{defined}]") < shown.index("Launched from:")
+    assert shown.index("Launched from:") < shown.index(f"Cell In[{launched}]")
     assert "ipykernel_" not in shown and "ezpz_nb/launcher" not in shown
-    assert shown.count("Traceback on ranks 0-3 (most recent call last)") == 1
-    assert (
-        shown.count("Traceback") == 1 and "rank 1" not in shown
-    )  # each rank said once, in the header
+    # one frame: no traceback repeating it; each rank said once, in the header
+    assert "Traceback" not in shown and shown.count("ranks 0-3") == 1 and "rank 1" not in shown
     # str() (what a log or `print(err)` shows) still carries everything
     assert "KeyError: 'missing'" in errors[0]["evalue"]
 
@@ -113,10 +123,11 @@ def test_different_failures_are_not_folded_and_a_kernel_keeps_working(kernel):
     shown = _shown(errors[0])
     assert "rank 1 failed: ValueError: rank 1 is odd" in shown
     assert "rank 3 failed: ValueError: rank 3 is odd" in shown
-    assert "Traceback on rank 1 (most recent" in shown
-    assert "Traceback on rank 3 (most recent" in shown
     assert f"Cell In[{n}], line 5\n----> 5 ez.launch(odd_fails, world_size=4)" in shown
-    assert f"Cell In[{n}], line 4, in odd_fails" in shown
+    # each failure's line right under its headline: the ranks need no second label
+    at = f"  at Cell In[{n}], line 4, in odd_fails"
+    assert f"rank 1 is odd\n{at}" in shown and f"rank 3 is odd\n{at}" in shown
+    assert "Traceback" not in shown and shown.count("rank 1") == 2  # the header and the message
     _, text, errors = kernel("print(ez.launch(lambda: 7, world_size=2))")
     assert not errors and "[7, 7]" in text
 
@@ -127,9 +138,42 @@ def test_a_failing_ranks_cell_names_the_cell_and_its_line(kernel):
     n, _, errors = kernel("%%ranks -n 2\nx = rank\nraise ValueError('no good')")
     shown = _shown(errors[0])
     assert shown.startswith("RankError: ranks 0 and 1 failed: ValueError: no good")
-    assert f"Cell In[{n}], line 3\n    raise ValueError('no good')" in shown  # 1: %%ranks
+    assert f"Cell In[{n}], line 3\n  ----> 3 raise ValueError('no good')" in shown  # 1: %%ranks
     assert "ranks-cell" not in shown and "run_cell_magic" not in shown
     assert "ezpz_nb/" not in shown
+
+
+def test_a_ranks_typo_keeps_did_you_mean_and_a_group_is_named_by_its_ranks(kernel):
+    """Guards issue 35: a %%ranks NameError without Python's "Did you mean: 'rank'?", and
+    torch's "not part of group <...ProcessGroup object at 0x...>" for the learner's group."""
+    kernel("%load_ext ezpz_nb")
+    _, _, errors = kernel("%%ranks -n 2\nx = rnak + 1")
+    shown = _shown(errors[0])
+    assert "NameError: name 'rnak' is not defined. Did you mean: 'rank'?" in shown, shown
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "def share():\n"
+        "    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]\n"
+        "    x = torch.zeros(2)\n"
+        "    dist.broadcast(x, src=0, group=groups[dist.get_rank() // 2])\n"
+        "ez.launch(share, world_size=4)"
+    )
+    _, _, errors = kernel(code)
+    shown = _shown(errors[0])
+    assert "is not part of group ProcessGroup(ranks=[2, 3])" in shown, shown
+    assert "object at 0x" not in shown
+
+
+def test_a_checker_cell_shows_its_verdict_once_and_a_later_cell_shows_it_again(kernel):
+    """Guards issue 35: a checker cell printing its verdict, then IPython echoing the result
+    as Out[n] (the verdict twice), and a verdict line too long for the output column."""
+    cell = "from ezpz_nb.workshop import exercises as ex\nresult = ex.check_global_sum(42)\nresult"
+    _, text, errors = kernel(cell)
+    assert not errors and text.count("expected a function") == 1, text
+    assert "CheckResult(" not in text, text  # no Out[n] echo under the verdict
+    assert max(len(line) for line in text.splitlines()) <= 96, text
+    _, text, _ = kernel("result")
+    assert text.count("expected a function") == 1, text
 
 
 def test_interrupting_a_hung_run_reports_each_rank_and_leaves_none(kernel):
@@ -253,8 +297,8 @@ def test_checkers_find_the_learners_line_from_frames():
     even when the error is raised deep inside torch, and torch's frames are not."""
     from ezpz_nb.workshop import verdicts
 
-    with pytest.raises(verdicts._Verdict) as info:
-        verdicts._ranks(_call_it, _learner_bad_src, world_size=2)
+    with pytest.raises(verdicts.Verdict) as info:
+        verdicts.run_on_ranks(_call_it, _learner_bad_src, world_size=2)
     msg = info.value.message
     assert "in your code:" in msg
     assert "test_errors_shown.py:" in msg and "dist.broadcast(t, src=dist.get_world_size())" in msg

@@ -23,12 +23,14 @@ import numpy as np
 import pytest
 from matplotlib.axis import Axis
 from matplotlib.figure import Figure
+from matplotlib.legend import Legend
 from matplotlib.text import Text
 from torch.utils.data import DistributedSampler
 
 from ezpz_nb import RankError, RankFailure, viz
-from ezpz_nb.ledger import Ledger, StepRecord
+from ezpz_nb.ledger import Ledger, StepRecord, StepTimes
 from ezpz_nb.viz.figure import DPI, WIDTH_PX
+from ezpz_nb.wrapping import COLUMNS, wrap_message
 
 MIN_PX = 9.0
 
@@ -110,6 +112,20 @@ def rank_error(ranks: list[int], stopped: list[int]) -> RankError:
     return RankError(failures)
 
 
+def timed_ledger(world: int, steps: int, slow: int | None = None) -> Ledger:
+    """Step records with times, as notebook 12's runs record them; ``slow`` waits 5x for data."""
+    records = []
+    for step in range(steps):
+        at = 0.05 * step
+        for rank in range(world):
+            data = 0.01 * (5 if rank == slow else 1)
+            times = StepTimes(data, 0.01, 0.004, 0.0, at + data + 0.01, at + data + 0.011)
+            records.append(
+                StepRecord(0, step, rank, rank, world, 0, 1, (rank,), "loaded", "d", times=times)
+            )
+    return Ledger(records)
+
+
 # The notebooks' figures, by where they are drawn: (name, draw, axes with real-valued ticks).
 SHAPES: list[tuple[str, Callable[[], Figure]]] = [
     ("00/03/06 layout 4x2", lambda: viz.layout(4, 2)),
@@ -173,6 +189,9 @@ SHAPES: list[tuple[str, Callable[[], Figure]]] = [
     ),
     ("09 heatmap, world 2", lambda: viz.heatmap(sampler_ledger(2, 1, 12, 2, 2))),
     ("empty ledger", lambda: viz.heatmap(Ledger([], 10))),
+    # notebook 12's step timelines: 2 ranks (the baseline, the shuffled run), 3 with a straggler
+    ("12 step timeline, 2 ranks", lambda: viz.step_timeline(timed_ledger(2, 16))),
+    ("12 step timeline, a straggler", lambda: viz.step_timeline(timed_ledger(3, 16, slow=2))),
     # notebook 11's shapes: 64 documents of 82-7188 tokens, 4 ranks x 13 steps, 6 rows of 256
     ("11 document lengths", lambda: viz.doc_lengths([int(82 * 1.073**i) for i in range(64)], 1024)),
     (
@@ -247,6 +266,25 @@ def render(fig: Figure) -> tuple[list[tuple[Text, Any]], float]:
     return [(t, t.get_window_extent(renderer)) for t in texts], scale
 
 
+def legend_overlaps(fig: Figure, drawn: set[int]) -> list[str]:
+    """Axis labels and tick labels that a legend's box covers (the legend's own texts aside)."""
+    renderer = fig.canvas.get_renderer()
+    bad = []
+    for legend in fig.findobj(Legend):
+        box = legend.get_window_extent(renderer)
+        for ax in fig.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                for text in [axis.label, *axis.get_ticklabels()]:
+                    if id(text) not in drawn:
+                        continue
+                    other = text.get_window_extent(renderer)
+                    w = min(box.x1, other.x1) - max(box.x0, other.x0)
+                    h = min(box.y1, other.y1) - max(box.y0, other.y0)
+                    if w > 1 and h > 1:
+                        bad.append(text.get_text()[:30])
+    return bad
+
+
 def fractional_ticks(fig: Figure, drawn: set[int], allowed: str | None) -> list[str]:
     """Drawn tick labels like ``2.5`` on axes other than the one labelled ``allowed``."""
     bad = []
@@ -268,11 +306,13 @@ def fractional_ticks(fig: Figure, drawn: set[int], allowed: str | None) -> list[
 
 @pytest.mark.parametrize(("name", "draw"), SHAPES, ids=[s[0] for s in SHAPES])
 def test_figure_is_legible_at_notebook_width(name: str, draw: Callable[[], Figure]) -> None:
-    """Fonts >= 9 px at the notebook's width, no text cut off or overlapping, no fractional counts.
+    """Fonts >= 9 px at the notebook's width, no text cut off or overlapping, no legend over an
+    axis label, no fractional counts.
 
     Guards: 08's heatmaps drawn 2000 px wide and shown at half size (digits unreadable),
     7-point cell digits, overlapping x labels at one step per epoch, the timeline's
-    "epoch 0" over its frame, a sample-id colour bar ticked at 2.5 and 7.5.
+    "epoch 0" over its frame, a sample-id colour bar ticked at 2.5 and 7.5, 12's step
+    timelines with their legend on the x-axis label.
     """
     fig = draw()
     assert fig.get_figwidth() * DPI <= WIDTH_PX + 1, "wider than the notebook: it gets scaled"
@@ -299,13 +339,15 @@ def test_figure_is_legible_at_notebook_width(name: str, draw: Callable[[], Figur
             if w > 1 and h > 1:
                 overlaps.append((a.get_text()[:25], b.get_text()[:25]))
     assert not overlaps, f"{len(overlaps)} pair(s) of texts overlap, e.g. {overlaps[:4]}"
+    covered = legend_overlaps(fig, {id(t) for t, _ in texts})
+    assert not covered, f"a legend covers the axis labels {covered[:4]}"
     allowed = next((v for k, v in REAL_VALUED.items() if k in name), None)
     bad = fractional_ticks(fig, {id(t) for t, _ in texts}, allowed)
     assert not bad, f"whole-number axis ticked at {bad}"
 
 
 def test_the_checks_catch_what_they_guard() -> None:
-    """The three checks fail on figures made to break them (a check that cannot fail guards nothing).
+    """The four checks fail on figures made to break them (a check that cannot fail guards nothing).
 
     Guards: a legibility test that passes whatever is drawn.
     """
@@ -325,6 +367,12 @@ def test_the_checks_catch_what_they_guard() -> None:
     fig.axes[0].set_xticks([0.5, 1.5, 2.5])
     texts, _ = render(fig)
     assert fractional_ticks(fig, {id(t) for t, _ in texts}, None) == ["0.5", "1.5", "2.5"]
+
+    fig = viz.step_timeline(timed_ledger(2, 4))
+    fig.legends[0].remove()
+    fig.axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5)  # round one's
+    texts, _ = render(fig)
+    assert fig.axes[0].get_xlabel()[:30] in legend_overlaps(fig, {id(t) for t, _ in texts})
 
 
 def test_summary_lines_break_between_words_before_the_output_edge() -> None:
@@ -354,3 +402,18 @@ def test_notebooks_show_figures_at_their_own_width() -> None:
     select_figure_formats(Shell, {"png"})  # what `%matplotlib inline` registers
     data, metadata = formatter.format(fig)
     assert "image/png" in data and metadata == {"image/png": {"unconfined": True}}
+
+
+def test_long_messages_break_between_words_and_keep_their_lines() -> None:
+    """Guards issue 35: our one-line messages (verdicts, doctor lines, reports) broken
+    mid-word by JupyterLab's output area; and a wrapper that joins lines or cuts a path."""
+    words = "the ranks hung (nothing finished within 15 s): rank 2 never reached a collective"
+    path = "/very/long/" + "x" * 120 + "/file.py"
+    text = f"{words} {words}\n  - item: {words} {words}\n{path}"
+    out = wrap_message(text)
+    assert out.split() == text.split()  # the same words, in order, none cut
+    assert all(len(line) <= COLUMNS for line in out.splitlines() if path not in line)
+    assert path in out.splitlines()
+    item = out.splitlines().index("  - item: " + out.split("  - item: ")[1].splitlines()[0])
+    assert out.splitlines()[item + 1].startswith("    ")  # the item's continuation indented
+    assert wrap_message("short\nlines") == "short\nlines"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ezpz_nb.wrapping import wrap_message
+
 __all__ = ["Check", "Report"]
 
 
@@ -66,4 +68,6 @@ class Report:
         return f"ezpz-nb doctor: READY: {len(self.checks)} checks passed{note} ({took})"
 
     def __str__(self) -> str:
-        return "\n".join([*(str(c) for c in self.checks), self.verdict])
+        # What a notebook prints (00): broken between words to fit its output column. The
+        # command line prints each check as it finishes, and the verdict as one line.
+        return wrap_message("\n".join([*(str(c) for c in self.checks), self.verdict]))

@@ -11,7 +11,7 @@ differs, and why (docs/ezpz_pitfalls.md lists ezpz's pitfalls):
   sample index, never seeded by rank: TP peers that load for themselves get
   the same tokens (ezpz's, as of commit 1229a17, ``src/ezpz/data/text.py``, are drawn eagerly
   from a generator seeded by ``(rank + 1) * 1234`` and silently break TP).
-* :func:`get_random_dataset_fsdp_tp` warns when ``tp_group`` comes without
+* :func:`get_random_dataset_fsdp_tp` warns (on rank 0, once for the job) when ``tp_group`` comes without
   ``dp_group`` (the sampler would shard over the whole world), pins memory only
   when CUDA is used, honours ``seed`` without torch.distributed too, and
   rejects inputs that would give zero batches.
@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from ezpz_nb._dist import uses_nccl
 from ezpz_nb.data.broadcast import BatchBroadcaster
 from ezpz_nb.errors import EzpzError
+from ezpz_nb.wrapping import wrap_message
 
 __all__ = [
     "DataLayoutWarning",
@@ -54,6 +55,16 @@ _MASK64 = (1 << 64) - 1
 
 class DataLayoutWarning(UserWarning):
     """A data-loading setup that runs but is probably not what was meant."""
+
+
+def _warn_layout(text: str) -> None:
+    """Warn of a layout mistake, pointing at the caller of the public function.
+
+    The text starts on a line of its own, broken between words: the first line
+    already holds the caller's file and line, and a notebook's output area breaks a
+    longer line mid-word.
+    """
+    warnings.warn("\n" + wrap_message(text), DataLayoutWarning, stacklevel=3)
 
 
 class TPLeaderError(EzpzError, RuntimeError):
@@ -408,21 +419,20 @@ def get_random_dataset_fsdp_tp(
     use_dist = _is_dist()
     sampler: DistributedSampler | None = None
     generator = None
+    # One warning for the job, on rank 0 (its log, its notebook line), not one per rank:
+    # every rank makes the same call, and 4 copies of it were a wall of red in notebook 08.
+    warn = use_dist and dist.get_rank() == 0
     if use_dist:
-        if tp_group is not None and dp_group is None:
-            warnings.warn(
+        if warn and tp_group is not None and dp_group is None:
+            _warn_layout(
                 "tp_group was given without dp_group: the sampler shards over the whole world "
                 f"({dist.get_world_size()} ranks), so TP peers get different samples. "
-                "Pass dp_group=layout.dp_group (ezpz_nb.data.groups.make_layout).",
-                DataLayoutWarning,
-                stacklevel=2,
+                "Pass dp_group=layout.dp_group (ezpz_nb.data.groups.make_layout)."
             )
-        if broadcast_within_tp and tp_group is None:
-            warnings.warn(
+        if warn and broadcast_within_tp and tp_group is None:
+            _warn_layout(
                 "broadcast_within_tp=True without tp_group: there is no TP group to broadcast "
-                "in, so every rank loads for itself. Pass tp_group=layout.tp_group.",
-                DataLayoutWarning,
-                stacklevel=2,
+                "in, so every rank loads for itself. Pass tp_group=layout.tp_group."
             )
         if tp_group is not None:
             _group_rank(tp_group, "tp_group")

@@ -4,25 +4,30 @@ What a failure *is* (its frames, where it came from) lives in :mod:`.failures`, 
 a hung rank was in :mod:`.stacks`; here is how they are told. Each error has two
 faces: ``str(err)``, complete and plain, for a script or a log; and, in IPython,
 ``_render_traceback_`` (IPython shows what it returns instead of the usual
-traceback), which leads with the learner's own line that launched, names cells as
-IPython does, says each rank once, and folds ranks that failed the same way.
+traceback), which leads with the learner's own line that raised, names cells as
+IPython does, says each rank once, folds ranks that failed the same way, and ends
+with the line that launched.
 """
 
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from types import TracebackType
 
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.launcher.failures import (
     RankFailure,
+    cell_line,
     fill_line,
     format_for_learner,
     frame_title,
     is_library,
+    is_ours,
 )
 from ezpz_nb.launcher.stacks import RankStack
 from ezpz_nb.launcher.wire import Frame, RankEvent
+from ezpz_nb.wrapping import wrap_message
 
 __all__ = [
     "EzpzError",
@@ -93,8 +98,11 @@ class RankError(EzpzError, RuntimeError):
         """Ranks that failed, in order."""
         return [r for r, f in self.failures.items() if f.kind != "stopped"]
 
-    def _summary(self) -> list[str]:
-        lines = [_headline(ranks, f) for ranks, f in fold(self.failures)] or ["a rank failed"]
+    def _summary(self, detail: Callable[[RankFailure], list[str]] = lambda f: []) -> list[str]:
+        """Each failure's headline (with ``detail``'s lines under it), who was stopped, the note."""
+        lines = [
+            line for ranks, f in fold(self.failures) for line in [_headline(ranks, f), *detail(f)]
+        ] or ["a rank failed"]
         stopped = [f.rank for f in self.failures.values() if f.kind == "stopped"]
         if stopped:
             were = "was" if len(stopped) == 1 else "were"
@@ -114,17 +122,49 @@ class RankError(EzpzError, RuntimeError):
         return "\n".join(lines)
 
     def _render_traceback_(self) -> list[str]:
-        """What IPython shows: the launching line, then each distinct rank traceback."""
-        out = [f"{type(self).__name__}: " + "\n".join(self._summary())]
-        out += _launched_from(self.__traceback__)
-        for ranks, f in fold(self.failures):
+        """What IPython shows: each failure with the learner's line that raised it, its
+        traceback, and last the cell line that launched.
+
+        Each rank is named once, in its failure's headline: a traceback is labelled with
+        its ranks only when there are several different failures to tell apart.
+        """
+        groups = fold(self.failures)
+        summary = self._summary(_failing_line)
+        out = wrap_message(f"{type(self).__name__}: " + "\n".join(summary)).split("\n")
+        for ranks, f in groups:
             text = format_for_learner(f).rstrip()
-            if text:
-                on = f"Traceback on {ranks_text(ranks)} (most recent call last):"
-                out += ["", text.replace("Traceback (most recent call last):", on)]
+            if text and not _only_the_line(f):
+                on = f"Traceback on {ranks_text(ranks)}" if len(groups) > 1 else "Traceback"
+                out += ["", text.replace("Traceback (most recent", f"{on} (most recent")]
                 if f.ours:
                     out.append(f.ours)
+        launched = _launched_from(self.__traceback__)
+        if launched:
+            out += ["", "Launched from:", *launched[1:]]
         return out
+
+
+def _failing_line(f: RankFailure) -> list[str]:
+    """The learner's line where ``f`` was raised, as IPython marks a line: title, arrow.
+
+    Indented under the failure's headline, which names the ranks.
+    """
+    own = f.user_frames()
+    if f.ours or not own:
+        return []
+    frame = own[-1]
+    src = fill_line(frame.filename, frame.lineno, frame.line)
+    cell = cell_line(frame.filename, frame.lineno)
+    n = cell[1] if cell is not None else frame.lineno
+    return [f"  at {frame_title(frame)}"] + ([f"  ----> {n} {src}"] if src else [])
+
+
+def _only_the_line(f: RankFailure) -> bool:
+    """True when ``f``'s traceback would repeat its failing line and nothing else."""
+    if f.ours or len(f.chain) != 1:
+        return False
+    shown = [fr for fr in f.chain[0].frames if not is_ours(fr.filename)]
+    return shown == f.user_frames()[-1:]
 
 
 def _launched_from(tb: TracebackType | None) -> list[str]:
@@ -189,7 +229,7 @@ class HangError(_ShownPlain, EzpzError, TimeoutError):
             "All ranks were stopped. Make every rank make the same collective calls "
             "in the same order (or raise `timeout=` if the work is just slow)."
         )
-        super().__init__("\n".join(lines))
+        super().__init__(wrap_message("\n".join(lines)))
 
 
 class RunInterrupted(_ShownPlain, EzpzError, KeyboardInterrupt):
@@ -211,4 +251,4 @@ class RunInterrupted(_ShownPlain, EzpzError, KeyboardInterrupt):
             "All ranks were stopped; the next run starts fresh ranks. A rank blocked in a "
             "collective is waiting for a call another rank never made."
         )
-        super().__init__("\n".join(lines))
+        super().__init__(wrap_message("\n".join(lines)))

@@ -12,6 +12,7 @@ cell code is only known to the kernel, not to ranks forked from a clean forkserv
 
 from __future__ import annotations
 
+import difflib
 import linecache
 import os
 import re
@@ -20,7 +21,8 @@ import sysconfig
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from types import TracebackType
+from typing import Any, Literal
 
 from ezpz_nb.launcher.kernel import ipython_cell_name
 from ezpz_nb.launcher.wire import Chain, Error, Frame, Link, Unpicklable
@@ -104,6 +106,7 @@ def encode(exc: BaseException, ours: bool = False) -> Error:
             if ours or os.path.realpath(f.filename) != _RANK_FILE
         )
         header = "".join(traceback.format_exception_only(type(cur), cur)).rstrip()
+        header = name_groups(header, cur.__traceback__) + did_you_mean(cur)
         if cur.__cause__ is not None:
             link, nxt = _CAUSE, cur.__cause__
         elif cur.__context__ is not None and not cur.__suppress_context__:
@@ -113,6 +116,56 @@ def encode(exc: BaseException, ours: bool = False) -> Error:
         links.append(Link(frames, header, link))
         cur = nxt
     return Error(tuple(reversed(links)), OUR_FAULT if ours else "")
+
+
+def did_you_mean(exc: BaseException) -> str:
+    """``. Did you mean: 'rank'?`` for a NameError, as Python's own traceback ends it.
+
+    Python adds it when it prints a traceback (3.11 in the interpreter's printer, 3.12 and
+    later in ``TracebackException`` given the traceback); ``format_exception_only``, which
+    has no traceback, never does, so a header sent as text would lose it. Names are looked
+    up in the failing frame, as Python does; difflib's ratio stands in for its edit distance.
+    """
+    name, tb = getattr(exc, "name", None), exc.__traceback__
+    if not isinstance(exc, NameError) or not name or tb is None or "Did you mean" in str(exc):
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    frame = tb.tb_frame
+    names = {*frame.f_locals, *frame.f_globals, *frame.f_builtins}
+    match = difflib.get_close_matches(name, names, n=1)
+    return f". Did you mean: '{match[0]}'?" if match else ""
+
+
+#: torch words a group in its errors by the object's default repr ("Global rank 0 is not
+#: part of group <torch._C._distributed_c10d.ProcessGroup object at 0x7f...>").
+_GROUP_REPR = re.compile(r"<torch\.[\w.]*ProcessGroup object at (0x[0-9a-f]+)>")
+
+
+def name_groups(text: str, tb: TracebackType | None) -> str:
+    """``text`` with process groups named by their global ranks, ``ProcessGroup(ranks=[2, 3])``.
+
+    The groups are found by address among the failing frames' variables (runs on the
+    rank, while they are alive); one not found reads ``ProcessGroup(ranks unknown)``.
+    """
+    if "ProcessGroup object at" not in text:
+        return text
+    groups: dict[str, Any] = {}
+    for frame, _ in traceback.walk_tb(tb):
+        for value in frame.f_locals.values():
+            if type(value).__name__ == "ProcessGroup":
+                groups[hex(id(value))] = value
+
+    def named(match: re.Match[str]) -> str:
+        group = groups.get(match.group(1))
+        try:
+            import torch.distributed as dist
+
+            return f"ProcessGroup(ranks={dist.get_process_group_ranks(group)})"
+        except Exception:  # noqa: BLE001 - not found, or already destroyed: say less
+            return "ProcessGroup(ranks unknown)"
+
+    return _GROUP_REPR.sub(named, text)
 
 
 # ---------------------------------------------------------------- in the notebook

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ezpz_nb.ledger.records import StepRecord
+from ezpz_nb.wrapping import wrap_message
 
 __all__ = [
     "LAST_SHARE",
@@ -151,7 +152,8 @@ class Diagnosis:
     text: str
 
     def __str__(self) -> str:
-        return self.text
+        # Printed in notebooks: broken between words to fit the output column.
+        return wrap_message(self.text)
 
 
 def _pct(x: float) -> str:

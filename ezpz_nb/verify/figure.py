@@ -90,4 +90,7 @@ def mesh_figure(report: Judged) -> Any:
         handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7, frameon=False
     )
     fig.tight_layout()
+    # Out of pyplot's list: the notebook shows the returned figure, and the inline backend
+    # would show a figure pyplot still holds a second time when the cell ends.
+    plt.close(fig)
     return fig

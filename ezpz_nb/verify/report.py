@@ -8,6 +8,7 @@ from typing import Any
 
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.verify.verdict import RULES, Judgement, Verdict
+from ezpz_nb.wrapping import wrap_message
 
 __all__ = ["RULES", "ContractViolation", "Finding", "Report", "VerifyError"]
 
@@ -215,7 +216,7 @@ class Report:
                 lines.append(f"    why expected: {f.expected}")
             if f.hint:
                 lines.append(f"    likely cause: {f.hint}")
-        return "\n".join(lines)
+        return wrap_message("\n".join(lines))  # between words, to fit a notebook's output
 
     def __str__(self) -> str:
         return self.table()

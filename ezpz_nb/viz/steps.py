@@ -16,7 +16,16 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ezpz_nb.ledger import Ledger
-from ezpz_nb.viz.figure import BLUE, GREEN, GREY, ORANGE, VERMILLION, empty_figure, new_figure
+from ezpz_nb.viz.figure import (
+    BLUE,
+    FONT,
+    GREEN,
+    GREY,
+    ORANGE,
+    VERMILLION,
+    empty_figure,
+    new_figure,
+)
 
 __all__ = ["PARTS", "step_timeline"]
 
@@ -97,7 +106,13 @@ def step_timeline(ledger: Ledger, epoch: int | None = None) -> Figure:
         else "no straggler: the ranks take about as long before the collective"
     )
     ax.set_title(title)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(PARTS) - 1, fontsize=8)
+    # Below the axes, outside them: constrained layout makes room under the x label (a legend
+    # anchored to the axes at y=-0.25 sat on the label at 2 and 3 ranks).
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(
+        handles, labels, loc="outside lower center", ncols=len(PARTS) - 1, fontsize=FONT,
+        frameon=False,
+    )  # fmt: skip
     data: dict[str, Any] = {
         "ranks": ranks,
         "parts": names,

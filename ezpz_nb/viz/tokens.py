@@ -175,7 +175,12 @@ def packed_rows(doc_ids: np.ndarray | Sequence[Sequence[int]], title: str = "") 
     ax.legend(
         handles=[
             Patch(color=MISSING, label="padding"),
-            Patch(color=GREY, label="a colour: a document"),
+            # 8 colours cycle over dozens of documents: a colour names no document, a
+            # change of colour is where the next one starts.
+            Patch(
+                color=GREY,
+                label=f"colour change:\nnext document\n({len(_COLOURS)} colours, reused)",
+            ),
         ],
         fontsize=FONT,
         frameon=False,

@@ -13,12 +13,12 @@ from ezpz_nb.workshop import batch_jobs
 from ezpz_nb.workshop.verdicts import (
     CHECK_TIMEOUT,
     CheckResult,
-    _each_returned,
-    _fresh_seed,
-    _ranks,
-    _Verdict,
-    _verdict,
-    _wrong,
+    Verdict,
+    each_returned,
+    fresh_seed,
+    judge,
+    run_on_ranks,
+    wrong,
 )
 
 __all__ = ["check_leader_batches", "check_send_batch", "check_steps_over_stream"]
@@ -37,10 +37,10 @@ def check_send_batch(
     second call sends a batch with other keys, shapes and dtypes, and token ids
     above ``2**24``, which a trip through float32 would change.
     """
-    seed = _fresh_seed()
+    seed = fresh_seed()
 
     def body() -> str:
-        got = _ranks(batch_jobs.job_send, fn, seed, timeout=timeout)
+        got = run_on_ranks(batch_jobs.job_send, fn, seed, timeout=timeout)
         for k in range(2):
             again = " on the second call (other keys and shapes)" if k else ""
             for r, (tp_rank, rounds) in enumerate(got):
@@ -52,11 +52,11 @@ def check_send_batch(
                         if tp_rank
                         else ""
                     )
-                    raise _wrong(
+                    raise wrong(
                         f"rank {r} returned {out}{again}, expected the batch as a dict.{hint}"
                     )
                 if sorted(out) != sorted(spec):
-                    raise _wrong(
+                    raise wrong(
                         f"rank {r} returned the keys {sorted(out)}{again}, its "
                         f"leader (rank {leader}) sent {sorted(spec)}."
                     )
@@ -64,7 +64,7 @@ def check_send_batch(
                 for key, (shape, dtype, digest) in sorted(spec.items()):
                     o_shape, o_dtype, o_digest = out[key]
                     if (o_shape, o_dtype) != (shape, dtype):
-                        raise _wrong(
+                        raise wrong(
                             f"rank {r} returned {key!r} with shape {o_shape} and dtype "
                             f"{o_dtype}{again}; its leader (rank {leader}) sent shape "
                             f"{shape}, dtype {dtype}. The peers know nothing in advance: "
@@ -72,7 +72,7 @@ def check_send_batch(
                         )
                     if o_digest != digest:
                         whose = "it sent" if r == leader else f"its leader (rank {leader}) sent"
-                        raise _wrong(
+                        raise wrong(
                             f"rank {r} returned {key!r} with the right shape and dtype "
                             f"but other bytes than {whose}{again}. "
                             "Look at which rank sends, inside which group, and whether "
@@ -84,7 +84,7 @@ def check_send_batch(
             "the same shapes and dtypes, for two different batches."
         )
 
-    return _verdict("send_batch", body)
+    return judge("send_batch", body)
 
 
 # ----------------------------------------------------------------- 6. leader-announced loop
@@ -103,31 +103,31 @@ def _loop_round(got: list[Any], actual: int, setting: str) -> None:
         sent = got[leader][1]
         bad = [b for b in mine if isinstance(b, str)]
         if bad:
-            raise _wrong(
+            raise wrong(
                 f"rank {r} yielded {bad[0]}{setting}: yield the batches (dicts) themselves."
             )
         if tp_rank == 0:
             if [ids for ids, _ in mine] != want:
-                raise _wrong(
+                raise wrong(
                     f"the leader, rank {r}, yielded {len(mine)} batches, but its "
                     f"loader has {len(want)}{setting}: iterate the loader itself "
                     "to its end: len() is only an estimate."
                 )
             if loads != actual:
-                raise _wrong(
+                raise wrong(
                     f"rank {r}'s stream was read {loads} times for {actual} "
                     f"items{setting}: the leader reads each item once."
                 )
         else:
             if loads:
-                raise _wrong(
+                raise wrong(
                     f"rank {r} (a TP peer) read its stream {loads} times, itself or "
                     f"through its DataLoader workers{setting}: only the leader loads; "
                     "peers must not iterate the loader, only receive."
                 )
             if mine != sent:
                 n_same = sum(1 for a, b in zip(mine, sent, strict=False) if a == b)
-                raise _wrong(
+                raise wrong(
                     f"rank {r} (a TP peer) yielded {len(mine)} batches, {n_same} of "
                     f"them its leader's; the leader (rank {leader}) yielded "
                     f"{len(sent)}{setting}: peers must yield exactly the leader's "
@@ -150,20 +150,20 @@ def check_leader_batches(
     sample once; its peers read nothing and yield exactly the leader's
     batches, byte for byte; no rank waits for a batch that never comes.
     """
-    rounds = batch_jobs.leader_loop_rounds(_fresh_seed())
+    rounds = batch_jobs.leader_loop_rounds(fresh_seed())
 
     def body() -> str:
         for k, (actual, claimed, workers) in enumerate(rounds):
             setting = _round_setting(k, actual, claimed, workers)
             try:  # one launch per round, so that a hang says which lie caused it
-                got = _ranks(
+                got = run_on_ranks(
                     batch_jobs.job_leader_loop, fn, actual, claimed, workers, timeout=timeout
                 )
-            except _Verdict as v:
+            except Verdict as v:
                 if v.status != "wrong":
                     raise
-                raise _wrong(f"In {setting}: {v.message}") from None
-            _each_returned(got, "an iterable of batches")
+                raise wrong(f"In {setting}: {v.message}") from None
+            each_returned(got, "an iterable of batches")
             _loop_round(got, actual, setting)
         return (
             "In both rounds only the leaders (ranks 0 and 2) read their streams, once "
@@ -171,7 +171,7 @@ def check_leader_batches(
             "whether len() claimed more batches or fewer."
         )
 
-    return _verdict("leader_batches", body)
+    return judge("leader_batches", body)
 
 
 # ----------------------------------------------------------------- 7. step count over a stream
@@ -187,30 +187,30 @@ def check_steps_over_stream(
     return that number, pulling at most one batch more than it steps: the
     streams hold hundreds of batches, so reading ahead to a cap does not pass.
     """
-    seed = _fresh_seed()
+    seed = fresh_seed()
 
     def body() -> str:
         counts = batch_jobs.stream_counts(seed, 4)
-        got = _ranks(batch_jobs.job_stream, fn, counts, timeout=timeout)
-        _each_returned(got, "the number of steps taken")
+        got = run_on_ranks(batch_jobs.job_stream, fn, counts, timeout=timeout)
+        each_returned(got, "the number of steps taken")
         want = min(c for c in counts if c is not None)
         plan = ", ".join(f"rank {r} {'endless' if c is None else c}" for r, c in enumerate(counts))
         for r, (out, calls, pulled) in enumerate(got):
             if calls != want:
-                raise _wrong(
+                raise wrong(
                     f"rank {r} called train_step {calls} times; with batches per rank "
                     f"{plan}, every rank can take {want} steps and no more: stop when "
                     "the first rank runs out, and not before."
                 )
             if pulled > calls + 1:
-                raise _wrong(
+                raise wrong(
                     f"rank {r} pulled {pulled} batches from its stream but took {calls} "
                     "steps: a rank may read at most one batch beyond its steps (the one "
                     "that tells whether a step follows). A stream can be endless or "
                     "huge; look at how far ahead your code reads before the ranks agree."
                 )
             if out != calls:
-                raise _wrong(
+                raise wrong(
                     f"rank {r} returned {out!r} but took {calls} steps: return the "
                     "number of steps taken, as an int."
                 )
@@ -219,4 +219,4 @@ def check_steps_over_stream(
             f"ran out ({plan}), reading at most one batch ahead."
         )
 
-    return _verdict("steps_over_stream", body)
+    return judge("steps_over_stream", body)

@@ -51,12 +51,12 @@ from ezpz_nb.workshop.batch_exercises import (
 from ezpz_nb.workshop.verdicts import (
     CHECK_TIMEOUT,
     CheckResult,
-    _each_returned,
-    _fmt,
-    _fresh_seed,
-    _ranks,
-    _verdict,
-    _wrong,
+    as_text,
+    each_returned,
+    fresh_seed,
+    judge,
+    run_on_ranks,
+    wrong,
 )
 
 __all__ = [
@@ -82,10 +82,10 @@ def check_global_sum(
     Then every rank calls ``fn`` again with values drawn for this check, so an
     answer that does not depend on the ranks' data fails.
     """
-    seed = _fresh_seed()
+    seed = fresh_seed()
 
     def body() -> str:
-        got = _ranks(jobs.job_global_sum, fn, seed, timeout=timeout)
+        got = run_on_ranks(jobs.job_global_sum, fn, seed, timeout=timeout)
         world = len(got)
         for k, s in enumerate((None, seed)):
             again = " (second call, other inputs)" if k else ""
@@ -94,29 +94,29 @@ def check_global_sum(
             for r, outs in enumerate(got):
                 out = outs[k]
                 if not isinstance(out, torch.Tensor):
-                    raise _wrong(
+                    raise wrong(
                         f"rank {r} returned {type(out).__name__} {out!r}{again}; return a tensor."
                     )
                 if out.shape == want.shape and torch.equal(out, inputs[r]):
-                    raise _wrong(
-                        f"rank {r} returned its own input {_fmt(out)} instead of the "
-                        f"sum over all {world} ranks {_fmt(want)}: nothing was exchanged "
+                    raise wrong(
+                        f"rank {r} returned its own input {as_text(out)} instead of the "
+                        f"sum over all {world} ranks {as_text(want)}: nothing was exchanged "
                         "between the ranks. Look for the collective of notebook 01 that "
                         "combines every rank's tensor."
                     )
                 if out.shape != want.shape or not torch.allclose(out.float(), want):
-                    raise _wrong(
-                        f"rank {r} returned {_fmt(out)}{again}, expected the sum over "
-                        f"all ranks {_fmt(want)} (inputs were "
-                        f"{[_fmt(i) for i in inputs]}): compute it from x."
+                    raise wrong(
+                        f"rank {r} returned {as_text(out)}{again}, expected the sum over "
+                        f"all ranks {as_text(want)} (inputs were "
+                        f"{[as_text(i) for i in inputs]}): compute it from x."
                     )
-        first = _fmt(torch.stack(jobs.sum_inputs(world, None)).sum(0))
+        first = as_text(torch.stack(jobs.sum_inputs(world, None)).sum(0))
         return (
             f"All {world} ranks returned {first}, the sum of every rank's input, and the "
             "right sum again for other inputs."
         )
 
-    return _verdict("global_sum", body)
+    return judge("global_sum", body)
 
 
 # ----------------------------------------------------------------- 2. group broadcast
@@ -137,10 +137,10 @@ def check_share_from_leader(
     check and layout. Every rank must return its group's rank 0's values: only
     asking the group tells which rank that is, and only a collective what it holds.
     """
-    seed = _fresh_seed()
+    seed = fresh_seed()
 
     def body() -> str:
-        got = _ranks(jobs.job_share, fn, seed, timeout=timeout)
+        got = run_on_ranks(jobs.job_share, fn, seed, timeout=timeout)
         world = len(got)
         for k, (groups, sort_ranks) in enumerate(jobs.SHARE_LAYOUTS):
             inputs = jobs.share_inputs(world, seed + k)
@@ -150,7 +150,7 @@ def check_share_from_leader(
                 leader = jobs.share_leader(groups, sort_ranks, r)
                 want = inputs[leader]
                 if not isinstance(out, torch.Tensor):
-                    raise _wrong(
+                    raise wrong(
                         f"rank {r} returned {type(out).__name__} {out!r}{where}; return a tensor."
                     )
                 if out.shape == want.shape and torch.equal(out.float(), want):
@@ -161,22 +161,22 @@ def check_share_from_leader(
                     if out.shape == want.shape and torch.equal(out.float(), inputs[q])
                 ]
                 if r != leader and held == [r]:
-                    raise _wrong(
-                        f"rank {r} still holds its own values {_fmt(out)}{where}: it "
+                    raise wrong(
+                        f"rank {r} still holds its own values {as_text(out)}{where}: it "
                         f"received nothing from its leader, global rank {leader}, the "
                         "rank its group numbers 0."
                     )
                 if held:
-                    raise _wrong(
+                    raise wrong(
                         f"rank {r} holds rank {held[0]}'s values{where}, but its group's "
                         f"rank 0 is global rank {leader}. The leader is whichever rank "
                         "the group numbers 0, not a rank you compute from rank numbers "
                         "(the smallest member, r - r % 2): ask the group, and broadcast "
                         "inside it."
                     )
-                raise _wrong(
-                    f"rank {r} holds {_fmt(out)}{where}, expected its group leader's "
-                    f"values {_fmt(want)} (global rank {leader}'s, drawn for this "
+                raise wrong(
+                    f"rank {r} holds {as_text(out)}{where}, expected its group leader's "
+                    f"values {as_text(want)} (global rank {leader}'s, drawn for this "
                     "check): only a collective inside the group can bring them."
                 )
         return (
@@ -185,7 +185,7 @@ def check_share_from_leader(
             "leader's values."
         )
 
-    return _verdict("share_from_leader", body)
+    return judge("share_from_leader", body)
 
 
 # ----------------------------------------------------------------- 3. DP sampler
@@ -210,35 +210,35 @@ def _check_shards(shards: list[list[int]], n: int, at: str) -> None:
     for d, ids in enumerate(shards):
         twice = sorted({i for i in ids if ids.count(i) > 1})
         if twice:
-            raise _wrong(
+            raise wrong(
                 f"DP replica {d} got samples {twice[:8]} more than once{at}: no sample "
                 "may be seen twice in an epoch. " + _overlap_hint(twice, dp_size)
             )
     for d, ids in enumerate(shards[1:], start=1):
         both = sorted(set(shards[0]) & set(ids))
         if both:
-            raise _wrong(
+            raise wrong(
                 f"DP replicas 0 and {d} both got samples {both[:8]}{at}: no sample may "
                 "go to two replicas; " + _overlap_hint(both, dp_size)
             )
     lengths = [len(ids) for ids in shards]
     want = n // dp_size
     if len(set(lengths)) > 1:
-        raise _wrong(
+        raise wrong(
             f"the DP replicas got {lengths} samples{at}: unequal shards give unequal "
             "step counts, and the replica with more steps waits forever in its "
             f"next collective (notebook 02). Give each replica {want} and drop the "
             f"{n - want * dp_size} left over (drop_last=True)."
         )
     if lengths[0] != want:
-        raise _wrong(
+        raise wrong(
             f"each DP replica got {lengths[0]} samples{at}; {n} samples over {dp_size} "
             f"replicas give {want} each: drop only the {n - want * dp_size} that "
             "do not divide."
         )
     for d, ids in enumerate(shards):
         if ids == sorted(ids):
-            raise _wrong(
+            raise wrong(
                 f"DP replica {d} gets its samples in ascending order {ids[:6]}...{at}: "
                 "shuffle, or training sees the data in one fixed order."
             )
@@ -248,25 +248,25 @@ def _check_shuffle(shards: list[list[list[int]]]) -> None:
     """Raise unless the order is the seed's and the epoch's: ``shards[pass][replica]``."""
     passes = [_sampler_pass(k) for k in range(len(shards))]
     if shards[0] == shards[1]:
-        raise _wrong(
+        raise wrong(
             f"the order was the same for set_epoch(0) and set_epoch(1) "
             f"({shards[0][0][:6]}... on replica 0): a shuffle gives each epoch its own "
             "order. Look at what your sampler does with the epoch it is given."
         )
     if shards[1] != shards[2]:
-        raise _wrong(
+        raise wrong(
             f"reading the sampler twice after the same set_epoch(1) gave two orders "
             f"({shards[1][0][:6]}... then {shards[2][0][:6]}...): the order must follow "
             "the epoch set, not how often the sampler was read (a job resumed at that "
             "epoch must see it again)."
         )
     if shards[3] == shards[0]:
-        raise _wrong(
+        raise wrong(
             f"two different seeds gave the same order ({passes[0]} and {passes[3]}): "
             "a shuffle's order depends on its seed. Look at where your order comes from."
         )
     if shards[4] != shards[0]:
-        raise _wrong(
+        raise wrong(
             f"the same seed and epoch gave another order on a fresh sampler ({passes[0]}: "
             f"{shards[0][0][:6]}..., then {shards[4][0][:6]}...): the order must follow "
             "from the seed and the epoch alone, so that every rank, and a rerun, draws "
@@ -288,17 +288,17 @@ def check_make_sampler(
     same for the same seed and epoch (on a fresh sampler too, and read twice),
     and changes with the seed. Any object with ``set_epoch`` and ``__iter__`` passes.
     """
-    check_seed = _fresh_seed()
+    check_seed = fresh_seed()
     n = jobs.sampler_samples(check_seed)
     seed_a, seed_b = random.Random(check_seed).sample(range(1, 2**20), 2)
 
     def body() -> str:
-        got = _ranks(jobs.job_sampler, fn, n, (seed_a, seed_b, seed_a), timeout=timeout)
-        _each_returned(got, "a sampler")
+        got = run_on_ranks(jobs.job_sampler, fn, n, (seed_a, seed_b, seed_a), timeout=timeout)
+        each_returned(got, "a sampler")
         for r, (_dp, _tp, passes) in enumerate(got):
             bad = [p for p in passes if isinstance(p, str)]
             if bad:
-                raise _wrong(
+                raise wrong(
                     f"rank {r} returned {bad[0]}: the checker calls sampler.set_epoch(epoch) "
                     "before each epoch, as a training loop does; return a sampler that has it."
                 )
@@ -307,7 +307,7 @@ def check_make_sampler(
             first, peer = by_dp.setdefault(dp, (r, passes))
             for k, (a, b) in enumerate(zip(peer, passes, strict=True)):
                 if a != b:
-                    raise _wrong(
+                    raise wrong(
                         f"TP peers disagree ({_sampler_pass(k)}): rank {first} got "
                         f"{a[:6]}... and rank {r} got {b[:6]}... TP peers must see the "
                         "same samples in the same order: shard over the DP group only, "
@@ -326,7 +326,7 @@ def check_make_sampler(
             "the same seed and epoch."
         )
 
-    return _verdict("make_sampler", body)
+    return judge("make_sampler", body)
 
 
 # ----------------------------------------------------------------- 4. set_epoch
@@ -342,34 +342,34 @@ def check_run_epochs(
     two DP replicas split the 16 samples between them in every epoch. Any
     epoch numbering passes (``set_epoch(epoch + 1)`` as well as ``set_epoch(epoch)``).
     """
-    epochs, seed = 3, _fresh_seed()
+    epochs, seed = 3, fresh_seed()
 
     def body() -> str:
-        got = _ranks(jobs.job_epochs, fn, epochs, seed, timeout=timeout)
-        _each_returned(got, "one list of sample ids per epoch")
+        got = run_on_ranks(jobs.job_epochs, fn, epochs, seed, timeout=timeout)
+        each_returned(got, "one list of sample ids per epoch")
         for r, (_dp, _tp, out, passes) in enumerate(got):
             if isinstance(out, str):
-                raise _wrong(
+                raise wrong(
                     f"rank {r} returned {out}: return a list with one list of sample "
                     "ids (ints, from batch['index']) per epoch."
                 )
             if len(passes) != epochs:
-                raise _wrong(
+                raise wrong(
                     f"rank {r} iterated its loader {len(passes)} time(s) for "
                     f"{epochs} epochs: once per epoch."
                 )
             if len(out) != epochs:
-                raise _wrong(f"rank {r} returned {len(out)} epoch(s), expected {epochs}.")
+                raise wrong(f"rank {r} returned {len(out)} epoch(s), expected {epochs}.")
             for e, (o, p) in enumerate(zip(out, passes, strict=True)):
                 if o != p:
-                    raise _wrong(
+                    raise wrong(
                         f"rank {r}, epoch {e}: returned {o}, but its loader yielded "
                         f"{p}: return the ids the loader gave, in order."
                     )
             for e in range(1, epochs):
                 for earlier in range(e):
                     if out[e] == out[earlier]:
-                        raise _wrong(
+                        raise wrong(
                             f"rank {r} saw the same order in epoch {earlier} and epoch "
                             f"{e} ({out[e]}): the sampler reshuffles only when told a "
                             "new epoch. Look at what your loop tells loader.sampler "
@@ -378,14 +378,14 @@ def check_run_epochs(
         by_place = {(dp, tp): out for dp, tp, out, _ in got}
         for (dp, tp), out in by_place.items():
             if tp and out != by_place[(dp, 0)]:
-                raise _wrong(
+                raise wrong(
                     f"the TP peers of DP replica {dp} saw different orders: call "
                     "set_epoch with the same number on every rank."
                 )
         for e in range(epochs):
             a, b = by_place[(0, 0)][e], by_place[(1, 0)][e]
             if set(a) & set(b) or len(set(a) | set(b)) != 16:
-                raise _wrong(
+                raise wrong(
                     f"in epoch {e} the DP replicas got {sorted(a)} and {sorted(b)}, "
                     "which do not split the 16 samples between them: every rank must "
                     "set the same epoch."
@@ -395,4 +395,4 @@ def check_run_epochs(
             "splitting the data between them."
         )
 
-    return _verdict("run_epochs", body)
+    return judge("run_epochs", body)

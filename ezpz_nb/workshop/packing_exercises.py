@@ -28,11 +28,11 @@ from ezpz_nb.workshop import packing_jobs as jobs
 from ezpz_nb.workshop.verdicts import (
     CHECK_TIMEOUT,
     CheckResult,
-    _each_returned,
-    _fresh_seed,
-    _ranks,
-    _verdict,
-    _wrong,
+    each_returned,
+    fresh_seed,
+    judge,
+    run_on_ranks,
+    wrong,
 )
 
 __all__ = ["check_budget_plan", "check_pack"]
@@ -52,14 +52,14 @@ def _check_row(
         a, b = toks[i - 1], toks[i]
         same = a[0] >= 0 and a[0] == b[0]
         if same and b[1] != a[1] + 1:
-            raise _wrong(f"{where}: document {b[0]}'s tokens are not in order at position {i}.")
+            raise wrong(f"{where}: document {b[0]}'s tokens are not in order at position {i}.")
         seg[i] = seg[i - 1] + (0 if a[0] == b[0] else 1)  # a run of padding: one segment too
     for i, t in enumerate(toks):
         if t[0] < 0:
             continue
         first = next(j for j in range(i + 1) if seg[j] == seg[i])
         if pos[i] - pos[first] != i - first or pos[first] not in (0, toks[first][1]):
-            raise _wrong(
+            raise wrong(
                 f"{where}: token {i} (document {t[0]}) has position id {pos[i]}; position "
                 "ids count 0, 1, 2... from where each document starts in the row."
             )
@@ -74,12 +74,12 @@ def _check_row(
                     if j > i
                     else f"document {toks[j][0]}"
                 )
-                raise _wrong(
+                raise wrong(
                     f"{where}: token {i} (document {t[0]}) may attend to token {j}, {what}. "
                     "Each token may see only the earlier tokens of its own document."
                 )
             if want and not allowed:
-                raise _wrong(
+                raise wrong(
                     f"{where}: token {i} (document {t[0]}) may not attend to token {j}, an "
                     "earlier token of its own document: the mask hides too much."
                 )
@@ -94,12 +94,12 @@ def check_pack(
     24 documents of fresh random lengths (some three rows long) are dealt over 4
     ranks; each rank packs its own 3 at a time with ``fn``.
     """
-    seed = _fresh_seed()
+    seed = fresh_seed()
 
     def body() -> str:
         docs = jobs.pack_docs(seed, DOCS, ROW_LEN)
-        got = _ranks(jobs.job_pack, fn, docs, ROW_LEN, PER_CALL, timeout=timeout)
-        _each_returned(got, "the packed rows of every call")
+        got = run_on_ranks(jobs.job_pack, fn, docs, ROW_LEN, PER_CALL, timeout=timeout)
+        each_returned(got, "the packed rows of every call")
         seen: Counter[tuple[int, int]] = Counter()
         rows = 0
         for rank, calls in enumerate(got):
@@ -107,14 +107,14 @@ def check_pack(
                 ids, pos, mask = out["input_ids"], out["position_ids"], out["mask"]
                 shape = (len(ids), len(ids[0]) if ids else 0)
                 if not ids or shape[1] != ROW_LEN or len(pos) != shape[0] or len(mask) != shape[0]:
-                    raise _wrong(
+                    raise wrong(
                         f"rank {rank}, call {c}: input_ids has shape {shape}, position_ids "
                         f"{len(pos)} rows, mask {len(mask)}: return rows x {ROW_LEN} tensors "
                         f"and a rows x {ROW_LEN} x {ROW_LEN} mask."
                     )
                 pad = sum(t == jobs.PAD for row in ids for t in row)
                 if pad >= ROW_LEN:
-                    raise _wrong(
+                    raise wrong(
                         f"rank {rank}, call {c}: {pad} padding tokens in {shape[0]} rows. Pack: "
                         "fill each row before starting the next (split a document that does "
                         "not fit), so only the last row of a call is short."
@@ -126,10 +126,10 @@ def check_pack(
         twice = [k for k, n in seen.items() if n > 1]
         never = sorted(set(want) - set(seen))
         if twice:
-            raise _wrong(f"token {twice[0][1]} of document {twice[0][0]} is in two rows.")
+            raise wrong(f"token {twice[0][1]} of document {twice[0][0]} is in two rows.")
         if never:
             d, t = never[0]
-            raise _wrong(
+            raise wrong(
                 f"{len(never)} tokens never made it into a row, e.g. token {t} of document "
                 f"{d} ({len(docs[d])} tokens long): keep every token, splitting documents "
                 "longer than a row."
@@ -139,7 +139,7 @@ def check_pack(
             f"of {ROW_LEN}: every token once, no attention across documents or to padding."
         )
 
-    return _verdict("pack", body)
+    return judge("pack", body)
 
 
 def check_budget_plan(
@@ -150,47 +150,47 @@ def check_budget_plan(
     200 documents of fresh random lengths (2 to 64 tokens), a budget of 256 padded
     tokens, 4 DP ranks; each step of the plan ends in an all-reduce over all ranks.
     """
-    seed = _fresh_seed()
+    seed = fresh_seed()
 
     def body() -> str:
         lengths = jobs.budget_lengths(seed, PLAN_DOCS, LONGEST, BUDGET, 4)
-        got = _ranks(jobs.job_budget_plan, fn, lengths, BUDGET, timeout=timeout)
-        _each_returned(got, "this replica's list of batches")
+        got = run_on_ranks(jobs.job_budget_plan, fn, lengths, BUDGET, timeout=timeout)
+        each_returned(got, "this replica's list of batches")
         counts = [len(plan) for plan, _ in got]
         if len(set(counts)) > 1:
-            raise _wrong(
+            raise wrong(
                 f"the replicas planned {counts} batches: after {min(counts)} steps the "
                 "longer ones would wait in the next all-reduce. Plan over all documents "
                 "and deal whole batches, or agree on the count."
             )
         if any(steps != counts[0] for _, steps in got):
-            raise _wrong("the ranks did not take one step per planned batch.")
+            raise wrong("the ranks did not take one step per planned batch.")
         ids = Counter(i for plan, _ in got for batch in plan for i in batch)
         for rank, (plan, _) in enumerate(got):
             for s, batch in enumerate(plan):
                 if not batch:
-                    raise _wrong(f"rank {rank}, step {s}: an empty batch trains on nothing.")
+                    raise wrong(f"rank {rank}, step {s}: an empty batch trains on nothing.")
                 bad = [i for i in batch if not 0 <= i < len(lengths)]
                 if bad:
-                    raise _wrong(f"rank {rank}, step {s}: {bad[0]} is not a document id.")
+                    raise wrong(f"rank {rank}, step {s}: {bad[0]} is not a document id.")
                 cost = len(batch) * max(lengths[i] for i in batch)
                 if cost > BUDGET:
-                    raise _wrong(
+                    raise wrong(
                         f"rank {rank}, step {s}: {len(batch)} documents padded to the longest, "
                         f"{max(lengths[i] for i in batch)}, make {cost} tokens > budget {BUDGET}."
                     )
         twice = [i for i, n in ids.items() if n > 1]
         if twice:
-            raise _wrong(f"document {twice[0]} is planned {ids[twice[0]]} times in one epoch.")
+            raise wrong(f"document {twice[0]} is planned {ids[twice[0]]} times in one epoch.")
         planned = sum(lengths[i] for i in ids)
         if planned < 0.85 * sum(lengths):
-            raise _wrong(
+            raise wrong(
                 f"only {planned} of {sum(lengths)} tokens are planned this epoch: drop at most "
                 "a few batches to make the counts equal, not a large share of the data."
             )
         fill = planned / (BUDGET * sum(counts))
         if fill < 0.35:
-            raise _wrong(
+            raise wrong(
                 f"the batches use {fill:.0%} of the budget on average: put as many documents "
                 "in a batch as the budget allows (sorting by length keeps padding low)."
             )
@@ -199,4 +199,4 @@ def check_budget_plan(
             f"planned, each document at most once; batches fill {fill:.0%} of the budget."
         )
 
-    return _verdict("budget_plan", body)
+    return judge("budget_plan", body)

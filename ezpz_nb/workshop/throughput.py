@@ -35,10 +35,10 @@ from ezpz_nb.ledger import Ledger, StepTiming, batch_digest, record
 from ezpz_nb.workshop.verdicts import (
     CHECK_TIMEOUT,
     CheckResult,
-    _fresh_seed,
-    _ranks,
-    _verdict,
-    _wrong,
+    fresh_seed,
+    judge,
+    run_on_ranks,
+    wrong,
 )
 
 __all__ = ["EXERCISE", "HEAVY_RANK", "check_faster_loader", "dataset", "slow_loader"]
@@ -121,13 +121,15 @@ def check_faster_loader(
     """
 
     def body() -> str:
-        got = _ranks(job_faster_loader, fn, _fresh_seed(), world_size=WORLD_SIZE, timeout=timeout)
+        got = run_on_ranks(
+            job_faster_loader, fn, fresh_seed(), world_size=WORLD_SIZE, timeout=timeout
+        )
         for rank, out in enumerate(got):
             if out is None:
-                raise _wrong(f"rank {rank} got None from your function: return a DataLoader.")
+                raise wrong(f"rank {rank} got None from your function: return a DataLoader.")
             if out["yours"]["changed"]:
                 epoch, step = out["yours"]["changed"][0]
-                raise _wrong(
+                raise wrong(
                     f"rank {rank}'s batch at epoch {epoch} step {step} differs from the dataset's "
                     "samples: change how they are loaded, not what they are."
                 )
@@ -135,14 +137,14 @@ def check_faster_loader(
         slow = Ledger.from_results([o["slow"]["ledger"] for o in got], num_samples=NUM_SAMPLES)
         problems = yours.check()
         if problems:
-            raise _wrong(f"every sample once per epoch, on one rank: {problems[0].message}")
+            raise wrong(f"every sample once per epoch, on one rank: {problems[0].message}")
         heavy_slow, heavy_yours = got[HEAVY_RANK]["slow"], got[HEAVY_RANK]["yours"]
         last = EPOCHS - 1
         slow_t = [t for t in slow.timings(last) if t.rank == HEAVY_RANK]
         epoch_data = sum(t.loader_s for t in slow_t)
         hidden = heavy_yours["outside_s"] - heavy_slow["outside_s"]
         if hidden > 0.5 * epoch_data:
-            raise _wrong(
+            raise wrong(
                 f"rank {HEAVY_RANK} spent {1e3 * hidden:.0f} ms more than with the slow loader "
                 "outside its steps (in your function, or set_epoch), where the slow loader's "
                 f"last epoch waited {1e3 * epoch_data:.0f} ms for data in its steps: loading "
@@ -154,7 +156,7 @@ def check_faster_loader(
         mine = [t for t in yours_last if t.rank == HEAVY_RANK]
         first = sum(t.data_s for t in mine if t.step == 0)
         if first > 0.5 * epoch_data:
-            raise _wrong(
+            raise wrong(
                 f"rank {HEAVY_RANK}'s last epoch waited {1e3 * first:.0f} ms for its first batch, "
                 f"where the slow loader waited {1e3 * epoch_data:.0f} ms for all of them: the "
                 "wait moved to the epoch's start, it did not go away. Workers started anew "
@@ -178,9 +180,9 @@ def check_faster_loader(
         others = statistics.median(data(r) for r in yours.ranks() if r != HEAVY_RANK)
         if yours.diagnose().straggler is None and data(HEAVY_RANK) <= 1.5 * others:
             return f"{measured} The work is rebalanced: the ledger names no straggler."
-        raise _wrong(
+        raise wrong(
             f"{measured} Cut it at least in half (more workers for the heavy rank, "
             "prefetching), or spread the long documents over the ranks."
         )
 
-    return _verdict(EXERCISE, body)
+    return judge(EXERCISE, body)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ezpz_nb.workshop.verdicts import CHECK_TIMEOUT, CheckResult, _ranks, _verdict, _wrong
+from ezpz_nb.workshop.verdicts import CHECK_TIMEOUT, CheckResult, judge, run_on_ranks, wrong
 
 __all__ = ["PLAN_RUN", "check_tp_plan"]
 
@@ -113,12 +113,12 @@ def check_tp_plan(
         if cluster is not None:
             got = cluster.run(job_tp_plan, make_plan, PLAN_RUN)
         else:
-            got = _ranks(job_tp_plan, make_plan, PLAN_RUN, timeout=timeout)
+            got = run_on_ranks(job_tp_plan, make_plan, PLAN_RUN, timeout=timeout)
         for r, out in enumerate(got):
             if out[0] == "raised":
                 _, where, error = out
                 place = f"in {where!r} of a block" if where else "before any block ran"
-                raise _wrong(
+                raise wrong(
                     f"the run stopped: rank {r} raised, {place}, {error} "
                     "Look at what the layer before it hands over: a Colwise layer passes "
                     "on its output split on the last dimension, and the next layer must "
@@ -128,7 +128,7 @@ def check_tp_plan(
         curves = [torch.tensor(out[1]) for out in got]
         if not torch.equal(curves[0], curves[1]):
             k = int((curves[0] != curves[1]).nonzero()[0])
-            raise _wrong(
+            raise wrong(
                 f"the run did not stop, but from step {k} TP peers 0 and 1 logged "
                 f"different losses ({curves[0][k]:.4f} and {curves[1][k]:.4f}; one "
                 f"process: {reference[k]:.4f}): each holds its own part of a result "
@@ -139,7 +139,7 @@ def check_tp_plan(
         bad = gap > ATOL + RTOL * reference.abs()
         if bool(bad.any()):
             step = int(bad.nonzero()[0])
-            raise _wrong(
+            raise wrong(
                 f"the run did not stop, but its loss left the one-process reference at "
                 f"step {step} ({curves[0][step]:.4f} vs {reference[step]:.4f}): the "
                 "plan computes something other than the model. Look at each layer's "
@@ -147,7 +147,7 @@ def check_tp_plan(
             )
         sharded = got[0][2]
         if not sharded:
-            raise _wrong(
+            raise wrong(
                 "the loss matches the reference, but the plan splits nothing over tp: "
                 "every rank holds every weight (that is data parallelism only). Shard "
                 "at least one pair of layers."
@@ -157,4 +157,4 @@ def check_tp_plan(
             f"each TP rank holds half of {', '.join(sharded)}."
         )
 
-    return _verdict("tp_plan", body)
+    return judge("tp_plan", body)

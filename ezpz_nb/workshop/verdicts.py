@@ -1,14 +1,18 @@
-"""The machinery behind :mod:`ezpz_nb.workshop.exercises`: verdicts, and running on ranks.
+"""The machinery behind the workshop's checkers: verdicts, and running on ranks.
 
 Kept apart from the exercises themselves so each checker there reads as the
-behaviour it expects, not as plumbing.
+behaviour it expects, not as plumbing. Every checker module builds on the same
+few names: :func:`judge` runs a checker's body and prints its verdict once,
+:func:`wrong` (a :class:`Verdict`) stops it at the first fault,
+:func:`run_on_ranks` runs the learner's function on real ranks, and
+:func:`fresh_seed`, :func:`each_returned` and :func:`as_text` are small helpers.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -16,8 +20,20 @@ import torch
 from ezpz_nb.launcher import launch
 from ezpz_nb.launcher.errors import HangError, RankError
 from ezpz_nb.launcher.failures import RankFailure, describe_location, fill_line
+from ezpz_nb.launcher.kernel import shell
+from ezpz_nb.wrapping import wrap_message
 
-__all__ = ["CHECK_TIMEOUT", "CheckResult"]
+__all__ = [
+    "CHECK_TIMEOUT",
+    "CheckResult",
+    "Verdict",
+    "as_text",
+    "each_returned",
+    "fresh_seed",
+    "judge",
+    "run_on_ranks",
+    "wrong",
+]
 
 #: Seconds a learner's code may run before the checker calls it a hang. A right
 #: answer takes well under a second; the margin is for busy machines (a shared CI
@@ -38,6 +54,8 @@ class CheckResult:
     exercise: str
     status: str
     message: str
+    # The IPython cell (execution count) whose output already holds the printed verdict.
+    printed_in: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def passed(self) -> bool:
@@ -51,9 +69,20 @@ class CheckResult:
         # Short on purpose: the checker already printed the full message.
         return f"CheckResult({self.exercise!r}, {self.status!r})"
 
+    def _ipython_display_(self) -> None:
+        # A checker cell ends with the check call: IPython would echo the result as
+        # Out[n] under the verdict just printed. Shown once; in a later cell, shown again.
+        if self.printed_in is None or self.printed_in != _cell_count():
+            print(wrap_message(self.message))
 
-class _Verdict(Exception):
-    """Raised inside a checker to stop at the first thing found wrong."""
+
+def _cell_count() -> int | None:
+    """The execution count of the IPython cell running now, or None outside IPython."""
+    return getattr(shell(), "execution_count", None)
+
+
+class Verdict(Exception):
+    """Raised inside a checker to stop at the first thing found wrong (``status``, ``message``)."""
 
     def __init__(self, status: str, message: str) -> None:
         super().__init__(message)
@@ -61,19 +90,20 @@ class _Verdict(Exception):
         self.message = message
 
 
-def _wrong(message: str) -> _Verdict:
-    return _Verdict("wrong", message)
+def wrong(message: str) -> Verdict:
+    """A "wrong" :class:`Verdict` saying ``message``, to raise."""
+    return Verdict("wrong", message)
 
 
-def _verdict(exercise: str, body: Callable[[], str]) -> CheckResult:
-    """Run a checker body, print its verdict, and wrap it in a CheckResult."""
+def judge(exercise: str, body: Callable[[], str]) -> CheckResult:
+    """Run a checker body, print its verdict (wrapped between words), and return a CheckResult."""
     try:
         result = CheckResult(exercise, "correct", f"{exercise}: correct. {body()}")
-    except _Verdict as v:
+    except Verdict as v:
         prefix = "not done yet" if v.status == "not done" else "not right yet"
         result = CheckResult(exercise, v.status, f"{exercise}: {prefix}. {v.message}")
-    print(result.message)
-    return result
+    print(wrap_message(result.message))
+    return replace(result, printed_in=_cell_count())
 
 
 def _user_frames(failure: RankFailure) -> str:
@@ -104,12 +134,12 @@ def _why_hung(err: HangError) -> str:
     )
 
 
-def _ranks(
+def run_on_ranks(
     job: Callable[..., Any], *args: Any, world_size: int = 4, timeout: float = CHECK_TIMEOUT
 ) -> list[Any]:
     """Launch ``job`` on real ranks; turn failures and hangs into verdicts."""
     if not callable(args[0]):
-        raise _wrong(
+        raise wrong(
             f"expected a function, got {type(args[0]).__name__}: pass the function "
             "itself, e.g. check(my_function), not check(my_function())."
         )
@@ -118,25 +148,25 @@ def _ranks(
     except RankError as err:
         failed = [f for f in err.failures.values() if f.kind != "stopped"]
         if any(f.exc_type.endswith("NotImplementedError") for f in failed):
-            raise _Verdict(
+            raise Verdict(
                 "not done",
                 "The function still raises NotImplementedError: replace "
                 "that line with your code, run its cell, then this one.",
             ) from None
         first = failed[0] if failed else next(iter(err.failures.values()))
-        raise _wrong(
+        raise wrong(
             f"rank {first.rank} raised {first.message}\n  in your code:\n{_user_frames(first)}"
         ) from None
     except HangError as err:
         where = "\n".join("  " + s.describe() for s in err.stacks.values())
-        raise _wrong(
+        raise wrong(
             f"the ranks hung (nothing finished within {err.timeout:g} s): {_why_hung(err)}. "
             f"Where each rank was:\n{where}"
         ) from None
     except TypeError as err:  # the function (or something it uses) cannot be sent
-        raise _wrong(str(err)) from None
+        raise wrong(str(err)) from None
     if all(r is None for r in results):
-        raise _Verdict(
+        raise Verdict(
             "not done",
             "The function returned None on every rank: fill in its body "
             "(and return the result), run its cell, then this one.",
@@ -144,16 +174,16 @@ def _ranks(
     return results
 
 
-def _each_returned(got: list[Any], what: str) -> None:
+def each_returned(got: list[Any], what: str) -> None:
     """Raise unless every rank's job got something back from the learner's function."""
     for r, out in enumerate(got):
         if out is None:
-            raise _wrong(
+            raise wrong(
                 f"rank {r} returned None (the others did not): return {what} on every rank."
             )
 
 
-def _fresh_seed() -> int:
+def fresh_seed() -> int:
     """A seed drawn anew for each check, so a learner cannot fit a fixed answer to it.
 
     Drawn from a private generator: a notebook's ``random.seed(...)`` does not fix it.
@@ -161,5 +191,6 @@ def _fresh_seed() -> int:
     return random.Random().randrange(1, 2**31)
 
 
-def _fmt(t: Any) -> str:
+def as_text(t: Any) -> str:
+    """A tensor as its list of values, anything else as its repr: how verdicts quote values."""
     return str(t.tolist()) if isinstance(t, torch.Tensor) else repr(t)

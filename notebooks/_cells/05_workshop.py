@@ -18,7 +18,8 @@
 # behaviour: the values your ranks end with, the samples their loaders really yielded, how
 # often each rank's dataset was read. Any code that behaves right passes; code that only looks
 # right does not. What an answer could be fitted to (the values to sum or share, seeds, lengths,
-# shapes) is drawn anew for every check, and each checker tries more than one setting.
+# shapes) is drawn anew for every check, and each checker tries more than one setting; where a
+# checker starts from an example the exercise states (as Exercise 1 does), that one stays fixed.
 #
 # | exercises | after notebook | skill |
 # |---|---|---|
@@ -65,6 +66,10 @@ import ezpz_nb.workshop.exercises as ex
 #
 # Write `global_sum(x)`: it runs on every rank, each with its own tensor `x`, and must return the
 # element-wise sum of `x` over all ranks, on every rank.
+#
+# The checker calls it twice on 4 ranks. First with the same example every time, rank `r`
+# passing `x = [r + 1, 10 r]` (the sum is `[10, 60]`), so you can follow it by hand; then with
+# values drawn anew for each check, so a sum fitted to the example fails.
 #
 # *Hint*: one collective does it, in place.
 
@@ -357,8 +362,9 @@ assert ex.check_steps_over_stream(steps_over_stream).passed
 #
 # - **Explore** (optional, about 20 minutes): `06_explorer` reruns the loading on 4 ranks as you
 #   change the world size, the TP size, `drop_last` or `set_epoch`, and redraws what each rank saw.
-# - **Run it on a cluster.** The same workers run under torchrun, Slurm or PBS: see the
-#   README's section *Beyond the notebook: torchrun, Slurm and PBS*, and start with
+# - **Run it on a cluster.** The same workers run under torchrun, Slurm or PBS: see
+#   `docs/scale-out.md` in the repository (*Beyond the notebook: torchrun, Slurm and PBS*), and
+#   start with
 #   `python -m torch.distributed.run --standalone --nproc_per_node=4 -m ezpz_nb.examples.tp_broadcast`.
 # - **Shard the model, not only the data.** PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`)
 #   over the DP dimension of a `DeviceMesh`, with tensor parallelism

@@ -339,9 +339,9 @@ assert check_tp_plan(my_plan, cluster=cluster).passed
 # </details>
 
 # %% [markdown]
-# Running them prints four red `DataLayoutWarning`s: **this warning is the point**. The
-# "no dp_group" run hands `get_random_dataset_fsdp_tp` a TP group without a DP group, and each of
-# its 4 ranks warns before a single step runs, naming the bug and the fix (`dp_group=...`). The
+# Running them prints one red `DataLayoutWarning`: **this warning is the point**. The
+# "no dp_group" run hands `get_random_dataset_fsdp_tp` a TP group without a DP group, and rank 0
+# warns for the job before a single step runs, naming the bug and the fix (`dp_group=...`). The
 # library catches this one for you; the other two bugs pass without a word.
 
 # %%

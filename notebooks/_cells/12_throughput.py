@@ -170,7 +170,7 @@ for name, led in zip(("persistent_workers=False", "persistent_workers=True"), st
     end = [r.times.end_s for r in led.records if r.times and r.times.end_s]
     print(
         f"{name}: first step waits {1e3 * first[0][0]:.0f} ms (epoch 0), "
-        f"{1e3 * first[1][0]:.0f} ms (epoch 1); epoch ends take "
+        f"{1e3 * first[1][0]:.0f} ms (epoch 1);\n    epoch ends take "
         f"{', '.join(f'{1e3 * e:.0f} ms' for e in end)}"
     )
 

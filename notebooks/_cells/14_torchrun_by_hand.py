@@ -41,6 +41,7 @@ from pathlib import Path
 from ezpz_nb.agents.agents import AgentError, free_port, run_agents, torchrun, torchrun_argv
 from ezpz_nb.agents.by_hand import check_worker, load_attempts, startup_lines
 from ezpz_nb.ledger import Ledger
+from ezpz_nb.wrapping import wrap_message
 
 WORKER = Path("torchrun_worker.py")  # written beside this notebook by the cells below
 work = tempfile.TemporaryDirectory(prefix="ezpz-nb14-")  # ledgers, logs; removed at the end
@@ -254,7 +255,8 @@ def build_pipeline(args, device):
     nodes = sorted({r // LOCAL_WORLD_SIZE for r in tp_ranks})
     if len(nodes) > 1 and layout.tp_rank == 0:
         warnings.warn(
-            f"TP group {tp_ranks} spans nodes {nodes}: every batch and every TP collective "
+            # On lines of its own, after the file and line: a notebook breaks longer ones.
+            f"\nTP group {tp_ranks} spans nodes {nodes}: every batch and every TP collective\n"
             f"crosses the network. Use a --tp-size that divides --nproc-per-node "
             f"({LOCAL_WORLD_SIZE}).",
             stacklevel=1,
@@ -618,7 +620,7 @@ try:
     ).raise_for_status()
 except AgentError as exc:
     alone = exc.run
-    print(exc)
+    print(wrap_message(str(exc)))  # broken between words for the output column
 assert alone is not None and not alone.ok and alone.lines("RendezvousTimeoutError")
 print(f"gave up after {alone.elapsed_s:.1f} s")
 
@@ -642,7 +644,7 @@ mismatched = [
 try:
     run_agents(mismatched)
 except AgentError as exc:
-    print(exc)
+    print(wrap_message(str(exc)))  # broken between words for the output column
 else:
     raise AssertionError("expected the mismatch to be refused")
 
@@ -659,7 +661,7 @@ with socket.socket() as busy:
     try:
         run_agents([torchrun_argv(WORKER, nnodes=1, endpoint=f"127.0.0.1:{taken}")])
     except AgentError as exc:
-        print(exc)
+        print(wrap_message(str(exc)))  # broken between words for the output column
     else:
         raise AssertionError("expected the busy port to be refused")
 
@@ -672,7 +674,7 @@ broken.write_text(WORKER.read_text().replace("def main(argv=None):", "def main(a
 try:
     torchrun(broken, nproc_per_node=2)
 except AgentError as exc:
-    print(exc)
+    print(wrap_message(str(exc)))  # broken between words for the output column
 else:
     raise AssertionError("expected the syntax error to be refused")
 
