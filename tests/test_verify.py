@@ -337,6 +337,11 @@ def test_a_report_with_a_rule_not_judged_never_reads_as_a_pass():
     assert r.raise_for_violations() is r
     with pytest.raises(ContractViolation):
         r.raise_for_violations(strict=True)
+    import matplotlib.pyplot as plt
+
+    fig = r.figure()
+    assert fig.axes[0].get_title().startswith("NOT ALL JUDGED: f on dp=2")
+    plt.close(fig)
 
 
 def test_report_round_trips_through_json_and_raises_for_violations():
