@@ -40,8 +40,9 @@ def _verdict(report: Any, strict: bool) -> Any:
     """Raise on a violation (or, ``strict``, on a rule not judged); warn on one not judged."""
     __tracebackhide__ = True
     report.raise_for_violations(strict=strict)
-    if report.not_judged:
-        why = "; ".join(f"{rule}: {reason}" for rule, reason in report.not_judged.items())
+    unjudged = [j for j in report.judgements() if j.verdict == "not judged"]
+    if unjudged:  # the report's outcome is NOT_JUDGED: say so, never a silent pass
+        why = "; ".join(f"{j.rule}: {j.reason}" for j in unjudged)
         warnings.warn(RulesNotJudged(f"{report.what}: not judged: {why}"), stacklevel=3)
     return report
 

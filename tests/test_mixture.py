@@ -23,7 +23,7 @@ from ezpz_nb.data.mixture import (
 )
 from ezpz_nb.ledger import Ledger, record
 from ezpz_nb.verify import (
-    MixJudgement,
+    Judgement,
     VerifyError,
     check_layout_invariance,
     check_mixture,
@@ -116,7 +116,7 @@ def test_the_stream_is_the_same_at_every_dp_and_worker_count(cluster, method):
     assert [p for b in base for p in b] == [(int(s), offsets[s] + int(i)) for s, i in plan]
     for dp, workers in ((2, 0), (4, 0), (4, 2)):
         got = check_layout_invariance(base, gathered(cluster, mix, dp, workers))
-        assert got.outcome == "pass", got
+        assert got.verdict == "pass", got
 
 
 def test_a_resume_continues_the_stream_even_at_another_dp(cluster):
@@ -141,8 +141,8 @@ def test_per_rank_sampling_fails_invariance_at_its_first_difference(cluster):
     flat1, flat4 = [p for b in one for p in b], [p for b in four for p in b]
     first = next(i for i, (x, y) in enumerate(zip(flat1, flat4, strict=True)) if x != y)
     got = check_layout_invariance(one, four, names=("dp=1", "dp=4"))
-    assert got.outcome == "fail" and got.position == first and got.batch == first // GLOBAL
-    assert f"position {first}" in got.message
+    assert got.verdict == "fail" and got.position == first and got.step == first // GLOBAL
+    assert f"position {first}" in got.reason
 
 
 def test_the_ledger_records_each_samples_dataset(cluster):
@@ -156,7 +156,7 @@ def test_the_ledger_records_each_samples_dataset(cluster):
     assert [p for b in stream for p in b] == [(int(s), mix.offsets[s] + int(i)) for s, i in plan]
     assert check_mixture(stream, WEIGHTS, bound=1, per="cumulative").passed
     untagged = Ledger([replace(r, dataset_ids=()) for recs in records for r in recs])
-    assert check_mixture(ledger_stream(untagged), WEIGHTS, bound=1).outcome == "not judged"
+    assert check_mixture(ledger_stream(untagged), WEIGHTS, bound=1).verdict == "not judged"
     for rank, recs in enumerate(records):
         ids = [r.dataset_ids for r in recs]
         want = [
@@ -179,7 +179,7 @@ def test_shares_per_global_batch_by_method():
     bad = check_mixture(streams["multinomial"], WEIGHTS, bound=1)
     counts = [np.bincount([s for s, _ in b], minlength=3) for b in streams["multinomial"]]
     first = next(b for b, c in enumerate(counts) if np.any(np.abs(c - np.array(WEIGHTS) * 10) > 1))
-    assert bad.outcome == "fail" and bad.batch == first
+    assert bad.verdict == "fail" and bad.step == first
 
 
 def test_the_rule_in_tokens_sees_what_samples_hide():
@@ -189,7 +189,7 @@ def test_the_rule_in_tokens_sees_what_samples_hide():
     tokens = [[10, 90] for _ in range(4)]
     assert check_mixture(stream, (1, 1), bound=0).passed
     got = check_mixture(stream, (1, 1), bound=0.1, tokens=tokens)
-    assert got.outcome == "fail" and got.batch == 0 and "tokens" in got.message
+    assert got.verdict == "fail" and got.step == 0 and "tokens" in got.reason
     assert check_mixture(stream, (1, 9), bound=0.01, tokens=tokens, per="cumulative").passed
 
 
@@ -201,8 +201,8 @@ def test_the_judges_say_when_they_cannot_judge():
         check_mixture([[(5, 0)]], WEIGHTS, bound=1),
         check_layout_invariance([], [[(0, 0)]]),
     ):
-        assert isinstance(got, MixJudgement) and got.outcome == "not judged" and not got.passed
-        assert got.message
+        assert isinstance(got, Judgement) and got.verdict == "not judged" and not got.passed
+        assert got.reason
 
 
 def test_bad_input_is_refused_before_anything_runs():

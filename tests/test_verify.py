@@ -147,6 +147,12 @@ def test_a_loader_that_hangs_is_reported_within_the_timeout():
     f = next(f for f in report.violations if f.rule == "equal_steps")
     assert (f.kind, f.rank) == ("hang", 0), report.table()
     assert "all_reduce" in f.message
+    # What arrived before the hang is partial: counting rules are not judged, the hang fails.
+    verdicts = {j.rule: j for j in report.judgements()}
+    assert verdicts["exactly_once"].verdict is Verdict.NOT_JUDGED, report.table()
+    assert "the run hung" in verdicts["exactly_once"].reason
+    assert not [f for f in report.findings if f.kind in ("never_seen", "batch_size")]
+    assert report.outcome is Verdict.FAIL and report.headline().startswith("FAIL")
 
 
 def test_a_rank_stuck_outside_a_collective_is_not_said_to_be_in_one():
@@ -189,6 +195,47 @@ def test_a_hang_is_judged_by_the_stack_not_by_the_records_that_arrived():
     )  # fmt: skip
     kinds = [(f.kind, f.rank) for f in report.violations if f.rule == "equal_steps"]
     assert kinds == [("hang", 0)], report.table()
+
+
+def _judge_hung(records, num_samples):
+    """The judge fed ``records`` (what arrived) of a dp=2 run whose rank 0 hung."""
+    from ezpz_nb.verify.judge import judge
+    from ezpz_nb.verify.observe import Grid, Outcome
+    from ezpz_nb.verify.ranks import Ranks
+
+    ranks = Ranks(
+        [Outcome(rank=0, records=records), Outcome(rank=1)],
+        hung={0: "rank 0: all_reduce() at loader.py:9"},
+    )
+    return judge(
+        ranks, what="hung", grid=Grid(2), epochs=1, key="auto",
+        num_samples=num_samples, shuffle=None, wall_s=1.0,
+    )  # fmt: skip
+
+
+def test_after_a_hang_the_counting_rules_are_not_judged_on_partial_records():
+    """Rank 0 published one step of an 8-sample epoch, rank 1 none, then the run hung.
+
+    Guards: a false ``never_seen`` (samples 1, 3, 5, 7 "never seen": they were only
+    never published) or a false global-batch size standing beside the hang; and the
+    other way, a duplicate that did arrive hidden by the hang (evidence stays evidence).
+    """
+    from ezpz_nb.ledger import StepRecord
+
+    rec = StepRecord(0, 0, 0, 0, 2, 0, 1, (0, 2, 4, 6), "loaded", "d0", ())
+    report = _judge_hung([rec], num_samples=8)
+    verdicts = {j.rule: j for j in report.judgements()}
+    for rule in ("exactly_once", "global_batch"):
+        assert verdicts[rule].verdict is Verdict.NOT_JUDGED, report.table()
+        assert verdicts[rule].reason.startswith("the run hung; the records are only what arrived")
+    assert verdicts["equal_steps"].verdict is Verdict.FAIL and verdicts["equal_steps"].rank == 0
+    assert [f.kind for f in report.violations] == ["hang"], report.table()
+    assert report.outcome is Verdict.FAIL and "never" not in report.table()
+
+    twice = StepRecord(0, 1, 0, 0, 2, 0, 1, (0, 2, 4, 0), "loaded", "d1", ())
+    dup = _judge_hung([rec, twice], num_samples=8)
+    got = {j.rule: j.verdict for j in dup.judgements()}
+    assert got["exactly_once"] is Verdict.FAIL, dup.table()
 
 
 def test_an_endless_stream_is_reported_not_hung_on():
@@ -290,6 +337,11 @@ def test_a_report_with_a_rule_not_judged_never_reads_as_a_pass():
     assert r.raise_for_violations() is r
     with pytest.raises(ContractViolation):
         r.raise_for_violations(strict=True)
+    import matplotlib.pyplot as plt
+
+    fig = r.figure()
+    assert fig.axes[0].get_title().startswith("NOT ALL JUDGED: f on dp=2")
+    plt.close(fig)
 
 
 def test_report_round_trips_through_json_and_raises_for_violations():

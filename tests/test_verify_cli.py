@@ -47,6 +47,21 @@ def test_check_exits_1_on_a_violation_and_2_when_it_cannot_run(factory, code, wo
     assert words in both.out + both.err
 
 
+def test_check_says_not_all_judged_and_strict_exits_1(capsys):
+    """One epoch leaves the reshuffle not judged: exit 0 with NOT ALL JUDGED on the
+    headline and on stderr; with --strict, exit 1.
+
+    Guards: a CI log whose exit 0 reads as a clean pass of a rule that never ran, and a
+    --strict that lets it through.
+    """
+    assert main(["check", f"{LOADERS}:right", "--epochs", "1"]) == 0
+    both = capsys.readouterr()
+    assert "NOT ALL JUDGED" in both.out and "PASS" not in both.out.splitlines()[0]
+    assert "NOT ALL JUDGED: exit 0" in both.err and "--strict" in both.err
+    assert main(["check", f"{LOADERS}:right", "--epochs", "1", "--strict"]) == 1
+    assert "not judged: reshuffle" in capsys.readouterr().out
+
+
 def test_plugin_loads_without_torch_and_its_fixture_fails_a_bad_loader(pytester):
     """In a fresh pytest: loading the plugin imports no torch; the fixture passes a right
     loader (warning that one epoch leaves the reshuffle not judged), fails it with

@@ -7,6 +7,7 @@ Guards the rule that an evaluation loader's repeated or dropped sample is a viol
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 import ezpz_nb as ez
 from ezpz_nb.data import SteppedLoader, WeightedShard
-from ezpz_nb.verify import EvalViolation, VerifyError, check_eval, check_steps
+from ezpz_nb.verify import ContractViolation, Verdict, VerifyError, check_eval, check_steps
 
 N = 10  # over 3 replicas: shares 4, 3, 3, and padding to 4 each repeats two samples
 
@@ -115,17 +116,20 @@ def test_eval_mode_fails_padding_and_drop_last_and_passes_weight_zero(cluster):
     drop_last (a sample never counted) fail the eval mode at the first place at fault, while
     padding with weight 0 passes both rules."""
     r = check_eval(padded, "dp=3", cluster=cluster)
-    assert r.outcome("counted_once") == "fail" and r.outcome("equal_steps") == "pass"
-    assert "counted again" in r.rules[0].detail and r.rules[0].sample == "0", r.table()
+    assert (
+        r.judgement("counted_once").verdict == "fail"
+        and r.judgement("equal_steps").verdict == "pass"
+    )
+    assert "counted again" in r.rules[0].reason and r.rules[0].sample == "0", r.table()
     # indices padded to 12 repeat 0 and 1: rank 1 holds 1, 4, 7, 0 (0 at its step 1)
     assert (r.rules[0].rank, r.rules[0].step) == (1, 1), r.table()
-    with pytest.raises(EvalViolation):
+    with pytest.raises(ContractViolation):
         r.raise_for_violations()
     r = check_eval(dropped, "dp=3", cluster=cluster)
-    assert r.outcome("counted_once") == "fail" and "never counted (first: 9)" in r.table()
+    assert r.judgement("counted_once").verdict == "fail" and "never counted (first: 9)" in r.table()
     r = check_eval(weighted, "dp=3", cluster=cluster)
-    assert r.ok and r.outcome("counted_once") == "pass", r.table()
-    assert r.outcome("equal_steps") == "pass" and r.steps == {0: 2, 1: 2, 2: 2}
+    assert r.ok and r.judgement("counted_once").verdict == "pass", r.table()
+    assert r.judgement("equal_steps").verdict == "pass" and r.steps == {0: 2, 1: 2, 2: 2}
 
 
 def test_eval_mode_uneven_shards_are_exact_but_unequal(cluster):
@@ -133,12 +137,34 @@ def test_eval_mode_uneven_shards_are_exact_but_unequal(cluster):
     equal steps when the eval step makes a collective (FSDP), and leave it not judged (with why)
     when it makes none; hashed keys without a length leave drops not judged."""
     r = check_eval(uneven, "dp=3", cluster=cluster)
-    assert r.outcome("counted_once") == "pass" and r.outcome("equal_steps") == "fail"
+    assert (
+        r.judgement("counted_once").verdict == "pass"
+        and r.judgement("equal_steps").verdict == "fail"
+    )
     assert r.rules[1].rank == 1 and r.rules[1].step == 3, r.table()
     r = check_eval(uneven, "dp=3", collective_step=False, cluster=cluster)
-    assert r.ok and r.outcome("equal_steps") == "not judged" and "collective_step=False" in str(r)
+    assert (
+        r.ok
+        and r.judgement("equal_steps").verdict == "not judged"
+        and "collective_step=False" in str(r)
+    )
+    # Not all judged reads as a contract report does: never PASS, strict raises.
+    assert r.outcome is Verdict.NOT_JUDGED and r.verdict == "not judged"
+    assert (
+        r.table()
+        .splitlines()[0]
+        .endswith("NOT ALL JUDGED: no violation in 1 rule(s); not judged: equal_steps")
+    )
+    d = json.loads(r.to_json())
+    assert d["verdict"] == "not judged" and d["rules"][1]["verdict"] == "not judged"
+    assert "collective_step=False" in d["rules"][1]["reason"]
+    assert r.raise_for_violations() is r
+    with pytest.raises(ContractViolation, match="NOT ALL JUDGED"):
+        r.raise_for_violations(strict=True)
     r = check_eval(keyed_uneven, "dp=3", collective_step=False, cluster=cluster)
-    assert r.outcome("counted_once") == "not judged" and "num_samples=" in str(r), r.table()
+    assert r.judgement("counted_once").verdict == "not judged" and "num_samples=" in str(r), (
+        r.table()
+    )
 
 
 def test_steps_mode_judges_steps_and_balanced_epochs(cluster):
@@ -146,15 +172,20 @@ def test_steps_mode_judges_steps_and_balanced_epochs(cluster):
     (fail at its rank and step); every rank streaming everything deals a sample to two ranks in
     one epoch (fail); batches without an epoch field leave coverage not judged."""
     r = check_steps(stepped, "dp=3", steps=8, cluster=cluster)
-    assert r.ok and r.outcome("balanced_coverage") == "pass", r.table()
+    assert r.ok and r.judgement("balanced_coverage").verdict == "pass", r.table()
     r = check_steps(uneven, "dp=3", steps=5, cluster=cluster)
-    assert r.outcome("steps") == "fail" and r.rules[0].rank == 1 and r.rules[0].step == 3
+    assert r.judgement("steps").verdict == "fail" and r.rules[0].rank == 1 and r.rules[0].step == 3
     r = check_steps(everyone_everything, "dp=3", steps=8, cluster=cluster)
-    assert r.outcome("balanced_coverage") == "fail" and "again to rank 1" in str(r), r.table()
+    assert r.judgement("balanced_coverage").verdict == "fail" and "again to rank 1" in str(r), (
+        r.table()
+    )
     r = check_steps(no_epochs, "dp=3", steps=8, num_samples=N, cluster=cluster)
-    assert r.outcome("steps") == "pass" and r.outcome("balanced_coverage") == "not judged"
+    assert (
+        r.judgement("steps").verdict == "pass"
+        and r.judgement("balanced_coverage").verdict == "not judged"
+    )
     r = check_steps(endless_plain, "dp=3", steps=6, num_samples=N, cluster=cluster)
-    assert r.outcome("steps") == "pass" and r.steps == {0: 6, 1: 6, 2: 6}
+    assert r.judgement("steps").verdict == "pass" and r.steps == {0: 6, 1: 6, 2: 6}
 
 
 def test_steps_mode_judges_streams_and_reads_epochs_from_a_repeating_order(cluster):
@@ -163,16 +194,16 @@ def test_steps_mode_judges_streams_and_reads_epochs_from_a_repeating_order(clust
     so a round-robin cycle passes (shares 4, 3, 3) and every rank cycling everything fails
     (a sample on two ranks in one epoch), while too few steps to see it repeat is not judged."""
     r = check_steps(stream_stepped, "dp=3", steps=8, num_samples=N, cluster=cluster)
-    assert r.ok and r.outcome("balanced_coverage") == "pass", r.table()
+    assert r.ok and r.judgement("balanced_coverage").verdict == "pass", r.table()
     r = check_steps(endless_plain, "dp=3", steps=8, num_samples=N, cluster=cluster)
     cov = next(x for x in r.rules if x.rule == "balanced_coverage")
-    assert cov.outcome == "pass" and "rank 0: 4, rank 1: 3, rank 2: 3" in cov.detail, r.table()
+    assert cov.verdict == "pass" and "rank 0: 4, rank 1: 3, rank 2: 3" in cov.reason, r.table()
     r = check_steps(everything_cycled, "dp=3", steps=20, num_samples=N, cluster=cluster)
     cov = next(x for x in r.rules if x.rule == "balanced_coverage")
-    assert cov.outcome == "fail" and "again to rank 1" in cov.detail, r.table()
+    assert cov.verdict == "fail" and "again to rank 1" in cov.reason, r.table()
     r = check_steps(endless_plain, "dp=3", steps=7, num_samples=N, cluster=cluster)
     cov = next(x for x in r.rules if x.rule == "balanced_coverage")
-    assert cov.outcome == "not judged" and "rank 0's order does not repeat" in cov.detail
+    assert cov.verdict == "not judged" and "rank 0's order does not repeat" in cov.reason
 
 
 def test_bad_arguments_are_refused_before_any_rank():
@@ -200,5 +231,5 @@ def test_tp_peers_share_their_replicas_samples():
     """Guards the eval mode under TP: TP peers hold the same samples, so only one rank per
     replica counts; weight-0 padding on dp=2,tp=2 passes rather than counting everything twice."""
     r = check_eval(weighted, "dp=2,tp=2")
-    assert r.ok and r.outcome("counted_once") == "pass", r.table()
+    assert r.ok and r.judgement("counted_once").verdict == "pass", r.table()
     assert r.steps == {0: 3, 1: 3, 2: 3, 3: 3}

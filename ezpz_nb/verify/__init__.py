@@ -22,7 +22,12 @@ run stopped and resumed saw what a straight run sees. Both return a
 :func:`check_eval` judges an evaluation loader, where a repeated or dropped sample
 is a violation (weights summed: padding at weight 0 passes); :func:`check_steps`
 judges an endless loader over ``steps`` batches. Their rules answer pass, fail or
-not judged (with why), in an :class:`EvalReport`.
+not judged (with why), in an :class:`EvalReport`. :func:`check_mixture` and
+:func:`check_layout_invariance` answer one rule each. Every judge answers each rule
+with a :class:`Judgement` (:class:`Verdict` PASS, FAIL or NOT_JUDGED, and why); a
+report is PASS only when every rule it covers passed, NOT ALL JUDGED when none
+failed but some could not be judged (``raise_for_violations(strict=True)`` raises
+then too), FAIL otherwise. ``.ok`` means only "no violation".
 """
 
 from __future__ import annotations
@@ -31,32 +36,29 @@ from ezpz_nb.verify.contract import check_contract, parse_layout
 from ezpz_nb.verify.dcp import VIAS
 from ezpz_nb.verify.evaluation import check_eval
 from ezpz_nb.verify.mixture import (
-    MixJudgement,
     check_layout_invariance,
     check_mixture,
     global_batches,
     ledger_stream,
 )
 from ezpz_nb.verify.observe import Grid
-from ezpz_nb.verify.outcomes import EvalReport, EvalViolation, RuleOutcome
+from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import RULES, ContractViolation, Finding, Report, VerifyError
 from ezpz_nb.verify.resume import SCENARIOS, check_resume
 from ezpz_nb.verify.stepped import check_steps
-from ezpz_nb.verify.verdict import Judgement, Verdict
+from ezpz_nb.verify.verdict import PROMISES, Judgement, Verdict
 
 __all__ = [
+    "PROMISES",
     "RULES",
     "SCENARIOS",
     "VIAS",
     "ContractViolation",
     "EvalReport",
-    "EvalViolation",
     "Finding",
     "Grid",
     "Judgement",
-    "MixJudgement",
     "Report",
-    "RuleOutcome",
     "Verdict",
     "VerifyError",
     "check_contract",

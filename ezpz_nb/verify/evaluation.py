@@ -25,8 +25,9 @@ from ezpz_nb.data.tree import find_in_batch
 from ezpz_nb.verify.batches import observe_batch
 from ezpz_nb.verify.contract import parse_layout
 from ezpz_nb.verify.observe import Grid, rank_layout
-from ezpz_nb.verify.outcomes import EvalReport, RuleOutcome
+from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
+from ezpz_nb.verify.verdict import Judgement, Verdict
 
 __all__ = ["Seen", "check_eval", "run_seen", "seen_on_rank"]
 
@@ -148,7 +149,7 @@ def _name(seen: list[Seen], i: int) -> str:
     return next((s.names[i] for s in seen if i in s.names), str(i))
 
 
-def judge_counted_once(seen: list[Seen], num_samples: int | None) -> RuleOutcome:
+def judge_counted_once(seen: list[Seen], num_samples: int | None) -> Judgement:
     """Each sample's weights summed over every rank and step must be exactly 1."""
     total: dict[int, float] = defaultdict(float)
     for s in (s for s in seen if s.counts):  # TP/CP peers share their replica's samples
@@ -156,8 +157,8 @@ def judge_counted_once(seen: list[Seen], num_samples: int | None) -> RuleOutcome
             for i, w in zip(ids, ws, strict=True):
                 total[i] += w
                 if total[i] > 1 + 1e-9:
-                    return RuleOutcome(
-                        "counted_once", "fail",
+                    return Judgement(
+                        "counted_once", Verdict.FAIL,
                         f"sample {_name(seen, i)} counted again (weights now sum to {total[i]:g}): "
                         "padding that repeats samples (DistributedSampler) needs weight 0 on the "
                         "repeats, or shards that do not repeat",
@@ -165,45 +166,45 @@ def judge_counted_once(seen: list[Seen], num_samples: int | None) -> RuleOutcome
                     )  # fmt: skip
     short = sorted(i for i, w in total.items() if w < 1 - 1e-9 and w > 1e-9)
     if short:
-        return RuleOutcome(
-            "counted_once", "fail", f"sample {_name(seen, short[0])} has weight {total[short[0]]:g} in all",
+        return Judgement(
+            "counted_once", Verdict.FAIL, f"sample {_name(seen, short[0])} has weight {total[short[0]]:g} in all",
             sample=_name(seen, short[0]),
         )  # fmt: skip
     counted = {i for i, w in total.items() if w > 1e-9}
     if num_samples is None or any(s.names for s in seen):
-        return RuleOutcome(
-            "counted_once", "not judged",
+        return Judgement(
+            "counted_once", Verdict.NOT_JUDGED,
             f"no sample counted twice ({len(counted)} counted once), but the dataset's length is "
             "unknown, so a dropped sample cannot be seen: pass num_samples=",
         )  # fmt: skip
     missing = sorted(set(range(num_samples)) - counted)
     if missing:
-        return RuleOutcome(
-            "counted_once", "fail",
+        return Judgement(
+            "counted_once", Verdict.FAIL,
             f"{len(missing)} of {num_samples} samples never counted (first: {missing[0]}): "
             "drop_last (or a split that leaves the tail out) biases the metric",
             sample=str(missing[0]),
         )  # fmt: skip
-    return RuleOutcome(
-        "counted_once", "pass", f"all {num_samples} samples counted once, weights summed"
+    return Judgement(
+        "counted_once", Verdict.PASS, f"all {num_samples} samples counted once, weights summed"
     )
 
 
-def judge_equal_steps(seen: list[Seen], collective_step: bool) -> RuleOutcome:
+def judge_equal_steps(seen: list[Seen], collective_step: bool) -> Judgement:
     """Equal step counts, needed when each step makes a collective."""
     counts = {s.rank: len(s.ids) for s in seen}
     if len(set(counts.values())) == 1:
-        return RuleOutcome("equal_steps", "pass", f"every rank took {counts[0]} steps")
+        return Judgement("equal_steps", Verdict.PASS, f"every rank took {counts[0]} steps")
     fewest = min(counts, key=lambda r: (counts[r], r))
     parts = ", ".join(f"rank {r}: {n}" for r, n in counts.items())
     if not collective_step:
-        return RuleOutcome(
-            "equal_steps", "not judged",
+        return Judgement(
+            "equal_steps", Verdict.NOT_JUDGED,
             f"steps differ ({parts}), which is safe only because collective_step=False says the "
             "eval step makes no collective (under FSDP or TP it does)",
         )  # fmt: skip
-    return RuleOutcome(
-        "equal_steps", "fail",
+    return Judgement(
+        "equal_steps", Verdict.FAIL,
         f"steps differ ({parts}): rank {fewest} runs out first and the others wait in the next "
         "step's collective (FSDP's all-gather) forever",
         rank=fewest, step=counts[fewest],

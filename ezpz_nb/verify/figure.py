@@ -79,7 +79,9 @@ def mesh_figure(report: Judged) -> Any:
     for side in ax.spines.values():
         side.set_visible(False)
     unplaced = sorted({f.rule for f in report.violations if not f.ranks and f.rank is None})
-    title = f"{report.verdict.upper()}: {report.what}"
+    # "not judged" reads as the table's headline does: never a bare verdict that looks like a pass
+    shown = "NOT ALL JUDGED" if report.verdict == "not judged" else report.verdict.upper()
+    title = f"{shown}: {report.what}"
     if unplaced:
         title += "\nalso broken (no single rank): " + ", ".join(unplaced)
     ax.set_title(title, fontsize=9)

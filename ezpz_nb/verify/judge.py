@@ -93,6 +93,13 @@ def findings_from(
     return out
 
 
+#: Checks that count what arrived: after a hang, the missing records would read as findings.
+_COUNTED = ("step_mismatch", "never_seen", "batch_size")
+
+#: Why the counting rules are not judged after a hang (equal_steps keeps the hang itself).
+HUNG = "the run hung; the records are only what arrived (the hang is the finding)"
+
+
 def _stuck(ranks: Ranks, records: list[StepRecord]) -> list[Finding]:
     """A hang, said as the stacks show it: in a collective only when one is on the stack."""
     out = []
@@ -249,8 +256,8 @@ def judge(
     problems = check_records(
         records, n, universe=universe, allowance=allow, shuffle=shuffled, global_batch=True
     )
-    if ranks.hung:  # a hung rank's step count is a lower bound: the hang is the finding
-        problems = [p for p in problems if p.kind != "step_mismatch"]
+    if ranks.hung:  # records arrive in 0.2 s bunches: what is absent is timing, not evidence
+        problems = [p for p in problems if p.kind not in _COUNTED]
     findings = _stuck(ranks, records) + findings_from(problems, ledger, names, outs)
     steps = {
         o.rank: [
@@ -275,6 +282,8 @@ def judge(
         n if n is not None else (len(universe) if universe else None),
         bool(records),
     )
+    if ranks.hung:
+        unjudged.update(dict.fromkeys(("exactly_once", "global_batch"), HUNG))
     return Report(
         what, {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp}, epochs, key, findings, steps,
         seconds, not_judged=unjudged, ledger=ledger,

@@ -1,7 +1,8 @@
 """Judge a mixture: does each source get its share, and is the stream the same at every layout?
 
-Two rules, each with three outcomes (``"pass"`` on evidence, ``"fail"`` with the first
-place at fault, ``"not judged"`` with why):
+Two rules, each answered with a :class:`~ezpz_nb.verify.Judgement` (pass on evidence,
+fail with the first place at fault: ``step`` is the global batch, ``position`` the place
+in the stream; not judged with why):
 
 * :func:`check_mixture`: the realized share of every source within a bound of its weight,
   per global batch or cumulatively, counted in samples or in tokens.
@@ -15,15 +16,14 @@ A stream is a list of global batches, each a list of ``(source, index)`` pairs i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from ezpz_nb.ledger import Ledger
 from ezpz_nb.verify.report import VerifyError
+from ezpz_nb.verify.verdict import Judgement, Verdict
 
 __all__ = [
-    "MixJudgement",
     "Stream",
     "check_layout_invariance",
     "check_mixture",
@@ -33,35 +33,6 @@ __all__ = [
 
 #: Global batches, each a list of ``(source, index)`` in stream order.
 Stream = list[list[tuple[int, int]]]
-
-
-@dataclass(frozen=True)
-class MixJudgement:
-    """The outcome of one mixture rule.
-
-    Attributes:
-        rule: ``"mixture"`` or ``"layout_invariance"``.
-        outcome: ``"pass"``, ``"fail"`` or ``"not judged"``.
-        message: The evidence, the first place at fault, or why it was not judged.
-        batch: The first global batch at fault (``fail`` only).
-        position: The first position in the stream at fault (``fail`` only).
-        worst: The largest deviation seen (in samples, or as a share for tokens).
-    """
-
-    rule: str
-    outcome: str
-    message: str
-    batch: int | None = None
-    position: int | None = None
-    worst: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        """True only on ``"pass"``: a rule not judged has not passed."""
-        return self.outcome == "pass"
-
-    def __str__(self) -> str:
-        return f"{self.rule}: {self.outcome}. {self.message}"
 
 
 def global_batches(per_rank: Sequence[Sequence[Sequence[tuple[int, int]]]]) -> Stream:
@@ -117,7 +88,7 @@ def check_mixture(
     bound: float,
     per: str = "batch",
     tokens: Sequence[Sequence[int]] | None = None,
-) -> MixJudgement:
+) -> Judgement:
     """Is every source's realized share within ``bound`` of its weight?
 
     Args:
@@ -143,9 +114,9 @@ def check_mixture(
     w = w / w.sum()
     unit = "samples" if tokens is None else "tokens"
     if not stream or not any(stream):
-        return MixJudgement(
+        return Judgement(
             "mixture",
-            "not judged",
+            Verdict.NOT_JUDGED,
             "the stream holds no samples to count (from a ledger: its batches carried no "
             "dataset_id, see MixedLoader)",
         )
@@ -155,9 +126,9 @@ def check_mixture(
         src = np.array([s for s, _ in batch], dtype=np.int64)
         if src.size and (src.min() < 0 or src.max() >= len(w)):
             bad = int(src[(src < 0) | (src >= len(w))][0])
-            return MixJudgement(
+            return Judgement(
                 "mixture",
-                "not judged",
+                Verdict.NOT_JUDGED,
                 f"batch {b} names source {bad}, outside the {len(w)} weights",
             )
         here = np.bincount(src, weights=amount, minlength=len(w)).astype(np.float64)
@@ -168,28 +139,26 @@ def check_mixture(
         worst = max(worst, float(abs(off[s])))
         if abs(off[s]) > bound + 1e-9:
             scope = f"batches 0-{b}" if per == "cumulative" else f"global batch {b}"
-            return MixJudgement(
+            return Judgement(
                 "mixture",
-                "fail",
+                Verdict.FAIL,
                 f"{scope}: source {s} has {got[s] / total:.1%} of the {unit} "
                 f"({got[s]:g} of {total:g}) against a target of {w[s]:.1%}: "
                 f"off by {abs(off[s]):.3g} {'samples' if tokens is None else '(share)'}, "
                 f"the bound is {bound:g}",
-                batch=b,
-                worst=worst,
+                step=b,
             )
-    return MixJudgement(
+    return Judgement(
         "mixture",
-        "pass",
+        Verdict.PASS,
         f"every source within {bound:g} of its target in {unit}, {per}, over {len(stream)} "
         f"global batches (worst {worst:.3g})",
-        worst=worst,
     )
 
 
 def check_layout_invariance(
     a: Stream, b: Stream, *, names: tuple[str, str] = ("first", "second")
-) -> MixJudgement:
+) -> Judgement:
     """Did two runs of one stream give the same ``(source, index)`` sequence?
 
     Args:
@@ -201,30 +170,32 @@ def check_layout_invariance(
     flat_b = [tuple(p) for batch in b for p in batch]
     if not flat_a or not flat_b:
         empty = names[0] if not flat_a else names[1]
-        return MixJudgement("layout_invariance", "not judged", f"the {empty} run held no samples")
+        return Judgement(
+            "layout_invariance", Verdict.NOT_JUDGED, f"the {empty} run held no samples"
+        )
     sizes = {len(x) for x in (*a, *b)}
     for i, (x, y) in enumerate(zip(flat_a, flat_b, strict=False)):
         if x != y:
             g = len(a[0]) if len(sizes) == 1 else None
             where = f" (global batch {i // g}, slot {i % g})" if g else ""
-            return MixJudgement(
+            return Judgement(
                 "layout_invariance",
-                "fail",
+                Verdict.FAIL,
                 f"position {i}{where}: {names[0]} had (source, index) {x}, {names[1]} had {y}",
-                batch=i // g if g else None,
+                step=i // g if g else None,
                 position=i,
             )
     if len(flat_a) != len(flat_b):
         n = min(len(flat_a), len(flat_b))
-        return MixJudgement(
+        return Judgement(
             "layout_invariance",
-            "fail",
+            Verdict.FAIL,
             f"the same first {n} samples, then {names[0]} had {len(flat_a)} and {names[1]} "
             f"{len(flat_b)}",
             position=n,
         )
-    return MixJudgement(
+    return Judgement(
         "layout_invariance",
-        "pass",
+        Verdict.PASS,
         f"{names[0]} and {names[1]}: the same {len(flat_a)} (source, index) pairs in order",
     )

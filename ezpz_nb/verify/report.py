@@ -7,7 +7,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ezpz_nb.errors import EzpzError
-from ezpz_nb.verify.verdict import RULES, Judgement, Verdict
+from ezpz_nb.verify.verdict import (
+    RULES,
+    ContractViolation,
+    Judgement,
+    Verdict,
+    not_all_judged,
+    overall,
+)
 from ezpz_nb.wrapping import wrap_message
 
 __all__ = ["RULES", "ContractViolation", "Finding", "Report", "VerifyError"]
@@ -23,18 +30,6 @@ class VerifyError(EzpzError, ValueError):
     def __init__(self, message: str, rank: int | None = None) -> None:
         self.rank = rank
         super().__init__(message)
-
-
-class ContractViolation(EzpzError, AssertionError):
-    """A loader broke its distributed contract (``Report.raise_for_violations``).
-
-    Attributes:
-        report: The :class:`Report` that says how.
-    """
-
-    def __init__(self, report: Report) -> None:
-        self.report = report
-        super().__init__(report.table())
 
 
 @dataclass
@@ -125,15 +120,26 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """True when no rule is broken (expected findings allowed)."""
+        """True when no rule is broken (expected findings allowed).
+
+        Kept for callers that ask "any violation?": a rule not judged does not make it
+        False. Whether everything was judged is :attr:`outcome` (PASS, FAIL or
+        NOT_JUDGED), which the headline, the JSON's ``verdict`` and
+        ``raise_for_violations(strict=True)`` read.
+        """
         return not self.violations
 
     @property
     def outcome(self) -> Verdict:
-        """FAIL on a violation; else PASS only when every rule was judged, NOT_JUDGED otherwise."""
+        """FAIL on a violation; else PASS only when every rule was judged, NOT_JUDGED otherwise.
+
+        A PASS promises: every rule the layout covers was judged on this run's records
+        and none was broken (findings the loader's settings explain allowed). It says
+        nothing of the rules the layout cannot show (:meth:`not_applicable`).
+        """
         if not self.ok:
             return Verdict.FAIL
-        return Verdict.NOT_JUDGED if self.not_judged else Verdict.PASS
+        return overall(self.judgements())
 
     @property
     def verdict(self) -> str:
@@ -156,8 +162,10 @@ class Report:
         out = []
         for rule in self._rules():
             found = [f for f in self.findings if f.rule == rule]
-            if any(f.violation for f in found):
-                out.append(Judgement(rule, Verdict.FAIL))
+            bad = next((f for f in found if f.violation), None)
+            if bad is not None:
+                at = (bad.rank, bad.step, bad.sample)
+                out.append(Judgement(rule, Verdict.FAIL, f"epoch {bad.epoch}: {bad.message}", *at))
             elif rule in self.not_judged:
                 out.append(Judgement(rule, Verdict.NOT_JUDGED, self.not_judged[rule]))
             else:
@@ -172,7 +180,9 @@ class Report:
         (``drop_last``, padding); see :meth:`judgements` for the reasons.
         """
         return {
-            j.rule: "expected" if j.verdict is Verdict.PASS and j.reason else j.verdict.value
+            j.rule: "expected"
+            if j.verdict is Verdict.PASS and j.reason.startswith("expected")
+            else j.verdict.value
             for j in self.judgements()
         }
 
@@ -187,11 +197,7 @@ class Report:
                 if skip
                 else ""
             )
-        judged = len(self._rules()) - len(self.not_judged)
-        return (
-            f"NOT ALL JUDGED: no violation in {judged} rule(s); "
-            f"not judged: {', '.join(self.not_judged)}"
-        )
+        return not_all_judged(self.judgements())
 
     def first(self, rule: str) -> Finding | None:
         """The first finding of ``rule`` (violations before expected ones), or None."""
@@ -230,10 +236,7 @@ class Report:
         d.pop("ledger")
         d["verdict"] = self.verdict
         d["rules"] = self.rule_verdicts()
-        d["judgements"] = [
-            {"rule": j.rule, "verdict": j.verdict.value, "reason": j.reason}
-            for j in self.judgements()
-        ]
+        d["judgements"] = [j.to_dict() for j in self.judgements()]
         d["steps"] = {str(k): v for k, v in self.steps.items()}
         return d
 
@@ -261,7 +264,7 @@ class Report:
         Raises:
             ContractViolation: carrying this report; its message is :meth:`table`.
         """
-        if not self.ok or (strict and self.not_judged):
+        if not self.ok or (strict and self.outcome is not Verdict.PASS):
             raise ContractViolation(self)
         return self
 

@@ -13,25 +13,27 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ezpz_nb.verify.contract import parse_layout
 from ezpz_nb.verify.evaluation import Seen, run_seen
 from ezpz_nb.verify.observe import Grid
-from ezpz_nb.verify.outcomes import EvalReport, RuleOutcome
+from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
+from ezpz_nb.verify.verdict import Judgement, Verdict
 
 __all__ = ["check_steps"]
 
 
-def judge_steps(seen: list[Seen], steps: int) -> RuleOutcome:
+def judge_steps(seen: list[Seen], steps: int) -> Judgement:
     """Every rank yields ``steps`` batches."""
     short = [s for s in seen if len(s.ids) < steps]
     if not short:
-        return RuleOutcome("steps", "pass", f"every rank yielded {steps} batches")
+        return Judgement("steps", Verdict.PASS, f"every rank yielded {steps} batches")
     first = min(short, key=lambda s: (len(s.ids), s.rank))
-    return RuleOutcome(
-        "steps", "fail",
+    return Judgement(
+        "steps", Verdict.FAIL,
         f"rank {first.rank} ran out after {len(first.ids)} of {steps} steps: the others wait "
         "for it in their next collective. Repeat the stream (SteppedLoader) and stop by step count.",
         rank=first.rank, step=len(first.ids),
@@ -69,7 +71,7 @@ def inferred_epochs(seen: list[Seen]) -> tuple[list[Seen], str] | str:
     return out, f"; epochs read from each rank's order repeating ({', '.join(periods)} samples)"
 
 
-def judge_coverage(seen: list[Seen], num_samples: int | None) -> RuleOutcome:
+def judge_coverage(seen: list[Seen], num_samples: int | None) -> Judgement:
     """In each epoch every rank finished, each sample on exactly one rank, shares within one.
 
     Without an ``epoch`` field a rank's epochs are read from its order repeating
@@ -79,15 +81,13 @@ def judge_coverage(seen: list[Seen], num_samples: int | None) -> RuleOutcome:
     if any(s.epochs is None for s in seen):
         got = inferred_epochs(seen)
         if isinstance(got, str):
-            return RuleOutcome("balanced_coverage", "not judged", got)
+            return Judgement("balanced_coverage", Verdict.NOT_JUDGED, got)
         seen, how = got
     outcome = _coverage(seen, num_samples)
-    if how:
-        outcome.detail += how
-    return outcome
+    return replace(outcome, reason=outcome.reason + how) if how else outcome
 
 
-def _coverage(seen: list[Seen], num_samples: int | None) -> RuleOutcome:
+def _coverage(seen: list[Seen], num_samples: int | None) -> Judgement:
     owner: dict[tuple[int, int], int] = {}
     ranks = [s.rank for s in seen]
     shares: dict[int, dict[int, int]] = defaultdict(lambda: dict.fromkeys(ranks, 0))
@@ -95,8 +95,8 @@ def _coverage(seen: list[Seen], num_samples: int | None) -> RuleOutcome:
         for step, (ids, eps) in enumerate(zip(s.ids, s.epochs or [], strict=True)):
             for i, e in zip(ids, eps, strict=True):
                 if (e, i) in owner:
-                    return RuleOutcome(
-                        "balanced_coverage", "fail",
+                    return Judgement(
+                        "balanced_coverage", Verdict.FAIL,
                         f"epoch {e}: sample {i} went to rank {owner[(e, i)]} and again to rank "
                         f"{s.rank}: the ranks' shares of an epoch overlap",
                         rank=s.rank, step=step, sample=str(i),
@@ -105,8 +105,8 @@ def _coverage(seen: list[Seen], num_samples: int | None) -> RuleOutcome:
                 shares[e][s.rank] += 1
     finished = min(max((e for eps in s.epochs or [] for e in eps), default=0) for s in seen)
     if finished == 0:
-        return RuleOutcome(
-            "balanced_coverage", "not judged",
+        return Judgement(
+            "balanced_coverage", Verdict.NOT_JUDGED,
             "no sample was dealt twice, but no epoch ended on every rank within these steps: "
             "raise steps to cover one epoch",
         )  # fmt: skip
@@ -114,8 +114,8 @@ def _coverage(seen: list[Seen], num_samples: int | None) -> RuleOutcome:
     for e in range(finished):
         missing = sorted(universe - {i for (ep, i) in owner if ep == e})
         if missing:
-            return RuleOutcome(
-                "balanced_coverage", "fail",
+            return Judgement(
+                "balanced_coverage", Verdict.FAIL,
                 f"epoch {e} ended on every rank without sample {missing[0]} "
                 f"({len(missing)} missing)",
                 sample=str(missing[0]),
@@ -123,13 +123,13 @@ def _coverage(seen: list[Seen], num_samples: int | None) -> RuleOutcome:
         sizes = shares[e]
         if max(sizes.values()) - min(sizes.values()) > 1:
             big = max(sizes, key=lambda r: sizes[r])
-            return RuleOutcome(
-                "balanced_coverage", "fail",
+            return Judgement(
+                "balanced_coverage", Verdict.FAIL,
                 f"epoch {e}: shares per rank {list(sizes.values())} differ by more than one",
                 rank=big,
             )  # fmt: skip
-    return RuleOutcome(
-        "balanced_coverage", "pass",
+    return Judgement(
+        "balanced_coverage", Verdict.PASS,
         f"{finished} epoch(s) ended on every rank, each dealing all {len(universe)} samples "
         f"once, shares within one (epoch 0: {list(shares[0].values())})",
     )  # fmt: skip

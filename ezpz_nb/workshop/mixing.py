@@ -129,15 +129,15 @@ def _judge(fn: Callable, cluster: Cluster | None, timeout: float) -> tuple[str, 
         return "wrong", f"the ranks hung for {err.timeout:g} s: mix_batch must return on its own"
     a, b = global_batches(one), global_batches(four)
     same = check_layout_invariance(a, b, names=("dp=1", "dp=4 with 2 workers a rank"))
-    if same.outcome != "pass":
-        return ("not done" if same.outcome == "not judged" else "wrong"), (
-            f"{same.message}. The stream must not depend on the layout: compute the whole "
+    if not same.passed:
+        return ("not done" if same.verdict == "not judged" else "wrong"), (
+            f"{same.reason}. The stream must not depend on the layout: compute the whole "
             "global batch from (seed, step) alone, then take this rank's slots."
         )
     share = check_mixture(a, weights, bound=1)
-    if share.outcome != "pass":
-        return ("not done" if share.outcome == "not judged" else "wrong"), (
-            f"{share.message}. Give each source floor or ceil of weight * global_batch "
+    if not share.passed:
+        return ("not done" if share.verdict == "not judged" else "wrong"), (
+            f"{share.reason}. Give each source floor or ceil of weight * global_batch "
             "samples in every global batch."
         )
     repeat = _first_repeat(a, sizes)
@@ -145,7 +145,7 @@ def _judge(fn: Callable, cluster: Cluster | None, timeout: float) -> tuple[str, 
         return "wrong", repeat
     return "correct", (
         f"the same {GLOBAL * STEPS} (source, index) pairs at dp=1 and at dp=4 with 2 workers a "
-        f"rank; {share.message}; every sample of a source once before any repeats."
+        f"rank; {share.reason}; every sample of a source once before any repeats."
     )
 
 

@@ -449,7 +449,7 @@ def stepped(layout):
 
 report = check_steps(stepped, "dp=4", steps=STEPS, cluster=cluster)
 print(report)
-assert report.ok and report.outcome("balanced_coverage") == "pass"
+assert report.ok and report.judgement("balanced_coverage").passed
 
 # %% [markdown]
 # ## Exercise: an evaluation loop exact on any N and dp

@@ -132,7 +132,8 @@ viz.mix_shares(shares, WEIGHTS, NAMES, "realized share of each source against it
 # %% [markdown]
 # The same numbers as a verdict: `ezpz_nb.verify.check_mixture` holds a stream to a bound,
 # per global batch or cumulative, in samples or tokens, and says pass, fail (with the first
-# batch at fault) or "not judged" (with why).
+# batch at fault, its `step`) or "not judged" (with why): a `Judgement`, what every judge of
+# `ezpz_nb.verify` returns per rule (notebook 13's contract report is made of them too).
 
 # %%
 for m, plan in plans.items():
@@ -229,7 +230,7 @@ runs["dp=4 to step 10, resumed at dp=2"] = gathered(resumed, 0) + gathered(resum
 base = runs["dp=1, 0 workers"]
 for name, stream in runs.items():
     verdict = check_layout_invariance(base, stream, names=("dp=1", name))
-    print(f"{name:>34}: {fingerprint(stream)}  {sum(map(len, stream))} samples  {verdict.outcome}")
+    print(f"{name:>34}: {fingerprint(stream)}  {sum(map(len, stream))} samples  {verdict.verdict}")
     assert verdict.passed
 assert len({fingerprint(s) for s in runs.values()}) == 1
 
@@ -258,7 +259,7 @@ naive = {dp: leaders_batches(cluster.run(per_rank_sampling, dp)) for dp in (1, 4
 broken = check_layout_invariance(naive[1], naive[4], names=("dp=1", "dp=4"))
 print(f"hashes {fingerprint(naive[1])} and {fingerprint(naive[4])}")
 print(broken)
-assert broken.outcome == "fail" and broken.batch == 0  # parted within the first global batch
+assert broken.verdict == "fail" and broken.step == 0  # parted within the first global batch
 
 # %% [markdown]
 # The stratified stream hashed the same at every layout, and the judge found where per-rank
