@@ -97,6 +97,7 @@ def test_plugin_module_imports_nothing_heavy():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.system  # a torchrun job, as on a cluster: `make system`
 def test_check_under_torchrun_exits_1_and_rank_0_prints(tmp_path):
     """`torchrun -m ezpz_nb check`: in place on torchrun's ranks, one table, a failing exit.
 
@@ -115,6 +116,7 @@ def test_check_under_torchrun_exits_1_and_rank_0_prints(tmp_path):
     assert proc.stdout.count("samples by 'index': FAIL") == 1, proc.stdout + proc.stderr[-2000:]
 
 
+@pytest.mark.system  # a torchrun job, as on a cluster: `make system`
 def test_check_under_torchrun_bad_input_exits_2_on_every_rank(tmp_path):
     """A layout that does not match torchrun's world: every rank exits 2, rank 0 says why once.
 
