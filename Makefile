@@ -39,7 +39,8 @@ unit: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 # The slow ones, as a user or CI runs the project: the short soak, the benchmark and
-# compare tools, wheel builds, JupyterLab and `make lab`, torchrun jobs, the browser.
+# compare tools, wheel builds, JupyterLab and `make lab`, torchrun jobs, the installed
+# doctor, plain scripts, the browser.
 system: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -m "system or browser" tests
 
