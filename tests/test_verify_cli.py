@@ -47,6 +47,7 @@ def test_check_exits_1_on_a_violation_and_2_when_it_cannot_run(factory, code, wo
     assert words in both.out + both.err
 
 
+@pytest.mark.system  # a fresh pytest run of a user's project, ranks and all: `make system`
 def test_plugin_loads_without_torch_and_its_fixture_fails_a_bad_loader(pytester):
     """In a fresh pytest: loading the plugin imports no torch; the fixture passes a right
     loader (warning that one epoch leaves the reshuffle not judged), fails it with
