@@ -39,9 +39,13 @@ unit: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 # The slow ones, as a user or CI runs the project: the short soak, the benchmark and
-# compare tools, wheel builds, JupyterLab and `make lab`, torchrun jobs, the browser.
+# compare tools, wheel builds, JupyterLab and `make lab`, torchrun jobs, the installed
+# doctor, plain scripts, the browser.
+# One process by default; SYSTEM_FLAGS="-n 2 --dist loadfile" runs two files at a time,
+# as `make unit` does (not yet measured against the browser test's timeouts on 2 cores).
+SYSTEM_FLAGS ?=
 system: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -m "system or browser" tests
+	$(BIN)/python -m pytest -q $(SYSTEM_FLAGS) -m "system or browser" tests
 
 notebooks: $(BIN)/.installed
 	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-kernel=python3 --nbmake-timeout=$(NBTIMEOUT) .

@@ -132,6 +132,7 @@ def _check(results: dict) -> None:
     assert results["redefined helper"][0] == 102
 
 
+@pytest.mark.system  # `python script.py`, as a user runs it: `make system`
 def test_shapes_in_a_plain_script(tmp_path, short_tmp):
     """The same shapes from a script's __main__ (what `python script.py` pickles by value)."""
     script = tmp_path / "shapes.py"

@@ -87,6 +87,7 @@ def _left_behind(marker: str) -> list[str]:
 # ---------------------------------------------------------------- doctor
 
 
+@pytest.mark.system  # the installed ezpz-nb doctor, as a participant runs it: `make system`
 def test_doctor_passes_here_with_one_verdict_line(tmp_path, short_tmp):
     done = _ezpz_nb("doctor", *BUDGET, cwd=tmp_path, env={**os.environ, "TMPDIR": short_tmp})
     assert done.returncode == 0, done.stdout + done.stderr
@@ -101,6 +102,7 @@ def test_doctor_passes_here_with_one_verdict_line(tmp_path, short_tmp):
     assert _left_behind(short_tmp) == []
 
 
+@pytest.mark.system  # the installed ezpz-nb doctor, as a participant runs it: `make system`
 def test_doctor_fails_on_a_broken_gloo_and_says_what_to_do(tmp_path, short_tmp):
     env = {**os.environ, "TMPDIR": short_tmp, "GLOO_SOCKET_IFNAME": "ezpz-no-such-device"}
     done = _ezpz_nb("doctor", *BUDGET, cwd=tmp_path, env=env)
@@ -115,6 +117,7 @@ def test_doctor_fails_on_a_broken_gloo_and_says_what_to_do(tmp_path, short_tmp):
     assert _left_behind(short_tmp) == []
 
 
+@pytest.mark.system  # a venv made, and the doctor run from it: `make system`
 def test_doctor_without_torch_says_to_install_it(tmp_path):
     """Guards the first thing a participant may get wrong: a Python without torch. The
     doctor (which imports ezpz_nb first) still runs and says what to install, and the
@@ -152,6 +155,7 @@ def test_doctor_without_torch_says_to_install_it(tmp_path):
     assert "pip install torch" in used.stderr
 
 
+@pytest.mark.system  # the installed ezpz-nb doctor, as a participant runs it: `make system`
 def test_doctor_finds_a_python3_kernel_of_another_python(tmp_path):
     # A python3 kernel spec found before ours, running a Python without ezpz_nb: the
     # notebooks would fail on `import ezpz_nb`, so the doctor must say so.

@@ -206,6 +206,7 @@ ez.launch(lookup, world_size=2)
 """
 
 
+@pytest.mark.system  # `python script.py`, as a user runs it: `make system`
 def test_a_rank_error_in_a_script_is_informative(tmp_path):
     """Guards the script face of RankError: the header, the rank's file and line, the type."""
     script = tmp_path / "fails.py"
@@ -240,6 +241,7 @@ def _wait_until_both_sleep(pids: list[int], quiet_s: float = 0.3) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.system  # `python script.py`, as a user runs it: `make system`
 def test_ctrl_c_in_a_script_reports_each_rank_and_leaves_none(tmp_path):
     """Guards Ctrl-C on a hung script: a report like HangError's, exit, no rank left."""
     script = tmp_path / "hangs.py"

@@ -154,7 +154,9 @@ def test_killed_notebook_leaves_no_standby_process(short_tmp):
     assert os.listdir(short_tmp) == []
 
 
-@pytest.mark.parametrize("how", ["shutdown", "SIGKILL"])
+# A killed kernel under spawn is the slower case (`make system`); a killed script is
+# checked in the quick run above (test_killed_notebook_leaves_no_standby_process).
+@pytest.mark.parametrize("how", ["shutdown", pytest.param("SIGKILL", marks=pytest.mark.system)])
 def test_kernel_under_spawn_warms_a_pool_and_leaves_nothing(how, short_tmp):
     """Guards: in a real kernel with EZPZ_NB_START_METHOD=spawn, import ezpz_nb starts the
     pool, a launch uses it, and neither Jupyter's shutdown nor a killed kernel leaves a

@@ -88,6 +88,7 @@ c.close()
 """
 
 
+@pytest.mark.system  # a script with spawned ranks, as macOS and Windows start them: `make system`
 def test_start_method_variable_starts_spawned_ranks():
     """Guards: the switch really changes how ranks start (spawn, as on macOS/Windows),
     and an explicit start_method still wins over it."""
@@ -130,6 +131,7 @@ def _non_loopback_address() -> str | None:
     return None
 
 
+@pytest.mark.system  # scripts on a machine whose hostname resolves elsewhere: `make system`
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_gloo_listens_on_loopback_even_when_the_hostname_does_not(method, tmp_path):
     """Guards: no rank listens beyond 127.0.0.1, without naming an interface (lo, lo0 and

@@ -359,6 +359,7 @@ def test_report_round_trips_through_json_and_raises_for_violations():
     assert parse_layout({"dp": 2, "cp": 2}).world_size == 4
 
 
+@pytest.mark.system  # torchrun jobs, as on a cluster: `make system`
 @pytest.mark.parametrize(
     ("factory", "verdict"),
     [("right", "pass"), ("world_sharded", "fail"), ("raises_on_rank1", "rank 1")],

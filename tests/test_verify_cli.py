@@ -62,6 +62,7 @@ def test_check_says_not_all_judged_and_strict_exits_1(capsys):
     assert "not judged: reshuffle" in capsys.readouterr().out
 
 
+@pytest.mark.system  # a fresh pytest run of a user's project, ranks and all: `make system`
 def test_plugin_loads_without_torch_and_its_fixture_fails_a_bad_loader(pytester):
     """In a fresh pytest: loading the plugin imports no torch; the fixture passes a right
     loader (warning that one epoch leaves the reshuffle not judged), fails it with
@@ -112,6 +113,7 @@ def test_plugin_module_imports_nothing_heavy():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.system  # a torchrun job, as on a cluster: `make system`
 def test_check_under_torchrun_exits_1_and_rank_0_prints(tmp_path):
     """`torchrun -m ezpz_nb check`: in place on torchrun's ranks, one table, a failing exit.
 
@@ -130,6 +132,7 @@ def test_check_under_torchrun_exits_1_and_rank_0_prints(tmp_path):
     assert proc.stdout.count("samples by 'index': FAIL") == 1, proc.stdout + proc.stderr[-2000:]
 
 
+@pytest.mark.system  # a torchrun job, as on a cluster: `make system`
 def test_check_under_torchrun_bad_input_exits_2_on_every_rank(tmp_path):
     """A layout that does not match torchrun's world: every rank exits 2, rank 0 says why once.
 

@@ -59,6 +59,7 @@ def test_an_unknown_via_is_refused_before_any_rank_starts():
         check_resume(masked, "dp=2", via="disk")
 
 
+@pytest.mark.system  # a torchrun job, as on a cluster: `make system`
 def test_under_torchrun_the_parts_run_in_place_through_one_shared_folder(tmp_path):
     """torchrun --nproc_per_node=2: dcp.save and dcp.load in torchrun's own processes.
 

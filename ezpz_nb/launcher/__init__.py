@@ -19,7 +19,21 @@ Nothing here knows about data or ledgers; ``%%ranks`` is a front end above it
 
 from __future__ import annotations
 
-from ezpz_nb.launcher.cluster import Cluster, launch, live_clusters
+from typing import TYPE_CHECKING, Any
+
 from ezpz_nb.launcher.settings import MAX_WORLD_SIZE, START_METHODS
 
+if TYPE_CHECKING:
+    from ezpz_nb.launcher.cluster import Cluster, launch, live_clusters
+
 __all__ = ["MAX_WORLD_SIZE", "START_METHODS", "Cluster", "launch", "live_clusters"]
+
+
+def __getattr__(name: str) -> Any:
+    # On first use, not at import: `ezpz_nb.launcher.settings` (which the doctor reads
+    # before it knows torch and cloudpickle are there) must import without them.
+    if name in ("Cluster", "launch", "live_clusters"):
+        from ezpz_nb.launcher import cluster
+
+        return getattr(cluster, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
