@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ezpz_nb._dist import uses_nccl
 from ezpz_nb.data.broadcast import BatchBroadcaster
-from ezpz_nb.errors import EzpzError
+from ezpz_nb.errors import EzpzError, EzpzWarning
 from ezpz_nb.wrapping import wrap_message
 
 __all__ = [
@@ -53,7 +53,7 @@ __all__ = [
 _MASK64 = (1 << 64) - 1
 
 
-class DataLayoutWarning(UserWarning):
+class DataLayoutWarning(EzpzWarning):
     """A data-loading setup that runs but is probably not what was meant."""
 
 

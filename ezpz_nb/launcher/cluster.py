@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from ezpz_nb.events import reissue
 from ezpz_nb.launcher import wire
 from ezpz_nb.launcher.errors import HangError, RankError, RunInterrupted
 from ezpz_nb.launcher.policy import decide
@@ -189,6 +190,7 @@ class Cluster:
         """Act on what a run gave: return the replies, or stop ranks and raise."""
         decision = decide(result, starting=starting, one_shot=self.one_shot)
         if decision.outcome == "return":
+            reissue(result.warnings)  # may raise, under the notebook's "error" filter
             return [result.replies[r] for r in range(self.world_size)]
         stacks = {}
         try:
@@ -197,11 +199,17 @@ class Cluster:
         finally:  # a second interrupt while asking still leaves no rank behind
             if decision.kill:
                 self.kill()
+        error: BaseException
         if decision.outcome == "rank_error":
-            raise RankError(decision.failures, self.events, note=decision.note)
-        if decision.outcome == "interrupt":
-            raise RunInterrupted(stacks, self.events)
-        raise HangError(stacks, self.timeout, self.events)
+            error = RankError(decision.failures, self.events, note=decision.note)
+        elif decision.outcome == "interrupt":
+            error = RunInterrupted(stacks, self.events)
+        else:
+            error = HangError(stacks, self.timeout, self.events)
+        try:
+            reissue(result.warnings)
+        finally:  # a warning turned into an error by a filter does not hide the failure
+            raise error
 
 
 def live_clusters() -> list[Cluster]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
+from ezpz_nb.events import RelayedWarning
 from ezpz_nb.launcher import wire
 from ezpz_nb.launcher.failures import RankFailure, decode
 from ezpz_nb.launcher.procs import RankProcesses
@@ -34,6 +35,8 @@ class RunResult:
         pending: Ranks that neither replied nor failed by the deadline (or the grace
             after the first failure, or the interrupt).
         events: Items the ranks published, in arrival order.
+        warnings: ``(rank, RelayedWarning)`` in arrival order: our own warnings the
+            ranks issued, for the notebook to reissue (:func:`ezpz_nb.events.reissue`).
         interrupted: True when a ``KeyboardInterrupt`` ended the wait.
     """
 
@@ -41,6 +44,7 @@ class RunResult:
     failures: dict[int, RankFailure] = field(default_factory=dict)
     pending: set[int] = field(default_factory=set)
     events: list[RankEvent] = field(default_factory=list)
+    warnings: list[tuple[int, RelayedWarning]] = field(default_factory=list)
     interrupted: bool = False
 
     def settle(self, r: int, outcome: Any) -> None:
@@ -166,6 +170,9 @@ def _receive(
         msg = wire.loads(conn.recv_bytes())
     except (EOFError, OSError):
         return _Closed()
+    if isinstance(msg, wire.Event) and isinstance(msg.item, RelayedWarning):
+        result.warnings.append((r, msg.item))
+        return _Event()
     if isinstance(msg, wire.Event):
         ev = RankEvent(r, msg.item, time.monotonic())
         result.events.append(ev)
