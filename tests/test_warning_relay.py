@@ -27,8 +27,8 @@ def _layout_mistake() -> int:
 def _warn_everywhere(tag: str) -> int:
     # The same text on every rank (the tag keeps each run's text new: a rank shows a
     # warning once per text and line, as Python does), and a warning not ours.
-    warnings.warn(f"every rank {tag}", ez.DataLayoutWarning)
-    warnings.warn(f"not ours {tag}", UserWarning)
+    warnings.warn(f"every rank {tag}", ez.DataLayoutWarning, stacklevel=1)
+    warnings.warn(f"not ours {tag}", UserWarning, stacklevel=1)
     return dist.get_rank()
 
 
