@@ -317,3 +317,23 @@ def test_a_bad_argument_in_a_kernel_shows_the_message_and_the_learners_line(kern
     assert (
         f"Cell In[{n}], line 2" in shown and "ezpz_nb/" not in shown and "cloudpickle" not in shown
     )
+
+
+def test_a_ranks_layout_warning_shows_once_at_the_launching_cell_line(kernel):
+    """Guards issue 35 item 10 in a real kernel: a DataLayoutWarning issued on both ranks is
+    printed once, with the launching cell's file and line (the frame IPython names
+    ``Cell In[n], line 3``), naming both ranks, and no rank prints it itself."""
+    kernel(
+        "import warnings\n"
+        "def layout_slip():\n"
+        "    warnings.warn('tp_group without dp_group', ez.DataLayoutWarning, stacklevel=1)\n"
+        "    return 1"
+    )
+    _, text, errors = kernel(
+        "import inspect\nprint('cell file', inspect.currentframe().f_code.co_filename)\n"
+        "ez.launch(layout_slip, world_size=2)"
+    )
+    assert errors == []
+    cell_file = text.split("cell file ", 1)[1].split("\n", 1)[0]
+    shown = [ln for ln in text.splitlines() if "DataLayoutWarning" in ln]
+    assert shown == [f"{cell_file}:3: DataLayoutWarning: on ranks 0, 1: tp_group without dp_group"]
