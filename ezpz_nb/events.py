@@ -101,19 +101,19 @@ def publish(item: Any) -> bool:
 
 
 def reissue(relayed: Iterable[tuple[int, RelayedWarning]]) -> None:
-    """In the notebook: warn once per distinct ``(rank, RelayedWarning)`` text, naming the ranks.
+    """In the notebook: warn once per distinct warning (category and text), naming its ranks.
 
     Each is issued with :func:`warnings.warn` at the first frame outside ezpz_nb
     (and IPython): the learner's line that launched the run. So the notebook's own
     filters decide: ``simplefilter("ignore", ...)`` silences it, ``"error"`` raises
     it there.
     """
-    ranks: dict[RelayedWarning, list[int]] = {}
+    ranks: dict[RelayedWarning, set[int]] = {}
     for rank, item in relayed:
-        ranks.setdefault(item, []).append(rank)
+        ranks.setdefault(item, set()).add(rank)
     level = _launching_level()
     for item, rs in ranks.items():
-        who = f"rank {rs[0]}" if len(rs) == 1 else f"ranks {', '.join(map(str, sorted(rs)))}"
+        who = f"rank {min(rs)}" if len(rs) == 1 else f"ranks {', '.join(map(str, sorted(rs)))}"
         sep = "" if item.text.startswith("\n") else " "
         warnings.warn(f"on {who}:{sep}{item.text}", item.category, stacklevel=level)
 
