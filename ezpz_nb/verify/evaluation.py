@@ -29,7 +29,7 @@ from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
-__all__ = ["Seen", "check_eval", "run_seen", "seen_on_rank"]
+__all__ = ["Seen", "check_eval", "dataset_size", "run_seen", "seen_on_rank", "seen_report"]
 
 
 @dataclass
@@ -254,15 +254,28 @@ def check_eval(
     ):
         raise VerifyError(f"num_samples must be a positive int or None, got {num_samples!r}")
     seen = run_seen(make_loader, grid, key, weight, None, timeout, cluster)
-    n = (
-        num_samples
-        if num_samples is not None
-        else next((s.num_samples for s in seen if s.num_samples), None)
-    )
-    return EvalReport(
-        f"{getattr(make_loader, '__qualname__', 'make_loader')} on {grid}, eval",
-        {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp},
-        "eval",
-        [judge_counted_once(seen, n), judge_equal_steps(seen, collective_step)],
-        {s.rank: len(s.ids) for s in seen},
-    )
+    n = dataset_size(seen, num_samples)
+    judged = [judge_counted_once(seen, n), judge_equal_steps(seen, collective_step)]
+    return seen_report(make_loader, grid, "eval", "eval", judged, seen)
+
+
+def dataset_size(seen: list[Seen], num_samples: int | None) -> int | None:
+    """``num_samples`` when given, else the length some rank's dataset reported."""
+    if num_samples is not None:
+        return num_samples
+    return next((s.num_samples for s in seen if s.num_samples), None)
+
+
+def seen_report(
+    make_loader: Callable[..., Any],
+    grid: Grid,
+    what: str,
+    mode: str,
+    judged: list[Judgement],
+    seen: list[Seen],
+) -> EvalReport:
+    """The report of an eval or steps check: its judgements and each rank's sample count."""
+    name = getattr(make_loader, "__qualname__", "make_loader")
+    layout = {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp}
+    return EvalReport(f"{name} on {grid}, {what}", layout, mode, judged,
+                      {s.rank: len(s.ids) for s in seen})  # fmt: skip

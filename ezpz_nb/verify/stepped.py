@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from ezpz_nb.verify.contract import parse_layout
-from ezpz_nb.verify.evaluation import Seen, run_seen
+from ezpz_nb.verify.evaluation import Seen, dataset_size, run_seen, seen_report
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
@@ -171,15 +171,6 @@ def check_steps(
         raise VerifyError(f"steps must be a positive int, got {steps!r}")
     seen = run_seen(make_loader, grid, key, "weight", steps, timeout, cluster)
     dp_seen = [s for s in seen if s.counts]
-    n = (
-        num_samples
-        if num_samples is not None
-        else next((s.num_samples for s in seen if s.num_samples), None)
-    )
-    return EvalReport(
-        f"{getattr(make_loader, '__qualname__', 'make_loader')} on {grid}, {steps} steps",
-        {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp},
-        "steps",
-        [judge_steps(seen, steps), judge_coverage(dp_seen, n)],
-        {s.rank: len(s.ids) for s in seen},
-    )
+    n = dataset_size(seen, num_samples)
+    judged = [judge_steps(seen, steps), judge_coverage(dp_seen, n)]
+    return seen_report(make_loader, grid, f"{steps} steps", "steps", judged, seen)
