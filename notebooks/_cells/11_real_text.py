@@ -540,11 +540,13 @@ for packed in (True, False):
     two_ways = ez.launch(loss_two_ways, corpus, pieces, packed, world_size=WORLD)[0]
     print("packed rows:" if packed else "budget batches:")
     for step, (mean_of_means, per_token, counts) in enumerate(two_ways):
+        # Short lines: one long line would wrap mid-word in a notebook's output column.
         print(
-            f"  step {step}: labelled tokens per replica {[int(c) for c in counts]} (a token of "
-            f"the smallest weighs {max(counts) / min(counts):.2f}x one of the largest in the "
-            f"mean of rank means); mean of rank means {mean_of_means:.5f}, per-token mean "
-            f"{per_token:.5f}, difference {per_token - mean_of_means:+.1e}"
+            f"  step {step}: labelled tokens per replica {[int(c) for c in counts]}\n"
+            f"    in the mean of rank means a token of the smallest weighs "
+            f"{max(counts) / min(counts):.2f}x one of the largest\n"
+            f"    mean of rank means {mean_of_means:.5f}, per-token mean {per_token:.5f}, "
+            f"difference {per_token - mean_of_means:+.1e}"
         )
         assert len(set(counts)) == 1 or mean_of_means != per_token
     gaps[packed] = max(abs(per_token - m) for m, per_token, _ in two_ways)
