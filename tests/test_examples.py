@@ -19,6 +19,7 @@ from torch.utils.data import DistributedSampler
 
 import ezpz_nb as ez
 from ezpz_nb import _dist
+from ezpz_nb.data import DataLayoutWarning
 from ezpz_nb.data.groups import layout_table
 from ezpz_nb.examples import (
     capstone,
@@ -112,9 +113,12 @@ def test_dp_sharding_without_set_epoch_repeats_the_first_order(cluster):
 
 
 def test_dp_sharding_over_the_world_is_flagged_as_tp_mismatch(cluster):
-    ledger = Ledger.from_results(
-        cluster.run(dp_sharding.run, tp_size=TP, epochs=1, shard_over="world")
-    )
+    """Guards: sharding over the world is caught twice, by the warning the ranks relay to
+    the caller (at the launching line) and by the ledger's TP check."""
+    with pytest.warns(DataLayoutWarning, match="on rank 0:"):
+        ledger = Ledger.from_results(
+            cluster.run(dp_sharding.run, tp_size=TP, epochs=1, shard_over="world")
+        )
     assert kinds(ledger) == {"tp_mismatch"}
 
 
