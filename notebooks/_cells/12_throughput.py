@@ -359,9 +359,12 @@ print("GPU here:", torch.cuda.is_available())
 # The checker runs the slow run of section 3 (rank 1 holds the long documents) and then yours,
 # in one launch, for 2 epochs. Write `faster_loader(dataset, rank, world_size)` returning the
 # DataLoader each rank trains on. It passes when rank 1's data-wait share in the last epoch
-# (after its first step) is at most half the slow loader's, or when the work is rebalanced so
-# that no rank is the straggler. Loading before the loop, or moving it to the epoch's first step,
-# hides the wait instead of removing it: the checker measures both and says so.
+# (after its first step) is at most half the slow loader's, or when the work is rebalanced: rank
+# 1's samples in the last epoch hold at most 1.5x the words of rank 0's. The checker counts the
+# words from the ledger instead of comparing the ranks' clocks: two cores of one laptop can run
+# the same code 1.5x apart, which would fail a balanced answer. Loading before the loop, or
+# moving it to the epoch's first step, hides the wait instead of removing it: the checker
+# measures both and says so.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.throughput as ex
