@@ -179,6 +179,9 @@ def test_an_interrupted_cell_leaves_no_agent_or_rank(case):
     the agents and their ranks (ranks live in sessions of their own) before it propagates."""
     slow = case / "slow.py"
     slow.write_text(TINY.replace("main()\n", "import time; time.sleep(120)\n"))
+    # A kernel turns SIGINT into KeyboardInterrupt; a pytest started in the background by
+    # a non-interactive shell inherits SIGINT ignored, and the interrupt would never arrive.
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(6, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -186,6 +189,7 @@ def test_an_interrupted_cell_leaves_no_agent_or_rank(case):
             torchrun(slow, nproc_per_node=2, timeout_s=60, echo=False)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, saved)
 
 
 @pytest.mark.system

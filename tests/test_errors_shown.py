@@ -8,6 +8,7 @@ failure is ours. An interrupted run reports where each rank was and leaves no ra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -206,6 +207,10 @@ ez.launch(lookup, world_size=2)
 """
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.system  # `python script.py`, as a user runs it: `make system`
 def test_a_rank_error_in_a_script_is_informative(tmp_path):
     """Guards the script face of RankError: the header, the rank's file and line, the type."""
@@ -261,7 +266,13 @@ def test_ctrl_c_in_a_script_reports_each_rank_and_leaves_none(tmp_path):
         )
     )
     proc = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # As a terminal starts it: SIGINT not ignored (a pytest started in the background by
+        # a non-interactive shell ignores it, and the script would inherit that).
+        preexec_fn=_sigint_default,
     )
     pids = []
     assert proc.stdout is not None
@@ -274,7 +285,15 @@ def test_ctrl_c_in_a_script_reports_each_rank_and_leaves_none(tmp_path):
     # a stack taken while rank 0 is still on its way names the line it was on.
     _wait_until_both_sleep(pids)
     os.kill(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        # Fail this test alone: the script and its ranks must not outlive it into the next.
+        for pid in [proc.pid, *pids]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the script did not end within 120 s of its Ctrl-C")
     assert proc.returncode != 0
     assert "RunInterrupted" in err and "rank 0: barrier() at hangs.py:7" in err
     assert "rank 1: finished its function" in err
