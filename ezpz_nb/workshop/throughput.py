@@ -259,17 +259,17 @@ def check_faster_loader(
         # apart in CPU time, and laptops mix fast and slow cores; a balanced loader's
         # ranks measured up to 1.7x apart, so a timing rule failed right answers.
         work = _words_per_rank(yours, last)
-        others = statistics.median(w for r, w in work.items() if r != HEAVY_RANK)
         rest = [r for r in work if r != HEAVY_RANK]
+        others = statistics.median(work[r] for r in rest)
         them = f"rank {rest[0]}" if len(rest) == 1 else "the other ranks (median)"
         balance = (
-            f"in the last epoch rank {HEAVY_RANK} loaded {work[HEAVY_RANK]:,} words, "
+            f"In the last epoch rank {HEAVY_RANK} loaded {work[HEAVY_RANK]:,} words, "
             f"{them} {others:,.0f}."
         )
         if work[HEAVY_RANK] <= REBALANCED * others:
-            return f"{measured} The work is rebalanced: {balance}"
+            return f"{measured} {balance} The work is rebalanced."
         raise wrong(
-            f"{measured} {balance[0].upper()}{balance[1:]} Cut the wait at least in half (more workers for the heavy "
+            f"{measured} {balance} Cut the wait at least in half (more workers for the heavy "
             "rank, prefetching), or spread the long documents over the ranks."
         )
 
