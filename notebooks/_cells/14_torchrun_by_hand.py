@@ -83,6 +83,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import time
 import warnings
 from datetime import timedelta
@@ -110,6 +111,12 @@ RUN_ID = os.environ["TORCHELASTIC_RUN_ID"]  # the same in every attempt of one j
 # (section 6), so nothing that every rank must agree on is keyed on it.
 RESTART_COUNT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 MAX_RESTARTS = int(os.environ["TORCHELASTIC_MAX_RESTARTS"])
+
+
+def say(line):
+    """Print ``line`` in one write: torchrun runs ranks unbuffered (``python -u``), and
+    print() writes the newline in a call of its own, so two ranks' lines could run together."""
+    sys.stdout.write(line + "\n")
 
 
 def parse_args(argv=None):
@@ -367,6 +374,8 @@ def train(args, device, cpu_group, layout, loader, attempt, start):
 # %% [markdown]
 # `@record` (torch's, imported as `report_errors`) writes a failing rank's traceback where
 # torchrun finds it, so the job's failure report names the rank and shows its traceback.
+# The ranks of a node share one output and torchrun runs them unbuffered, so each line is
+# written with `say()`, in one call: two ranks' `print()`s can run together on one line.
 
 
 # %%
@@ -377,14 +386,13 @@ def main(argv=None):
     device, cpu_group = init(args.backend, args.timeout)
     attempt, *start = agree_on_attempt(args.out, cpu_group)
     layout, loader = build_pipeline(args, device)
-    print(
+    say(
         f"rank {RANK} local_rank {LOCAL_RANK} world_size {WORLD_SIZE} "
         f"local_world_size {LOCAL_WORLD_SIZE} node {NODE} attempt {attempt} "
-        f"device {device} dp {layout.dp_rank} tp {layout.tp_rank} restart_count {RESTART_COUNT}",
-        flush=True,
+        f"device {device} dp {layout.dp_rank} tp {layout.tp_rank} restart_count {RESTART_COUNT}"
     )
     steps = train(args, device, cpu_group, layout, loader, attempt, start)
-    print(f"rank {RANK} done: {steps} steps", flush=True)
+    say(f"rank {RANK} done: {steps} steps")
     # Only after a run that went well (a rank whose collective failed would wait here).
     # destroy_distributed() is dist.destroy_process_group() that also frees the groups
     # DeviceMesh keeps: a gloo thread still alive at exit can abort the process.
