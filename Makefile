@@ -47,8 +47,15 @@ SYSTEM_FLAGS ?=
 system: $(BIN)/.installed
 	$(BIN)/python -m pytest -q $(SYSTEM_FLAGS) -m "system or browser" tests
 
+# NB_IGNORE: notebooks to leave out. `make test` leaves out those the browser test runs
+# (tests/browser_notebooks.txt) when Chromium is there to run them: it runs every cell
+# as nbmake does and checks more, and each run of 14 alone costs a minute.
+NB_IGNORE ?=
+BROWSER_RUNS := $(if $(wildcard /usr/bin/chromium),$(shell grep -v '^\#' tests/browser_notebooks.txt | cut -d' ' -f1))
+
 notebooks: $(BIN)/.installed
-	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-kernel=python3 --nbmake-timeout=$(NBTIMEOUT) .
+	$(if $(NB_IGNORE),@echo "nbmake leaves to the browser test: $(NB_IGNORE)")
+	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-kernel=python3 --nbmake-timeout=$(NBTIMEOUT) $(addprefix --ignore=,$(NB_IGNORE)) .
 
 # The notebooks again as macOS and Windows run them: ranks spawned, from the standby pool.
 # Not all of them: a set that takes every launch path once. 00 the doctor and its first
@@ -69,6 +76,7 @@ format: $(BIN)/.installed
 	$(BIN)/ruff format ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py
 	$(BIN)/python notebooks/_build.py
 
+test: NB_IGNORE = $(BROWSER_RUNS)
 test: lint unit notebooks system
 
 # The wheel as a participant installs it: built as the README says, installed into a

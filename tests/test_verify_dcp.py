@@ -9,11 +9,22 @@ from typing import Any
 
 import pytest
 
+import ezpz_nb as ez
 from ezpz_nb.data.resumable import GlobalOrderLoader
 from ezpz_nb.examples.capstone import RuleTokenDataset
 from ezpz_nb.verify import VerifyError, check_resume
 
 pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def four():
+    """Warm ranks for the dp 2 x tp 2 checks: each part still builds a fresh loader and
+    loads the saved state, and a fresh rank would import torch.distributed.checkpoint
+    again (1.5 s each on 2 cores, 44 times per check). The dp 2 checks below run in fresh
+    ranks, as a notebook's first check does."""
+    with ez.Cluster(4, timeout=60) as c:
+        yield c
 
 
 def masked(layout: Any) -> GlobalOrderLoader:
@@ -26,14 +37,14 @@ def _leftovers() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "ezpz-dcp-*")))
 
 
-def test_a_sound_loader_resumes_through_dcp_on_dp2_tp2_in_every_scenario():
+def test_a_sound_loader_resumes_through_dcp_on_dp2_tp2_in_every_scenario(four):
     """Per-DP-rank keys in a real dcp.save / dcp.load, on 4 ranks, and the folder is removed.
 
     Guards: the DCP path losing a rank's place (one key for all: every rank would
     replay one rank's shard) and checkpoint folders outliving the check.
     """
     before = _leftovers()
-    report = check_resume(masked, "dp=2,tp=2", epochs=2, via="dcp")
+    report = check_resume(masked, "dp=2,tp=2", epochs=2, via="dcp", cluster=four)
     assert report.ok, report.table()
     assert report.rule_verdicts()["resume"] == "pass"
     assert _leftovers() == before
@@ -94,14 +105,14 @@ def broadcast(layout: Any) -> Any:
     return TPBroadcastDataLoader(masked(layout), layout.tp_group)
 
 
-def test_a_tp_broadcast_loader_resumes_through_dcp_at_dp2_tp2():
+def test_a_tp_broadcast_loader_resumes_through_dcp_at_dp2_tp2(four):
     """TPBroadcastDataLoader: the leader's state, saved once per TP group, resumes both peers.
 
     Guards: the TP-agreement check refusing a correct broadcast loader (its peers
     hold ``"loader": None`` by design), and a peer that does not resume at its
     leader's step (it would wait for batches the leader never sends, or stop early).
     """
-    report = check_resume(broadcast, "dp=2,tp=2", epochs=2, via="dcp")
+    report = check_resume(broadcast, "dp=2,tp=2", epochs=2, via="dcp", cluster=four)
     assert report.ok, report.table()
     assert report.rule_verdicts()["resume"] == "pass"
 
@@ -142,15 +153,16 @@ def forgetful_broadcast(layout: Any) -> Any:
     return TPBroadcastDataLoader(forgetful(layout), layout.tp_group)
 
 
-def test_a_tp_broadcast_leader_that_forgets_its_rng_still_fails_at_dp2_tp2():
+def test_a_tp_broadcast_leader_that_forgets_its_rng_still_fails_at_dp2_tp2(four):
     """The agreement check lets broadcast peers through, not a leader's forgotten RNG.
 
     Guards: the TP fix hiding a real trap (peers compare only their step; the
     leader's draws must still match the straight run's on every rank).
     """
     report = check_resume(
-        forgetful_broadcast, "dp=2,tp=2", epochs=1, scenarios=["mid-epoch"], via="dcp"
-    )
+        forgetful_broadcast, "dp=2,tp=2", epochs=1, scenarios=["mid-epoch"], via="dcp",
+        cluster=four,
+    )  # fmt: skip
     assert report.rule_verdicts()["resume"] == "fail", report.table()
     first = next(f for f in report.violations if f.kind == "divergence")
     assert (first.epoch, first.step) == (0, 6) and "with other contents" in first.message

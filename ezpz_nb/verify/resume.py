@@ -173,7 +173,7 @@ def check_resume(
 
         args = dict(layout=layout, epochs=epochs, scenarios=scenarios, options=options,
                     resume_layout=resume_layout, resume_options=resume_options, key=key,
-                    timeout=timeout, start_method=start_method)  # fmt: skip
+                    timeout=timeout, start_method=start_method, cluster=cluster)  # fmt: skip
         return resume_via(via, check_resume, make_loader, **args)
     grid = parse_layout(layout)
     grid2 = parse_layout(resume_layout) if resume_layout is not None else grid
