@@ -489,6 +489,19 @@ def steps_over_padded_stream(stream, train_step):
         steps += 1
 
 
+def steps_prefetching_one(stream, train_step):
+    # Unusual but right: the next batch read before this one's step (one batch ahead).
+    steps, upcoming = 0, next(stream, None)
+    while True:
+        more = torch.tensor(0 if upcoming is None else 1)
+        dist.all_reduce(more, op=dist.ReduceOp.MIN)
+        if not more:
+            return steps
+        batch, upcoming = upcoming, next(stream, None)
+        train_step(batch)
+        steps += 1
+
+
 def steps_by_len(stream, train_step):
     n = torch.tensor(len(stream))  # a stream has no len()
     dist.all_reduce(n, op=dist.ReduceOp.MIN)
@@ -617,7 +630,12 @@ CASES = [
     ),
     (
         ex.check_steps_over_stream,
-        [SOL["steps_over_stream"], steps_by_gathered_flags, steps_over_padded_stream],
+        [
+            SOL["steps_over_stream"],
+            steps_by_gathered_flags,
+            steps_over_padded_stream,
+            steps_prefetching_one,
+        ],
         [
             (steps_by_len, "has no len()"),
             (steps_one_short, "returned 0"),
@@ -650,6 +668,24 @@ def test_wrong_solutions_are_explained(checker, rights, wrongs):
         assert not result.passed
         assert result.status == "wrong", result.message
         assert phrase in result.message, result.message
+
+
+def test_reading_ahead_in_chunks_fails_when_the_last_chunk_ends_one_past_the_last_step(
+    monkeypatch,
+):
+    """Guards the draw that let the chunk dodge pass (1 check in 8): with the shortest stream
+    at 8k + 7 batches, chunks of 8 end exactly one batch past the last step, so the totals
+    look like one batch read ahead; the read-ahead is counted at every step."""
+    from ezpz_nb.workshop import batch_exercises, batch_jobs
+
+    seed = 11  # streams of 215, 243, 299 batches and an endless one: 215 = 8 * 26 + 7
+    counts = batch_jobs.stream_counts(seed, 4)
+    assert min(c for c in counts if c is not None) % 8 == 7
+    monkeypatch.setattr(batch_exercises, "fresh_seed", lambda: seed)
+    result = ex.check_steps_over_stream(steps_in_chunks)
+    assert result.status == "wrong", result.message
+    assert "had pulled 8 batches from its stream when it took step 1" in result.message
+    assert ex.check_steps_over_stream(steps_prefetching_one).status == "correct"
 
 
 @pytest.mark.parametrize("checker", [c[0] for c in CASES], ids=IDS)

@@ -195,12 +195,19 @@ def check_steps_over_stream(
         each_returned(got, "the number of steps taken")
         want = min(c for c in counts if c is not None)
         plan = ", ".join(f"rank {r} {'endless' if c is None else c}" for r, c in enumerate(counts))
-        for r, (out, calls, pulled) in enumerate(got):
+        for r, (out, calls, pulled, (ahead, at_step)) in enumerate(got):
             if calls != want:
                 raise wrong(
                     f"rank {r} called train_step {calls} times; with batches per rank "
                     f"{plan}, every rank can take {want} steps and no more: stop when "
                     "the first rank runs out, and not before."
+                )
+            if ahead > at_step + 1:
+                raise wrong(
+                    f"rank {r} had pulled {ahead} batches from its stream when it took step "
+                    f"{at_step}: a rank may read at most one batch beyond its steps (the one "
+                    "that tells whether a step follows). Reading ahead in chunks or to a cap "
+                    "holds batches the ranks have not agreed on; agree on every batch."
                 )
             if pulled > calls + 1:
                 raise wrong(

@@ -217,13 +217,21 @@ class UnsizedBatches:
 
 
 def job_stream(fn: Callable, counts: list[int | None]) -> Any:
-    """Exercise 7: what ``fn`` returned, how often it called ``train_step``, batches it pulled."""
+    """Exercise 7: what ``fn`` returned, how often it called ``train_step``, batches it
+    pulled, and its furthest read ahead: ``(pulled, step)`` where pulled minus steps
+    peaked (counted at every step, so reading ahead in chunks shows even when the last
+    chunk happens to end one batch past the last step)."""
     calls: list[int] = []
+    ahead = (0, 0)  # (batches pulled, at step), where the pulled batches led the steps most
 
     def train_step(batch: Any) -> None:
         """One training step: a gradient all-reduce over every rank."""
+        nonlocal ahead
         if not isinstance(batch, dict) or "index" not in batch:
             raise TypeError(f"train_step needs a batch from the stream, got {batch!r}")
+        step = len(calls) + 1
+        if stream.pulled - step > ahead[0] - ahead[1]:
+            ahead = (stream.pulled, step)
         grad = batch["index"].float()
         dist.all_reduce(grad)  # stands in for DDP's gradient all-reduce
         calls.append(int(batch["index"][0]))
@@ -236,4 +244,4 @@ def job_stream(fn: Callable, counts: list[int | None]) -> Any:
         out = int(out)
     except (TypeError, ValueError):
         out = repr(out)[:200]
-    return out, len(calls), stream.pulled
+    return out, len(calls), stream.pulled, ahead
