@@ -187,9 +187,7 @@ def open_and_run(lab: Lab, browser: Any, notebook: str, timeout_s: float) -> tup
         )
         problems += _shown_problems(page, no_figures=notebook in WITHOUT_FIGURES)
         page.screenshot(path=str(ARTIFACTS / f"{Path(notebook).stem}.png"), full_page=False)
-        if not _saved_differs_by_outputs_only(lab, page, notebook, stored):
-            problems.append("saved after the run, it differs from the stored one beyond outputs")
-        problems += _errors_saved(lab, notebook)
+        problems += _saved_problems(lab, page, notebook, stored)
         return page, problems
     except BaseException:
         page.screenshot(path=str(ARTIFACTS / f"{Path(notebook).stem}-failure.png"))
@@ -230,33 +228,30 @@ def _shown_problems(page: Any, no_figures: bool = False) -> list[str]:
     return problems
 
 
-def _saved_differs_by_outputs_only(lab: Lab, page: Any, notebook: str, stored: dict) -> bool:
-    """Save the run notebook: True when, outputs and counts aside, it is what was stored."""
+def _saved_problems(lab: Lab, page: Any, notebook: str, stored: dict) -> list[str]:
+    """Save the run notebook and read it once: an error output in it, as nbmake would fail
+    on (however it renders: a RankError shows the learner's lines, not the word Traceback),
+    and whether, outputs and counts aside, it differs from what was stored."""
     page.keyboard.press("Control+s")
     page.wait_for_function(
         "() => document.querySelectorAll('.lm-TabBar-tab.jp-mod-dirty').length === 0",
         timeout=30_000,
     )
     saved = json.loads((lab.root / notebook).read_text())
-    for cell in saved["cells"]:
-        if cell["cell_type"] == "code":
-            assert cell["execution_count"], "the run was not saved"
-            cell["outputs"], cell["execution_count"] = [], None
-    saved["metadata"].pop("widgets", None)  # widget state, as outputs: the run's
-    return bool(saved == stored)
-
-
-def _errors_saved(lab: Lab, notebook: str) -> list[str]:
-    """An error output in the saved run, as nbmake would fail on it (however it renders:
-    a RankError shows the learner's lines, not the word Traceback)."""
-    saved = json.loads((lab.root / notebook).read_text())
     code = [c for c in saved["cells"] if c["cell_type"] == "code"]
-    return [
+    problems = [
         f"an error in code cell {i}: {o['ename']}: {o['evalue'][:300]}"
         for i, c in enumerate(code)
         for o in c["outputs"]
         if o["output_type"] == "error"
     ]
+    for cell in code:
+        assert cell["execution_count"], "the run was not saved"
+        cell["outputs"], cell["execution_count"] = [], None
+    saved["metadata"].pop("widgets", None)  # widget state, as outputs: the run's
+    if saved != stored:
+        problems.append("saved after the run, it differs from the stored one beyond outputs")
+    return problems
 
 
 # A notebook with one instance of each class, and the metadata the notebooks had before
