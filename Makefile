@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 NBTIMEOUT ?= 120
 
-.PHONY: lab test lint format unit system notebooks notebooks-spawn wheel-test bench compare soak browser tour clean gpu-check
+.PHONY: lab test lint format unit system notebooks wheel-test bench compare soak browser tour clean gpu-check
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,22 +28,31 @@ lab: $(BIN)/.installed
 	$(BIN)/ezpz-nb lab $(LAB_FLAGS)
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py
-	$(BIN)/ruff format --check ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py
+	$(BIN)/ruff check ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py conftest.py
+	$(BIN)/ruff format --check ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py conftest.py
 	$(BIN)/mypy
 	$(BIN)/python notebooks/_build.py --check
 
+# Workers for the test runs. Each worker takes whole files (module fixtures and leak
+# checks stay per worker), in the order tests/conftest.py gives them: the slowest first,
+# so no long file runs alone at the end (--no-loadscope-reorder keeps that order; xdist
+# would otherwise sort files by their number of tests). Three workers on 2 cores: the
+# tests that wait for a hang's deadline leave a core idle that the third one fills.
+UNIT_WORKERS ?= 3
+XDIST = --dist loadfile --no-loadscope-reorder
+
 # The quick tests: pytest's default run leaves out those marked system or browser.
-# Two workers, each taking whole files (module fixtures and leak checks stay per worker).
 unit: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+	$(BIN)/python -m pytest -q -n $(UNIT_WORKERS) $(XDIST) tests
 
 # The slow ones, as a user or CI runs the project: the short soak, the benchmark and
 # compare tools, wheel builds, JupyterLab and `make lab`, torchrun jobs, the installed
 # doctor, plain scripts, the browser.
-# One process by default; SYSTEM_FLAGS="-n 2 --dist loadfile" runs two files at a time,
-# as `make unit` does (not yet measured against the browser test's timeouts on 2 cores).
-SYSTEM_FLAGS ?=
+# Two workers: alone, these tests leave about half of 2 cores idle (torchrun agents and
+# JupyterLab wait for their processes), two keep both busy (measured: 668 s -> 483 s). The
+# browser test's slowest notebook then took 65 s of its 180 s limit. SYSTEM_FLAGS= runs
+# them one at a time.
+SYSTEM_FLAGS ?= -n 2 $(XDIST)
 system: $(BIN)/.installed
 	$(BIN)/python -m pytest -q $(SYSTEM_FLAGS) -m "system or browser" tests
 
@@ -53,27 +62,29 @@ system: $(BIN)/.installed
 NB_IGNORE ?=
 BROWSER_RUNS := $(if $(wildcard /usr/bin/chromium),$(shell grep -v '^\#' tests/browser_notebooks.txt | cut -d' ' -f1))
 
+# SPAWN_NOTEBOOKS run with ranks spawned, as macOS and Windows start them
+# (EZPZ_NB_START_METHOD=spawn, from the standby pool: --spawn-notebook, in conftest.py),
+# the others with Linux's forkserver, all in one run on NB_WORKERS workers: every
+# notebook runs once, and together they take every launch path under both. 01:
+# ez.launch, Cluster, %%ranks, a rank's error and a hang (cell code by value, into a
+# fresh interpreter); 07: a DeviceMesh (new gloo groups on loopback); 10: DataLoader
+# workers inside spawned ranks. Jobs sent by reference (the checkers of 05 and 13) are
+# imported by the rank under forkserver too (the server preloads only torch and the rank
+# code), so they run forked. A spawned rank imports torch (about 2 s of CPU) where a
+# forked one imports nothing: 05 took 45 s spawned, 8 s forked, for no new path.
+# `make notebooks SPAWN_NOTEBOOKS=` runs them all the platform's way.
+SPAWN_NOTEBOOKS ?= 01_process_groups.ipynb 07_device_mesh.ipynb 10_iterable_workers.ipynb
+NB_WORKERS ?= 2
+
 notebooks: $(BIN)/.installed
 	$(if $(NB_IGNORE),@echo "nbmake leaves to the browser test: $(NB_IGNORE)")
-	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-kernel=python3 --nbmake-timeout=$(NBTIMEOUT) $(addprefix --ignore=,$(NB_IGNORE)) .
-
-# The notebooks again as macOS and Windows run them: ranks spawned, from the standby pool.
-# Not all of them: a set that takes every launch path once. 00 the doctor and its first
-# launches (within its budget); 01 ez.launch, Cluster, %%ranks, a rank's error and a hang;
-# 06 the explorer widget's Cluster and live events (Progress); 07 a DeviceMesh (new gloo
-# groups on loopback); 10 DataLoader workers inside spawned ranks; 13 check_contract/
-# check_resume, whose jobs (module functions, sent by reference) a fresh rank imports.
-# 05 is left out: its checkers launch module functions by reference as 13 does, and its
-# expected failures are RankErrors as in 01. .ci/run runs it after `make test`.
-SPAWN_NOTEBOOKS ?= 00_setup_check.ipynb 01_process_groups.ipynb 06_explorer.ipynb \
-	07_device_mesh.ipynb 10_iterable_workers.ipynb 13_your_loader_checked.ipynb
-
-notebooks-spawn: $(BIN)/.installed
-	cd notebooks && EZPZ_NB_START_METHOD=spawn ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-kernel=python3 --nbmake-timeout=$(NBTIMEOUT) $(SPAWN_NOTEBOOKS)
+	cd notebooks && ../$(BIN)/python -m pytest -q -p no:cacheprovider -n $(NB_WORKERS) \
+		--nbmake --nbmake-kernel=python3 --nbmake-timeout=$(NBTIMEOUT) \
+		$(addprefix --spawn-notebook=,$(SPAWN_NOTEBOOKS)) $(addprefix --ignore=,$(NB_IGNORE)) .
 
 # Rewrites the code in ruff's style; then rebuild the notebooks from their sources.
 format: $(BIN)/.installed
-	$(BIN)/ruff format ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py
+	$(BIN)/ruff format ezpz_nb ezpz_nb_pytest tests benchmarks notebooks setup.py conftest.py
 	$(BIN)/python notebooks/_build.py
 
 test: NB_IGNORE = $(BROWSER_RUNS)

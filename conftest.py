@@ -1,0 +1,43 @@
+"""Notebooks under nbmake with a start method each: ``--spawn-notebook NAME`` runs that
+notebook with its ranks spawned, as macOS and Windows start them.
+
+The kernel that nbmake starts inherits this process's environment, so setting
+``EZPZ_NB_START_METHOD`` around one notebook's run gives that kernel (and only it) spawned
+ranks, while the other notebooks keep the platform's default. One pytest run, one set of
+workers: the Makefile's spawned and forked notebooks share them instead of queueing in two
+runs. Only ``make notebooks`` passes the option; a plain ``pytest --nbmake`` is unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+START_METHOD_ENV = "EZPZ_NB_START_METHOD"  # ezpz_nb.launcher.settings; not imported: no torch here
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--spawn-notebook",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run this notebook (file name) with EZPZ_NB_START_METHOD=spawn; repeatable",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if item.path.name not in item.config.getoption("spawn_notebook"):
+        return (yield)
+    before = os.environ.get(START_METHOD_ENV)
+    os.environ[START_METHOD_ENV] = "spawn"
+    try:
+        return (yield)
+    finally:
+        if before is None:
+            del os.environ[START_METHOD_ENV]
+        else:
+            os.environ[START_METHOD_ENV] = before

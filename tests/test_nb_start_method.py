@@ -1,0 +1,45 @@
+"""The repository's conftest.py: ``--spawn-notebook NAME`` gives that notebook's kernel
+EZPZ_NB_START_METHOD=spawn and leaves every other notebook's kernel as it was.
+
+`make notebooks` relies on it to run some notebooks with spawned ranks in the same run as
+the others; if the option stopped reaching the kernel, CI would no longer run any
+notebook the way macOS and Windows start ranks, and nothing else would notice.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytest_plugins = ["pytester"]
+
+
+def _notebook(path: Path, expected: str | None) -> None:
+    """A one-cell notebook that fails unless its kernel sees ``expected``."""
+    source = (
+        f"import os\ngot = os.environ.get('EZPZ_NB_START_METHOD')\nassert got == {expected!r}, got"
+    )
+    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": []}
+    nb = {
+        "cells": [{**cell, "source": source}],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    path.write_text(json.dumps(nb))
+
+
+def test_spawn_notebook_reaches_that_kernel_only(pytester: pytest.Pytester, monkeypatch):
+    """Guards: the named notebook's kernel gets spawn (a hook that set nothing, or set it
+    too late for the kernel, fails the first notebook) and the next one in the same
+    process does not (one that leaked it past its notebook fails the second)."""
+    monkeypatch.delenv("EZPZ_NB_START_METHOD", raising=False)
+    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    _notebook(pytester.path / "a_spawned.ipynb", "spawn")
+    _notebook(pytester.path / "b_as_before.ipynb", None)
+    flags = ("-p", "no:cacheprovider", "-p", "no:xdist", "--nbmake", "--nbmake-kernel=python3")
+    done = pytester.runpytest_subprocess(*flags, "--spawn-notebook=a_spawned.ipynb")
+    done.assert_outcomes(passed=2)
