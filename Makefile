@@ -12,12 +12,14 @@ NBTIMEOUT ?= 120
 
 .PHONY: lab test lint format unit system notebooks wheel-test bench compare soak browser tour clean gpu-check
 
+# ipykernel stages the kernel spec in a temporary folder and leaves that folder behind
+# (empty): TMPDIR stages it inside the venv, so nothing of the setup stays in /tmp.
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e '.[dev,loaders]'
-	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	TMPDIR=$(abspath $(VENV)) $(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
 # `ezpz-nb lab` serves notebooks/ on 127.0.0.1 (and allows root: containers and CI
