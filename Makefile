@@ -67,14 +67,14 @@ BROWSER_RUNS := $(if $(wildcard /usr/bin/chromium),$(shell grep -v '^\#' tests/b
 # SPAWN_NOTEBOOKS run with ranks spawned, as macOS and Windows start them
 # (EZPZ_NB_START_METHOD=spawn, from the standby pool: --spawn-notebook, in conftest.py),
 # the others with Linux's forkserver, all in one run on NB_WORKERS workers: every
-# notebook runs once, and together they take every launch path under both. 01:
-# ez.launch, Cluster, %%ranks, a rank's error and a hang (cell code by value, into a
-# fresh interpreter); 07: a DeviceMesh (new gloo groups on loopback); 10: DataLoader
-# workers inside spawned ranks. Jobs sent by reference (the checkers of 05 and 13) are
-# imported by the rank under forkserver too (the server preloads only torch and the rank
-# code), so they run forked. A spawned rank imports torch (about 2 s of CPU) where a
-# forked one imports nothing: 05 took 45 s spawned, 8 s forked, for no new path.
-# `make notebooks SPAWN_NOTEBOOKS=` runs them all the platform's way.
+# notebook runs once. Spawned: 01, ez.launch, Cluster, %%ranks, a rank's error and a hang
+# (cell code by value, into a fresh interpreter); 07, a DeviceMesh (new gloo groups on
+# loopback); 10, DataLoader workers inside spawned ranks. Forked only: the checkers' jobs
+# sent by reference (05, 13), which a forked rank imports too (the forkserver preloads
+# only torch and the rank code), and the doctor's launches (00) and the explorer's live
+# events (06), which take 01's launch and Cluster paths. A spawned rank imports torch
+# (about 2 s of CPU) where a forked one imports nothing: 05 took 45 s spawned, 8 s
+# forked. `make notebooks SPAWN_NOTEBOOKS=` runs them all the platform's way.
 SPAWN_NOTEBOOKS ?= 01_process_groups.ipynb 07_device_mesh.ipynb 10_iterable_workers.ipynb
 NB_WORKERS ?= 2
 
