@@ -8,8 +8,8 @@ import tempfile
 import pytest
 
 # The files that take longest, slowest first (measured with --durations on 2 cores).
-# `make unit` and `make system` hand whole files to two workers in collection order, so a
-# long file collected last would run alone at the end while the other worker idles;
+# `make unit` and `make system` hand whole files to their workers in collection order, so
+# a long file collected last would run alone at the end while the other workers idle;
 # longest first lets the short ones fill in. Order only: every test still runs.
 SLOW_FIRST = (
     "test_browser.py",

@@ -13,14 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from ezpz_nb.launcher.settings import START_METHOD_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 pytest_plugins = ["pytester"]
 
 
 def _notebook(path: Path, expected: str | None) -> None:
     """A one-cell notebook that fails unless its kernel sees ``expected``."""
+    # The launcher's own name for the variable: conftest.py spells it out (importing
+    # the settings would import torch into every pytest process), and a drift fails here.
     source = (
-        f"import os\ngot = os.environ.get('EZPZ_NB_START_METHOD')\nassert got == {expected!r}, got"
+        f"import os\ngot = os.environ.get({START_METHOD_ENV!r})\nassert got == {expected!r}, got"
     )
     cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": []}
     nb = {
@@ -36,7 +40,7 @@ def test_spawn_notebook_reaches_that_kernel_only(pytester: pytest.Pytester, monk
     """Guards: the named notebook's kernel gets spawn (a hook that set nothing, or set it
     too late for the kernel, fails the first notebook) and the next one in the same
     process does not (one that leaked it past its notebook fails the second)."""
-    monkeypatch.delenv("EZPZ_NB_START_METHOD", raising=False)
+    monkeypatch.delenv(START_METHOD_ENV, raising=False)
     pytester.makeconftest((ROOT / "conftest.py").read_text())
     _notebook(pytester.path / "a_spawned.ipynb", "spawn")
     _notebook(pytester.path / "b_as_before.ipynb", None)
