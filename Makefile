@@ -94,10 +94,13 @@ test: lint unit notebooks system
 
 # The wheel as a participant installs it: built as the README says, installed into a
 # fresh venv in a temporary folder outside the repository; there every module imports,
-# the entry points run (doctor, notebooks DIR, check, the pytest plugin, tour 00) and
-# the two notebooks that reach beyond the package (13: the notebook extra; 14: torchrun
-# ranks importing the install) run under nbmake. The other notebooks read nothing the
-# wheel adds and run once, in `make notebooks`; WHEEL_FLAGS=--all runs them all here.
+# the entry points run (doctor, notebooks DIR, check, the pytest plugin, tour 00), and
+# what the notebooks reach beyond the package is checked from DIR: every module their
+# cells import (the notebook extra's: 13) imports from the install, and 14's torchrun
+# worker, assembled from its %%writefile cells, runs under torchrun (2 ranks importing the
+# install). The notebooks themselves run once, in `make test`: the rest of what they do
+# reads nothing the wheel adds (nbmake ran 13 and 14 here: 61 s of the 160).
+# WHEEL_FLAGS=--all runs every notebook here too.
 # .ci/run runs it after `make test` (which checks a quick version: tests/test_wheel.py).
 WHEEL_FLAGS ?=
 wheel-test: $(BIN)/.installed

@@ -9,12 +9,17 @@ folder outside the repository, and there checks what only the wheel can break:
 * the entry points: ``ezpz-nb doctor``, ``ezpz-nb notebooks DIR`` (every stored
   notebook and note, as package data), ``ezpz-nb check`` and the pytest plugin's
   fixture on a loader of its own, a one-notebook ``ezpz-nb tour`` (notebook 00);
-* the notebooks that reach beyond the package: :data:`NOTEBOOKS` under nbmake from
-  DIR (the ``notebook`` extra's datasets and torchdata; torchrun ranks that import
-  the installed ezpz_nb and a worker file written beside the notebook).
+* what the notebooks reach beyond the package, from DIR: every module that a
+  notebook's code cells import (and the files its ``%%writefile`` cells write) imports
+  in the install, so an extra that lacks a notebook's dependency fails here, whichever
+  notebook it is (13's datasets and torchdata among them); and notebook 14's torchrun
+  worker, assembled from its ``%%writefile`` cells beside the notebook, runs under
+  torchrun with 2 ranks that import the installed ezpz_nb, and leaves a sound ledger.
 
-The other notebooks run once, from the repository (``make notebooks``): they read
-nothing the wheel adds. ``--all`` runs every notebook here too (before a release).
+Every notebook runs once, from the repository (``make notebooks`` and the browser
+test); nbmake reruns none of them here: what they do beyond the imports and 14's
+worker reads nothing the wheel adds. ``--all`` runs every notebook here too (before a
+release).
 It prints how long each step took. ``tests/test_wheel.py`` uses its helpers to
 build the wheel.
 """
@@ -22,6 +27,8 @@ build the wheel.
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import os
 import shutil
 import subprocess
@@ -46,16 +53,16 @@ LOCAL = shutil.ignore_patterns(
     "test-artifacts",
     "_notebooks",
 )
-# What a course repository's CI adds to run notebooks (the wheel does not depend on them).
-TEST_TOOLS = ("pytest>=7.4", "nbmake>=1.5")
+# What a course repository's CI adds to test with it (the wheel does not depend on them);
+# nbmake too where the notebooks run here (--all).
+TEST_TOOLS = ("pytest>=7.4",)
+NBMAKE_TOOL = "nbmake>=1.5"
 # The README's course-CI steps, run here against the built wheel.
 DOCTOR = ("ezpz-nb", "doctor", "--budget", "60")  # a shared runner may be slow
 NBMAKE = ("pytest", "--nbmake")  # then --nbmake-timeout=S and the notebooks
-# The notebooks run from the wheel: what only an installed copy can break. 13 imports the
-# `notebook` extra (datasets, torchdata: the wheel's metadata names them); 14 starts
-# torchrun, whose ranks import ezpz_nb from the install, and writes its worker file beside
-# the notebook copied out of the package. Notebook 00 runs in the tour step.
-NOTEBOOKS = ("13_your_loader_checked.ipynb", "14_torchrun_by_hand.ipynb")
+# Notebook 14 writes this torchrun worker beside itself (%%writefile cells); its ranks
+# import ezpz_nb from the install. Notebook 00 runs in the tour step.
+WORKER_NOTEBOOK, WORKER = "14_torchrun_by_hand.ipynb", "torchrun_worker.py"
 # Every module of the installed package imports, from the install (not from a checkout).
 IMPORT_ALL = """\
 import importlib, pkgutil, sys
@@ -67,6 +74,26 @@ where = {m.__file__.rsplit("/ezpz_nb", 1)[0] for n, m in sys.modules.items()
          if n.split(".")[0] in ("ezpz_nb", "ezpz_nb_pytest") and getattr(m, "__file__", None)}
 assert len(where) == 1 and "site-packages" in where.pop(), where
 print(len(names), "modules imported from the install")
+"""
+# Each module named on the command line imports here; all failures are named at once.
+IMPORT_EACH = """\
+import importlib, sys
+failed = []
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except ImportError as exc:
+        failed.append(f"{name}: {exc}")
+assert not failed, "a notebook imports what the install lacks:\\n" + "\\n".join(failed)
+print(len(sys.argv) - 1, "modules the notebooks import, imported from the install")
+"""
+# The worker's ledger, read by the installed package: every rank wrote its file, sound.
+LEDGER_SOUND = """\
+import sys
+from ezpz_nb.ledger import Ledger
+ledger = Ledger.load(sys.argv[1])
+assert ledger.ok and ledger.ranks() == list(range(int(sys.argv[2]))), ledger.summary()
+print(ledger.summary())
 """
 # A project's own test of its loader, through the wheel's pytest plugin: a right loader
 # passes, a wrong one raises ContractViolation (an AssertionError) naming the rule.
@@ -84,6 +111,82 @@ def test_wrong_is_caught(loader_contract):
     with pytest.raises(AssertionError, match="dp_duplicate"):
         loader_contract(loaders.unsharded, "dp=2", epochs=1)
 """
+
+
+def code_cells(notebook: Path) -> list[str]:
+    """The source of each code cell of a stored notebook, in order."""
+    cells = json.loads(notebook.read_text())["cells"]
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+
+
+def _written(cell: str) -> tuple[str, bool, str] | None:
+    """``(file, append, body)`` of a ``%%writefile [-a] FILE`` cell, else None."""
+    head, _, body = cell.lstrip().partition("\n")
+    words = head.split()
+    if not words or words[0] != "%%writefile":
+        return None
+    return words[-1], "-a" in words[1:-1], body
+
+
+def notebook_imports(notebooks: list[Path]) -> list[str]:
+    """The modules the notebooks import that must resolve where they run.
+
+    Their code cells' and their ``%%writefile``-d Python files' import statements,
+    wherever they stand (inside a function too), except those in a ``try`` block: a
+    notebook that guards an import runs without it (07's private torch module, 13's
+    streaming). Line magics and shell lines are left out; modules the notebooks write
+    are too.
+    """
+    found: set[str] = set()
+    optional: set[str] = set()
+    own: set[str] = set()
+    for notebook in notebooks:
+        for cell in code_cells(notebook):
+            written = _written(cell)
+            if written is not None:
+                own.add(Path(written[0]).stem)
+                if not written[0].endswith(".py"):
+                    continue
+                cell = written[2]
+            elif cell.lstrip().startswith("%%"):
+                continue  # another cell magic: not this kernel's Python
+            lines = [ln for ln in cell.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+            tree = ast.parse("\n".join(lines))
+            in_try = {
+                id(n)
+                for t in ast.walk(tree)
+                if isinstance(t, ast.Try)
+                for b in t.body
+                for n in ast.walk(b)
+            }
+            for node in ast.walk(tree):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                (optional if id(node) in in_try else found).update(names)
+    # A guarded module is optional wherever the notebook imports it (13 tests
+    # `streaming is not None` before its later `from streaming... import`).
+    return sorted(
+        m
+        for m in found
+        if m.split(".")[0] not in own and not any(m == g or m.startswith(g + ".") for g in optional)
+    )
+
+
+def written_file(notebook: Path, name: str) -> str:
+    """What the notebook's ``%%writefile [-a] name`` cells write, in the notebook's order."""
+    text = ""
+    for cell in code_cells(notebook):
+        written = _written(cell)
+        if written is not None and written[0] == name:
+            # IPython runs a cell's source with a final newline, and the magic writes it.
+            body = written[2] if written[2].endswith("\n") else written[2] + "\n"
+            text = (text if written[1] else "") + body
+    if not text:
+        raise SystemExit(f"wheel test: {notebook.name} writes no {name}")
+    return text
 
 
 def copy_checkout(dest: Path) -> Path:
@@ -165,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch", default="torch==2.13.0", help="torch requirement to install")
     parser.add_argument("--timeout", type=int, default=120, help="seconds one cell may take")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    parser.add_argument("--all", action="store_true", help="run every notebook, not NOTEBOOKS")
+    parser.add_argument("--all", action="store_true", help="run every notebook under nbmake too")
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="ezpz_nb-wheel-test-"))
@@ -187,7 +290,16 @@ def main(argv: list[str] | None = None) -> int:
         # With the notebook extra (torchdata, for notebook 09), as the README says.
         steps.run(
             "install the wheel",
-            [py, "-m", "pip", "install", "-q", f"{wheel}[notebook]", *TEST_TOOLS],
+            [
+                py,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                f"{wheel}[notebook]",
+                *TEST_TOOLS,
+                *([NBMAKE_TOOL] if args.all else []),
+            ],
             home,
             900,
         )
@@ -202,13 +314,43 @@ def main(argv: list[str] | None = None) -> int:
         got = sorted(p.name for p in nbs.iterdir())
         if got != shipped:
             raise SystemExit(f"wheel test: ezpz-nb notebooks gave {got}, expected {shipped}")
-        chosen = ["."] if args.all else list(NOTEBOOKS)
+        notebooks = sorted(nbs.glob("*.ipynb"))
+        modules = notebook_imports(notebooks)
         steps.run(
-            "nbmake, " + ("every notebook" if args.all else " ".join(n[:2] for n in chosen)),
-            [str(bin_dir / NBMAKE[0]), *NBMAKE[1:], f"--nbmake-timeout={args.timeout}", *chosen],
+            f"the notebooks' {len(modules)} imports",
+            [py, "-c", IMPORT_EACH, *modules],
             nbs,
-            1800,
+            300,
         )
+        # Notebook 14's worker, as its cells write it beside the notebook, under torchrun:
+        # its ranks import the installed ezpz_nb (from DIR, not from a checkout).
+        (nbs / WORKER).write_text(written_file(nbs / WORKER_NOTEBOOK, WORKER))
+        steps.run(
+            "torchrun 14's worker, 2 ranks",
+            [
+                py,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=2",
+                WORKER,
+                "--out",
+                "ledger",
+                "--tp-size",
+                "2",
+            ],
+            nbs,
+            300,
+        )
+        # The worker writes one folder per attempt: one attempt here, no restart.
+        steps.run("its ledger", [py, "-c", LEDGER_SOUND, "ledger/attempt0", "2"], nbs, 120)
+        if args.all:
+            steps.run(
+                "nbmake, every notebook",
+                [str(bin_dir / NBMAKE[0]), *NBMAKE[1:], f"--nbmake-timeout={args.timeout}", "."],
+                nbs,
+                1800,
+            )
         # ezpz_nb.verify as a course or a library uses it: the command and the pytest
         # fixture, found through the wheel's entry points, on a loader of its own.
         checks = home / "loader_checks"

@@ -6,6 +6,7 @@ the default ``pytest`` run leaves them out.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import sys
@@ -17,6 +18,32 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _procs import new_tag, run_limited, tagged  # noqa: E402
+from soak import EXAMPLES  # noqa: E402
+
+#: The examples the short soak runs here; tests/test_torchrun.py runs the others
+#: README-form with the soak's checks (leaves_nothing=True).
+SOAKED_HERE = ("dp_sharding", "step_alignment")
+RUN_BY_TEST_TORCHRUN = ("tp_broadcast", "capstone")
+
+
+def test_every_example_is_soaked_in_make_system_once():
+    """A new example in the soak must be run by one of the two, not silently by neither;
+    and test_torchrun.py does run its two with the soak's checks."""
+    assert sorted(SOAKED_HERE + RUN_BY_TEST_TORCHRUN) == sorted(EXAMPLES)
+    tree = ast.parse((ROOT / "tests" / "test_torchrun.py").read_text())
+    checked = {
+        node.args[1].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "torchrun"
+        and len(node.args) > 1
+        and isinstance(node.args[1], ast.Constant)
+        and any(
+            k.arg == "leaves_nothing" and getattr(k.value, "value", None) is True
+            for k in node.keywords
+        )
+    }
+    assert set(RUN_BY_TEST_TORCHRUN) <= checked, checked
 
 
 @pytest.mark.system
@@ -24,15 +51,26 @@ from _procs import new_tag, run_limited, tagged  # noqa: E402
 def test_short_soak_every_run_exits_zero_and_leaves_nothing():
     """Guards the exit-time abort (a rank's gloo thread outlived the interpreter: SIGABRT,
     torchrun said FAILED after the work was done) and leftovers: a README-form torchrun
-    run of each example (the FSDP2 x TP capstone included) and of the README's ez.launch
-    snippet, a launch and a Cluster lifecycle in one process; any non-zero exit,
-    leftover process or temporary entry, or teardown warning that a gloo group outlived
-    it (the capstone's DTensor run did, until destroy_distributed freed what DTensor
-    holds) fails. One round (tests/test_torchrun.py runs three examples under torchrun
-    again): `make soak` repeats it 15 times, for what fails one run in many."""
+    run of dp_sharding and step_alignment and of the README's ez.launch snippet, a launch
+    and a Cluster lifecycle in one process; any non-zero exit, leftover process or
+    temporary entry, or teardown warning that a gloo group outlived it fails. The other
+    two examples, tp_broadcast and the FSDP2 x TP capstone (whose DTensor run left a gloo
+    group behind until destroy_distributed freed what DTensor holds), run in
+    tests/test_torchrun.py with these same checks (``leaves_nothing``), so they are not
+    run twice. One round: `make soak` repeats every example 15 times, for what fails one
+    run in many."""
     tag = new_tag()
     status, out, _ = run_limited(
-        [sys.executable, "benchmarks/soak.py", "--runs", "1", "--tp-sizes", "2"],
+        [
+            sys.executable,
+            "benchmarks/soak.py",
+            "--runs",
+            "1",
+            "--tp-sizes",
+            "2",
+            "--examples",
+            *SOAKED_HERE,
+        ],
         tag=tag,
         limit_s=1100,
         cwd=str(ROOT),
@@ -43,13 +81,13 @@ def test_short_soak_every_run_exits_zero_and_leaves_nothing():
         for line in out.splitlines()
         if line.startswith(("| torchrun", "| ez.", "| Cluster", "| notebook"))
     ]
-    assert len(rows) == 4 + 1 + 3, out
+    assert len(rows) == len(SOAKED_HERE) + 1 + 3, out
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[2:3] == ["0"] and cells[4:6] == ["0", "0"], row  # failures, leftovers
         # runs whose teardown warned of an outliving group ("-": ranks that os._exit)
         assert cells[-1] == ("-" if row.startswith(("| ez.", "| Cluster")) else "0"), row
-    assert "torchrun examples: 0 failures in 4 runs" in out
+    assert f"torchrun examples: 0 failures in {len(SOAKED_HERE)} runs" in out
     assert not tagged(tag)
 
 

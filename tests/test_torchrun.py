@@ -25,6 +25,10 @@ import torch
 from ezpz_nb.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _procs import kill_tagged, new_tag, tagged, tagged_env  # noqa: E402
+from soak import GRACE_S, OUTLIVE_WARNING, TORCH_OWN  # noqa: E402
+
 # A hang would otherwise block CI; the examples' own timeouts end a stuck run first.
 LIMIT_S = 120
 # Whole torchrun jobs, as on a cluster: `make system` (and so `make test`) runs them.
@@ -49,19 +53,40 @@ def torchrun_cmd(nproc: int, module: str, *args: str) -> tuple[list[str], dict[s
     ], env
 
 
-def torchrun(nproc: int, module: str, *args: str) -> subprocess.CompletedProcess:
-    """Run ``torchrun --standalone`` on ``module`` to the end."""
+def torchrun(
+    nproc: int, module: str, *args: str, leaves_nothing: bool = False
+) -> subprocess.CompletedProcess:
+    """Run ``torchrun --standalone`` on ``module`` to the end.
+
+    With ``leaves_nothing``, also what the soak (benchmarks/soak.py) counts of a run, so
+    that the soak's short round in `make system` need not run the same job again: exit
+    0, no process of it alive ``GRACE_S`` after it (a rank's gloo thread outliving the
+    interpreter aborts it at exit), nothing in its TMPDIR but torch's own folders, and
+    no teardown warning that a gloo group outlived it.
+    """
     cmd, env = torchrun_cmd(nproc, module, *args)
+    tag = new_tag()
     # torchrun leaves a torchelastic_* folder in TMPDIR: give it one we remove.
     with tempfile.TemporaryDirectory(prefix="ezpz-tr", dir="/tmp") as tmp:
-        return subprocess.run(
+        proc = subprocess.run(
             cmd,
             cwd=ROOT,
-            env=dict(env, TMPDIR=tmp),
+            env=tagged_env(tag, env, TMPDIR=tmp),
             capture_output=True,
             text=True,
             timeout=LIMIT_S,
         )
+        temp = sorted(n for n in os.listdir(tmp) if not n.startswith(TORCH_OWN))
+    deadline = time.monotonic() + GRACE_S
+    while tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = kill_tagged(tag)
+    if leaves_nothing:
+        assert proc.returncode == 0, output(proc)
+        assert left == 0, f"{left} process(es) of the job outlived it by {GRACE_S} s"
+        assert not temp, f"left in its TMPDIR: {temp}"
+        assert OUTLIVE_WARNING not in proc.stdout + proc.stderr, output(proc)
+    return proc
 
 
 def output(proc: subprocess.CompletedProcess) -> str:
@@ -69,8 +94,9 @@ def output(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_tp_broadcast_under_torchrun_leaves_a_sound_ledger_per_rank(tmp_path):
-    proc = torchrun(4, "tp_broadcast", "--out", str(tmp_path), "--tp-size", "2", "--check")
-    assert proc.returncode == 0, output(proc)
+    proc = torchrun(
+        4, "tp_broadcast", "--out", str(tmp_path), "--tp-size", "2", "--check", leaves_nothing=True
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"rank{r}.jsonl" for r in range(4)]
     ledger = Ledger.load(tmp_path)
     assert ledger.ok, ledger.summary()
@@ -149,9 +175,17 @@ def test_capstone_under_torchrun_matches_one_process(tmp_path):
     from ezpz_nb.examples.capstone import reference_losses
 
     proc = torchrun(
-        4, "capstone", "--out", str(tmp_path), "--num-samples", "64", "--epochs", "1", "--check"
+        4,
+        "capstone",
+        "--out",
+        str(tmp_path),
+        "--num-samples",
+        "64",
+        "--epochs",
+        "1",
+        "--check",
+        leaves_nothing=True,
     )
-    assert proc.returncode == 0, output(proc)
     assert "All checks passed." in proc.stdout
     ledger = Ledger.load(tmp_path)
     assert ledger.ok and ledger.ranks() == [0, 1, 2, 3], ledger.summary()

@@ -358,25 +358,30 @@ def test_report_round_trips_through_json_and_raises_for_violations():
     assert parse_layout({"dp": 2, "cp": 2}).world_size == 4
 
 
-@pytest.mark.system  # torchrun jobs, as on a cluster: `make system`
-@pytest.mark.parametrize(
-    ("factory", "verdict"),
-    [("right", "pass"), ("world_sharded", "fail"), ("raises_on_rank1", "rank 1")],
-)
-def test_under_torchrun_it_runs_in_place(tmp_path, factory, verdict):
+#: The cases of the torchrun job below, in the order it runs them: the one that
+#: raises goes last, and the ones after a failed check still get their verdicts.
+IN_PLACE = [("right", "pass"), ("world_sharded", "fail"), ("raises_on_rank1", "rank 1")]
+
+
+@pytest.fixture(scope="module")
+def in_place_reports(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One torchrun job (4 ranks) that checks every factory of IN_PLACE in turn."""
+    from _verify_torchrun import run_job
+
+    out = tmp_path_factory.mktemp("in_place")
+    return out, run_job(4, "dp=2,tp=2", out, [f for f, _ in IN_PLACE])
+
+
+@pytest.mark.system  # a torchrun job, as on a cluster: `make system`
+@pytest.mark.parametrize(("factory", "verdict"), IN_PLACE)
+def test_under_torchrun_it_runs_in_place(in_place_reports, factory, verdict):
     """torchrun --nproc_per_node=4: the same factories, the same verdicts, no ranks started.
 
     Guards: a check that only works from a notebook (starting its own ranks
     inside torchrun's, or hanging in the gather when one rank's factory raises).
     """
-    from test_torchrun import torchrun_cmd
-
-    out = tmp_path / "report.json"
-    script = str(Path(__file__).parent / "_verify_torchrun.py")
-    cmd, env = torchrun_cmd(4, script, factory, "dp=2,tp=2", str(out))
-    proc = subprocess.run(
-        cmd, env=dict(env, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=150
-    )
+    folder, proc = in_place_reports
+    out = folder / f"{factory}.json"
     assert out.exists(), proc.stderr[-3000:]
     text = out.read_text()
     if verdict == "rank 1":

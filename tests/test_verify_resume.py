@@ -145,21 +145,27 @@ def test_bad_resume_arguments_and_stateless_loaders_are_clear_errors():
     assert info.value.rank == 0
 
 
+IN_PLACE = [("stateful", "pass"), ("forgetful", "fail")]
+
+
+@pytest.fixture(scope="module")
+def in_place_reports(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One torchrun job (2 ranks) that checks the resume of every factory of IN_PLACE."""
+    from _verify_torchrun import run_job
+
+    out = tmp_path_factory.mktemp("in_place")
+    return out, run_job(2, "dp=2", out, [f"{f}:resume" for f, _ in IN_PLACE])
+
+
 @pytest.mark.system  # a torchrun job, as on a cluster: `make system`
-@pytest.mark.parametrize(("factory", "verdict"), [("stateful", "pass"), ("forgetful", "fail")])
-def test_under_torchrun_the_parts_run_in_place(tmp_path, factory, verdict):
+@pytest.mark.parametrize(("factory", "verdict"), IN_PLACE)
+def test_under_torchrun_the_parts_run_in_place(in_place_reports, factory, verdict):
     """torchrun --nproc_per_node=2: each part builds a fresh loader in the same processes.
 
     Guards: a resume check that only works where it can start ranks of its own.
     """
-    from test_torchrun import torchrun_cmd
-
-    out = tmp_path / "report.json"
-    script = str(Path(__file__).parent / "_verify_torchrun.py")
-    cmd, env = torchrun_cmd(2, script, factory, "dp=2", str(out), "resume")
-    proc = subprocess.run(
-        cmd, env=dict(env, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=150
-    )
+    folder, proc = in_place_reports
+    out = folder / f"{factory}-resume.json"
     assert out.exists(), proc.stderr[-3000:]
     report = Report.from_json(out.read_text())
     assert report.verdict == verdict, report.table()

@@ -9,6 +9,8 @@ checkout.
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import subprocess
 import sys
@@ -16,12 +18,69 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from _wheel import build_wheel, copy_checkout, pip_wheel
+from _wheel import build_wheel, copy_checkout, notebook_imports, pip_wheel, written_file
 
 import ezpz_nb.cli.resources as resources
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
+
+
+def _notebook(path: Path, *cells: str) -> Path:
+    """A stored notebook of these code cells, and a markdown cell that imports nothing."""
+    code = [
+        {"cell_type": "code", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
+        for c in cells
+    ]
+    text = {"cell_type": "markdown", "metadata": {}, "source": "import not_code"}
+    path.write_text(
+        json.dumps({"cells": [*code, text], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    )
+    return path
+
+
+def test_the_wheel_pass_takes_each_import_a_notebook_needs_and_the_files_it_writes(tmp_path):
+    """Guards `make wheel-test`'s reading of the notebooks, which replaced running 13 and
+    14 there: every unguarded import counts (in a function too, and in a written .py
+    file), magics and shell lines do not, an import guarded by a try is optional wherever
+    it recurs, the notebook's own files are not asked of the install, and the written
+    file is what IPython writes (a final newline per cell; -a appends, no -a starts over)."""
+    nb = _notebook(
+        tmp_path / "a.ipynb",
+        "%matplotlib inline\nimport numpy as np\n!pip list\nfrom torch.utils.data import X\n",
+        "def f():\n    import json\n    from . import sibling\n",
+        "try:\n    import streaming\nexcept Exception:\n    streaming = None\n"
+        "if streaming is not None:\n    from streaming.base import x\n",
+        "%%writefile worker.py\nimport old\n",
+        "%%writefile worker.py\nimport argparse\ndef main():\n    pass\n",
+        "%%writefile -a worker.py\nimport signal\nmain()",
+        "%%writefile notes.txt\nimport not_python\n",
+        "%%bash\nimport not_python_either\n",
+        "import worker\n",
+    )
+    assert notebook_imports([nb]) == [
+        "argparse",
+        "json",
+        "numpy",
+        "old",
+        "signal",
+        "torch.utils.data",
+    ]
+    assert written_file(nb, "worker.py") == (
+        "import argparse\ndef main():\n    pass\nimport signal\nmain()\n"
+    )
+    with pytest.raises(SystemExit, match="writes no other.py"):
+        written_file(nb, "other.py")
+
+
+def test_the_wheel_pass_reads_the_stored_notebooks():
+    """The real notebooks: 13's extras are asked of the install, its optional streaming
+    is not, and notebook 14's worker comes out whole (it defines and calls main)."""
+    modules = notebook_imports(sorted(NOTEBOOKS.glob("*.ipynb")))
+    assert {"datasets", "torchdata.stateful_dataloader", "ezpz_nb.agents.by_hand"} <= set(modules)
+    assert not [m for m in modules if m.split(".")[0] in ("streaming", "torchrun_worker")]
+    worker = ast.parse(written_file(NOTEBOOKS / "14_torchrun_by_hand.ipynb", "torchrun_worker.py"))
+    assert "main" in {f.name for f in worker.body if isinstance(f, ast.FunctionDef)}
 
 
 @pytest.fixture(scope="module")
