@@ -66,16 +66,15 @@ BROWSER_RUNS := $(if $(wildcard /usr/bin/chromium),$(shell grep -v '^\#' tests/b
 
 # SPAWN_NOTEBOOKS run with ranks spawned, as macOS and Windows start them
 # (EZPZ_NB_START_METHOD=spawn, from the standby pool: --spawn-notebook, in conftest.py),
-# the others with Linux's forkserver, all in one run on NB_WORKERS workers: every
-# notebook runs once. Spawned: 01, ez.launch, Cluster, %%ranks, a rank's error and a hang
-# (cell code by value, into a fresh interpreter); 07, a DeviceMesh (new gloo groups on
-# loopback); 10, DataLoader workers inside spawned ranks. Forked only: the checkers' jobs
-# sent by reference (05, 13), which a forked rank imports too (the forkserver preloads
-# only torch and the rank code), and the doctor's launches (00) and the explorer's live
-# events (06), which take 01's launch and Cluster paths. A spawned rank imports torch
-# (about 2 s of CPU) where a forked one imports nothing: 05 took 45 s spawned, 8 s
-# forked. `make notebooks SPAWN_NOTEBOOKS=` runs them all the platform's way.
-SPAWN_NOTEBOOKS ?= 01_process_groups.ipynb 07_device_mesh.ipynb 10_iterable_workers.ipynb
+# the others with Linux's forkserver, all in one run on NB_WORKERS workers. None by
+# default: a spawned rank imports torch (about 2 s of CPU) where a forked one imports
+# nothing: 01, 07 and 10 took 146 CPU-s spawned, 25 forked (01 alone: 81 and 6).
+# Their launch paths run spawned in `make unit` instead, in a real kernel
+# (tests/test_cell_shapes.py's kernel tests, once per start method): ez.launch, Cluster
+# and %%ranks with the cell shapes (code by value into fresh interpreters), a DeviceMesh,
+# DataLoader workers forked from a spawned rank, a rank's error, a hang. Before a
+# release, e.g.: make notebooks SPAWN_NOTEBOOKS="01_process_groups.ipynb 07_device_mesh.ipynb"
+SPAWN_NOTEBOOKS ?=
 NB_WORKERS ?= 2
 
 notebooks: $(BIN)/.installed
@@ -94,13 +93,13 @@ test: lint unit notebooks system
 
 # The wheel as a participant installs it: built as the README says, installed into a
 # fresh venv in a temporary folder outside the repository; there every module imports,
-# the entry points run (doctor, notebooks DIR, check, the pytest plugin, tour 00), and
-# what the notebooks reach beyond the package is checked from DIR: every module their
-# cells import (the notebook extra's: 13) imports from the install, and 14's torchrun
-# worker, assembled from its %%writefile cells, runs under torchrun (2 ranks importing the
-# install). The notebooks themselves run once, in `make test`: the rest of what they do
-# reads nothing the wheel adds (nbmake ran 13 and 14 here: 61 s of the 160).
-# WHEEL_FLAGS=--all runs every notebook here too.
+# the entry points run (doctor, notebooks DIR, check, the pytest plugin, tour 00, the
+# README's course-CI nbmake step on 05, whose ranks import the checkers), and what the
+# notebooks reach beyond the package is checked from DIR: every module their cells import
+# (the notebook extra's: 13) imports from the install, and 14's torchrun worker, assembled
+# from its %%writefile cells, runs under torchrun (2 ranks importing the install). The
+# notebooks run once, in `make test`: the rest of what they do reads nothing the wheel
+# adds (nbmake ran 13 and 14 here: 61 s of the 160). WHEEL_FLAGS=--all runs them all here.
 # .ci/run runs it after `make test` (which checks a quick version: tests/test_wheel.py).
 WHEEL_FLAGS ?=
 wheel-test: $(BIN)/.installed

@@ -14,12 +14,14 @@ folder outside the repository, and there checks what only the wheel can break:
   in the install, so an extra that lacks a notebook's dependency fails here, whichever
   notebook it is (13's datasets and torchdata among them); and notebook 14's torchrun
   worker, assembled from its ``%%writefile`` cells beside the notebook, runs under
-  torchrun with 2 ranks that import the installed ezpz_nb, and leaves a sound ledger.
+  torchrun with 2 ranks that import the installed ezpz_nb, and leaves a sound ledger;
+* the README's course-CI step (``pytest --nbmake``) from DIR on :data:`NBMAKE_NOTEBOOK`,
+  whose ranks import the workshop's checkers from the install.
 
 Every notebook runs once, from the repository (``make notebooks`` and the browser
-test); nbmake reruns none of them here: what they do beyond the imports and 14's
-worker reads nothing the wheel adds. ``--all`` runs every notebook here too (before a
-release).
+test); nbmake reruns only 05 here: what the others do beyond their imports and 14's
+worker reads nothing the wheel adds (running 13 and 14 here took 61 s). ``--all`` runs
+every notebook here too (before a release).
 It prints how long each step took. ``tests/test_wheel.py`` uses its helpers to
 build the wheel.
 """
@@ -53,16 +55,16 @@ LOCAL = shutil.ignore_patterns(
     "test-artifacts",
     "_notebooks",
 )
-# What a course repository's CI adds to test with it (the wheel does not depend on them);
-# nbmake too where the notebooks run here (--all).
-TEST_TOOLS = ("pytest>=7.4",)
-NBMAKE_TOOL = "nbmake>=1.5"
+# What a course repository's CI adds to run notebooks (the wheel does not depend on them).
+TEST_TOOLS = ("pytest>=7.4", "nbmake>=1.5")
 # The README's course-CI steps, run here against the built wheel.
 DOCTOR = ("ezpz-nb", "doctor", "--budget", "60")  # a shared runner may be slow
 NBMAKE = ("pytest", "--nbmake")  # then --nbmake-timeout=S and the notebooks
 # Notebook 14 writes this torchrun worker beside itself (%%writefile cells); its ranks
 # import ezpz_nb from the install. Notebook 00 runs in the tour step.
 WORKER_NOTEBOOK, WORKER = "14_torchrun_by_hand.ipynb", "torchrun_worker.py"
+# The notebook the course-CI nbmake step runs here (every one with --all).
+NBMAKE_NOTEBOOK = "05_workshop.ipynb"
 # Every module of the installed package imports, from the install (not from a checkout).
 IMPORT_ALL = """\
 import importlib, pkgutil, sys
@@ -298,7 +300,6 @@ def main(argv: list[str] | None = None) -> int:
                 "-q",
                 f"{wheel}[notebook]",
                 *TEST_TOOLS,
-                *([NBMAKE_TOOL] if args.all else []),
             ],
             home,
             900,
@@ -344,13 +345,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         # The worker writes one folder per attempt: one attempt here, no restart.
         steps.run("its ledger", [py, "-c", LEDGER_SOUND, "ledger/attempt0", "2"], nbs, 120)
-        if args.all:
-            steps.run(
-                "nbmake, every notebook",
-                [str(bin_dir / NBMAKE[0]), *NBMAKE[1:], f"--nbmake-timeout={args.timeout}", "."],
-                nbs,
-                1800,
-            )
+        # The README's course-CI step (docs/participants.md), on one notebook: 05 sends the
+        # checkers' jobs by reference, so its ranks import ezpz_nb.workshop from the install.
+        chosen = ["."] if args.all else [NBMAKE_NOTEBOOK]
+        steps.run(
+            "nbmake, " + ("every notebook" if args.all else NBMAKE_NOTEBOOK[:2]),
+            [str(bin_dir / NBMAKE[0]), *NBMAKE[1:], f"--nbmake-timeout={args.timeout}", *chosen],
+            nbs,
+            1800,
+        )
         # ezpz_nb.verify as a course or a library uses it: the command and the pytest
         # fixture, found through the wheel's entry points, on a loader of its own.
         checks = home / "loader_checks"

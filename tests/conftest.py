@@ -18,6 +18,7 @@ SLOW_FIRST = (
     "test_dcp_torchrun.py",
     "test_torchrun.py",
     "test_verify.py",
+    "test_cell_shapes.py",
     "test_launch_notebook.py",
     "test_launch.py",
     "test_exercises.py",

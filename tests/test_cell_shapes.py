@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ezpz_nb as ez
+from ezpz_nb.launcher.settings import START_METHOD_ENV
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -170,12 +171,73 @@ MAGIC = [
 ]
 
 
-@pytest.fixture(scope="module")
-def kernel():
+# What the spawned notebooks did beyond the shapes above (nbmake ran 01, 07 and 10 with
+# spawned ranks: 146 CPU-s, against 25 forked): a DeviceMesh's new gloo groups
+# (07), DataLoader workers forked from a spawned rank, with the cell's own dataset class
+# (10), a rank's error and a hang, then a launch after it (01).
+PATHS = """\
+import json
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+import ezpz_nb as ez
+
+class Numbers(IterableDataset):
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+    def __iter__(self):
+        info = get_worker_info()
+        share, shares = self.rank * info.num_workers + info.id, self.world * info.num_workers
+        yield from range(share, 16, shares)
+
+def mesh_and_workers():
+    mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+    t = torch.ones(1)
+    dist.all_reduce(t, group=mesh["tp"].get_group())
+    loader = DataLoader(Numbers(dist.get_rank(), 2), batch_size=2, num_workers=2,
+                        multiprocessing_context="fork")
+    return t.item(), sorted(int(x) for batch in loader for x in batch)
+
+print("PATHS " + json.dumps(ez.launch(mesh_and_workers, world_size=2, timeout=120)))
+
+def fails_on_one():
+    if dist.get_rank() == 1:
+        raise ValueError("rank one says no")
+    return 0
+
+try:
+    ez.launch(fails_on_one, world_size=2, timeout=60)
+except ez.RankError as err:
+    print("ERROR " + json.dumps(str(err)))
+
+def mismatched():
+    if dist.get_rank() == 0:
+        dist.barrier()
+    else:
+        dist.all_reduce(torch.ones(1))
+
+try:
+    ez.launch(mismatched, world_size=2, timeout=3)
+except ez.HangError as err:
+    print("HANG " + json.dumps({r: s.call for r, s in err.stacks.items()}))
+print("AFTER " + json.dumps(ez.launch(lambda: dist.get_rank(), world_size=2, timeout=60)))
+"""
+
+
+# The kernel tests run twice: with the platform's ranks (Linux: forked from a
+# forkserver) and with spawned ones, as on macOS and Windows (EZPZ_NB_START_METHOD, the
+# variable conftest.py's --spawn-notebook sets for a notebook): every cell's code then
+# travels by value into fresh interpreters.
+@pytest.fixture(scope="module", params=["forked", "spawned"])
+def kernel(request):
     from jupyter_client import KernelManager
 
+    env = {k: v for k, v in os.environ.items() if k != START_METHOD_ENV}
+    if request.param == "spawned":
+        env[START_METHOD_ENV] = "spawn"
     km = KernelManager(kernel_name="python3")
-    km.start_kernel()
+    km.start_kernel(env=env)
     kc = km.client()
     kc.start_channels()
     kc.wait_for_ready(timeout=60)
@@ -203,6 +265,27 @@ def test_shapes_in_a_kernel(kernel):
     text, _ = kernel(RUNNER)
     line = next(x for x in text.splitlines() if x.startswith("RESULTS "))
     _check(json.loads(line[len("RESULTS ") :]))
+
+
+def test_a_mesh_loader_workers_an_error_and_a_hang_in_a_kernel(kernel):
+    """The spawned notebooks' own paths, in both kinds of ranks: the mesh's TP group sums
+    2, each rank's two workers yield its disjoint half of 0..15, the error names rank 1,
+    its message and the learner's function, the hang says where each rank waited, and
+    the next launch runs."""
+    text, _ = kernel(PATHS)
+    said = {
+        line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
+        for line in text.splitlines()
+        if line.split(" ", 1)[0] in ("PATHS", "ERROR", "HANG", "AFTER")
+    }
+    assert set(said) == {"PATHS", "ERROR", "HANG", "AFTER"}, text
+    (sum0, mine0), (sum1, mine1) = said["PATHS"]
+    assert sum0 == sum1 == 2.0
+    assert sorted(mine0 + mine1) == list(range(16)) and not set(mine0) & set(mine1), said
+    error = said["ERROR"]
+    assert "rank 1" in error and "rank one says no" in error and "fails_on_one" in error, error
+    assert said["HANG"] == {"0": "barrier", "1": "all_reduce"}, said["HANG"]
+    assert said["AFTER"] == [0, 1]
 
 
 def test_ranks_cells_call_notebook_helpers(kernel):

@@ -1,9 +1,11 @@
 """The repository's conftest.py: ``--spawn-notebook NAME`` gives that notebook's kernel
 EZPZ_NB_START_METHOD=spawn and leaves every other notebook's kernel as it was.
 
-`make notebooks` relies on it to run some notebooks with spawned ranks in the same run as
-the others; if the option stopped reaching the kernel, CI would no longer run any
-notebook the way macOS and Windows start ranks, and nothing else would notice.
+`make notebooks SPAWN_NOTEBOOKS="..."` relies on it to run some notebooks with spawned
+ranks in the same run as the others; if the option stopped reaching the kernel, such a run
+would no longer run any notebook the way macOS and Windows start ranks, and nothing else
+would notice. (`make test` spawns none: tests/test_cell_shapes.py runs the spawned
+launch paths in a kernel.)
 """
 
 from __future__ import annotations
