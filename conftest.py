@@ -4,8 +4,9 @@ notebook with its ranks spawned, as macOS and Windows start them.
 The kernel that nbmake starts inherits this process's environment, so setting
 ``EZPZ_NB_START_METHOD`` around one notebook's run gives that kernel (and only it) spawned
 ranks, while the other notebooks keep the platform's default. One pytest run, one set of
-workers: the Makefile's spawned and forked notebooks share them instead of queueing in two
-runs. Only ``make notebooks`` passes the option; a plain ``pytest --nbmake`` is unchanged.
+workers: spawned and forked notebooks share them instead of queueing in two runs. Only
+``make notebooks SPAWN_NOTEBOOKS="..."`` passes the option (none by default); a plain
+``pytest --nbmake`` is unchanged.
 """
 
 from __future__ import annotations

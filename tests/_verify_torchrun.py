@@ -7,7 +7,8 @@ torchrun's processes, each with a fresh loader). The cases run one after the oth
 the same job, as a course's CI checks several loaders, a failed one included; rank 0
 writes each one's report JSON (or ``VerifyError: ...``) to ``OUTDIR/CASE.json``, the
 ``:`` as ``-``. One job for several cases: every torchrun job starts N + 1 processes
-that import torch.
+that import torch. The price: only the first case joins torchrun's group (the later ones
+find it joined), and a crash or hang fails every case's test, not only its own.
 """
 
 from __future__ import annotations

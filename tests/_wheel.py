@@ -13,8 +13,9 @@ folder outside the repository, and there checks what only the wheel can break:
   notebook's code cells import (and the files its ``%%writefile`` cells write) imports
   in the install, so an extra that lacks a notebook's dependency fails here, whichever
   notebook it is (13's datasets and torchdata among them); and notebook 14's torchrun
-  worker, assembled from its ``%%writefile`` cells beside the notebook, runs under
-  torchrun with 2 ranks that import the installed ezpz_nb, and leaves a sound ledger;
+  worker, written from its ``%%writefile`` cells beside the notebook, passes the
+  notebook's own checker (``check_worker``: real torchrun agents, one node and two,
+  ranks that import the installed ezpz_nb);
 * the README's course-CI step (``pytest --nbmake``) from DIR on :data:`NBMAKE_NOTEBOOK`,
   whose ranks import the workshop's checkers from the install.
 
@@ -60,9 +61,6 @@ TEST_TOOLS = ("pytest>=7.4", "nbmake>=1.5")
 # The README's course-CI steps, run here against the built wheel.
 DOCTOR = ("ezpz-nb", "doctor", "--budget", "60")  # a shared runner may be slow
 NBMAKE = ("pytest", "--nbmake")  # then --nbmake-timeout=S and the notebooks
-# Notebook 14 writes this torchrun worker beside itself (%%writefile cells); its ranks
-# import ezpz_nb from the install. Notebook 00 runs in the tour step.
-WORKER_NOTEBOOK, WORKER = "14_torchrun_by_hand.ipynb", "torchrun_worker.py"
 # The notebook the course-CI nbmake step runs here (every one with --all).
 NBMAKE_NOTEBOOK = "05_workshop.ipynb"
 # Every module of the installed package imports, from the install (not from a checkout).
@@ -89,13 +87,13 @@ for name in sys.argv[1:]:
 assert not failed, "a notebook imports what the install lacks:\\n" + "\\n".join(failed)
 print(len(sys.argv) - 1, "modules the notebooks import, imported from the install")
 """
-# The worker's ledger, read by the installed package: every rank wrote its file, sound.
-LEDGER_SOUND = """\
-import sys
-from ezpz_nb.ledger import Ledger
-ledger = Ledger.load(sys.argv[1])
-assert ledger.ok and ledger.ranks() == list(range(int(sys.argv[2]))), ledger.summary()
-print(ledger.summary())
+# Notebook 14's worker file, written as its cells write it, judged by its own checker.
+CHECK_WORKER = """\
+from ezpz_nb.agents.by_hand import check_worker, worker_from_notebook
+with open("torchrun_worker.py", "w") as f:
+    f.write(worker_from_notebook("14_torchrun_by_hand.ipynb"))
+runs = check_worker("torchrun_worker.py")
+print(len(runs), "torchrun jobs of notebook 14's worker passed its checker")
 """
 # A project's own test of its loader, through the wheel's pytest plugin: a right loader
 # passes, a wrong one raises ContractViolation (an AssertionError) naming the rule.
@@ -121,45 +119,73 @@ def code_cells(notebook: Path) -> list[str]:
     return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
 
 
-def _written(cell: str) -> tuple[str, bool, str] | None:
-    """``(file, append, body)`` of a ``%%writefile [-a] FILE`` cell, else None."""
+# Cell magics whose body is not Python that the kernel (or a rank, for %%ranks) runs.
+NOT_PYTHON = {"bash", "sh", "script", "html", "javascript", "js", "latex", "markdown", "svg"}
+# An except clause that catches one of these makes the imports of its try optional.
+IMPORT_GUARDS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
+def _written(cell: str) -> str | None:
+    """The file a ``%%writefile [-a] FILE`` (or ``%%file``) cell writes, else None."""
+    words = cell.lstrip().partition("\n")[0].split()
+    return words[-1] if words and words[0] in ("%%writefile", "%%file") else None
+
+
+def _python_of(cell: str) -> str | None:
+    """The Python a code cell runs (a cell magic's body too), or None where it runs none."""
     head, _, body = cell.lstrip().partition("\n")
-    words = head.split()
-    if not words or words[0] != "%%writefile":
-        return None
-    return words[-1], "-a" in words[1:-1], body
+    if head.startswith("%%"):
+        written = _written(cell)
+        if written is not None:
+            return body if written.endswith(".py") else None
+        if head[2:].split(" ")[0] in NOT_PYTHON:
+            return None
+        cell = body  # %%ranks, %%capture, %%time...: Python after the magic's line
+    # Line magics and shell lines (`%time f()`, `!pip`, `x = !ls`) are IPython, not Python.
+    lines = cell.splitlines()
+    return "\n".join(
+        ln for ln in lines if not ln.lstrip().startswith(("%", "!")) and "= !" not in ln
+    )
+
+
+def _guards_imports(node: ast.AST) -> bool:
+    """A try statement with an except clause that catches a failed import."""
+    if not isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+        return False
+    for handler in node.handlers:
+        caught = handler.type
+        names = caught.elts if isinstance(caught, ast.Tuple) else [caught]
+        if caught is None or any(getattr(n, "id", None) in IMPORT_GUARDS for n in names):
+            return True
+    return False
 
 
 def notebook_imports(notebooks: list[Path]) -> list[str]:
     """The modules the notebooks import that must resolve where they run.
 
-    Their code cells' and their ``%%writefile``-d Python files' import statements,
-    wherever they stand (inside a function too), except those in a ``try`` block: a
-    notebook that guards an import runs without it (07's private torch module, 13's
-    streaming). Line magics and shell lines are left out; modules the notebooks write
-    are too.
+    Their code cells' (a ``%%ranks`` cell's too) and their ``%%writefile``-d Python
+    files' import statements, wherever they stand (inside a function too), except where
+    the notebook guards them: an import in a ``try`` whose ``except`` catches a failed
+    import (or in that ``except``: a fallback) is optional in that notebook, and so are
+    its other imports of the same module or its submodules (13 tests ``streaming is not
+    None`` before ``from streaming... import``). The notebooks' own files are left out.
     """
     found: set[str] = set()
-    optional: set[str] = set()
-    own: set[str] = set()
+    own = {Path(f).stem for nb in notebooks for c in code_cells(nb) if (f := _written(c))}
     for notebook in notebooks:
+        required: set[str] = set()
+        optional: set[str] = set()
         for cell in code_cells(notebook):
-            written = _written(cell)
-            if written is not None:
-                own.add(Path(written[0]).stem)
-                if not written[0].endswith(".py"):
-                    continue
-                cell = written[2]
-            elif cell.lstrip().startswith("%%"):
-                continue  # another cell magic: not this kernel's Python
-            lines = [ln for ln in cell.splitlines() if not ln.lstrip().startswith(("%", "!"))]
-            tree = ast.parse("\n".join(lines))
-            in_try = {
+            source = _python_of(cell)
+            if source is None:
+                continue
+            tree = ast.parse(source)
+            guarded = {
                 id(n)
                 for t in ast.walk(tree)
-                if isinstance(t, ast.Try)
-                for b in t.body
-                for n in ast.walk(b)
+                if _guards_imports(t)
+                for part in (*t.body, *t.handlers)  # type: ignore[attr-defined]
+                for n in ast.walk(part)
             }
             for node in ast.walk(tree):
                 names = []
@@ -167,28 +193,9 @@ def notebook_imports(notebooks: list[Path]) -> list[str]:
                     names = [a.name for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     names = [node.module]
-                (optional if id(node) in in_try else found).update(names)
-    # A guarded module is optional wherever the notebook imports it (13 tests
-    # `streaming is not None` before its later `from streaming... import`).
-    return sorted(
-        m
-        for m in found
-        if m.split(".")[0] not in own and not any(m == g or m.startswith(g + ".") for g in optional)
-    )
-
-
-def written_file(notebook: Path, name: str) -> str:
-    """What the notebook's ``%%writefile [-a] name`` cells write, in the notebook's order."""
-    text = ""
-    for cell in code_cells(notebook):
-        written = _written(cell)
-        if written is not None and written[0] == name:
-            # IPython runs a cell's source with a final newline, and the magic writes it.
-            body = written[2] if written[2].endswith("\n") else written[2] + "\n"
-            text = (text if written[1] else "") + body
-    if not text:
-        raise SystemExit(f"wheel test: {notebook.name} writes no {name}")
-    return text
+                (optional if id(node) in guarded else required).update(names)
+        found |= {m for m in required if not any(m == g or m.startswith(g + ".") for g in optional)}
+    return sorted(m for m in found if m.split(".")[0] not in own)
 
 
 def copy_checkout(dest: Path) -> Path:
@@ -323,28 +330,10 @@ def main(argv: list[str] | None = None) -> int:
             nbs,
             300,
         )
-        # Notebook 14's worker, as its cells write it beside the notebook, under torchrun:
-        # its ranks import the installed ezpz_nb (from DIR, not from a checkout).
-        (nbs / WORKER).write_text(written_file(nbs / WORKER_NOTEBOOK, WORKER))
-        steps.run(
-            "torchrun 14's worker, 2 ranks",
-            [
-                py,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node=2",
-                WORKER,
-                "--out",
-                "ledger",
-                "--tp-size",
-                "2",
-            ],
-            nbs,
-            300,
-        )
-        # The worker writes one folder per attempt: one attempt here, no restart.
-        steps.run("its ledger", [py, "-c", LEDGER_SOUND, "ledger/attempt0", "2"], nbs, 120)
+        # Notebook 14's worker, as its %%writefile cells write it beside the notebook,
+        # judged by the installed checker as the notebook's exercise does: real torchrun
+        # agents (one node of 2 ranks, then two of 1), whose ranks import the install.
+        steps.run("14's worker, its checker", [py, "-c", CHECK_WORKER], nbs, 300)
         # The README's course-CI step (docs/participants.md), on one notebook: 05 sends the
         # checkers' jobs by reference, so its ranks import ezpz_nb.workshop from the install.
         chosen = ["."] if args.all else [NBMAKE_NOTEBOOK]

@@ -175,8 +175,9 @@ MAGIC = [
 # spawned ranks: 146 CPU-s, against 25 forked): a DeviceMesh's new gloo groups
 # (07), DataLoader workers forked from a spawned rank, with the cell's own dataset class
 # (10), a rank's error and a hang, then a launch after it (01).
-PATHS = """\
-import json
+PATHS = [
+    """\
+import json, os
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -196,11 +197,15 @@ def mesh_and_workers():
     t = torch.ones(1)
     dist.all_reduce(t, group=mesh["tp"].get_group())
     loader = DataLoader(Numbers(dist.get_rank(), 2), batch_size=2, num_workers=2,
-                        multiprocessing_context="fork")
-    return t.item(), sorted(int(x) for batch in loader for x in batch)
+                        multiprocessing_context="fork", persistent_workers=True)
+    return t.item(), sorted(int(x) for _ in range(2) for batch in loader for x in batch)
 
-print("PATHS " + json.dumps(ez.launch(mesh_and_workers, world_size=2, timeout=120)))
-
+print("PATHS " + json.dumps(ez.launch(mesh_and_workers, world_size=2, timeout=120)))""",
+    # Set after the import warmed ranks (the standby pool, under spawn): must still count.
+    """\
+os.environ["EZPZ_SET_LATER"] = "yes"
+print("LATER " + json.dumps(ez.launch(lambda: os.environ.get("EZPZ_SET_LATER"), world_size=2)))""",
+    """\
 def fails_on_one():
     if dist.get_rank() == 1:
         raise ValueError("rank one says no")
@@ -209,8 +214,8 @@ def fails_on_one():
 try:
     ez.launch(fails_on_one, world_size=2, timeout=60)
 except ez.RankError as err:
-    print("ERROR " + json.dumps(str(err)))
-
+    print("ERROR " + json.dumps(str(err)))""",
+    """\
 def mismatched():
     if dist.get_rank() == 0:
         dist.barrier()
@@ -220,9 +225,9 @@ def mismatched():
 try:
     ez.launch(mismatched, world_size=2, timeout=3)
 except ez.HangError as err:
-    print("HANG " + json.dumps({r: s.call for r, s in err.stacks.items()}))
-print("AFTER " + json.dumps(ez.launch(lambda: dist.get_rank(), world_size=2, timeout=60)))
-"""
+    print("HANG " + json.dumps({r: s.call for r, s in err.stacks.items()}))""",
+    'print("AFTER " + json.dumps(ez.launch(lambda: dist.get_rank(), world_size=2, timeout=60)))',
+]
 
 
 # The kernel tests run twice: with the platform's ranks (Linux: forked from a
@@ -269,19 +274,23 @@ def test_shapes_in_a_kernel(kernel):
 
 def test_a_mesh_loader_workers_an_error_and_a_hang_in_a_kernel(kernel):
     """The spawned notebooks' own paths, in both kinds of ranks: the mesh's TP group sums
-    2, each rank's two workers yield its disjoint half of 0..15, the error names rank 1,
-    its message and the learner's function, the hang says where each rank waited, and
-    the next launch runs."""
-    text, _ = kernel(PATHS)
+    2, each rank's two persistent workers yield its disjoint half of 0..15 in each of two
+    epochs, a variable set after the import reaches the ranks (under spawn, standby ranks
+    started before it was set), the error names rank 1, its message and the learner's
+    function, the hang says where each rank waited, and the next launch runs."""
+    text = "".join(kernel(cell)[0] for cell in PATHS)  # a cell each, as in the notebooks
     said = {
         line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1])
         for line in text.splitlines()
-        if line.split(" ", 1)[0] in ("PATHS", "ERROR", "HANG", "AFTER")
+        if line.split(" ", 1)[0] in ("PATHS", "LATER", "ERROR", "HANG", "AFTER")
     }
-    assert set(said) == {"PATHS", "ERROR", "HANG", "AFTER"}, text
+    assert set(said) == {"PATHS", "LATER", "ERROR", "HANG", "AFTER"}, text
     (sum0, mine0), (sum1, mine1) = said["PATHS"]
     assert sum0 == sum1 == 2.0
-    assert sorted(mine0 + mine1) == list(range(16)) and not set(mine0) & set(mine1), said
+    # Two epochs of persistent workers: each rank's half twice, the halves disjoint.
+    assert sorted(mine0 + mine1) == sorted(list(range(16)) * 2), said
+    assert not set(mine0) & set(mine1), said
+    assert said["LATER"] == ["yes", "yes"]
     error = said["ERROR"]
     assert "rank 1" in error and "rank one says no" in error and "fails_on_one" in error, error
     assert said["HANG"] == {"0": "barrier", "1": "all_reduce"}, said["HANG"]
