@@ -97,7 +97,7 @@ class Row:
 GRACE_S = 5.0
 
 
-def _leftovers(tmp: str, tag: str) -> tuple[int, int, int, int]:
+def leftovers(tmp: str, tag: str) -> tuple[int, int, int, int]:
     """What a finished run left: processes still exiting (gone within GRACE_S), processes
     still alive after it (then killed), entries in its TMPDIR, torch's own folders."""
     seen = len(tagged(tag))
@@ -138,7 +138,7 @@ def torchrun_once(target: list[str], nproc: int, limit_s: float, row: Row) -> st
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(k, None)
         code, log, secs = run_limited(cmd, tag=tag, limit_s=limit_s, env=env, cwd=str(ROOT))
-        exiting, procs, temp, own = _leftovers(tmp, tag)
+        exiting, procs, temp, own = leftovers(tmp, tag)
         row.add(code, secs, procs, temp, log, exiting)
         row.torch_own_left += own
         return (
@@ -220,7 +220,7 @@ def notebook_process(runs: int, nproc: int, limit_s: float) -> list[Row]:
             if line.startswith("{"):
                 d = json.loads(line)
                 rows[d["kind"]].add(d["code"], d["seconds"], d["procs"], d["temp"], log)
-        exiting, procs, temp, _ = _leftovers(tmp, tag)
+        exiting, procs, temp, _ = leftovers(tmp, tag)
         exit_row.add(code, secs, procs, temp, log, exiting)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

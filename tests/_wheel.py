@@ -171,11 +171,12 @@ def notebook_imports(notebooks: list[Path]) -> list[str]:
     None`` before ``from streaming... import``). The notebooks' own files are left out.
     """
     found: set[str] = set()
-    own = {Path(f).stem for nb in notebooks for c in code_cells(nb) if (f := _written(c))}
-    for notebook in notebooks:
+    cells = [code_cells(notebook) for notebook in notebooks]
+    own = {Path(f).stem for each in cells for c in each if (f := _written(c))}
+    for each in cells:
         required: set[str] = set()
         optional: set[str] = set()
-        for cell in code_cells(notebook):
+        for cell in each:
             source = _python_of(cell)
             if source is None:
                 continue
@@ -299,15 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         # With the notebook extra (torchdata, for notebook 09), as the README says.
         steps.run(
             "install the wheel",
-            [
-                py,
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                f"{wheel}[notebook]",
-                *TEST_TOOLS,
-            ],
+            [py, "-m", "pip", "install", "-q", f"{wheel}[notebook]", *TEST_TOOLS],
             home,
             900,
         )

@@ -26,8 +26,8 @@ from ezpz_nb.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _procs import kill_tagged, new_tag, tagged, tagged_env  # noqa: E402
-from soak import GRACE_S, OUTLIVE_WARNING, TORCH_OWN  # noqa: E402
+from _procs import new_tag, tagged_env  # noqa: E402
+from soak import GRACE_S, OUTLIVE_WARNING, leftovers  # noqa: E402
 
 # A hang would otherwise block CI; the examples' own timeouts end a stuck run first.
 LIMIT_S = 120
@@ -84,18 +84,14 @@ def torchrun(
                 timeout=LIMIT_S,
             ).returncode
         finally:  # what outlived the job (or a job that ran out of time) is killed
-            deadline = time.monotonic() + GRACE_S
-            while tagged(tag) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            left = kill_tagged(tag)
-        temp = sorted(n for n in os.listdir(tmp) if not n.startswith(TORCH_OWN))
+            _, left, temp, _ = leftovers(tmp, tag)
         out.seek(0)
         err.seek(0)
         proc = subprocess.CompletedProcess(cmd, code, out.read(), err.read())
     if leaves_nothing:
         assert proc.returncode == 0, output(proc)
         assert left == 0, f"{left} process(es) of the job outlived it by {GRACE_S} s"
-        assert not temp, f"left in its TMPDIR: {temp}"
+        assert not temp, f"{temp} entries left in its TMPDIR (torch's own folders aside)"
         assert OUTLIVE_WARNING not in proc.stdout + proc.stderr, output(proc)
     return proc
 
