@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-START_METHOD_ENV = "EZPZ_NB_START_METHOD"  # ezpz_nb.launcher.settings; not imported: no torch here
+# Loads no torch: the package's names are lazy, and the launcher's settings import nothing.
+from ezpz_nb.launcher.settings import START_METHOD_ENV
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -24,7 +24,8 @@ import json, time
 t0 = time.perf_counter()
 import torch, torch.distributed as dist, psutil
 import ezpz_nb as ez
-from ezpz_nb.launcher.pool import POOL
+from ezpz_nb.launcher.session import SESSION
+POOL = SESSION.pool
 imported = time.perf_counter()
 
 def job():

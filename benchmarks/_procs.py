@@ -3,8 +3,9 @@
 Every process a measurement starts inherits a tag in its environment (children,
 DataLoader workers, a forkserver and its ranks, torchrun's workers alike, even
 the ones that moved to a process group of their own). After the measurement,
-whatever still carries the tag outlived it: counted, then killed. Linux only
-(``/proc``); elsewhere nothing is found.
+whatever still carries the tag outlived it: counted, then killed. Found the way
+``ezpz_nb.agents.proctree`` finds a torchrun job's processes (:func:`marked`, the one
+reader of ``/proc`` for it). Linux only; elsewhere nothing is found.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
+
+from ezpz_nb.agents.proctree import marked
 
 TAG_VAR = "EZPZ_NB_BENCH_TAG"
 
@@ -32,22 +35,7 @@ def tagged_env(tag: str, env: dict[str, str] | None = None, **extra: str) -> dic
 
 def tagged(tag: str) -> list[int]:
     """Live (not zombie) processes, other than this one, that carry ``tag``."""
-    marker = f"{TAG_VAR}={tag}".encode()
-    found = []
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if marker not in f.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        if state != b"Z":
-            found.append(int(name))
-    return found
+    return sorted(pid for pid in marked(tag, TAG_VAR) if pid != os.getpid())
 
 
 def kill_tagged(tag: str) -> int:

@@ -25,6 +25,14 @@ itself moved 0.26-0.44 ms here), so the ratios, measured interleaved, are what
 two runs can agree on. Larger TP sizes get fewer batches: they are reported,
 not targeted.
 
+Then what a loop pays at TP 2 (``broadcast_loop.py``): the loader as ``for batch in
+loader`` reads it, ``BatchBroadcaster`` alone and one raw broadcast of the same bytes into
+a reused buffer, each as loops of ``--loop-batches`` steps interleaved loop by loop:
+per batch the p50, the p90 and the mean (a loop's wall time over its batches, the
+median over ``--loops`` loops, slowest rank), the mean's ratio to raw paired loop by
+loop, and, during the loader's loops, the garbage collector's runs and the receive
+buffers allocated (counts: they hold on a loaded machine, where times do not).
+
 Then a per-step profile of ours at TP 2: the median time of each piece of the
 steady step, on the leader (check the batch against the spec, pack it, start
 the broadcast) and on the peer (pick a receive buffer, the broadcast itself,
@@ -40,6 +48,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from broadcast_loop import LOOP_METHODS, loop_rank
 from broadcast_ranks import METHODS, bench_rank, memory_rank
 
 import ezpz_nb as ez
@@ -138,6 +147,56 @@ def _print_agreement(rows: list) -> None:
         )
 
 
+def _loop_table(shapes: list[tuple[int, int]], loops: int, batches: int) -> None:
+    """The loop section at tp 2: per-batch p50/p90/mean of each method, ratios to raw."""
+    print(
+        f"\nwhat a loop pays at tp 2 ({loops} loops of {batches} batches per method, "
+        "interleaved; slowest rank):"
+    )
+    head = (
+        f"{'batch':>8} {'method':<7} {'p50 ms':>8} {'p90 ms':>8} {'mean ms':>8} {'mean/raw':>9} "
+        f"{'cpu ms':>7} {'cpu/raw':>8}"
+    )
+    print(head)
+    print("-" * len(head))
+    for b, s in shapes:
+        res = ez.launch(loop_rank, (b, s), loops, batches, world_size=2, timeout=900, threads=1)
+        # A loop's wall time per batch, the slowest rank's, loop by loop.
+        wall, cpu = (
+            {
+                m: [max(r[f"{m}_{kind}"][i] for r in res) / batches for i in range(loops)]
+                for m in LOOP_METHODS
+            }
+            for kind in ("wall", "cpu")
+        )
+        for m in LOOP_METHODS:
+            p50 = max(_quantile(r[m], 0.5) for r in res)
+            p90 = max(_quantile(r[m], 0.9) for r in res)
+            mean = statistics.median(wall[m])
+            ratio = statistics.median(x / y for x, y in zip(wall[m], wall["raw"], strict=True))
+            c = statistics.median(cpu[m])
+            c_ratio = statistics.median(x / y for x, y in zip(cpu[m], cpu["raw"], strict=True))
+            print(
+                f"{b}x{s:<6} {m:<7} {p50 * 1e3:>8.3f} {p90 * 1e3:>8.3f} {mean * 1e3:>8.3f} "
+                f"{ratio:>8.2f}x {c * 1e3:>7.3f} {c_ratio:>7.2f}x"
+            )
+        gcs = [r["gc"] for r in res]
+        print(
+            f"{b}x{s:<6} during the loader's loops: garbage collections by generation "
+            f"{gcs} (per rank), receive buffers allocated {[r['allocated'] for r in res]}"
+        )
+    print(
+        "(mean: a loop's wall time over its batches, the end of the epoch included, median "
+        "over loops; mean/raw: the median over loops of the ratio of neighbouring loops; "
+        "cpu: the CPU time the rank's process spent per batch, gloo's threads included)"
+    )
+
+
+def _quantile(loops: list[list[float]], q: float) -> float:
+    times = sorted(t for loop in loops for t in loop)
+    return times[min(len(times) - 1, int(q * len(times)))]
+
+
 def _print_profiles(profiles: dict) -> None:
     print("\nwhere a steady step of ours goes at tp 2 (median us per piece, second run):")
     print(f"{'batch':>8}  {'rank':<6} {'piece':<18} {'us':>8}")
@@ -158,11 +217,15 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=60, help="timed blocks per figure")
     parser.add_argument("--per-block", type=int, default=20, help="iterations per block")
     parser.add_argument("--tp", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--loops", type=int, default=7, help="loops per method (0: none)")
+    parser.add_argument("--loop-batches", type=int, default=50, help="batches per loop")
     args = parser.parse_args()
 
     rows, profiles = _measure(args.tp, args.blocks, args.per_block)
     _print_table(rows, args.blocks * args.per_block)
     _print_agreement(rows)
+    if args.loops:
+        _loop_table(SHAPES, args.loops, args.loop_batches)
     if profiles:
         _print_profiles(profiles)
 

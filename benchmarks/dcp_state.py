@@ -1,6 +1,6 @@
 """How big and how slow is the loader's state in a DCP checkpoint, beside the model's? One table.
 
-On ``dp 2 x tp 2`` gloo ranks (one warm ``ez.Cluster``), the capstone's TinyLM
+On ``dp 2 x tp 2`` gloo ranks (one warm ``ez.Cluster``), the capstone's CapstoneLM
 (FSDP2 x TP) and its AdamW state, and a loader's
 :class:`~ezpz_nb.data.checkpoint.LoaderCheckpoint` (place, generator, torch and
 Python RNG), each saved alone with ``dcp.save`` and loaded back with
@@ -35,15 +35,16 @@ def _measure(root: str, repeats: int) -> dict[str, Any]:
 
     from ezpz_nb.data import LoaderCheckpoint, ShardStream
     from ezpz_nb.data.groups import Layout
-    from ezpz_nb.examples.capstone import RuleTokenDataset, TinyLM, parallelize
+    from ezpz_nb.examples.capstone import parallelize
     from ezpz_nb.examples.dcp_resume import ModelAndOptim
+    from ezpz_nb.models import CapstoneLM, RuleTokenDataset
 
     warnings.filterwarnings("ignore")  # FSDP2's renamed collective; DCP's overwrite notice
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     dp, tp = mesh["dp"].get_local_rank(), mesh["tp"].get_local_rank()
     layout = Layout(dist.get_rank(), 4, dp, 2, tp, 2, mesh.get_group("dp"), mesh.get_group("tp"))
     torch.manual_seed(0)
-    model = parallelize(TinyLM(), mesh)
+    model = parallelize(CapstoneLM(), mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
     batch = RuleTokenDataset(num_samples=4)[0]
     model(batch["input_ids"][None]).sum().backward()

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One short run (well under 5 minutes) of the GPU paths, for a machine with CUDA GPUs:
-#   1. the GPU tests (pytest; they skip on machines without CUDA),
+#   1. the GPU tests (pytest; they skip on machines without CUDA), among them global_mean and
+#      every generator of a rank (its CUDA device's too) through a DCP save and load on NCCL
+#      (tests/test_checkpoint.py::test_global_mean_and_rng_capture_on_cuda),
 #   2. tp_broadcast under torchrun on nccl, one GPU per rank, ledger checked,
 #   3. uneven steps under torchrun on nccl must fail, not hang (needs 2+ GPUs),
 #   4. pin_memory / non_blocking host-to-device copies and the side-stream prefetch, measured

@@ -13,22 +13,16 @@ from __future__ import annotations
 import argparse
 import ast
 import functools
-import itertools
-import linecache
 import shlex
-import sys
 import types
 from typing import Any
 
-from ezpz_nb.errors import EzpzError
+from ezpz_nb.launcher.cells import register_source, run_cell
 from ezpz_nb.launcher.cluster import Cluster, live_clusters
 from ezpz_nb.launcher.errors import LaunchValueError, RankError
-from ezpz_nb.launcher.kernel import RANKS_CELLS, running_cell, shell
-from ezpz_nb.launcher.runtime import current
-from ezpz_nb.launcher.session import SESSION
+from ezpz_nb.launcher.kernel import ranks_cell_file, running_cell, shell
+from ezpz_nb.launcher.session import SESSION, Session
 from ezpz_nb.launcher.startup import pack_naming_culprit
-
-_COUNTER = itertools.count(1)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,67 +45,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _register_source(filename: str, source: str) -> None:
-    # Tracebacks and hang reports show cell lines through linecache.
-    lines = source.splitlines(keepends=True)
-    linecache.cache[filename] = (len(source), None, lines, filename)
-
-
-def run_cell(source: str, filename: str, shipped: dict[str, Any] | None = None) -> Any:
-    """Execute a cell's source in this rank's persistent namespace (runs on a rank).
-
-    Args:
-        source: The cell's code.
-        filename: The name its frames show (registered in linecache).
-        shipped: Notebook functions, classes and modules the cell names; they
-            replace older values of those names on the rank.
-
-    Returns:
-        The value of the cell's last line when it is an expression, else None.
-    """
-    import torch
-    import torch.distributed as dist
-
-    runtime = current()
-    if runtime is None:
-        raise EzpzError("run_cell runs on a launcher rank (through %%ranks)")
-    ns = runtime.namespace
-    ns.setdefault("torch", torch)
-    ns.setdefault("dist", dist)
-    # The package is loaded already (importing this module loaded it first): taken
-    # from sys.modules, so that this module needs nothing above it.
-    ns.setdefault("ez", sys.modules[__name__.rpartition(".")[0]])
-    ns.update(shipped or {})
-    ns.update(rank=dist.get_rank(), world_size=dist.get_world_size())
-    _register_source(filename, source)
-    tree = ast.parse(source, filename)
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body[-1].value)
-        tree.body.pop()
-    exec(compile(tree, filename, "exec"), ns)
-    return eval(compile(last, filename, "eval"), ns) if last is not None else None
-
-
-def get_cluster(world_size: int | None, timeout: float | None, restart: bool = False) -> Cluster:
+def get_cluster(
+    world_size: int | None,
+    timeout: float | None,
+    restart: bool = False,
+    session: Session = SESSION,
+) -> Cluster:
     """The latest running cluster with this world size, or a new one.
 
     A timeout given here applies to that cluster's later runs too.
     """
     if not restart:
-        for c in reversed(live_clusters()):
+        for c in reversed(live_clusters(session)):
             if world_size is None or c.world_size == world_size:
                 if timeout is not None:
                     c.timeout = timeout
                 return c
-    if SESSION.magic_cluster is not None:
-        SESSION.magic_cluster.close()
-    own = Cluster(world_size or 2, 60.0 if timeout is None else timeout)
-    SESSION.magic_cluster = own
+    if session.ranks.cluster is not None:
+        session.ranks.cluster.close()
+    own = Cluster(world_size or 2, 60.0 if timeout is None else timeout, session=session)
+    session.ranks.cluster = own
     return own
 
 
-def ranks(line: str, cell: str) -> None:
+def ranks(line: str, cell: str, session: Session = SESSION) -> None:
     """Run the cell on every rank; show each rank's last-expression value."""
     try:
         opts = _parser().parse_args(shlex.split(line))
@@ -119,17 +76,10 @@ def ranks(line: str, cell: str) -> None:
         raise LaunchValueError(
             f"%%ranks: cannot parse {line!r}; usage: %%ranks [-n N] [-t SECONDS] [--restart]"
         ) from None
-    shipped, data = notebook_names(cell, _user_ns())
-    cluster = get_cluster(opts.world_size, opts.timeout, opts.restart)
-    filename = f"<ranks-cell-{next(_COUNTER)}>"
-    _register_source(filename, cell)
-    count = running_cell()
-    if count is not None:
-        # Frames of this cell are named as IPython names the cell: In[count], one line
-        # lower for the %%ranks line above the code.
-        RANKS_CELLS[filename] = (count, 1)
+    job, data = cell_job(cell, _user_ns(), running_cell(), session.ranks.next_serial())
+    cluster = get_cluster(opts.world_size, opts.timeout, opts.restart, session)
     try:
-        results = cluster.run(run_cell, cell, filename, shipped)
+        results = cluster.run_job(job)
     except RankError as exc:
         hint = _data_hint(exc, data)
         if not hint:
@@ -144,7 +94,10 @@ def ranks(line: str, cell: str) -> None:
 
 
 _TRAVELS = (types.FunctionType, type, types.ModuleType, functools.partial)
-_RANK_NAMES = {"torch", "dist", "ez", "rank", "world_size"}
+#: The modules every cell finds on the ranks unless a cell set those names: imported by
+#: name on the rank (``ez`` too: its names load on first use there, as here).
+_MODULES = {"torch": "torch", "dist": "torch.distributed", "ez": "ezpz_nb"}
+_RANK_NAMES = {*_MODULES, "rank", "world_size"}
 
 
 def _user_ns() -> dict[str, Any]:
@@ -157,10 +110,7 @@ def notebook_names(source: str, user_ns: dict[str, Any]) -> tuple[dict[str, Any]
 
     Functions, classes, modules and partials of the notebook are sent with the cell;
     data is not (each rank has its own, set by earlier ``%%ranks`` cells), so its
-    names are only returned to explain a ``NameError``.
-
-    Raises:
-        TypeError: a function or class the cell names cannot be sent to the ranks.
+    names are only returned to explain a ``NameError``. Nothing is pickled here.
     """
     try:
         tree = ast.parse(source)
@@ -176,8 +126,35 @@ def notebook_names(source: str, user_ns: dict[str, Any]) -> tuple[dict[str, Any]
             shipped[name] = value
         else:
             data.add(name)
-    pack_naming_culprit(
-        shipped,
+    return shipped, data
+
+
+def cell_job(
+    cell: str, user_ns: dict[str, Any], count: int | None, serial: int
+) -> tuple[bytes, set[str]]:
+    """A cell's job for ``Cluster.run_job``, pickled once, and the notebook data it reads.
+
+    Args:
+        cell: The cell's code (below the ``%%ranks`` line).
+        user_ns: The notebook's names.
+        count: The cell's execution count in the kernel (None: not in a kernel).
+        serial: The cell's number among this session's ``%%ranks`` cells.
+
+    Raises:
+        LaunchTypeError: a function or class the cell names cannot be sent to the ranks.
+    """
+    filename = ranks_cell_file(serial, count)
+    # In a kernel the %%ranks line is the cell's line 1: one line above the code keeps
+    # the rank's line numbers those of the cell as IPython shows it.
+    source = cell if count is None else "\n" + cell
+    register_source(filename, source)  # the notebook's own linecache, for its reports
+    shipped, data = notebook_names(cell, user_ns)
+    return _pack(source, filename, shipped), data
+
+
+def _pack(source: str, filename: str, shipped: dict[str, Any]) -> bytes:
+    return pack_naming_culprit(
+        (run_cell, (source, filename, shipped, _MODULES), {}),
         list(shipped.items()),
         lambda name, _, exc: (
             f"%%ranks: the cell uses {name!r} from the notebook, which cannot be sent "
@@ -185,7 +162,6 @@ def notebook_names(source: str, user_ns: dict[str, Any]) -> tuple[dict[str, Any]
             "instead, or make what it refers to picklable."
         ),
     )
-    return shipped, data
 
 
 def _data_hint(exc: RankError, data: set[str]) -> str:

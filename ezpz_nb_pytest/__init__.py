@@ -18,7 +18,9 @@ an ``AssertionError``); a factory that fails on a rank fails it with a
 ``VerifyError`` naming the rank. A rule the run could not judge (one epoch: no
 order to compare; a loader that asked for no shuffle) is neither: the test passes
 with a :class:`RulesNotJudged` warning naming each rule and why, or fails with
-``strict=True``. Each fixture returns the :class:`ezpz_nb.verify.Report`.
+``strict=True``. A rule the test turned off (``shuffle=False``: the order is meant to
+repeat) is "not asked": no warning, and ``strict=True`` passes. Each fixture returns the
+:class:`ezpz_nb.verify.Report`.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def _verdict(report: Any, strict: bool) -> Any:
     """Raise on a violation (or, ``strict``, on a rule not judged); warn on one not judged."""
     __tracebackhide__ = True
     report.raise_for_violations(strict=strict)
-    unjudged = [j for j in report.judgements() if j.verdict == "not judged"]
+    unjudged = [j for j in report.judgements() if j.verdict == "not judged"]  # not "not asked"
     if unjudged:  # the report's outcome is NOT_JUDGED: say so, never a silent pass
         why = "; ".join(f"{j.rule}: {j.reason}" for j in unjudged)
         warnings.warn(RulesNotJudged(f"{report.what}: not judged: {why}"), stacklevel=3)

@@ -14,6 +14,8 @@ import pytest
 SLOW_FIRST = (
     "test_browser.py",
     "test_agents.py",
+    "test_slurm.py",
+    "test_memory.py",
     "test_benchmarks.py",
     "test_dcp_torchrun.py",
     "test_torchrun.py",

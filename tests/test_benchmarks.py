@@ -18,12 +18,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _procs import new_tag, run_limited, tagged  # noqa: E402
+from smoke import RUN_ELSEWHERE, SMOKE, scripts  # noqa: E402
 from soak import EXAMPLES  # noqa: E402
 
 #: The examples the short soak runs here; tests/test_torchrun.py runs the others
 #: README-form with the soak's checks (leaves_nothing=True).
 SOAKED_HERE = ("dp_sharding", "step_alignment")
 RUN_BY_TEST_TORCHRUN = ("tp_broadcast", "capstone")
+
+
+def test_every_benchmark_has_a_smoke_run_or_says_where_it_runs():
+    """Guards issue 47 item 4: a benchmark that no longer runs (an ImportError while a doc
+    quoted its numbers) is found by `make bench-smoke`, which runs each script of
+    SMOKE once; so a new script must be there, or say where its one run happens."""
+    found = scripts()
+    assert "dcp_state.py" in found and "broadcast_ranks.py" not in found  # helpers: no main
+    assert not set(found) - set(SMOKE) - set(RUN_ELSEWHERE), "add it to benchmarks/smoke.py"
+    assert not set(SMOKE) & set(RUN_ELSEWHERE)
 
 
 def test_every_example_is_soaked_in_make_system_once():

@@ -371,3 +371,19 @@ def test_a_batch_type_defined_in_a_cell_crosses_the_broadcast():
     assert peer == leader
     assert [name for name, _, _ in peer] == ["Pair"] * 3
     assert [ids for _, ids, _ in peer] == [[i, i + 1, i + 2] for i in range(3)]
+
+
+def _epochs_run(epochs: int):
+    dl = TPBroadcastDataLoader(
+        [{"a": torch.full((4, 256), float(i))} for i in range(4)], dist.group.WORLD
+    )
+    return [[int(b["a"][0, 0]) for b in dl] for _ in range(epochs)]
+
+
+def test_the_end_of_an_epoch_leaves_the_next_epoch_whole():
+    """Guards the end announcement, which borrows a send buffer of the leader's (issue 47
+    item 10: a new one each epoch was an allocation and a fill of a whole step): the
+    buffer gets its data header back, so every epoch after brings all its batches (without
+    it the next epoch's first batch says "end" and the ranks part ways)."""
+    leader, peer = ez.launch(_epochs_run, 3, world_size=2, timeout=60)
+    assert leader == peer == [[0, 1, 2, 3]] * 3

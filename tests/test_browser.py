@@ -11,12 +11,15 @@ the file browser open, and checks what a learner sees, in every notebook, by cla
   of library warnings buries the result the text asks to read);
 - no figure shown twice in one cell;
 - no text line broken mid-word by the output area (our long messages are wrapped
-  between words first);
+  between words first), and no printed line wider than 100 columns;
+- no checker verdict shown twice in one cell (printed, then echoed as ``Out[n]``);
 - every figure shown at (nearly) its own width, so its 9 px text is not shrunk
   (tests/test_figure_legibility.py checks the text at that width).
 
 And in 06 the explorer live, in the setup its "Things to try" start from,
-redrawing when a slider moves. Screenshots are kept in test-artifacts/.
+redrawing when a slider moves; in 15, 16 and 17, after Run All, each exercise's
+answer cell run again with a wrong answer and with a typo, as a learner does, and
+its checker cell after it. Screenshots are kept in test-artifacts/.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ VIEWPORT = {"width": 1280, "height": 900}
 #: a minute; at 250 ms Chromium's CPU over this file fell from 76 to 67 s (and the
 #: driver's from 9 to 6 s), for at most a quarter second more per wait.
 POLL_MS = 250
-#: Notebooks that draw no figure: the torchrun agents write logs, not plots.
-WITHOUT_FIGURES = {"14_torchrun_by_hand.ipynb"}
+#: Notebooks that draw no figure: the torchrun agents write logs, 15's checkpoints tables.
+WITHOUT_FIGURES = {"14_torchrun_by_hand.ipynb", "15_data_in_the_checkpoint.ipynb"}
 #: The notebooks run here with Run All, and each one's time limit (s): `make test` leaves
 #: them out of its nbmake pass (the file says why).
 RUN_ALL = {
@@ -55,8 +58,69 @@ RUN_ALL = {
 }
 #: The explorer's notebook: its own test runs it, then moves a slider.
 EXPLORER = "06_explorer.ipynb"
+# After Run All, each exercise's answer cell typed over as a learner does, run, then its
+# checker cell: (the answer, what the checker's output must say). A wrong answer, then a typo.
+EXERCISES = {
+    "15_data_in_the_checkpoint.ipynb": [
+        (
+            "import ezpz_nb.workshop.dcp_state as ex\n\n\n"
+            "def loader_state(loader, layout):\n"
+            '    return {"loader": loader.state_dict()}\n\n\n'
+            "def load_loader_state(loader, layout, state):\n"
+            '    loader.load_state_dict(state["loader"])\n',
+            ["loader_state: not right yet", "DCP kept one copy"],
+        ),
+        (
+            "import ezpz_nb.workshop.dcp_state as ex\n\n\n"
+            "def loader_state(loader, layout):\n"
+            '    return {f"dp_rank_{layout.dp_rank}": loader.state_dcit()}\n\n\n'
+            "def load_loader_state(loader, layout, state):\n"
+            '    loader.load_state_dict(state[f"dp_rank_{layout.dp_rank}"])\n',
+            ["loader_state: not right yet", "AttributeError", "state_dcit", "of cell In["],
+        ),
+    ],
+    "16_exact_eval_and_steps.ipynb": [
+        (
+            "import ezpz_nb.workshop.exact_eval as ex\n\n\n"
+            "def exact_mean(dataset, dp_rank, dp_size):\n"
+            "    idx = range(dp_rank, len(dataset), dp_size)\n"
+            '    m = torch.tensor(sum(dataset[i]["loss"] for i in idx) / len(idx), dtype=torch.float64)\n'
+            "    dist.all_reduce(m)\n"
+            "    return float(m) / dp_size\n",
+            ["exact_mean: not right yet", "per-rank means"],
+        ),
+        (
+            "import ezpz_nb.workshop.exact_eval as ex\n\n\n"
+            "def exact_mean(dataset, dp_rank, dp_size):\n"
+            "    idx = range(dp_rank, len(dataset), dp_size)\n"
+            '    return sum(dataset[i]["los"] for i in idx)\n',
+            ["exact_mean: not right yet", "KeyError", "'los'", "of cell In["],
+        ),
+    ],
+    "17_mixing.ipynb": [
+        (
+            "import ezpz_nb.workshop.mixture as ex\n\n\n"
+            "def mix_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed):\n"
+            "    m = global_batch // dp_size\n"
+            "    first = step * global_batch + dp_rank * m\n"
+            "    src = [p % len(sizes) for p in range(first, first + m)]\n"
+            "    return [(s, (p // len(sizes)) % sizes[s]) for s, p in zip(src, range(first, first + m))]\n",
+            ["mix_batch: not right yet", "against a target"],
+        ),
+        (
+            "import ezpz_nb.workshop.mixture as ex\n\n\n"
+            "def mix_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed):\n"
+            "    quota = np.flor(np.asarray(weights) * global_batch)\n"
+            "    return []\n",
+            ["mix_batch: not right yet", "AttributeError", "flor", "of cell In["],
+        ),
+    ],
+}
 #: A cell may show this many lines of stderr (a warning and its source line, twice).
 MAX_STDERR_LINES = 5
+#: The widest printed line a notebook may show (notebooks/conftest.py checks the same
+#: under nbmake): wider ones break at the output area's edge, inside a word or a number.
+COLUMNS = 100
 
 pytestmark = [
     pytest.mark.browser,
@@ -201,6 +265,22 @@ def open_and_run(lab: Lab, browser: Any, notebook: str, timeout_s: float) -> tup
         raise
 
 
+# Per code cell: its printed text lines over COLUMNS (stdout and results: stderr is
+# libraries' warnings and torch's logs, as notebooks/conftest.py reads it under nbmake), and
+# the checker verdicts it shows ("name: correct." / "not right yet." /
+# "not done yet."), to find one shown twice.
+TEXT_LINES = f"""() => [...document.querySelectorAll('{PANEL} .jp-CodeCell')].map(cell => {{
+    const NOT_OURS = /^(\\[[^\\]]*\\]:? ?)*(\\[?[WEIF]\\d{{4}} |frame #\\d+: |\\[default\\d+\\]:)/;
+    const STDERR = "[data-mime-type='application/vnd.jupyter.stderr']";
+    const lines = [...cell.querySelectorAll(`.jp-OutputArea-output:not(${{STDERR}}) pre`)]
+        .flatMap(pre => pre.textContent.split('\\n'));
+    return {{
+        wide: lines.filter(l => l.length > {COLUMNS} && !NOT_OURS.test(l)).map(l => l.slice(0, 140)),
+        verdicts: lines.filter(l => /^\\w+: (correct|not right yet|not done yet)\\./.test(l)),
+    }};
+}})"""
+
+
 def _shown_problems(page: Any, no_figures: bool = False) -> list[str]:
     """What the run notebook shows that it should not, one sentence per class.
 
@@ -231,6 +311,13 @@ def _shown_problems(page: Any, no_figures: bool = False) -> list[str]:
     broken = page.evaluate(MID_WORD)
     if broken:
         problems.append(f"output lines broken mid-word: {broken[:3]}")
+    texts = page.evaluate(TEXT_LINES)
+    wide = [(i, t["wide"][0]) for i, t in enumerate(texts) if t["wide"]]
+    if wide:
+        problems.append(f"lines wider than {COLUMNS} columns (cell, line): {wide[:3]}")
+    twice = [i for i, t in enumerate(texts) if len(t["verdicts"]) > 1]
+    if twice:
+        problems.append(f"a verdict shown twice in one cell, in cells {twice}")
     return problems
 
 
@@ -268,6 +355,8 @@ DEFECTS = [
     "%matplotlib inline\nimport matplotlib.pyplot as plt\n"
     "fig, ax = plt.subplots(figsize=(3, 2))\nax.plot([0, 1])\nfig",
     "for j in range(8):\n    print('-' * j + ' a verdict' * 30)",
+    "class R:\n    def __repr__(self):\n        return 'pack: correct. All rows right.'\n"
+    "print(R())\nR()",
     # Last: Run All stops at an error. Rendered without the word Traceback, as a RankError is.
     "class Quiet(Exception):\n    def _render_traceback_(self):\n        return ['quiet']\n"
     "raise Quiet('a learner typo')",
@@ -295,7 +384,8 @@ def _stop_kernels(lab: Lab) -> None:
 
 
 @pytest.mark.parametrize(
-    ("notebook", "timeout_s"), [(nb, t) for nb, t in RUN_ALL.items() if nb != EXPLORER]
+    ("notebook", "timeout_s"),
+    [(nb, t) for nb, t in RUN_ALL.items() if nb != EXPLORER and nb not in EXERCISES],
 )
 def test_notebook_runs_clean_as_a_learner_sees_it(browser_lab, notebook, timeout_s):
     """Guards, in each notebook: 08's heatmaps shown at 48% and 71% of their width (digits
@@ -306,6 +396,59 @@ def test_notebook_runs_clean_as_a_learner_sees_it(browser_lab, notebook, timeout
     lab, browser = browser_lab
     try:
         run_all(lab, browser, notebook, timeout_s).close()
+    finally:
+        _stop_kernels(lab)
+
+
+def _run_cell(page: Any, index: int, source: str | None, timeout_s: float) -> tuple[str, int]:
+    """Type ``source`` over code cell ``index`` (None: leave it), run it; its text, stderr outputs."""
+    cell = page.locator(f"{PANEL} .jp-CodeCell").nth(index)
+    prompt = cell.locator(".jp-InputPrompt")
+    before = prompt.inner_text().strip()
+    cell.locator(".cm-content").click()
+    if source is not None:
+        page.keyboard.press("Control+a")
+        page.keyboard.insert_text(source)  # as pasted: no auto-indent, no closing brackets
+    page.keyboard.press("Control+Enter")  # run, and stay on the cell
+    page.wait_for_function(
+        "([el, old]) => /^\\[\\d+\\]:$/.test(el.textContent.trim()) && el.textContent.trim() !== old",
+        arg=[prompt.element_handle(), before],
+        polling=POLL_MS,
+        timeout=timeout_s * 1000,
+    )
+    text = "\n".join(cell.locator(".jp-OutputArea-output").all_inner_texts())
+    stderr = cell.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    return text, stderr.count()
+
+
+@pytest.mark.parametrize("notebook", list(EXERCISES))
+def test_an_exercise_after_run_all_is_checked_again_as_a_learner_does(browser_lab, notebook):
+    """Guards issue 45 in 15, 16 and 17: Run All ending the exercise before the learner starts
+    it (the last cell closed the cluster: a red "starting 4 fresh ranks" and a missing token
+    file), a verdict printed twice, a typo shown as a list of frames (or none) instead of the
+    exception, its message and the learner's line. Run All with every class check first."""
+    lab, browser = browser_lab
+    stored = json.loads((lab.root / notebook).read_text())
+    code = ["".join(c["source"]) for c in stored["cells"] if c["cell_type"] == "code"]
+    answer = next(i for i, src in enumerate(code) if src.startswith("import ezpz_nb.workshop."))
+    try:
+        page = run_all(lab, browser, notebook, RUN_ALL[notebook])
+        try:
+            for source, said in EXERCISES[notebook]:
+                _run_cell(page, answer, source, 60)
+                text, stderr = _run_cell(page, answer + 1, None, 120)
+                assert stderr == 0, f"{notebook}: red output under the checker:\n{text}"
+                assert text.count(said[0]) == 1, f"{notebook}: {said[0]!r} not once:\n{text}"
+                flat = " ".join(text.split())  # verdicts are wrapped between words
+                assert all(s in flat for s in said), f"{notebook}: {said}:\n{text}"
+                assert "Frame(" not in text, text
+                problems = _shown_problems(page, no_figures=notebook in WITHOUT_FIGURES)
+                assert not problems, f"{notebook}: " + "\n".join(problems)
+        except BaseException:
+            page.screenshot(path=str(ARTIFACTS / f"{Path(notebook).stem}-exercise-failure.png"))
+            raise
+        finally:
+            page.close()
     finally:
         _stop_kernels(lab)
 
@@ -335,9 +478,11 @@ def test_the_checks_catch_what_they_guard(browser_lab):
     assert "more than 5 stderr lines (cell, lines): [(0, 6)]" in said, said
     assert "a figure shown twice in one cell, in cells [1]" in said, said
     assert "broken mid-word" in said and "'cell': 2" in said, said
+    assert "wider than 100 columns (cell, line): [(2, " in said, said
+    assert "a verdict shown twice in one cell, in cells [3]" in said, said
     assert "differs from the stored one beyond outputs" in said, said
-    assert "an error in code cell 3: Quiet: a learner typo" in said, said
-    assert len(problems) == 6, said
+    assert "an error in code cell 4: Quiet: a learner typo" in said, said
+    assert len(problems) == 8, said
 
 
 def test_explorer_after_run_all_is_live_in_its_described_setup(browser_lab):

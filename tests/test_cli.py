@@ -50,6 +50,7 @@ CHECKS = [
     "jupyter kernel",
     "widget frontend",
     "memory",
+    "shared",  # "shared memory": /dev/shm against notebook 19's loader
 ]
 
 
@@ -92,7 +93,7 @@ def test_doctor_passes_here_with_one_verdict_line(tmp_path, short_tmp):
     done = _ezpz_nb("doctor", *BUDGET, cwd=tmp_path, env={**os.environ, "TMPDIR": short_tmp})
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()
-    assert re.fullmatch(r"ezpz-nb doctor: READY: 13 checks passed.* \(\d+\.\d s\)", lines[-1])
+    assert re.fullmatch(r"ezpz-nb doctor: READY: 14 checks passed.* \(\d+\.\d s\)", lines[-1])
     assert [ln.split()[1] for ln in lines[1:-1] if ln.startswith(("  ok", "  warn"))] == [
         c.split()[0] for c in CHECKS
     ]
@@ -112,7 +113,7 @@ def test_doctor_fails_on_a_broken_gloo_and_says_what_to_do(tmp_path, short_tmp):
     assert "what to do: GLOO_SOCKET_IFNAME is set to 'ezpz-no-such-device': unset it" in out
     assert "4-rank launch" not in out  # no second launch once gloo is known broken
     last = out.strip().splitlines()[-1]
-    assert last.startswith("ezpz-nb doctor: NOT READY: 1 of 12 checks failed (gloo on loopback)")
+    assert last.startswith("ezpz-nb doctor: NOT READY: 1 of 13 checks failed (gloo on loopback)")
     assert os.listdir(short_tmp) == []
     assert _left_behind(short_tmp) == []
 
@@ -142,7 +143,7 @@ def test_doctor_without_torch_says_to_install_it(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert re.search(r"FAIL  torch .*not installed", done.stdout), done.stdout
-    assert "what to do: python -m pip install 'torch>=2.2'" in done.stdout
+    assert "what to do: python -m pip install 'torch>=2.13'" in done.stdout
     assert "NOT READY" in done.stdout.strip().splitlines()[-1]
     used = subprocess.run(
         [py, "-c", "import ezpz_nb as ez; ez.launch(print, world_size=2)"],
@@ -180,7 +181,7 @@ def test_doctor_finds_a_python3_kernel_of_another_python(tmp_path):
         done.stdout,
     )
     assert f"the python3 kernel found first ({spec})" in done.stdout
-    assert "NOT READY: 1 of 13 checks failed (jupyter kernel)" in done.stdout
+    assert "NOT READY: 1 of 14 checks failed (jupyter kernel)" in done.stdout
 
 
 def test_memory_check_compares_free_memory_with_the_measured_ranks():

@@ -1,15 +1,26 @@
-"""Notebook 15's exercise checker on real ranks: its corpus of right answers and dodges."""
+"""Notebook 15's exercise checker on real ranks: right answers, dodges, a learner's typo.
+
+Each check draws its layouts' order, the dataset's size and seed and the two save steps,
+so every answer here is judged over several draws, on one warm cluster.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
+import torch.distributed as dist
 
 import ezpz_nb as ez
 from ezpz_nb.workshop.dcp_state import CORPUS, check_loader_state
 
 pytestmark = pytest.mark.timeout(400)
+
+#: Checks per answer: each draws its own steps, sizes and layout order (`make stress`: 20).
+DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "2"))
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +40,137 @@ def test_the_checker_judges_its_corpus(cluster, name):
     answer written differently.
     """
     save, load, expected = CORPUS[name]
-    result = check_loader_state(save, load, cluster=cluster)
-    assert result.status == expected, result.message
     said = {
         "one key for every rank": "DCP kept one copy",
         "only rank 0 saves": "started its shard over",
         "RNG forgotten": "RNG",
     }
-    if name in said:
-        assert said[name] in result.message
+    for _ in range(DRAWS):
+        result = check_loader_state(save, load, cluster=cluster)
+        assert result.status == expected, result.message
+        if name in said:
+            assert said[name] in result.message
+
+
+# ---------------------------------------------------------------- dodges of issue 45
+_SKIP: dict[str, int] = {}
+
+
+def skip_fixed_steps(loader, layout):
+    """Dodge: saves nothing; the load skips a fixed number of steps (the old STOP, 3)."""
+    return {}
+
+
+def load_skip_fixed_steps(loader, layout, state):
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+
+
+def by_rank_halved(loader, layout):
+    """Dodge: the DP rank hard-coded as rank // 2 (right at dp 2 x tp 2 only)."""
+    return {f"dp_rank_{dist.get_rank() // 2}": loader.state_dict()}
+
+
+def load_by_rank_halved(loader, layout, state):
+    loader.load_state_dict(state[f"dp_rank_{dist.get_rank() // 2}"])
+
+
+_SIDE = os.path.join(tempfile.gettempdir(), f"ezpz-nb15-side-{os.getpid()}")
+
+
+def side_file(loader, layout):
+    """Dodge: the state kept in a file beside the checkpoint, a dummy inside it."""
+    s = loader.state_dict()
+    keep = {"shard": s["shard"], "offset": s["offset"], "generator": s["generator"].tolist()}
+    with open(f"{_SIDE}-{dist.get_rank()}.json", "w") as f:
+        json.dump(keep, f)
+    return {f"dp_rank_{layout.dp_rank}": {"dummy": 0}}
+
+
+def load_side_file(loader, layout, state):
+    import torch
+
+    with open(f"{_SIDE}-{dist.get_rank()}.json") as f:
+        s = json.load(f)
+    s["generator"] = torch.tensor(s["generator"], dtype=torch.uint8)
+    loader.load_state_dict(s)
+
+
+def in_memory(loader, layout):
+    """Dodge: the state kept in the rank's memory (a module global), a dummy in the checkpoint."""
+    import builtins
+
+    builtins._ezpz_nb15_stash = loader.state_dict()
+    return {f"dp_rank_{layout.dp_rank}": {"dummy": 0}}
+
+
+def load_in_memory(loader, layout, state):
+    import builtins
+
+    loader.load_state_dict(builtins._ezpz_nb15_stash)
+
+
+def offset_only_then_replay(loader, layout):
+    """Dodge: the offset saved, the RNG replayed by reading the batches again (wrong masks
+    would be right only if masking did not depend on the generator's state)."""
+    return {f"dp_rank_{layout.dp_rank}": {"offset": loader.state_dict()["offset"]}}
+
+
+def load_offset_only(loader, layout, state):
+    s = loader.state_dict()
+    s["offset"] = int(state[f"dp_rank_{layout.dp_rank}"]["offset"])
+    loader.load_state_dict(s)
+
+
+def typo_on_tp_peers(loader, layout):
+    """A learner's typo on the TP peers' path only (rank 0 never reaches it)."""
+    if layout.tp_rank:
+        return {f"dp_rank_{layout.dp_rank}": loader.state_dcit()}
+    return {f"dp_rank_{layout.dp_rank}": loader.state_dict()}
+
+
+def load_keyed(loader, layout, state):
+    loader.load_state_dict(state[f"dp_rank_{layout.dp_rank}"])
+
+
+@pytest.mark.parametrize(
+    "save,load",
+    [
+        (skip_fixed_steps, load_skip_fixed_steps),
+        (by_rank_halved, load_by_rank_halved),
+        (side_file, load_side_file),
+        (in_memory, load_in_memory),
+        (offset_only_then_replay, load_offset_only),
+    ],
+    ids=["skip_fixed_steps", "rank_halved", "side_file", "in_memory", "offset_only"],
+)
+def test_dodges_of_every_class_are_rejected(cluster, save, load):
+    """Guards issue 45's dodges of 15: a fixed step skipped instead of a state loaded,
+    the DP rank hard-coded as ``rank // 2``, the state kept outside the checkpoint (a file,
+    the rank's memory), a state without the RNG; each over several draws (steps, sizes, layout order)."""
+    try:
+        for _ in range(DRAWS):
+            result = check_loader_state(save, load, cluster=cluster)
+            assert result.status == "wrong", result.message
+    finally:
+        for r in range(4):
+            if os.path.exists(f"{_SIDE}-{r}.json"):
+                os.remove(f"{_SIDE}-{r}.json")
+
+
+def test_a_typo_shows_the_raising_rank_its_exception_and_the_learners_line(cluster, capsys):
+    """Guards issue 45's "15's checker hides the learner's error": a typo only on the TP
+    peers' path named by the rank that raised, with the exception type, its message and
+    the learner's line, never a list of frames or an empty one. Printed once."""
+    result = check_loader_state(typo_on_tp_peers, load_keyed, cluster=cluster)
+    assert result.status == "wrong", result.message
+    msg = result.message
+    assert "AttributeError" in msg and "state_dcit" in msg, msg
+    assert "loader.state_dcit()" in msg and "test_dcp_exercise.py:" in msg, msg
+    assert "Frame(" not in msg and "[]" not in msg, msg
+    assert any(f"rank {r} raised" in msg for r in (1, 3)), msg
+    assert capsys.readouterr().out.count("loader_state: not right yet") == 1
 
 
 def test_not_done_before_any_rank_starts():

@@ -9,6 +9,7 @@ and 0 false failures are asserted on every degree.
 from __future__ import annotations
 
 import math
+import os
 import random
 
 import pytest
@@ -59,11 +60,38 @@ def collective_in_the_loop(ds, rank, world):
     return float(total[0] / total[1])
 
 
+def reads_the_answers(ds, rank, world):
+    """Reads every loss off the dataset object, not through its samples."""
+    return sum(ds.losses) / len(ds)
+
+
+def clears_its_record(ds, rank, world):
+    """Reads everything, then clears the record of what it read."""
+    mean = sum(ds[i]["loss"] for i in range(len(ds))) / len(ds)
+    ds.reads.clear()
+    return mean
+
+
+def reads_a_private_copy(ds, rank, world):
+    """Looks for the answers in any attribute of the dataset object."""
+    found = [v for v in vars(ds).values() if isinstance(v, (list, tuple))]
+    return sum(found[0]) / len(found[0])
+
+
 def not_done(ds, rank, world):
     raise NotImplementedError
 
 
-DODGES = [padding, drop_last, mean_of_means, everyone_reads_all, collective_in_the_loop]
+DODGES = [
+    padding,
+    drop_last,
+    mean_of_means,
+    everyone_reads_all,
+    collective_in_the_loop,
+    reads_the_answers,
+    clears_its_record,
+    reads_a_private_copy,
+]
 
 
 # ------------------------------------------------------------------ right answers
@@ -115,11 +143,15 @@ RIGHTS = [
 ]
 
 
-def _seed_for(dp: int) -> int:
-    return next(s for s in range(1000) if draw_case(random.Random(s))[0] == dp)
+#: Drawn cases per DP degree (`make stress`: 20).
+DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "1"))
 
 
-SEEDS = {dp: _seed_for(dp) for dp in (2, 3, 4)}
+def _seeds_for(dp: int) -> list[int]:
+    return [s for s in range(5000) if draw_case(random.Random(s))[0] == dp][:DRAWS]
+
+
+SEEDS = {dp: _seeds_for(dp) for dp in (2, 3, 4)}
 
 
 def test_draws_cover_every_degree_and_separate_every_dodge():
@@ -140,22 +172,22 @@ def test_draws_cover_every_degree_and_separate_every_dodge():
 def test_checker_rejects_every_dodge_and_accepts_every_right_answer(dp, capsys):
     """Guards 0 false passes and 0 false failures over the corpus at each DP degree, and that
     the verdict names the dodge a wrong mean equals."""
-    seed = SEEDS[dp]
-    for fn in DODGES:
-        # The hanging dodge is stopped after 6 s (a right answer takes well under one).
-        result = check_exact_mean(
-            fn, seed=seed, timeout=6.0 if fn is collective_in_the_loop else 15.0
-        )
-        assert result.status == "wrong", (fn.__name__, result.message)
-    assert "padding" in check_exact_mean(padding, seed=seed).message
-    assert "drop_last" in check_exact_mean(drop_last, seed=seed).message
-    assert "per-rank means" in check_exact_mean(mean_of_means, seed=seed).message
-    for fn in RIGHTS:
-        result = check_exact_mean(fn, seed=seed)
-        assert result.status == "correct", (fn.__name__, result.message)
+    for seed in SEEDS[dp]:
+        for fn in DODGES:
+            # The hanging dodge is stopped after 6 s (a right answer takes well under one).
+            result = check_exact_mean(
+                fn, seed=seed, timeout=6.0 if fn is collective_in_the_loop else 15.0
+            )
+            assert result.status == "wrong", (fn.__name__, result.message)
+        assert "padding" in check_exact_mean(padding, seed=seed).message
+        assert "drop_last" in check_exact_mean(drop_last, seed=seed).message
+        assert "per-rank means" in check_exact_mean(mean_of_means, seed=seed).message
+        for fn in RIGHTS:
+            result = check_exact_mean(fn, seed=seed)
+            assert result.status == "correct", (fn.__name__, result.message)
 
 
 def test_not_done_and_not_a_function():
     """Guards the learner's first runs: the blank says "not done", a call result is refused."""
-    assert check_exact_mean(not_done, seed=SEEDS[2]).status == "not done"
+    assert check_exact_mean(not_done, seed=SEEDS[2][0]).status == "not done"
     assert check_exact_mean(3.0).status == "wrong"  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
+from _batches import Stream
 from torch.utils.data import DataLoader, DistributedSampler
 
 import ezpz_nb as ez
@@ -173,34 +174,18 @@ def test_stepped_loader_takes_n_steps_with_per_rank_epochs_and_balanced_epochs()
         assert [k // BATCH for k in fig.ezpz_data["wraps"][r]] == g["wraps"]
 
 
-class Stream(torch.utils.data.IterableDataset):
-    """N_STREAM samples a pass, no length, reshuffled by set_epoch: the same order on every rank."""
-
-    def __init__(self, n: int = N_STREAM) -> None:
-        self.n, self.epoch, self.passes = n, 0, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        self.passes += 1
-        g = torch.Generator().manual_seed(100 + self.epoch)
-        for i in torch.randperm(self.n, generator=g).tolist():
-            yield {"index": i, "value": torch.tensor(_value(i))}
-
-
 STREAM_STOP = 5  # mid-epoch on every rank (shares 4, 3, 3 with batches of 2)
 
 
 def _streamed() -> dict:
     """On each rank: a straight run over the stream, and one stopped mid-epoch and resumed."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    straight = SteppedLoader(Stream(), BATCH, rank, world, steps=STEPS)
+    straight = SteppedLoader(Stream(N_STREAM, seed=100), BATCH, rank, world, steps=STEPS)
     batches = [(b["index"].tolist(), b["epoch"].tolist()) for b in straight]
-    first = SteppedLoader(Stream(), BATCH, rank, world, steps=STEPS)
+    first = SteppedLoader(Stream(N_STREAM, seed=100), BATCH, rank, world, steps=STEPS)
     head = [b["index"].tolist() for _, b in zip(range(STREAM_STOP), first, strict=False)]
     state = first.state_dict()
-    second = SteppedLoader(Stream(), BATCH, rank, world, steps=STEPS)
+    second = SteppedLoader(Stream(N_STREAM, seed=100), BATCH, rank, world, steps=STEPS)
     second.load_state_dict(state)
     tail = [b["index"].tolist() for b in second]
     dist.barrier()  # every rank took its STEPS and got here: no rank ran out first
@@ -254,15 +239,15 @@ def test_stepped_loader_refuses_what_a_stream_cannot_do():
     with pytest.raises(ShardError, match="spent after one pass"):
         SteppedLoader((x for x in range(5)), 1, 0, 2, steps=3)
     with pytest.raises(ShardError, match="cannot be shuffled here"):
-        SteppedLoader(Stream(), 1, 0, 2, steps=3, shuffle=True)
+        SteppedLoader(Stream(N_STREAM, seed=100), 1, 0, 2, steps=3, shuffle=True)
     with pytest.raises(ShardError, match="over a map-style dataset"):
-        SteppedLoader(Stream(), 1, 0, 2, steps=3).load_state_dict(
+        SteppedLoader(Stream(N_STREAM, seed=100), 1, 0, 2, steps=3).load_state_dict(
             SteppedLoader(Values(4), 1, 0, 2, steps=3).state_dict()
         )
     with pytest.raises(ShardError, match="gave rank 1 no sample"):
         next(iter(SteppedLoader(Stream(1), 1, 1, 2, steps=3)))
     with pytest.raises(ShardError, match="known only as it is read"):
-        SteppedLoader(Stream(), 1, 0, 2, steps=3).position(0)
+        SteppedLoader(Stream(N_STREAM, seed=100), 1, 0, 2, steps=3).position(0)
 
 
 def epochs_of(got: list) -> dict:

@@ -767,3 +767,56 @@ def test_shipped_blanks_say_not_done(capsys):
         result = getattr(ex, f"check_{name}")(ns[fn])
         assert result.status == "not done", f"{name}: {result.message}"
     assert capsys.readouterr().out.count("not done yet") == 7
+
+
+def test_an_interrupt_names_a_waiting_collective_only_where_a_stack_shows_one():
+    """Guards issue 45's "interrupting a rank that is not in a collective": the sentence about
+    a rank waiting in a collective appears when a stack is inside torch.distributed, never
+    when every rank was in its own code (a loop, a sleep)."""
+    from ezpz_nb.launcher.errors import RunInterrupted
+    from ezpz_nb.launcher.stacks import RankStack
+    from ezpz_nb.launcher.wire import Frame
+
+    own = Frame("/home/me/work.py", 3, "spin", "while True: pass")
+    c10d = Frame("/venv/torch/distributed/distributed_c10d.py", 9, "all_reduce", "work.wait()")
+    busy = {r: RankStack(r, "blocked", where="work.py:3", frames=(own,)) for r in range(2)}
+    said = "waiting for a call another rank never made"
+    assert said not in str(RunInterrupted(busy))
+    waiting = {**busy, 1: RankStack(1, "blocked", call="all_reduce", frames=(own, c10d))}
+    assert said in " ".join(str(RunInterrupted(waiting)).split())
+
+
+def test_every_checker_is_listed_where_the_map_says():
+    """Guards issue 47's "the workshop contradicts its map": every ``check_*`` a workshop
+    module defines is named in the package docstring beside its module, re-exported by
+    ``exercises``, and its module is named in docs/architecture.md's workshop row; and
+    nothing is listed that no module defines."""
+    import importlib
+    import pkgutil
+
+    import ezpz_nb.workshop as pkg
+
+    defined: dict[str, str] = {}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        for name, obj in vars(mod).items():
+            if name.startswith("check_") and getattr(obj, "__module__", "") == mod.__name__:
+                defined[name] = info.name
+    assert len(defined) >= 14, defined
+    doc = pkg.__doc__ or ""
+    bullets = {
+        m.group(1): set(re.findall(r"``(check_\w+)``", m.group(0)))
+        for m in re.finditer(r"\* :mod:`\.(\w+)`.*?(?=\n\* |\Z)", doc, re.S)
+    }
+    listed = {name: module for module, names in bullets.items() for name in names}
+    assert listed == defined, (listed, defined)
+    assert {n for n in ex.__all__ if n.startswith("check_")} == set(defined)
+    row = next(
+        line
+        for line in (Path(__file__).parents[1] / "docs" / "architecture.md")
+        .read_text()
+        .splitlines()
+        if line.startswith("| `workshop/` |")
+    )
+    missing = {m for m in defined.values() if f"`{m}.py`" not in row}
+    assert not missing, f"docs/architecture.md's workshop row does not name {missing}: {row}"

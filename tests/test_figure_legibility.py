@@ -214,6 +214,8 @@ SHAPES: list[tuple[str, Callable[[], Figure]]] = [
     ),
     # notebook 17's shape: three designs, 24 global batches of 16, three sources
     ("17 mixture shares", lambda: mix_figure()),
+    # notebook 19's shape: four storages, 2 workers each, 64 steps
+    ("19 memory growth", lambda: memory_figure()),
 ]
 
 
@@ -234,8 +236,29 @@ def mix_figure() -> Figure:
     return viz.mix_shares(shares, (0.5, 0.3, 0.2), names, "realized share against target")
 
 
+def memory_figure() -> Figure:
+    """Notebook 19's figure: a worker line per worker, the rank's dashed, four storages."""
+    from ezpz_nb.ledger.memory import MIB, MemorySample, ProcMemory
+
+    def run(per_step: float) -> Ledger:
+        return Ledger(
+            [],
+            memory=[
+                MemorySample(
+                    0, w, 10 + w, 0, s, ProcMemory(0, 0, 0, int((9 + per_step * s) * MIB), 0)
+                )
+                for s in range(64)
+                for w in (-1, 0, 1)
+            ],
+        )
+
+    return viz.memory_growth(
+        {"dicts": run(0.25), "numpy": run(0.01), "arrow": run(0.02), "memmap": run(0.0)}
+    )
+
+
 # Axes whose numbers are measurements, not counts: fractions are right there.
-REAL_VALUED = {"loss curves": "training loss"}
+REAL_VALUED = {"loss curves": "training loss", "memory growth": "private memory (MiB)"}
 
 
 @contextmanager

@@ -51,3 +51,25 @@ def test_gpu_check_fails_when_the_driver_sees_gpus_that_torch_does_not(tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "nvidia-smi sees 1 GPU(s) but torch sees none" in done.stdout
     assert "SKIP" not in done.stdout
+
+
+def test_gpu_check_runs_the_cuda_test_of_global_mean_and_the_rng_capture():
+    """Guards issue 46: the CUDA half of global_mean and the RNG capture runs where a GPU is,
+    through `make gpu-check`: the script's own file selection and `-k` expression pick it."""
+    import re
+
+    text = SCRIPT.read_text()
+    grep = re.search(r"GPU_TESTS=\$\(grep -l (.*?) tests/test_\*\.py\)", text)
+    keyword = re.search(r'-k "([^"]+)"', text)
+    assert grep and keyword, "gpu_check.sh no longer selects its GPU tests as this test reads"
+    chosen = subprocess.run(
+        f"grep -l {grep[1]} tests/test_*.py", shell=True, cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    assert "tests/test_checkpoint.py" in chosen
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "tests/test_checkpoint.py", "-k", keyword[1]],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "test_global_mean_and_rng_capture_on_cuda" in done.stdout, done.stdout + done.stderr
+    assert "test_global_mean_and_rng_capture_on_cpu" not in done.stdout

@@ -267,3 +267,115 @@ def test_the_layer_rule_names_an_upward_import(tmp_path):
         "ezpz_nb.errors (line 2) imports ezpz_nb.cli, a layer it may not import",
         "ezpz_nb.stray: its unit ezpz_nb.stray is in no row of the layer table",
     ]
+
+
+# ------------------------------------------------------------------ the launcher's two sides
+
+# Each launcher module by the process that loads it (docs/architecture.md's "side" column
+# says the same; test_rank_imports.py starts a rank and checks what it really loaded).
+#: What a rank process runs: its loop, its group, its state, a %%ranks cell; and the
+#: forkserver's own preload, which every rank forked from it inherits.
+RANK_SIDE = frozenset(
+    f"ezpz_nb.launcher.{m}" for m in ("rank", "rankgroup", "runtime", "cells", "forkserver")
+)
+#: What both ends of the pipe use: the protocol, a failure's and a stack's both ends, the
+#: shared settings, which cell a frame is in; and below the launcher, the package itself
+#: (its names load on use), errors and the publish channel.
+BOTH_SIDES = frozenset(
+    [
+        "ezpz_nb",
+        "ezpz_nb._lazy",
+        "ezpz_nb.errors",
+        "ezpz_nb.events",
+        "ezpz_nb.launcher",
+        *(
+            f"ezpz_nb.launcher.{m}"
+            for m in ("settings", "wire", "failures", "stacks", "kernel", "submodules")
+        ),
+    ]
+)
+#: What only the notebook runs (and a torchrun process, which plays the notebook's part
+#: for ``torchrun.py``): clusters, processes, the session and pool, the error wording.
+NOTEBOOK_SIDE = frozenset(
+    f"ezpz_nb.launcher.{m}"
+    for m in (
+        "cluster",
+        "on_ranks",
+        "procs",
+        "children",
+        "pool",
+        "run",
+        "policy",
+        "session",
+        "startup",
+        "shutdown",
+        "output",
+        "errors",
+        "torchrun",
+    )  # fmt: skip
+) | {"ezpz_nb.magic"}
+
+
+def _side_column(text: str) -> dict[str, str]:
+    """``{module: side}`` from docs/architecture.md's launcher table (first word of the column)."""
+    section = text.split("## The launcher, module by module", 1)[1].split("\n## ", 1)[0]
+    sides = {}
+    for row in section.splitlines():
+        cells = row.split("|")
+        if len(cells) < 4 or not cells[1].strip().startswith("`"):
+            continue
+        side = cells[2].split()[0] if cells[2].split() else ""
+        for name in re.findall(r"`([^`]+)\.py`", cells[1]):
+            sides[f"ezpz_nb.launcher.{name}"] = side
+    return sides
+
+
+def test_every_launcher_module_has_one_side_and_the_map_agrees():
+    """Guards issue 47 item 1: each launcher module is listed on one side here, and
+    docs/architecture.md's table gives it the same side (a new module must say which)."""
+    launcher = {m for m in modules(ROOT) if m.startswith("ezpz_nb.launcher.")}
+    sides = {"rank": RANK_SIDE, "both": BOTH_SIDES, "notebook": NOTEBOOK_SIDE}
+    listed = [m for s in sides.values() for m in s if m.startswith("ezpz_nb.launcher.")]
+    assert sorted(listed) == sorted(launcher), "list each launcher module on exactly one side"
+    documented = _side_column(ARCHITECTURE.read_text())
+    expected = {m: side for side, ms in sides.items() for m in ms if m in launcher}
+    assert documented == expected
+
+
+def test_the_rank_side_imports_nothing_of_the_notebook_side():
+    """Guards issue 47 item 1: from the rank's modules, no import (at module level, in a
+    function or under TYPE_CHECKING) reaches the notebook side."""
+    graph = import_graph(modules(ROOT))
+    seen, todo = set(), list(RANK_SIDE)
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph.get(module, {}))
+    assert seen <= RANK_SIDE | BOTH_SIDES, sorted(seen - RANK_SIDE - BOTH_SIDES)
+
+
+def _assigned(tree: ast.Module, name: str) -> object:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+            name
+        ]:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"no {name} = ... at module level")
+
+
+def test_stacks_rank_loop_names_the_ranks_loop_function():
+    """Guards the hang report's cut between our frames and the learner's: stacks.RANK_LOOP
+    must be the function in rank.py that loops over runs and calls the learner's function,
+    and the rank's main must call it (a rename in rank.py alone fails here)."""
+    stacks = ast.parse((ROOT / "ezpz_nb/launcher/stacks.py").read_text())
+    rank = ast.parse((ROOT / "ezpz_nb/launcher/rank.py").read_text())
+    loop = _assigned(stacks, "RANK_LOOP")
+    functions = {n.name: n for n in rank.body if isinstance(n, ast.FunctionDef)}
+    assert loop in functions, f"rank.py defines no {loop}()"
+    body = list(ast.walk(functions[loop]))
+    assert any(isinstance(n, ast.While) for n in body), f"{loop} has no loop"
+    calls = {n.func.id for n in body if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "fn" in calls, f"{loop} does not call the job's fn"
+    main = [n for n in ast.walk(functions["main"]) if isinstance(n, ast.Call)]
+    assert any(getattr(c.func, "id", None) == loop for c in main), f"main does not call {loop}"

@@ -277,9 +277,12 @@ def test_a_launch_pickles_its_job_once():
 def test_a_ranks_cell_naming_a_function_that_cannot_travel_is_refused_before_start():
     """Guards %%ranks' check of the notebook names a cell uses (the culprit search it
     shares with ez.launch): the function that cannot travel is named, data is only
-    noted, and no rank starts."""
+    noted, no rank starts, and a cell's names are pickled once (issue 47: the magic
+    pickled them, then the cluster again)."""
+    import functools
+
     from ezpz_nb.launcher.errors import LaunchTypeError
-    from ezpz_nb.magic import notebook_names
+    from ezpz_nb.magic import cell_job, notebook_names
 
     lock = threading.Lock()
 
@@ -292,8 +295,15 @@ def test_a_ranks_cell_naming_a_function_that_cannot_travel_is_refused_before_sta
     shipped, data = notebook_names("fine()\nsteps", {"fine": fine, "steps": 3})
     assert shipped == {"fine": fine} and data == {"steps"}
     with pytest.raises(LaunchTypeError, match="uses 'holds_lock' from the notebook.*lock"):
-        notebook_names("fine()\nholds_lock()", {"fine": fine, "holds_lock": holds_lock})
+        cell_job("fine()\nholds_lock()", {"fine": fine, "holds_lock": holds_lock}, None, 1)
     assert _ranks_alive() == []
+    _CountsPickles.pickled = 0
+    counted = functools.partial(type, _CountsPickles())
+    job, _ = cell_job("kind = counted()", {"counted": counted}, None, 2)
+    assert _CountsPickles.pickled == 1
+    with ez.Cluster(2) as c:
+        assert c.run_job(job) == [None, None]
+    assert _CountsPickles.pickled == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

@@ -1,4 +1,4 @@
-"""Notebook 17's checker (ezpz_nb.workshop.mixing): dodges rejected, right answers accepted.
+"""Notebook 17's checker (ezpz_nb.workshop.mixture): dodges rejected, right answers accepted.
 
 Every answer runs on 4 real ranks (one warm Cluster), inside real DataLoader workers. The
 corpus below is the checker's specification: 0 false passes, 0 false failures.
@@ -6,12 +6,17 @@ corpus below is the checker's specification: 0 false passes, 0 false failures.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 import ezpz_nb as ez
 from ezpz_nb.data.mixture import Mixture
-from ezpz_nb.workshop.mixing import check_mix_batch
+from ezpz_nb.workshop.mixture import check_mix_batch
+
+#: Checks per answer: each draws its own sizes, weights and seed (`make stress`: 20).
+DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "4"))
 
 
 def library_answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
@@ -22,9 +27,10 @@ def library_answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
     return [(int(s), int(i)) for s, i in plan[lo : lo + m]]
 
 
-def greedy_in_order(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
-    """Right, unusually: no randomness at all. The same greedy composition every batch (each
-    slot to the source furthest behind), samples of a source in plain order 0, 1, 2..."""
+def same_rounding_every_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge: the same greedy composition every batch (each slot to the source furthest behind
+    within the batch), samples of a source in plain order: within one sample in every batch,
+    but the same rounding each time drifts cumulatively."""
     w = np.asarray(weights) / sum(weights)
     counts = np.zeros(len(w))
     src = []
@@ -39,6 +45,36 @@ def greedy_in_order(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
         before[s] += 1
     m = global_batch // dp_size
     return out[dp_rank * m : (dp_rank + 1) * m]
+
+
+def quotas_in_order(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Right, unusually: no randomness at all. Each batch takes floor(weight * batch) of each
+    source, the rest to the sources furthest behind over all batches so far; the sources'
+    blocks side by side, the samples of a source in plain order 0, 1, 2... (a numpy array)."""
+    w = np.asarray(weights, dtype=float) / sum(weights)
+    done = np.zeros(len(w), dtype=int)
+    for b in range(step + 1):
+        quota = np.floor(w * global_batch).astype(int)
+        behind = w * (b + 1) * global_batch - (done + quota)
+        extra = global_batch - int(quota.sum())
+        quota[np.argsort(-behind, kind="stable")[:extra]] += 1
+        if b < step:
+            done += quota
+    pairs = np.array(
+        [(s, (done[s] + k) % sizes[s]) for s in range(len(w)) for k in range(quota[s])]
+    )
+    m = global_batch // dp_size
+    return pairs[dp_rank * m : (dp_rank + 1) * m]
+
+
+def yields_pairs(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge by mistake: a generator (it cannot leave a DataLoader worker)."""
+    yield from library_answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed)
+
+
+def returns_an_iterator(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """The same mistake without ``yield``: ``map`` returns an iterator."""
+    return map(tuple, library_answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed))
 
 
 def per_rank_sampling(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
@@ -95,12 +131,13 @@ def cluster():
         yield c
 
 
-@pytest.mark.parametrize("fn", [library_answer, greedy_in_order])
+@pytest.mark.parametrize("fn", [library_answer, quotas_in_order])
 def test_right_answers_pass(cluster, fn):
-    """Guards against false failures: the library's stratified plan and a plain greedy
-    schedule with samples in order (no randomness at all) are both accepted."""
-    got = check_mix_batch(fn, cluster=cluster)
-    assert got.status == "correct", got.message
+    """Guards against false failures: the library's stratified plan and quotas with the
+    sources side by side and samples in order (no randomness, a numpy array) both pass."""
+    for _ in range(DRAWS):
+        got = check_mix_batch(fn, cluster=cluster)
+        assert got.status == "correct", got.message
 
 
 @pytest.mark.parametrize(
@@ -110,14 +147,25 @@ def test_right_answers_pass(cluster, fn):
         (round_robin, "against a target"),
         (SameSeedInEveryWorker(), "must not depend on the layout"),
         (same_seed_every_step, "again"),
+        (same_rounding_every_batch, "drifts"),
+        (returns_an_iterator, "cannot leave a DataLoader worker"),
     ],
 )
 def test_dodges_are_rejected_by_the_rule_they_break(cluster, fn, says):
     """Guards against false passes: per-rank sampling (layout), a weight-blind round-robin
     (shares), one generator copied into every worker (layout) and picks from the seed alone
     (repeats) are each turned down, by the rule each one breaks."""
-    got = check_mix_batch(fn, cluster=cluster)
-    assert got.status == "wrong" and says in got.message, got.message
+    for _ in range(DRAWS):
+        got = check_mix_batch(fn, cluster=cluster)
+        assert got.status == "wrong" and says in got.message, got.message
+
+
+def test_a_generator_is_refused_at_once():
+    """Guards issue 45's "the ranks hung ... after the cluster's whole timeout": ``yield`` in
+    mix_batch is said at once, before any rank runs (no cluster: none would start)."""
+    got = check_mix_batch(yields_pairs, timeout=1)
+    assert got.status == "wrong" and "generator" in got.message, got.message
+    assert "hung" not in got.message
 
 
 def test_not_done_and_bad_arguments():

@@ -18,6 +18,7 @@ from ezpz_nb.data.mixture import (
     MixedLoader,
     MixError,
     Mixture,
+    cumulative_gap,
     realized_shares,
     schedule,
 )
@@ -168,8 +169,9 @@ def test_the_ledger_records_each_samples_dataset(cluster):
 
 def test_shares_per_global_batch_by_method():
     """Guards the three schedules against the mixture rule: stratified is within one sample of
-    target in every global batch, greedy within one sample cumulatively, and multinomial (at
-    this seed) breaks the per-batch bound: the rule can fail, and says where."""
+    target in every global batch, greedy (at these weights) within one sample at each batch's
+    end, and multinomial (at this seed) breaks the per-batch bound: the rule can fail, and
+    says where."""
     plans = {m: Mixture(SIZES, WEIGHTS, 10, m, seed=1).plan(20) for m in METHODS}
     streams = {
         m: [list(map(tuple, p[b * 10 : (b + 1) * 10])) for b in range(20)] for m, p in plans.items()
@@ -234,3 +236,34 @@ def test_realized_shares_count_samples_or_tokens_per_batch_or_cumulative():
     assert cum[1].tolist() == [2 / 8, 4 / 8, 2 / 8]
     by_tokens = realized_shares(src, 3, amounts=toks, cumulative=True)
     assert by_tokens[1].tolist() == [2 / 18, 11 / 18, 5 / 18]
+
+
+def test_greedy_is_megatrons_rule_and_its_bound_is_measured():
+    """Guards issue 46: "greedy" is Megatron-LM's ``build_blending_indices`` rule (sample ``i``
+    to the largest ``w * max(i, 1) - count``, ties to the first source), not a look-alike
+    whose sequence parts from it at position 4; and its cumulative bound is what notebook 17
+    measures: 1.2 samples at 0.9/0.05/0.05, more than one but under two over many weights."""
+    # By hand from the rule: position 4 compares 0.5*4-2, 0.3*4-1, 0.2*4-1: source 1.
+    assert schedule((0.5, 0.3, 0.2), 1, 12, "greedy").tolist() == [
+        0,
+        1,
+        2,
+        0,
+        1,
+        0,
+        2,
+        0,
+        1,
+        0,
+        0,
+        1,
+    ]
+    assert schedule((1, 1), 1, 4, "greedy").tolist() == [0, 1, 0, 1]  # a tie: the first source
+    assert cumulative_gap(schedule((0.9, 0.05, 0.05), 8, 16, "greedy"), (0.9, 0.05, 0.05)) == (
+        pytest.approx(1.2)
+    )
+    draw = np.random.default_rng(0)
+    weights = [draw.dirichlet(np.ones(k)) for k in draw.integers(2, 8, size=50)]
+    gaps = [cumulative_gap(schedule(w, 16, 16, "greedy"), w) for w in weights]
+    assert 1 < max(gaps) < 2
+    assert cumulative_gap(np.array([0, 0, 0, 1]), (1, 1)) == 1.5  # 3 of 0 where 1.5 were due

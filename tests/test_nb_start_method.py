@@ -23,8 +23,7 @@ pytest_plugins = ["pytester"]
 
 def _notebook(path: Path, expected: str | None) -> None:
     """A one-cell notebook that fails unless its kernel sees ``expected``."""
-    # The launcher's own name for the variable: conftest.py spells it out (importing
-    # the settings would import torch into every pytest process), and a drift fails here.
+    # The launcher's own name for the variable, which conftest.py imports too.
     source = (
         f"import os\ngot = os.environ.get({START_METHOD_ENV!r})\nassert got == {expected!r}, got"
     )

@@ -157,3 +157,26 @@ def test_workshop_and_solutions_line_up():
     differ = [c.id for c, d in zip(work.cells, sol.cells, strict=True) if c.source != d.source]
     # Title and summary, and per exercise its function and its checker call.
     assert len(differ) == 2 + 7 * 2, differ
+
+
+def test_the_width_check_under_nbmake_finds_a_wide_line(tmp_path):
+    """Guards notebooks/conftest.py's check (issue 45: 16's table of 109 columns broke on every
+    row): a printed line over 100 columns is found, with its cell; an error output (a
+    traceback, nbmake's own failure), a line of 100 columns and torch's own log lines (as
+    torchrun relays a worker's) are not."""
+    spec = importlib.util.spec_from_file_location("nb_conftest", NOTEBOOKS / "conftest.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    nb = nbformat.read(_write(tmp_path / "w.ipynb", output=True), as_version=4)
+    cell = nb.cells[0]
+    assert hook.wide_lines(nb) == []
+    cell.outputs = [
+        new_output("stream", name="stdout", text="x" * 100 + "\n" + "y" * 101 + "\n"),
+        # torch's own words, as torchrun relays them: not ours to wrap.
+        new_output("stream", name="stderr", text="[default0]:[rank0]: " + "w" * 120 + "\n"),
+        new_output("execute_result", data={"text/plain": "z" * 120}, execution_count=1),
+        new_output("error", ename="E", evalue="e", traceback=["t" * 300]),
+    ]
+    found = hook.wide_lines(nb)
+    assert len(found) == 2 and all(f.startswith("code cell 0:") for f in found), found
+    assert "(101 columns)" in found[0] and "(120 columns)" in found[1], found

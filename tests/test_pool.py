@@ -14,7 +14,8 @@ from jupyter_client import KernelManager
 
 import ezpz_nb as ez
 from ezpz_nb.errors import EzpzError
-from ezpz_nb.launcher.pool import POOL, STANDBY_BYTES, StandbyPool, standby_size
+from ezpz_nb.launcher.pool import STANDBY_BYTES, StandbyPool, standby_size
+from ezpz_nb.launcher.session import SESSION
 from ezpz_nb.launcher.settings import MAX_WORLD_SIZE, ONE_LAUNCH
 
 pytestmark = pytest.mark.timeout(240)
@@ -74,27 +75,28 @@ def test_launch_takes_the_standby_ranks_and_the_pool_refills():
     """Guards: under spawn a launch runs on the standby processes (not fresh ones), a
     launch larger than the pool still gets every rank, and the pool refills with new
     processes once the ranks are gone; closing it leaves no process."""
-    POOL.start(2)
+    pool = SESSION.pool  # the one the session's clusters take from
+    pool.start(2)
     try:
-        assert POOL.wait_ready(120)
-        standby = sorted(POOL.pids())
+        assert pool.wait_ready(120)
+        standby = sorted(pool.pids())
         ranks = ez.launch(_pid, world_size=2, start_method="spawn", timeout=120)
         assert sorted(ranks) == standby
-        refilled = POOL.pids()
+        refilled = pool.pids()
         assert len(refilled) == 2 and not set(refilled) & set(standby)
         assert _gone(standby, 10)  # the launch's ranks (ex-standby) stopped
-        assert POOL.wait_ready(120)
+        assert pool.wait_ready(120)
         three = ez.launch(_pid, world_size=3, start_method="spawn", timeout=120)
         assert len(set(three)) == 3 and set(refilled) < set(three)
         # Other start methods leave the pool alone.
-        left = POOL.pids()
+        left = pool.pids()
         ez.launch(_pid, world_size=2, start_method="forkserver", timeout=120)
-        assert POOL.pids() == left
+        assert pool.pids() == left
     finally:
-        pids = POOL.pids()
-        POOL.close()
+        pids = pool.pids()
+        pool.close()
     assert _gone(pids, 10)
-    assert POOL.pids() == []
+    assert pool.pids() == []
 
 
 def test_the_pool_replaces_what_it_lent_only_at_release():
@@ -123,7 +125,8 @@ def test_the_pool_replaces_what_it_lent_only_at_release():
 _KILLED = """
 import os, signal, sys
 import ezpz_nb as ez
-from ezpz_nb.launcher.pool import POOL
+from ezpz_nb.launcher.session import SESSION
+POOL = SESSION.pool
 POOL.start(2)
 assert POOL.wait_ready(120)
 c = ez.Cluster(2, start_method="spawn", timeout=120)  # takes both; two more start
@@ -169,7 +172,8 @@ def test_kernel_under_spawn_warms_a_pool_and_leaves_nothing(how, short_tmp):
     try:
         kc.wait_for_ready(timeout=60)
         code = (
-            "import os, ezpz_nb as ez\nfrom ezpz_nb.launcher.pool import POOL\n"
+            "import os, ezpz_nb as ez\nfrom ezpz_nb.launcher.session import SESSION\n"
+            "POOL = SESSION.pool\n"
             "assert POOL.wait_ready(150)\nwarm = sorted(POOL.pids())\n"
             "ranks = sorted(ez.launch(os.getpid, world_size=2))\n"
             "print('pids', *warm, *POOL.pids(), 'same', set(ranks) <= set(warm))"

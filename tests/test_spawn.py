@@ -65,9 +65,14 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_bad_start_method_fails_at_import():
-    """Guards: the mistake shows at `import ezpz_nb`, not as a crash at the first launch."""
-    done = _python("import ezpz_nb", **{START_METHOD_ENV: "spwan"})
+def test_bad_start_method_fails_before_any_rank_starts():
+    """Guards: the mistake shows as one clear error before any rank starts, not as a crash
+    inside the ranks: in a script at the first launch (``import ezpz_nb`` loads nothing
+    there, issue 47), in a kernel already at import, where warm-up reads it."""
+    done = _python("import ezpz_nb\nprint('imported')", **{START_METHOD_ENV: "spwan"})
+    assert done.returncode == 0 and done.stdout == "imported\n", done.stderr
+    code = "import ezpz_nb as ez\nez.launch(print, world_size=1)"
+    done = _python(code, **{START_METHOD_ENV: "spwan"})
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("ezpz_nb.launcher.startup.StartMethodError: EZPZ_NB_START_METHOD=")

@@ -50,7 +50,7 @@ def test_right_loader_passes_every_rule():
     the set_epoch reshuffle missed) would teach people to ignore it.
     """
     report = check_contract(L.right, "dp=2,tp=2", epochs=2)
-    assert report.ok, report.table()
+    assert not report.failed, report.table()
     assert set(_verdicts(report).values()) == {"pass"}
     assert report.steps == {r: [4, 4] for r in range(4)}
     assert report.raise_for_violations() is report
@@ -72,7 +72,7 @@ def test_drop_last_choices_are_expected_not_violations(factory, kind, why):
     report = check_contract(factory, "dp=2", epochs=1)
     found = [f for f in report.findings if f.kind == kind]
     assert found and why in found[0].expected, report.table()
-    assert report.ok, report.table()
+    assert not report.failed, report.table()
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_each_wrong_loader_is_caught_with_its_first_offence(factory, layout, rul
     # A wrapper hides the sampler: say that shuffling was asked for.
     shuffle = True if factory is L.no_set_epoch else None
     report = check_contract(factory, layout, epochs=2, shuffle=shuffle)
-    assert not report.ok
+    assert report.failed
     assert _verdicts(report)[rule] == "fail", report.table()
     f = next(f for f in report.violations if f.kind == kind)
     assert (f.rank, f.step) == first, f
@@ -113,7 +113,7 @@ def test_cp_peers_may_hold_different_slices_of_the_same_samples():
     Guards: a byte check that compared CP peers as if they were TP peers.
     """
     report = check_contract(L.cp_slices, "dp=2,cp=2", epochs=1)
-    assert report.ok, report.table()
+    assert not report.failed, report.table()
     assert report.layout == {"dp": 2, "tp": 1, "cp": 2}
 
 
@@ -124,14 +124,14 @@ def test_keys_and_digests_identify_samples():
     digest mode that sees a whole batch as one sample.
     """
     ok = check_contract(L.keyed, "dp=2", epochs=1)
-    assert ok.ok, ok.table()
+    assert not ok.failed, ok.table()
     bad = check_contract(L.keyed, "dp=1,tp=2", epochs=1)
-    assert bad.ok  # both TP peers see the same keys and bytes
+    assert not bad.failed  # both TP peers see the same keys and bytes
     dup = check_contract(lambda lay: L.keyed(lay.__class__(0, 1, 0, 1, 0, 1)), "dp=2", epochs=1)
     f = next(f for f in dup.violations if f.kind == "dp_duplicate")
     assert f.sample is not None and f.sample.startswith("shard0/")
     digest = check_contract(L.tuples, "dp=2", epochs=2, key="digest")
-    assert digest.ok, digest.table()
+    assert not digest.failed, digest.table()
     assert sum(len(r.sample_ids) for r in digest.ledger.records if r.epoch == 0) == L.N
 
 
@@ -313,13 +313,14 @@ def test_bad_arguments_fail_before_any_rank_starts(kwargs, match):
 
 def test_a_report_with_a_rule_not_judged_never_reads_as_a_pass():
     """No violation but a rule without evidence: the headline, the verdict, the JSON and
-    strict raising all say "not judged", with why; the report is still ok.
+    strict raising all say "not judged", with why; the report is neither ok nor failed.
 
     Guards: "pass" printed for a rule that never ran (the reshuffle of one epoch).
     """
     r = Report("f on dp=2", {"dp": 2, "tp": 1, "cp": 1}, 1, "index",
                not_judged={"reshuffle": "one epoch: no order to compare"})  # fmt: skip
-    assert r.ok and r.outcome is Verdict.NOT_JUDGED and r.verdict == "not judged"
+    assert not r.ok and not r.failed and r.outcome is Verdict.NOT_JUDGED
+    assert r.verdict == "not judged"
     head = "NOT ALL JUDGED: no violation in 4 rule(s); not judged: reshuffle"
     assert r.headline().endswith(head)
     # The table's first line ends with the headline (broken between words to fit a column).
@@ -423,3 +424,67 @@ def test_mesh_figure_colours_each_rank_by_its_first_broken_rule():
     assert colours[3] == RULE_COLORS["tp_identical"].lower()
     assert colours[0] == colours[2] != colours[1]
     assert "exactly_once" in fig.axes[0].get_title()
+
+
+def test_one_outcome_vocabulary_not_asked_does_not_stop_a_pass():
+    """The four outcomes read one way on every report: FAIL beats NOT_JUDGED beats PASS,
+    and a rule the user turned off ("not asked") is shown but leaves a PASS a PASS; ``.ok``
+    is True on PASS only, ``.failed`` on FAIL only, for Report, EvalReport and any
+    BaseReport subclass (the workshop's results).
+
+    Guards: ``.ok`` meaning "no violation" on one report and PASS on another, and
+    ``shuffle=False`` heading a right loader's report NOT ALL JUDGED.
+    """
+    from ezpz_nb.verify import BaseReport, EvalReport, Judgement
+
+    def j(v: Verdict, rule: str = "steps") -> Judgement:
+        return Judgement(rule, v, f"{v} because")
+
+    asked_off = Report("f on dp=2", {"dp": 2, "tp": 1, "cp": 1}, 2, "index",
+                       not_asked={"reshuffle": "shuffle=False was passed"})  # fmt: skip
+    assert asked_off.ok and asked_off.outcome is Verdict.PASS and not asked_off.failed
+    assert asked_off.rule_verdicts()["reshuffle"] == "not asked"
+    assert "not asked: reshuffle" in asked_off.headline()
+    assert "shuffle=False was passed" in asked_off.table()
+    assert asked_off.headline().startswith("PASS")
+    assert asked_off.raise_for_violations(strict=True) is asked_off
+    back = Report.from_json(asked_off.to_json())
+    assert back.not_asked == asked_off.not_asked and back.ok
+    from IPython.lib.pretty import pretty
+
+    # IPython shows the table, not the dataclass's repr (a notebook's last expression).
+    assert pretty(asked_off) == asked_off.table()
+
+    class Result(BaseReport):  # what a workshop result does: judgements and a table
+        def __init__(self, *verdicts: Verdict) -> None:
+            self.rules = [j(v, f"rule{i}") for i, v in enumerate(verdicts)]
+
+        def judgements(self) -> list[Judgement]:
+            return self.rules
+
+        def table(self) -> str:
+            return self.headline()
+
+    cases = [
+        ((Verdict.PASS, Verdict.NOT_ASKED), Verdict.PASS),
+        ((Verdict.PASS, Verdict.NOT_JUDGED, Verdict.NOT_ASKED), Verdict.NOT_JUDGED),
+        ((Verdict.NOT_JUDGED, Verdict.FAIL), Verdict.FAIL),
+    ]
+    for verdicts, want in cases:
+        for report in (
+            Result(*verdicts),
+            EvalReport("e", {"dp": 2}, "eval", Result(*verdicts).rules),
+        ):
+            assert report.outcome is want, (verdicts, report.headline())
+            assert report.ok is (want is Verdict.PASS) and report.failed is (want is Verdict.FAIL)
+            if want is Verdict.FAIL:
+                with pytest.raises(ContractViolation):
+                    report.raise_for_violations()
+            elif want is Verdict.NOT_JUDGED:
+                assert report.raise_for_violations() is report
+                assert report.headline().startswith("NOT ALL JUDGED: no violation in 1 rule(s)")
+                with pytest.raises(ContractViolation):
+                    report.raise_for_violations(strict=True)
+    assert Result(Verdict.FAIL).judgement("rule0").verdict is Verdict.FAIL
+    with pytest.raises(KeyError):
+        Result(Verdict.PASS).judgement("other")

@@ -60,3 +60,47 @@ def test_a_batch_without_ids_says_what_to_pass():
         with pytest.raises(NoSampleIds, match=want) as err:
             observe_batch({"x": torch.zeros(2, 2)}, key)
         assert "key='digest'" in str(err.value)
+
+
+def test_records_of_every_kind_are_read_and_key_is_honoured():
+    """Namedtuples, dataclasses, attrs-like classes and mappings are records: their fields are
+    read by name, ``key=`` finds a field in each, and the digest leaves out the tags of where
+    and when a sample was loaded (worker id, step, epoch), not its contents.
+
+    Guards: namedtuple batches crashing with "no 'index' field" (issue 44), and a worker tag
+    making a resumed batch read as other contents.
+    """
+    import collections
+    import dataclasses
+    from types import MappingProxyType
+
+    from ezpz_nb.data.tree import find_in_batch, leaves
+
+    Nt = collections.namedtuple("Nt", "x index")
+
+    @dataclasses.dataclass
+    class Dc:
+        x: torch.Tensor
+        index: torch.Tensor
+
+    class Attr:  # what attrs gives a class: a tuple of fields with names
+        __attrs_attrs__ = (type("A", (), {"name": "x"}), type("A", (), {"name": "index"}))
+
+        def __init__(self, x: torch.Tensor, index: torch.Tensor) -> None:
+            self.x, self.index = x, index
+
+    x, ids = torch.ones(2, 3), torch.tensor([5, 9])
+    for batch in (Nt(x, ids), Dc(x, ids), Attr(x, ids), MappingProxyType({"x": x, "index": ids})):
+        assert sample_values(batch, "index") == [5, 9], batch
+        assert observe_batch(batch, "index")[0] == [5, 9] and observe_batch(batch, "auto")[0] == [
+            5,
+            9,
+        ]
+        assert find_in_batch([batch], "x") is x and [p for p, _ in leaves(batch)] == [
+            "/x",
+            "/index",
+        ]
+    plain = observe_batch({"x": x, "index": ids}, "auto")[2]
+    tagged = observe_batch({"x": x, "index": ids, "worker_id": torch.tensor([1, 1])}, "auto")
+    assert tagged[2] == plain and tagged[3] == [1, 1]
+    assert observe_batch({"x": x + 1, "index": ids}, "auto")[2] != plain

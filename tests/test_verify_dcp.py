@@ -45,7 +45,7 @@ def test_a_sound_loader_resumes_through_dcp_on_dp2_tp2_in_every_scenario(four):
     """
     before = _leftovers()
     report = check_resume(masked, "dp=2,tp=2", epochs=2, via="dcp", cluster=four)
-    assert report.ok, report.table()
+    assert not report.failed, report.table()
     assert report.rule_verdicts()["resume"] == "pass"
     assert _leftovers() == before
 
@@ -113,7 +113,7 @@ def test_a_tp_broadcast_loader_resumes_through_dcp_at_dp2_tp2(four):
     leader's step (it would wait for batches the leader never sends, or stop early).
     """
     report = check_resume(broadcast, "dp=2,tp=2", epochs=2, via="dcp", cluster=four)
-    assert report.ok, report.table()
+    assert not report.failed, report.table()
     assert report.rule_verdicts()["resume"] == "pass"
 
 
@@ -143,7 +143,7 @@ def test_a_forgotten_rng_fails_at_the_first_step_with_other_masks():
     assert found, report.table()
     first = found[0]
     assert (first.epoch, first.rank, first.step) == (0, 0, 6), first
-    assert "with other contents" in first.message and "RNG" in first.hint
+    assert "with other values in /input_ids" in first.message and "RNG" in first.hint
 
 
 def forgetful_broadcast(layout: Any) -> Any:
@@ -165,4 +165,7 @@ def test_a_tp_broadcast_leader_that_forgets_its_rng_still_fails_at_dp2_tp2(four)
     )  # fmt: skip
     assert report.rule_verdicts()["resume"] == "fail", report.table()
     first = next(f for f in report.violations if f.kind == "divergence")
-    assert (first.epoch, first.step) == (0, 6) and "with other contents" in first.message
+    assert (first.epoch, first.step) == (
+        0,
+        6,
+    ) and "with other values in /input_ids" in first.message

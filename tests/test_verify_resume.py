@@ -42,7 +42,7 @@ def test_stateful_dataloader_resumes_exactly_once_in_every_scenario(clusters):
     joined in the wrong place, epochs mislabelled after a restart).
     """
     report = check_resume(L.stateful, "dp=2", epochs=2, cluster=clusters[2])
-    assert report.ok, report.table()
+    assert not report.failed, report.table()
     assert report.scenarios == list(SCENARIOS)
     assert report.rule_verdicts()["resume"] == "pass"
 
@@ -56,7 +56,7 @@ def test_a_loader_whose_state_forgets_the_position_is_caught_with_a_hint(cluster
     report = check_resume(
         L.forgetful, "dp=2", epochs=2, scenarios=["mid-epoch"], cluster=clusters[2]
     )  # fmt: skip
-    assert not report.ok
+    assert report.failed
     div = next(f for f in report.violations if f.kind == "divergence")
     assert (div.rank, div.step, div.epoch) == (0, 2, 0)
     assert "started the epoch over" in div.hint
@@ -93,7 +93,7 @@ def test_resuming_with_workers_and_at_another_world_size(clusters):
     workers = check_resume(
         L.stateful, "dp=2", options={"num_workers": 2}, scenarios=["mid-epoch"], cluster=two
     )  # fmt: skip
-    assert workers.ok, workers.table()
+    assert not workers.failed, workers.table()
     moved = check_resume(
         L.stateful, "dp=2", resume_layout="dp=4", scenarios=["mid-epoch"], cluster=two
     )  # fmt: skip
@@ -120,11 +120,11 @@ def test_a_position_in_samples_of_the_job_resumes_at_another_world_size(clusters
     moved = check_resume(
         L.elastic, "dp=2,tp=2", resume_layout="dp=4", scenarios=["mid-epoch"], cluster=clusters[4]
     )  # fmt: skip
-    assert moved.ok, moved.table()
+    assert not moved.failed, moved.table()
     assert moved.rule_verdicts()["resume"] == "expected", moved.table()
     assert all("another layout" in f.expected for f in moved.findings if f.rule == "resume")
     # every scenario, same layout
-    assert check_resume(L.elastic, "dp=2", epochs=2, cluster=clusters[2]).ok
+    assert check_resume(L.elastic, "dp=2", epochs=2, cluster=clusters[2]).failed is False
     wrong = check_resume(
         L.elastic_per_rank, "dp=2", resume_layout="dp=4", scenarios=["mid-epoch"],
         cluster=clusters[2],

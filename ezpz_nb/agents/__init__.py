@@ -21,30 +21,25 @@ package starts torchrun itself, and no module below it imports it.
 
 from __future__ import annotations
 
-from ezpz_nb.agents.agents import run_agents, torchrun
-from ezpz_nb.agents.by_hand import (
-    Attempts,
-    WorkerCheckError,
-    check_worker,
-    load_attempts,
-    startup_lines,
-    worker_from_notebook,
-)
-from ezpz_nb.agents.result import AgentError, AgentRun
-from ezpz_nb.agents.torchrun_args import check_worker_file, free_port, torchrun_argv
+from ezpz_nb._lazy import lazy
 
-__all__ = [
-    "AgentError",
-    "AgentRun",
-    "Attempts",
-    "WorkerCheckError",
-    "check_worker",
-    "check_worker_file",
-    "free_port",
-    "load_attempts",
-    "run_agents",
-    "startup_lines",
-    "torchrun",
-    "torchrun_argv",
-    "worker_from_notebook",
-]
+# Each name and its module, loaded on first use: ``proctree`` alone (what a benchmark
+# needs to find leftover processes) then loads without torch.
+_WHERE = {
+    "AgentError": ".result",
+    "AgentRun": ".result",
+    "Attempts": ".by_hand",
+    "WorkerCheckError": ".by_hand",
+    "check_worker": ".by_hand",
+    "check_worker_file": ".torchrun_args",
+    "free_port": ".torchrun_args",
+    "load_attempts": ".by_hand",
+    "run_agents": ".agents",
+    "startup_lines": ".by_hand",
+    "torchrun": ".agents",
+    "torchrun_argv": ".torchrun_args",
+    "worker_from_notebook": ".by_hand",
+}
+
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy(__name__, _WHERE)

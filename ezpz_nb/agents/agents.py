@@ -38,7 +38,8 @@ from ezpz_nb.agents.proctree import TOKEN_VAR, descendants, stop
 from ezpz_nb.agents.result import AgentError, AgentRun
 from ezpz_nb.agents.torchrun_args import (
     check_worker_file,
-    free_port,
+    free_port,  # re-exported: notebook 14 imports it from here
+    local_endpoint,
     refuse_bad_input,
     torchrun_argv,
 )
@@ -278,7 +279,7 @@ def torchrun(
     for name, per_node in (("log_dirs", log_dirs), ("node_envs", node_envs)):
         if per_node is not None and len(per_node) != nnodes:
             raise AgentError(f"{name} needs one entry per node ({nnodes}), got {len(per_node)}")
-    endpoint = None if nnodes == 1 else f"127.0.0.1:{free_port()}"
+    endpoint = None if nnodes == 1 else local_endpoint()
     rdzv_id = f"ezpz-nb-{os.getpid()}-{time.monotonic_ns()}"
     commands = [
         torchrun_argv(

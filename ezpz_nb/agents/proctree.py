@@ -50,9 +50,13 @@ def _pids() -> list[int]:
         return []
 
 
-def marked(token: str) -> dict[int, int]:
-    """``{pid: start time}`` of every live process whose environment holds ``token``."""
-    needle = f"{TOKEN_VAR}={token}".encode()
+def marked(token: str, var: str = TOKEN_VAR) -> dict[int, int]:
+    """``{pid: start time}`` of every live process whose environment holds ``var=token``.
+
+    Zombies are not live. ``var`` lets another tool mark its own process trees the same
+    way (benchmarks/_procs.py tags each measurement).
+    """
+    needle = f"{var}={token}".encode()
     found = {}
     for pid in _pids():
         try:

@@ -16,12 +16,28 @@ from pathlib import Path
 
 from ezpz_nb.agents.result import AgentError
 
-__all__ = ["AgentError", "check_worker_file", "free_port", "refuse_bad_input", "torchrun_argv"]
+__all__ = [
+    "RDZV_HOST",
+    "AgentError",
+    "check_worker_file",
+    "free_port",
+    "local_endpoint",
+    "refuse_bad_input",
+    "torchrun_argv",
+]
 
-_LOCAL_HOSTS = ("127.0.0.1", "localhost")
+#: Where the agents on this machine meet (the c10d rendezvous): the loopback address,
+#: which every platform has whatever it names its interfaces.
+RDZV_HOST = "127.0.0.1"
+_LOCAL_HOSTS = (RDZV_HOST, "localhost")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def local_endpoint() -> str:
+    """``host:port`` of a rendezvous on this machine, at a port free right now."""
+    return f"{RDZV_HOST}:{free_port()}"
+
+
+def free_port(host: str = RDZV_HOST) -> int:
     """A TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
     with socket.socket() as s:
         s.bind((host, 0))
@@ -68,7 +84,7 @@ def torchrun_argv(
         argv += [
             f"--nnodes={nnodes}",
             "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={endpoint or f'127.0.0.1:{free_port()}'}",
+            f"--rdzv-endpoint={endpoint or local_endpoint()}",
             f"--rdzv-id={rdzv_id}",
             f"--rdzv-conf=join_timeout={join_timeout_s:g},read_timeout={read_timeout_s:g}",
         ]

@@ -13,6 +13,7 @@ Subcommands:
   notebooks headless; write executed copies and figures (PNG) to DIR.
 * ``check MODULE:FACTORY [--layout dp=2,tp=2] [--resume] [--json PATH]``: check a
   data loader's distributed contract on real ranks; exit status 1 on a violation.
+* ``slurm up|down|status|env``: a two-node Slurm cluster on this machine for ``ez.submit``.
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     tour.add_argument("--kernel", default="python3", help="kernel name (default: python3)")
 
     from ezpz_nb.cli.check import add_parser
+    from ezpz_nb.cli.slurm import add_parser as add_slurm
 
     add_parser(sub)
+    add_slurm(sub)
     return parser
 
 
@@ -156,4 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         from ezpz_nb.cli.check import run_check
 
         return run_check(args)
+    if args.command == "slurm":
+        from ezpz_nb.cli.slurm import run_slurm
+
+        return run_slurm(args)
     return _tour(args)

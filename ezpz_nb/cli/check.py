@@ -106,7 +106,7 @@ def run_check(args: argparse.Namespace) -> int:
             import json
 
             Path(args.json).write_text(json.dumps([r.to_dict() for r in reports], indent=2))
-    if not all(r.ok for r in reports):
+    if any(r.failed for r in reports):
         return 1
     if any(r.outcome is not Verdict.PASS for r in reports):  # no violation, not all judged
         if args.strict:

@@ -34,7 +34,14 @@ from ezpz_nb.cli.installed import (
     check_widget_frontend,
     start_kernel_check,
 )
-from ezpz_nb.cli.probes import check_cores, check_memory, launch_check, launch_fix, launch_name
+from ezpz_nb.cli.probes import (
+    check_cores,
+    check_memory,
+    check_shm,
+    launch_check,
+    launch_fix,
+    launch_name,
+)
 from ezpz_nb.cli.report import Check, Report
 from ezpz_nb.cli.traps import trap_checks
 
@@ -138,6 +145,7 @@ def run_checks(
     add(kernel_check(deadline - time.monotonic()))
     add(frontend)
     add(check_memory(rank_bytes, available_memory()))
+    add(check_shm())
     report.seconds = time.monotonic() - start
     return report
 

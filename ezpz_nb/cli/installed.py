@@ -28,7 +28,7 @@ __all__ = [
 
 # The oldest versions the notebooks are tested to need (pyproject.toml's lower bounds).
 PYTHON_MIN = (3, 10)
-TORCH_MIN = (2, 2)
+TORCH_MIN = (2, 13)  # pyproject.toml's floor: the oldest torch the tests passed on
 IPYWIDGETS_MIN = (8, 0)
 # The JupyterLab extension that draws ipywidgets (the ``jupyterlab_widgets`` package).
 WIDGET_EXTENSION = "@jupyter-widgets/jupyterlab-manager"
@@ -87,7 +87,7 @@ def check_ezpz_nb() -> Check:
 
 def check_torch() -> Check:
     """A torch build new enough, with torch.distributed and gloo."""
-    fix = f"{_PIP} 'torch>=2.2' (an official build: it includes gloo)"
+    fix = f"{_PIP} 'torch>=2.13' (an official build: it includes gloo)"
     found = _installed("torch", TORCH_MIN, fix)
     if not found.ok:
         return found

@@ -16,6 +16,7 @@ __all__ = [
     "NOTEBOOK_RANKS",
     "check_cores",
     "check_memory",
+    "check_shm",
     "launch_check",
     "launch_fix",
     "launch_name",
@@ -147,3 +148,39 @@ def check_memory(rank_bytes: list[int], available: int | None) -> Check:
             "close other programs (browsers, IDEs) and run ezpz-nb doctor again",
         )
     return Check("memory", True, detail)
+
+
+# The loader the doctor sizes /dev/shm for: notebook 19's, at NOTEBOOK_RANKS ranks.
+SHM_LOADER = {"batch_mib": 8.0, "workers": 2, "prefetch_factor": 2}
+
+
+def check_shm(
+    batch_mib: float = SHM_LOADER["batch_mib"],
+    workers: int = int(SHM_LOADER["workers"]),
+    prefetch_factor: int = int(SHM_LOADER["prefetch_factor"]),
+    ranks: int = NOTEBOOK_RANKS,
+    path: str | None = None,
+) -> Check:
+    """``/dev/shm``'s size, and whether a loader of this configuration fits in it.
+
+    The prediction is :func:`ezpz_nb.shm.plan_shm`'s, the helper notebook 19 uses;
+    a loader that does not fit is a warning (the notebooks themselves stay small).
+    """
+    from ezpz_nb.shm import SHM, plan_shm
+
+    plan = plan_shm(
+        int(batch_mib * (1 << 20)),
+        workers=workers,
+        prefetch_factor=prefetch_factor,
+        ranks=ranks,
+        path=path or SHM,
+    )
+    if plan.fits is not False:  # fits, or no /dev/shm to compare with (macOS)
+        return Check("shared memory", True, str(plan))
+    return Check(
+        "shared memory",
+        None,
+        str(plan).split(": does NOT fit")[0] + ": does NOT fit",
+        "lower prefetch_factor or num_workers, or give /dev/shm more room "
+        "(docker run --shm-size=1g; Kubernetes: an emptyDir with medium: Memory)",
+    )

@@ -7,7 +7,8 @@
 * :mod:`.resumable`: ``GlobalOrderLoader``, a loader whose place is one global
   ``consumed_samples`` (it resumes at any DP size);
 * :mod:`.checkpoint`: ``LoaderCheckpoint``, the loader's state in a
-  ``torch.distributed.checkpoint`` save, keyed per DP rank (docs/checkpoint.md);
+  ``torch.distributed.checkpoint`` save, keyed per DP rank, with every generator of each
+  process beside it (:mod:`.rng_state`; docs/checkpoint.md);
 * :mod:`.evaluation`: exact evaluation on any size and DP degree (``WeightedShard``,
   ``global_mean``); :mod:`.stepped`: ``SteppedLoader``, N steps on every rank over an
   endless pass with per-rank epochs;

@@ -434,6 +434,18 @@ class BatchBroadcaster:
 
     def _announce(self, kind: int, a: int = 0, b: int = 0) -> None:
         # Sized like a data step so peers, who cannot know what comes, match it.
+        # Every caller drained first, so no broadcast reads the send buffers: one
+        # carries the announcement (peers ignore its payload) and gets its DATA
+        # header back. A new buffer each time was an allocation and a fill of the
+        # whole step's size once an epoch (1 MiB at 32x2048), in the loop's tail.
+        slot = self._ring[self._turn]
+        if slot is not None and slot[2] is None:
+            self._header(slot[0], kind, a, b)
+            try:
+                self._bcast(slot[0])
+            finally:
+                self._header(slot[0], DATA, self._payload_nbytes)
+            return
         buf = torch.zeros(
             HEADER_BYTES + self._payload_nbytes, dtype=torch.uint8, device=self.device
         )

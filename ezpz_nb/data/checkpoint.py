@@ -9,10 +9,16 @@ on every rank therefore comes back as *one* rank's place on all of them: the
 others replay its shard. :class:`LoaderCheckpoint` writes
 
     {"layout": {"version", "dp_size", "tp_size", "design"},
-     "dp_rank_<r>": {"loader": loader.state_dict(), "rng": torch and python RNG states},
+     "dp_rank_<r>": {"loader": loader.state_dict()},
+     "rng_rank_<g>": this process's generators (pickled), # one per global rank g
      "global": {"epoch", "consumed_samples"}}            # design "reshard" only
 
-so each DP replica keeps its own place. TP peers of one DP rank write the same
+so each DP replica keeps its own place, and each process its own random state:
+torch's and Python's generators, numpy's and the rank's CUDA device's when the
+process has them, DTensor's tracker's where it keeps its own (``rng_state``). The
+generators are per *process*, not per DP rank: TP peers may draw differently
+(Megatron seeds each TP rank's model-parallel CUDA generator apart), so a peer
+must not get its leader's. TP peers of one DP rank write the same
 key, holding their TP leader's part (sent to them in :meth:`LoaderCheckpoint.state_dict`),
 so DCP's one copy per TP group is the leader's, and a peer restores it to resume in
 step with its leader. Before any byte is written the peers are checked to agree with
@@ -35,12 +41,12 @@ is a refusal.
 
 from __future__ import annotations
 
-import random
+import pickle
 from typing import Any, Literal, get_args
 
-import torch
 import torch.distributed as dist
 
+from ezpz_nb.data.rng_state import capture_rng, restore_rng
 from ezpz_nb.data.state_print import shape_print, tracks
 from ezpz_nb.errors import EzpzError
 
@@ -55,7 +61,9 @@ __all__ = [
 ]
 
 #: Bumped when the keys below change; a restore of another version refuses.
-CHECKPOINT_VERSION = 1
+#: 2: the random state moved from ``dp_rank_<r>`` to one key per process, and grew
+#: numpy's, the CUDA device's and DTensor's generators.
+CHECKPOINT_VERSION = 2
 Design = Literal["refuse", "reshard"]
 DESIGNS: tuple[str, ...] = get_args(Design)
 
@@ -93,8 +101,10 @@ class LoaderCheckpoint:
         on_new_layout: ``"refuse"`` or ``"reshard"`` (see the module docstring).
         key: The key this object has in the state given to ``dcp.save``
             (read by :meth:`prepare_load`).
-        process_rng: Also save and restore torch's and Python's global RNG
-            states (a DataLoader draws its workers' seeds from torch's).
+        process_rng: Also save and restore this process's generators under
+            ``rng_rank_<global rank>`` (:mod:`ezpz_nb.data.rng_state`: torch's, from
+            which a DataLoader draws its workers' seeds, Python's, and numpy's, the
+            CUDA device's and DTensor's where the process has them).
     """
 
     def __init__(
@@ -113,6 +123,8 @@ class LoaderCheckpoint:
         self.loader, self.layout, self.design = loader, layout, on_new_layout
         self.key, self.process_rng = key, process_rng
         self._saved: dict[str, Any] | None = None  # the saved layout, set by prepare_load
+        #: The generators the last load put back (``rng_state.restore_rng``'s names).
+        self.restored_rng: list[str] = []
 
     # ------------------------------------------------------------ what is written
     def layout_info(self) -> dict[str, Any]:
@@ -128,11 +140,9 @@ class LoaderCheckpoint:
         """This rank's own key, ``dp_rank_<r>``: one per DP replica, shared by TP peers."""
         return f"dp_rank_{self.layout.dp_rank}"
 
-    def _rank_state(self) -> dict[str, Any]:
-        part: dict[str, Any] = {"loader": self.loader.state_dict()}
-        if self.process_rng:
-            part["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        return part
+    def rng_key(self) -> str:
+        """This process's key for its generators, ``rng_rank_<global rank>``."""
+        return f"rng_rank_{self.layout.rank}"
 
     def state_dict(self) -> dict[str, Any]:
         """The entry for ``dcp.save`` (collective: every rank calls it, inside ``dcp.save``).
@@ -144,7 +154,7 @@ class LoaderCheckpoint:
         if self._saved is not None and self._saved["dp_size"] != self.layout.dp_size:
             # dcp.load asks for a template: only keys the checkpoint has.
             return self._template()
-        part = self._rank_state()
+        part: dict[str, Any] = {"loader": self.loader.state_dict()}
         tp, dp = self.layout.tp_group, self.layout.dp_group
         # The TP leader (group rank 0) writes its part; a peer tracks a subset of
         # it (TPBroadcastDataLoader's peers hold "loader": None, only the step).
@@ -164,7 +174,12 @@ class LoaderCheckpoint:
                 f"(fingerprints {split[0][1]}); DCP would keep one of them. TP peers must "
                 "iterate the same loader in lock-step (broadcast from the TP leader)"
             )
-        out = {"layout": self.layout_info(), self.rank_key(): part}
+        out: dict[str, Any] = {"layout": self.layout_info(), self.rank_key(): part}
+        saved = self._saved
+        if self.process_rng and (saved is None or saved["tp_size"] == self.layout.tp_size):
+            # One opaque value: which generators a process has (CUDA, numpy) may differ
+            # between the saving and the loading job, and DCP wants the same keys in both.
+            out[self.rng_key()] = pickle.dumps(capture_rng())
         if place is not None:
             places = [p for _, _, p in views]
             if any(p != place for p in places):
@@ -258,11 +273,11 @@ class LoaderCheckpoint:
         if saved["dp_size"] != self.layout.dp_size:
             self.loader.load_state_dict(dict(state["global"]))
             return
-        part = state[self.rank_key()]
-        self.loader.load_state_dict(part["loader"])
-        if self.process_rng and "rng" in part:
-            torch.set_rng_state(part["rng"]["torch"])
-            random.setstate(part["rng"]["python"])
+        self.loader.load_state_dict(state[self.rank_key()]["loader"])
+        blob = state.get(self.rng_key())
+        if self.process_rng and isinstance(blob, bytes) and blob:
+            # Our own checkpoint's bytes, written by state_dict() above.
+            self.restored_rng = restore_rng(pickle.loads(blob))
 
 
 def sub_layout(dp: int, tp: int = 1) -> tuple[Any, Any] | None:

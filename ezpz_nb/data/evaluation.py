@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
+from ezpz_nb._dist import collective_device
 from ezpz_nb.errors import EzpzError
 
 __all__ = ["ShardError", "WeightedShard", "eval_indices", "global_mean", "weighted_sums"]
@@ -89,10 +90,14 @@ class WeightedShard(Dataset[dict[str, Any]]):
     plus ``"index"`` (the dataset index) and ``"weight"`` (0.0 on padding)::
 
         shard = WeightedShard(ds, layout.dp_rank, layout.dp_size)
+        # On the loss's device (no host sync per step), float64 (exact counts past 2**24)
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        count = torch.zeros_like(total)
         for batch in DataLoader(shard, batch_size=8):
-            total += (loss_per_sample(batch) * batch["weight"]).sum()
-            count += batch["weight"].sum()
-        mean = global_mean(total, count, layout.dp_group)
+            w = batch["weight"].to(device)
+            total += (loss_per_sample(batch) * w).sum()
+            count += w.sum()
+        mean = global_mean(total, count, layout.dp_group)  # one all-reduce, on the group's device
 
     Args:
         dataset: A map-style dataset (``len`` and ``[i]``).
@@ -129,7 +134,10 @@ def global_mean(
     """The metric over every sample of every replica: all-reduce the sum and the count, divide.
 
     One collective (sum and count travel in one float64 tensor); every rank of
-    ``group`` must call it, once, whatever its shard's size.
+    ``group`` must call it, once, whatever its shard's size. The tensor is made where
+    the group's collectives run: the rank's GPU under NCCL (which raises on a CPU
+    tensor), the CPU under gloo. float64 because a float32 sum stops counting exactly
+    past 2**24 (16.7 M) samples; NCCL reduces float64 like any other dtype.
 
     Args:
         total: This rank's sum of the metric (weighted: padding adds 0).
@@ -139,7 +147,8 @@ def global_mean(
     Raises:
         ShardError: No replica counted a sample (every count was 0).
     """
-    pair = torch.tensor([float(total), float(count)], dtype=torch.float64)
+    device = collective_device(group)
+    pair = torch.tensor([float(total), float(count)], dtype=torch.float64, device=device)
     dist.all_reduce(pair, group=group)
     if pair[1] <= 0:
         raise ShardError(

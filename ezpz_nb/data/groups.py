@@ -187,7 +187,9 @@ def _groups_from_mesh(dp_size: int, tp_size: int) -> tuple[Any, Any]:
 
     device = "cuda" if uses_nccl() else "cpu"
     mesh = init_device_mesh(device, (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
-    return mesh["dp"].get_group(), mesh["tp"].get_group()
+    # get_group by name, not mesh["dp"]: torch 2.14 slices a mesh inside a torch._dynamo
+    # context, and that first import took 6-7 s per rank on 2 cores (2.13: none).
+    return mesh.get_group("dp"), mesh.get_group("tp")
 
 
 def _groups_from_new_group(world_size: int, tp_size: int) -> tuple[Any, Any]:

@@ -16,7 +16,9 @@ its losses against one process), :mod:`~ezpz_nb.examples.throughput` (step times
 per rank: data wait, compute, waiting for a straggler), :mod:`~ezpz_nb.examples.packed`
 (packed documents under TP), :mod:`~ezpz_nb.examples.explore` (notebook 06's explorer
 run). What every walkthrough shares is in :mod:`~ezpz_nb.examples.common`; the command
-line each one gets under torchrun in :mod:`~ezpz_nb.examples.command`.
+line each one gets under torchrun in :mod:`~ezpz_nb.examples.command`. The models and
+datasets they train on (the capstone's ``CapstoneLM`` and ``RuleTokenDataset``, 12's
+``TokenizingDataset``) live in :mod:`ezpz_nb.models`, which the workshop's checkers share.
 
 Notebook 14's machinery, which starts torchrun agents itself rather than running under
 them, is its own package, :mod:`ezpz_nb.agents`. Submodules are imported on use so

@@ -1,6 +1,6 @@
 """Train, save model, optimizer and loader in one DCP checkpoint, get killed, resume elsewhere.
 
-The capstone's :class:`~ezpz_nb.examples.capstone.CapstoneLM` trains with FSDP2 over
+The capstone's :class:`~ezpz_nb.models.CapstoneLM` trains with FSDP2 over
 the DP ranks (``--tp-size`` > 1 adds TP) on a
 :class:`~ezpz_nb.data.resumable.GlobalOrderLoader`, whose place is one global
 ``consumed_samples``. At step ``--save-at`` every rank writes one
@@ -39,15 +39,11 @@ import torch.nn.functional as F
 
 from ezpz_nb.data.checkpoint import LoaderCheckpoint
 from ezpz_nb.data.resumable import GlobalOrderLoader
-from ezpz_nb.examples.capstone import (
-    CapstoneLM,
-    RuleTokenDataset,
-    avg_reduces_correctly,
-    parallelize,
-)
+from ezpz_nb.examples.capstone import avg_reduces_correctly, parallelize
 from ezpz_nb.examples.command import UsageError, cli_main
 from ezpz_nb.examples.common import begin, device, record_epochs, to_device
 from ezpz_nb.ledger import Ledger
+from ezpz_nb.models import CapstoneLM, RuleTokenDataset
 
 __all__ = ["ModelAndOptim", "check_args", "join", "main", "run"]
 

@@ -1,4 +1,7 @@
-"""Start real torch.distributed gloo ranks from a notebook cell: ``launch`` and ``Cluster``.
+"""Start real torch.distributed gloo ranks from a notebook cell and keep them: ``Cluster``.
+
+``launch`` (one run on fresh ranks) and ``run_on_ranks`` (a cluster's, else fresh
+ones) are in :mod:`.on_ranks`.
 
 How it works, and why:
 
@@ -16,10 +19,8 @@ How it works, and why:
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -29,12 +30,17 @@ from ezpz_nb.launcher.errors import HangError, RankError, RunInterrupted
 from ezpz_nb.launcher.policy import decide
 from ezpz_nb.launcher.procs import RankProcesses, RankSpec
 from ezpz_nb.launcher.run import RunResult, collect
-from ezpz_nb.launcher.session import SESSION, warm_up
-from ezpz_nb.launcher.startup import check_args, cores, default_start_method, pack_job
-from ezpz_nb.launcher.torchrun import in_torchrun_env, run_in_place
+from ezpz_nb.launcher.session import SESSION, Session
+from ezpz_nb.launcher.startup import (
+    check_args,
+    check_timeout,
+    cores,
+    default_start_method,
+    pack_job,
+)
 from ezpz_nb.launcher.wire import RankEvent
 
-__all__ = ["Cluster", "launch", "live_clusters", "warm_up"]
+__all__ = ["Cluster", "live_clusters"]
 
 #: Starting includes the forkserver's one import of torch (seconds on a busy
 #: laptop): a short run timeout meant for a hang demo must not cut it.
@@ -60,6 +66,8 @@ class Cluster:
         backend: ``"gloo"`` (CPU, default) or ``"nccl"`` (one GPU per rank).
         one_shot: The ranks are for one run only (``launch``): a RankError then
             does not say they are kept.
+        session: The notebook's session the cluster registers with and takes
+            standby ranks from (default: this process's, ``SESSION``).
 
     Example:
         >>> with Cluster(world_size=2) as c:
@@ -76,6 +84,7 @@ class Cluster:
         start_method: str | None = None,
         backend: str = "gloo",
         one_shot: bool = False,
+        session: Session | None = None,
     ):
         check_args(world_size, timeout, threads, start_method, backend)
         self.world_size = world_size
@@ -84,6 +93,7 @@ class Cluster:
         self.start_method = start_method or default_start_method()
         self.backend = backend
         self.one_shot = one_shot
+        self._session = SESSION if session is None else session
         #: Items published by the ranks during the latest run, in arrival order.
         self.events: list[RankEvent] = []
         #: Called with each :class:`RankEvent` as it arrives (e.g. a progress display).
@@ -97,15 +107,16 @@ class Cluster:
 
     # ------------------------------------------------------------------ lifecycle
     def _start(self) -> None:
-        self._procs = RankProcesses(self._spec)
-        self._key = SESSION.register(self)
+        self._procs = RankProcesses(self._spec, self._session.pool)
+        self._key = self._session.register(self)
         try:
             self._procs.start()
-            result = collect(self._procs, time.monotonic() + max(self.timeout, _START_TIMEOUT_S))
+            start_s = max(self.timeout, _START_TIMEOUT_S)
+            result = collect(self._procs, time.monotonic() + start_s)
         except BaseException:
             self.kill()
             raise
-        self._apply(result, starting=True)
+        self._apply(result, start_s, starting=True)
         if not self.one_shot:
             self._procs.release_standby()  # these ranks are up for good
 
@@ -123,7 +134,7 @@ class Cluster:
 
     def _forget(self) -> None:
         if self._key is not None:
-            SESSION.forget(self._key)
+            self._session.forget(self._key)
             self._key = None
 
     @property
@@ -149,8 +160,11 @@ class Cluster:
         return f"Cluster(world_size={self.world_size}, {self.start_method}, {state})"
 
     # ------------------------------------------------------------------ running
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every rank and return the results in rank order.
+
+        Every keyword goes to ``fn`` (even one named ``fn`` or ``timeout``); the run
+        may take ``cluster.timeout`` seconds, or see :meth:`run_within`.
 
         Raises:
             RankError: a rank raised or died; the message names it and carries its
@@ -161,10 +175,29 @@ class Cluster:
                 rank was, and every rank was stopped.
             TypeError: ``fn`` or an argument cannot be pickled (nothing was started).
         """
-        return self._run_packed(pack_job(fn, args, kwargs))
+        return self.run_job(pack_job(fn, args, kwargs))
 
-    def _run_packed(self, job: bytes) -> list[Any]:
-        """:meth:`run` for a job :func:`~.startup.pack_job` made already."""
+    def run_within(
+        self, timeout: float, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> list[Any]:
+        """:meth:`run`, with ``timeout`` seconds for this run only.
+
+        The deadline is positional, so it takes no keyword from ``fn``'s; and
+        ``cluster.timeout`` stays as it was, for the runs after this one.
+
+        Example:
+            >>> c.run_within(5, train, steps=10, timeout=3)  # train gets timeout=3
+        """
+        return self.run_job(pack_job(fn, args, kwargs), check_timeout(timeout))
+
+    def run_job(self, job: bytes, timeout: float | None = None) -> list[Any]:
+        """:meth:`run` for a job :func:`~.startup.pack_job` made already.
+
+        Args:
+            job: The packed ``(fn, args, kwargs)``.
+            timeout: Seconds for this run (default ``cluster.timeout``).
+        """
+        timeout = self.timeout if timeout is None else timeout
         if self.closed:
             print(
                 f"[ezpz_nb] starting {self.world_size} fresh ranks (the previous ones "
@@ -177,16 +210,16 @@ class Cluster:
             self._procs.send_all(wire.Run(job))
             result = collect(
                 self._procs,
-                time.monotonic() + self.timeout,
+                time.monotonic() + timeout,
                 on_event=self.on_event,
                 events=self.events,
             )
         except BaseException:
             self.kill()
             raise
-        return self._apply(result)
+        return self._apply(result, timeout)
 
-    def _apply(self, result: RunResult, starting: bool = False) -> list[Any]:
+    def _apply(self, result: RunResult, timeout: float, starting: bool = False) -> list[Any]:
         """Act on what a run gave: return the replies, or stop ranks and raise."""
         decision = decide(result, starting=starting, one_shot=self.one_shot)
         if decision.outcome == "return":
@@ -205,64 +238,13 @@ class Cluster:
         elif decision.outcome == "interrupt":
             error = RunInterrupted(stacks, self.events)
         else:
-            error = HangError(stacks, self.timeout, self.events)
+            error = HangError(stacks, timeout, self.events)
         try:
             reissue(result.warnings)
         finally:  # a warning turned into an error by a filter does not hide the failure
             raise error
 
 
-def live_clusters() -> list[Cluster]:
-    """Clusters started in this process and not yet closed, oldest first."""
-    return [c for c in SESSION.live() if isinstance(c, Cluster)]
-
-
-def launch(
-    fn: Callable[..., Any],
-    *args: Any,
-    world_size: int = 2,
-    timeout: float = 60.0,
-    threads: int | None = None,
-    start_method: str | None = None,
-    backend: str = "gloo",
-    **kwargs: Any,
-) -> list[Any]:
-    """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh ranks and return their results.
-
-    torch.distributed is initialised in every rank (``dist.get_rank()``,
-    ``dist.all_reduce`` just work); the group is torn down afterwards, whatever happens.
-
-    Under torchrun (RANK, WORLD_SIZE and MASTER_ADDR set) no ranks are started:
-    ``fn`` runs in this process and the results are gathered from torchrun's ranks.
-
-    Returns:
-        The return values, in rank order.
-
-    Raises:
-        RankError, HangError, RunInterrupted: see :meth:`Cluster.run`.
-        ValueError, TypeError: bad arguments, raised before any process starts.
-    """
-    if in_torchrun_env():
-        check_args(world_size, timeout, threads, start_method, backend, ranks_here=False)
-        # Under torchrun (or srun/mpiexec around it) the ranks already exist: run
-        # here and gather, so notebook code gives the same list on a cluster.
-        if int(os.environ["WORLD_SIZE"]) != world_size:
-            warnings.warn(
-                f"launch(world_size={world_size}) under torchrun uses torchrun's "
-                f"WORLD_SIZE={os.environ['WORLD_SIZE']}",
-                stacklevel=2,
-            )
-        return run_in_place(fn, *args, backend=backend, timeout_s=timeout, **kwargs)
-    job = pack_job(fn, args, kwargs)  # unpicklable input fails before anything starts
-    cluster = Cluster(  # checks its arguments before it starts the ranks
-        world_size,
-        timeout,
-        threads=threads,
-        start_method=start_method,
-        backend=backend,
-        one_shot=True,
-    )
-    try:
-        return cluster._run_packed(job)
-    finally:
-        cluster.close()
+def live_clusters(session: Session = SESSION) -> list[Cluster]:
+    """Clusters started in this process (in ``session``) and not yet closed, oldest first."""
+    return [c for c in session.live() if isinstance(c, Cluster)]

@@ -38,6 +38,7 @@ __all__ = [
     "RankFailure",
     "RankStack",
     "RunInterrupted",
+    "WorldSizeError",
 ]
 
 
@@ -201,6 +202,20 @@ class LaunchValueError(_ShownPlain, EzpzError, ValueError):
     """A launch argument with a wrong value; nothing started."""
 
 
+class WorldSizeError(LaunchValueError):
+    """A job needs another number of ranks than the cluster (or torchrun) has; nothing ran.
+
+    Attributes:
+        needed: The ranks the job needs.
+        got: The ranks there are.
+    """
+
+    def __init__(self, message: str, *, needed: int, got: int):
+        super().__init__(message)
+        self.needed = needed
+        self.got = got
+
+
 def _where_lines(stacks: dict[int, RankStack]) -> list[str]:
     return ["  " + s.describe() for s in stacks.values()]
 
@@ -247,8 +262,9 @@ class RunInterrupted(_ShownPlain, EzpzError, KeyboardInterrupt):
         self.events = list(events or [])
         lines = ["interrupted while the ranks ran. Where each rank was:"]
         lines += _where_lines(self.stacks)
-        lines.append(
-            "All ranks were stopped; the next run starts fresh ranks. A rank blocked in a "
-            "collective is waiting for a call another rank never made."
-        )
+        last = "All ranks were stopped; the next run starts fresh ranks."
+        if any(s.in_collective for s in self.stacks.values()):
+            # Said only where a stack shows it: a rank busy in its own code waits for nobody.
+            last += " A rank blocked in a collective is waiting for a call another rank never made."
+        lines.append(last)
         super().__init__(wrap_message("\n".join(lines)))

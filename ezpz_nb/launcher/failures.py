@@ -222,7 +222,9 @@ def signal_name(signum: int) -> str:
 _STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
 _PKG = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # ezpz_nb/
 _EXAMPLES = os.path.join(_PKG, "examples")
-_CELL_RE = re.compile(r"(ipykernel_\d+[/\\]\d+\.py$)|(<ipython-input-)|(<ranks-cell-\d+>)")
+_CELL_RE = re.compile(
+    r"(ipykernel_\d+[/\\]\d+\.py$)|(<ipython-input-)|(<ranks-cell-\d+( In\[\d+\])?>)"
+)
 
 
 def is_cell(filename: str) -> bool:

@@ -1,15 +1,18 @@
-"""Whether this process is an IPython shell or a Jupyter kernel, asked in one place.
+"""Whether this process is an IPython shell or a Jupyter kernel, asked in one place, and
+which notebook cell a frame's file name is.
 
-Nothing here imports IPython: a script that never imported it is not in a kernel,
+Both sides import it: a rank's failures and stacks name cells with it too (there no
+shell answers, so only a ``%%ranks`` cell's own file name says its cell). Nothing here imports IPython: a script that never imported it is not in a kernel,
 and importing it just to ask would cost a plain script a quarter of a second.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
-__all__ = ["in_jupyter_kernel", "ipython_cell_name", "running_cell", "shell"]
+__all__ = ["in_jupyter_kernel", "ipython_cell_name", "ranks_cell_file", "running_cell", "shell"]
 
 
 def shell() -> Any | None:
@@ -25,9 +28,15 @@ def in_jupyter_kernel() -> bool:
     return getattr(shell(), "kernel", None) is not None
 
 
-#: Cells run by ``%%ranks``, by the file name their frames carry: (execution count,
-#: lines above the code in the cell). Filled by the magic; read when naming frames.
-RANKS_CELLS: dict[str, tuple[int, int]] = {}
+#: The file name of a ``%%ranks`` cell's frames: its serial number (unique in this
+#: kernel) and, in a kernel, the execution count IPython gave the cell. The name carries
+#: the count, so the notebook names the frames without keeping a table of cells.
+_RANKS_CELL = re.compile(r"<ranks-cell-\d+(?: In\[(\d+)\])?>")
+
+
+def ranks_cell_file(serial: int, count: int | None) -> str:
+    """The file name for frames of the ``serial``-th ``%%ranks`` cell, run as In[``count``]."""
+    return f"<ranks-cell-{serial}>" if count is None else f"<ranks-cell-{serial} In[{count}]>"
 
 
 def running_cell() -> int | None:
@@ -49,11 +58,12 @@ def ipython_cell_name(filename: str) -> tuple[int, int] | None:
     """``(execution count, line offset)`` of the cell a frame's file name belongs to.
 
     IPython compiles each cell into a file of its own and remembers which execution
-    count compiled it; ``%%ranks`` cells are remembered by the magic. None when the
-    file is not a cell of this kernel (or not in a kernel at all).
+    count compiled it; a ``%%ranks`` cell's file name says it (:func:`ranks_cell_file`).
+    None when the file is not a cell of this kernel (or not in a kernel at all).
     """
-    if filename in RANKS_CELLS:
-        return RANKS_CELLS[filename]
+    ranks_cell = _RANKS_CELL.fullmatch(filename)
+    if ranks_cell is not None:
+        return (int(ranks_cell[1]), 0) if ranks_cell[1] else None
     names = getattr(getattr(shell(), "compile", None), "_filename_map", None)
     count = names.get(filename) if isinstance(names, dict) else None
     return (count, 0) if isinstance(count, int) else None

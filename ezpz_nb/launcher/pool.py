@@ -8,7 +8,8 @@ each of which imports torch and the rank code and then waits
 first (:meth:`StandbyPool.take`) and spawns fresh ones only for the ranks the pool
 lacks.
 
-The refill policy lives here and nowhere else: the pool replaces what it lent only
+The notebook's one pool is its session's (``SESSION.pool``, :mod:`.session`), handed to
+each cluster's processes. The refill policy lives here and nowhere else: the pool replaces what it lent only
 when the launch that took them calls :meth:`StandbyPool.release`, that is once its
 ranks are up for good (a persistent cluster) or gone, never while ranks are still
 starting: the replacements' imports would compete with them for the cores.
@@ -36,7 +37,6 @@ from ezpz_nb.launcher.settings import MAX_WORLD_SIZE, ONE_LAUNCH, STANDBY_ENV, i
 from ezpz_nb.launcher.startup import cores
 
 __all__ = [
-    "POOL",
     "STANDBY_BYTES",
     "Standby",
     "StandbyPool",
@@ -188,10 +188,6 @@ class StandbyPool:
             return True
         s.kill()
         return False
-
-
-#: This notebook's pool (empty until warm-up starts it under spawn).
-POOL = StandbyPool()
 
 
 def size_from_env(env: Mapping[str, str]) -> int:

@@ -36,7 +36,7 @@ from ezpz_nb.launcher import wire
 from ezpz_nb.launcher.children import Child, kill_group, start_child
 from ezpz_nb.launcher.failures import RankFailure, from_exit
 from ezpz_nb.launcher.output import OutputRelay
-from ezpz_nb.launcher.pool import POOL, Standby
+from ezpz_nb.launcher.pool import Standby, StandbyPool
 from ezpz_nb.launcher.stacks import RankStack, ask_stacks
 from ezpz_nb.launcher.startup import forkserver_context
 
@@ -60,10 +60,15 @@ class RankProcesses:
 
     Made empty; :meth:`start` starts the ranks, :meth:`kill` ends them all and
     removes their folder. Rank ``r`` is ``procs[r]``, talks over ``conns[r]``.
+
+    Args:
+        spec: How every rank is started.
+        pool: Where spawned gloo ranks are taken from first (the session's pool).
     """
 
-    def __init__(self, spec: RankSpec) -> None:
+    def __init__(self, spec: RankSpec, pool: StandbyPool) -> None:
         self.spec = spec
+        self.pool = pool
         self.procs: list[Any] = []
         self.conns: list[Any] = []
         self.output = OutputRelay()
@@ -108,7 +113,7 @@ class RankProcesses:
         env.pop("MASTER_ADDR", None)  # ranks use our FileStore, not an outer launcher's
         # Standby ranks were started CPU-only: NCCL ranks are always spawned fresh.
         standby = spec.start_method == "spawn" and spec.backend == "gloo"
-        ready = POOL.take(spec.world_size) if standby else []
+        ready = self.pool.take(spec.world_size) if standby else []
         self.from_standby = len(ready)
         for r in range(spec.world_size):
             rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r))
@@ -225,4 +230,4 @@ class RankProcesses:
     def release_standby(self) -> None:
         """Tell the pool the ranks it lent no longer start (they are up, or gone); once."""
         lent, self.from_standby = self.from_standby, 0
-        POOL.release(lent)
+        self.pool.release(lent)

@@ -1,11 +1,13 @@
-"""The notebook side's own state, in one place: its clusters, the magic's cluster, warm-up.
+"""The notebook side's own state, in one place: its clusters, the standby pool, the
+``%%ranks`` magic's state, warm-up.
 
 A notebook (or a script) holds one :data:`SESSION`: the clusters it started and
 has not closed (so "the running cluster" means the latest one, and an exiting
-kernel closes them all), and the cluster ``%%ranks`` started for itself. The few
-other module globals (the standby pool, ``%%ranks`` cells, the shutdown hook, and
-on the rank side the runtime) are listed with their reasons in docs/architecture.md,
-"State kept at module level".
+kernel closes them all), the standby pool its spawned ranks come from (handed to each
+cluster's processes), and what ``%%ranks`` keeps between cells (its own cluster, its
+cells' count). The few other module globals (the shutdown hook, and on the rank side
+the runtime) are listed with their reasons in docs/architecture.md, "State kept at
+module level".
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import multiprocessing.forkserver
 import multiprocessing.util  # before our atexit hook is registered, see close_all
 import os
 import weakref
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ezpz_nb.launcher.children import main_hidden
-from ezpz_nb.launcher.pool import POOL, size_from_env
+from ezpz_nb.launcher.pool import StandbyPool, size_from_env
 from ezpz_nb.launcher.shutdown import on_kernel_shutdown
 from ezpz_nb.launcher.startup import (
     default_start_method,
@@ -44,21 +47,40 @@ class LiveCluster(Protocol):
 
     def close(self) -> None: ...
 
-    def run(self, fn: Any, *args: Any, **kwargs: Any) -> list[Any]: ...
+    def run(self, fn: Any, /, *args: Any, **kwargs: Any) -> list[Any]: ...
 
 
-__all__ = ["SESSION", "LiveCluster", "Session", "warm_up"]
+__all__ = ["SESSION", "LiveCluster", "RanksState", "Session", "warm_up"]
+
+
+@dataclass
+class RanksState:
+    """What the ``%%ranks`` magic keeps between cells."""
+
+    #: The cluster ``%%ranks`` started itself, if any (closed when it starts another).
+    cluster: LiveCluster | None = None
+    _serials: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def next_serial(self) -> int:
+        """A number for the next ``%%ranks`` cell, unique in this session (its file name)."""
+        return next(self._serials)
 
 
 class Session:
-    """The clusters of this notebook process."""
+    """The clusters of this notebook process, and what they share.
 
-    def __init__(self) -> None:
+    Args:
+        pool: The standby pool (spawn) the session's clusters take ranks from.
+    """
+
+    def __init__(self, pool: StandbyPool) -> None:
         # By start order; weak, so a cluster the notebook dropped is not kept alive here.
         self._live: weakref.WeakValueDictionary[int, LiveCluster] = weakref.WeakValueDictionary()
         self._serial = itertools.count()
-        #: The cluster ``%%ranks`` started itself, if any (closed when it starts another).
-        self.magic_cluster: LiveCluster | None = None
+        #: Standby rank processes under spawn: they outlive any one cluster.
+        self.pool = pool
+        #: The ``%%ranks`` magic's state.
+        self.ranks = RanksState()
 
     def register(self, cluster: LiveCluster) -> int:
         """Note a cluster whose ranks just started; returns its key for :meth:`forget`."""
@@ -78,7 +100,7 @@ class Session:
     def close_all(self) -> None:
         """Kill every live cluster's ranks and the standby pool (at exit, or when the
         kernel shuts down). The pool first: a killed cluster would refill it."""
-        POOL.close()
+        self.pool.close()
         for c in self.live():
             try:
                 c.kill()
@@ -87,7 +109,7 @@ class Session:
 
 
 #: This process's session.
-SESSION = Session()
+SESSION = Session(StandbyPool())
 
 
 @atexit.register
@@ -97,7 +119,7 @@ def _close_all() -> None:
     SESSION.close_all()
 
 
-def warm_up() -> bool:
+def warm_up(session: Session = SESSION) -> bool:
     """In a Jupyter kernel, prepare ranks now, so the first launch is fast.
 
     With the forkserver (Linux), start it: its one ``import torch`` (about a second)
@@ -120,11 +142,11 @@ def warm_up() -> bool:
         return False
     # The kernel may exit before any launch: its shutdown must still let the
     # forkserver (or the pool) and the resource tracker go and leave no folder behind.
-    on_kernel_shutdown(SESSION.close_all)
+    on_kernel_shutdown(session.close_all)
     if method == "spawn":
         size = size_from_env(os.environ)
-        if size and not POOL.size:
-            POOL.start(size)
+        if size and not session.pool.size:
+            session.pool.start(size)
         return size > 0
     forkserver_context()
     with main_hidden("forkserver"):

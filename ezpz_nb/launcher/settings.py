@@ -10,11 +10,13 @@ __all__ = [
     "LOOPBACK",
     "MAX_WORLD_SIZE",
     "ONE_LAUNCH",
+    "PLAIN_ENV",
     "STANDBY_ENV",
     "START_METHODS",
     "START_METHOD_ENV",
     "WARMUP_ENV",
     "is_off",
+    "is_on",
 ]
 
 #: Largest world size accepted: beyond this, ranks on one machine are all overhead.
@@ -34,6 +36,8 @@ START_METHOD_ENV = "EZPZ_NB_START_METHOD"
 STANDBY_ENV = "EZPZ_NB_STANDBY"
 #: The variable that turns warm-up at import off (``0``).
 WARMUP_ENV = "EZPZ_NB_WARMUP"
+#: The variable that asks for plain text instead of widgets (``1``; ``0`` or unset: widgets).
+PLAIN_ENV = "EZPZ_NB_PLAIN"
 
 _OFF_WORDS = ("0", "off", "false", "no")
 
@@ -41,3 +45,8 @@ _OFF_WORDS = ("0", "off", "false", "no")
 def is_off(value: str | None) -> bool:
     """True when a switch's value says off: ``0``, ``off``, ``false`` or ``no`` (any case)."""
     return (value or "").strip().lower() in _OFF_WORDS
+
+
+def is_on(value: str | None) -> bool:
+    """True when a switch that is off by default is set, to anything but an off word."""
+    return bool((value or "").strip()) and not is_off(value)

@@ -93,10 +93,7 @@ def check_args(
             f"world_size must be between 1 and {MAX_WORLD_SIZE}, got {world_size}: "
             "on one machine, 2-8 ranks show everything this tutorial teaches"
         )
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise LaunchTypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-    if not timeout > 0 or timeout != timeout or timeout == float("inf"):
-        raise LaunchValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
+    check_timeout(timeout)
     if threads is not None and (
         isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
     ):
@@ -106,6 +103,15 @@ def check_args(
     if start_method in ("fork", "forkserver") and not hasattr(os, "fork"):
         raise LaunchValueError(f"start_method={start_method!r} needs os.fork; use 'spawn' here")
     check_backend(backend, ranks=world_size if ranks_here else None)
+
+
+def check_timeout(timeout: Any) -> float:
+    """``timeout`` as a float, or a LaunchTypeError/LaunchValueError saying what to pass."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise LaunchTypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+    if not timeout > 0 or timeout != timeout or timeout == float("inf"):
+        raise LaunchValueError(f"timeout must be a finite number of seconds > 0, got {timeout}")
+    return float(timeout)
 
 
 def pack_job(fn: Callable, args: tuple, kwargs: dict) -> bytes:

@@ -29,6 +29,7 @@ __all__ = [
     "TORCHRUN_VARS",
     "check_backend",
     "ensure_distributed",
+    "gather_in_place",
     "in_torchrun_env",
     "run_in_place",
 ]
@@ -133,6 +134,7 @@ def in_torchrun_env() -> bool:
 
 def run_in_place(
     fn: Callable[..., Any],
+    /,
     *args: Any,
     backend: str = "gloo",
     timeout_s: float | None = None,
@@ -148,6 +150,19 @@ def run_in_place(
     Returns:
         ``[result of rank 0, result of rank 1, ...]`` on every rank.
     """
+    return gather_in_place(fn, args, kwargs, backend=backend, timeout_s=timeout_s)
+
+
+def gather_in_place(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    backend: str = "gloo",
+    timeout_s: float | None = None,
+) -> list[Any]:
+    """:func:`run_in_place` with ``fn``'s arguments apart from ours, so that none of
+    ``fn``'s keywords (``backend``, ``timeout_s``...) can be taken for ours."""
     ensure_distributed(backend, timeout_s)
     value = fn(*args, **kwargs)
     results: list[Any] = [None] * dist.get_world_size()

@@ -10,6 +10,7 @@ from typing import Any
 
 from ezpz_nb.ledger import codec
 from ezpz_nb.ledger.checks import Problem, check_records
+from ezpz_nb.ledger.memory import MemoryReport, MemorySample, summarise
 from ezpz_nb.ledger.records import StepRecord
 from ezpz_nb.ledger.timing import Diagnosis, StepTiming, diagnose, epoch_start, step_timings
 
@@ -32,6 +33,8 @@ class Ledger:
         complete: ``{rank: finished}`` for the ranks whose files were read
             (:meth:`load`): False when a rank's file has no end record, because
             the rank was killed or stopped by an error. Empty when unknown.
+        memory: Memory samples of the ranks and their DataLoader workers
+            (``record(..., memory=True)``); kept in memory only, not in files.
     """
 
     records: list[StepRecord] = field(default_factory=list)
@@ -39,6 +42,7 @@ class Ledger:
     # How a run ended is not what it recorded: two ledgers with the same
     # records compare equal whether or not they came from files.
     complete: dict[int, bool] = field(default_factory=dict, compare=False)
+    memory: list[MemorySample] = field(default_factory=list, compare=False)
 
     # -------------------------------------------------------------- building
     @classmethod
@@ -54,12 +58,14 @@ class Ledger:
         records: list[StepRecord] = []
         sizes: list[int] = []
         complete: dict[int, bool] = {}
+        memory: list[MemorySample] = []
 
         def take(item: Any) -> None:
             if isinstance(item, StepRecord):
                 records.append(item)
             elif isinstance(item, Ledger):
                 records.extend(item.records)
+                memory.extend(item.memory)
                 if item.num_samples is not None:
                     sizes.append(item.num_samples)
                 for r, done in item.complete.items():
@@ -73,9 +79,8 @@ class Ledger:
                 )
 
         take(list(results))
-        return cls(
-            records, num_samples if num_samples is not None else max(sizes, default=None), complete
-        )
+        size = num_samples if num_samples is not None else max(sizes, default=None)
+        return cls(records, size, complete, memory)
 
     @classmethod
     def merge_runs(cls, *runs: Ledger) -> Ledger:
@@ -253,6 +258,15 @@ class Ledger:
     def epoch_start(self) -> dict[int, dict[int, float]]:
         """``{epoch: {rank: data wait of its first step}}``: what each epoch's start costs."""
         return epoch_start(self.records)
+
+    def memory_report(self) -> MemoryReport:
+        """Private memory of each rank and DataLoader worker: start, peak, growth.
+
+        ``print(ledger.memory_report())`` gives a table; empty unless the run was
+        recorded with ``record(..., memory=True)``. Why *private* memory, and
+        what makes a forked worker's grow: :mod:`ezpz_nb.ledger.memory`.
+        """
+        return MemoryReport(summarise(self.memory))
 
     # ---------------------------------------------------------------- checks
     def check(self) -> list[Problem]:

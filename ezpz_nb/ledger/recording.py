@@ -17,6 +17,7 @@ from ezpz_nb.data.groups import Layout
 from ezpz_nb.ledger import codec
 from ezpz_nb.ledger.book import Ledger
 from ezpz_nb.ledger.clock import StepClock
+from ezpz_nb.ledger.memory import BUDGET, MemorySample, MemorySampler, worker_pids
 from ezpz_nb.ledger.records import (
     StepRecord,
     batch_digest,
@@ -61,6 +62,11 @@ class RecordingLoader:
             wait for the batch, the loop's own work, and the time in the
             blocks marked :meth:`collective`. False records no times and
             makes :meth:`compute` and :meth:`collective` do nothing.
+        memory: Also sample the memory of this rank and of its DataLoader
+            workers (:mod:`~ezpz_nb.ledger.memory`) into :attr:`memory_samples`:
+            at the first step, then as often as a share of the wall time
+            allows (True: 1%; a float: that share; 1.0: every step).
+            :meth:`ledger` carries them; ``Ledger.memory_report()`` summarises them.
 
     Use it as a context manager to write the end record only when the block
     finishes without an exception, and mark the step's collective so the
@@ -89,6 +95,7 @@ class RecordingLoader:
         publish: bool = True,
         path: str | Path | None = None,
         timings: bool = True,
+        memory: bool | float = False,
     ) -> None:
         self.loader = loader
         self.layout = layout if layout is not None else _default_layout()
@@ -100,6 +107,10 @@ class RecordingLoader:
         self._file: IO[str] | None = None
         self._clock = StepClock() if timings else None
         self._idle: AbstractContextManager[object] = nullcontext()
+        self.memory_samples: list[MemorySample] = []
+        self.memory_sampler = (
+            MemorySampler(BUDGET if memory is True else float(memory)) if memory else None
+        )
         if path is not None:
             path = Path(path)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,6 +181,8 @@ class RecordingLoader:
         if clock is not None:
             clock.asking()  # before iter(): starting the workers is the first step's wait
         it = iter(self.loader)
+        sampler = self.memory_sampler
+        workers = worker_pids(it) if sampler is not None else []
         step = 0
         while True:
             if clock is not None and step:
@@ -215,6 +228,9 @@ class RecordingLoader:
                 self.ledger_list.append(rec)
             if self.publish:
                 events.publish(rec)
+            # In the recorder's own time (before handed()): counted in no part of the step.
+            if sampler is not None and sampler.due():
+                self.memory_samples += sampler.sample(lay.rank, epoch, step, workers)
             if clock is not None:
                 clock.handed()
             yield batch
@@ -264,7 +280,9 @@ class RecordingLoader:
 
     def ledger(self) -> Ledger:
         """This rank's records as a :class:`Ledger` (picklable: return it from a rank)."""
-        return Ledger(list(self.records), num_samples=self.num_samples())
+        return Ledger(
+            list(self.records), num_samples=self.num_samples(), memory=list(self.memory_samples)
+        )
 
 
 def record(
@@ -276,6 +294,7 @@ def record(
     publish: bool = True,
     path: str | Path | None = None,
     timings: bool = True,
+    memory: bool | float = False,
 ) -> RecordingLoader:
     """Wrap ``loader`` in a :class:`RecordingLoader` (same arguments)."""
     return RecordingLoader(
@@ -286,6 +305,7 @@ def record(
         publish=publish,
         path=path,
         timings=timings,
+        memory=memory,
     )
 
 

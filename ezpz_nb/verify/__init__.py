@@ -24,10 +24,11 @@ is a violation (weights summed: padding at weight 0 passes); :func:`check_steps`
 judges an endless loader over ``steps`` batches. Their rules answer pass, fail or
 not judged (with why), in an :class:`EvalReport`. :func:`check_mixture` and
 :func:`check_layout_invariance` answer one rule each. Every judge answers each rule
-with a :class:`Judgement` (:class:`Verdict` PASS, FAIL or NOT_JUDGED, and why); a
-report is PASS only when every rule it covers passed, NOT ALL JUDGED when none
-failed but some could not be judged (``raise_for_violations(strict=True)`` raises
-then too), FAIL otherwise. ``.ok`` means only "no violation".
+with a :class:`Judgement` (:class:`Verdict` PASS, FAIL, NOT_JUDGED or NOT_ASKED, and
+why); every report is a :class:`BaseReport`: FAIL when a rule failed, NOT ALL JUDGED
+when none failed but some could not be judged (``raise_for_violations(strict=True)``
+raises then too), PASS otherwise. A rule the user turned off (``shuffle=False``) is
+"not asked" and does not stop a PASS. ``.ok`` is True on PASS only; ``.failed`` on FAIL.
 """
 
 from __future__ import annotations
@@ -46,13 +47,14 @@ from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import RULES, ContractViolation, Finding, Report, VerifyError
 from ezpz_nb.verify.resume import SCENARIOS, check_resume
 from ezpz_nb.verify.stepped import check_steps
-from ezpz_nb.verify.verdict import PROMISES, Judgement, Verdict
+from ezpz_nb.verify.verdict import PROMISES, BaseReport, Judgement, Verdict
 
 __all__ = [
     "PROMISES",
     "RULES",
     "SCENARIOS",
     "VIAS",
+    "BaseReport",
     "ContractViolation",
     "EvalReport",
     "Finding",

@@ -1,7 +1,8 @@
 """What the check reads from one batch: sample ids (or keys, or digests), its bytes, its shape.
 
 Batches are whatever a loader yields: dicts of tensors (a DataLoader's default
-collate), tuples ``(x, y)``, a Hugging Face batch with lists of strings, numpy arrays.
+collate), tuples ``(x, y)``, a Hugging Face batch with lists of strings, numpy arrays,
+namedtuples and dataclasses; :mod:`ezpz_nb.data.tree` walks them all.
 """
 
 from __future__ import annotations
@@ -9,13 +10,19 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from ezpz_nb.data.tree import sample_values
+from ezpz_nb.data.tree import leaves, sample_values
 
-__all__ = ["KEYS", "NoSampleIds", "observe_batch", "resolve_key", "structure"]
+__all__ = ["KEYS", "METADATA", "NoSampleIds", "field_digests", "observe_batch", "resolve_key",
+           "structure"]  # fmt: skip
 
 #: What ``key=`` accepts besides a field name: ``"auto"`` looks for ``index``
 #: then ``__key__``; ``"digest"`` tells samples apart by the bytes they hold.
 KEYS = ("auto", "digest")
+
+#: Fields that tag a sample with where and when it was loaded, not what it holds: left
+#: out of a batch's content digest, so a resumed loader whose samples came from another
+#: worker (or carry another step counter) still holds the same samples.
+METADATA = ("worker_id", "step", "epoch")
 
 
 class NoSampleIds(Exception):
@@ -24,8 +31,11 @@ class NoSampleIds(Exception):
 
 def _leaf_bytes(x: Any) -> bytes:
     if hasattr(x, "detach") and hasattr(x, "numpy"):  # a torch tensor
+        import torch
+
         t = x.detach().cpu().contiguous().reshape(-1)
-        return bytes(t.view(-1).numpy().view("uint8").data) if t.numel() else b""
+        # Viewed as bytes in torch first: numpy has no bfloat16.
+        return bytes(t.view(torch.uint8).numpy().data) if t.numel() else b""
     if hasattr(x, "tobytes"):  # numpy array or scalar
         return bytes(x.tobytes())
     if isinstance(x, bytes):
@@ -33,33 +43,34 @@ def _leaf_bytes(x: Any) -> bytes:
     return repr(x).encode()
 
 
-def _is_node(x: Any) -> bool:
-    # A list of tensors or dicts is structure ((x, y) batches); a list of
-    # strings or numbers is one column (a HF batch's text, a list of keys).
-    return isinstance(x, (dict, list, tuple)) or hasattr(x, "shape")
+def _content(batch: Any) -> list[tuple[str, Any]]:
+    """The batch's leaves without the :data:`METADATA` tags."""
+    return [(p, v) for p, v in leaves(batch) if p.rsplit("/", 1)[-1] not in METADATA]
 
 
-def _leaves(batch: Any) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
+def _kind(leaf: Any) -> str:
+    """``"data"`` for what a sample holds (floats, masks, rows of tokens), ``"tag"`` for one
+    integer or string per sample (an id, a label, a counter)."""
+    dtype = str(getattr(leaf, "dtype", ""))
+    if any(k in dtype for k in ("float", "bool", "complex", "half")):
+        return "data"
+    return "data" if len(getattr(leaf, "shape", ())) >= 2 else "tag"
 
-    def walk(obj: Any, path: str) -> None:
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(v, f"{path}/{k}")
-        elif isinstance(obj, (list, tuple)) and obj and _is_node(obj[0]):
-            for i, v in enumerate(obj):
-                walk(v, f"{path}/{i}")
-        else:
-            out.append((path, obj))
 
-    walk(batch, "")
-    return out
+def field_digests(batch: Any) -> dict[str, str]:
+    """``{path: "kind:digest"}`` of each content leaf (:func:`_kind`): which field differs
+    when a batch's digest does, and whether it holds data an RNG could have drawn."""
+    return {
+        path or ".": f"{_kind(leaf)}:"
+        + hashlib.blake2b(_leaf_bytes(leaf), digest_size=8).hexdigest()
+        for path, leaf in _content(batch)
+    }
 
 
 def structure(batch: Any) -> str:
     """Keys and leaf types, not sizes (the last batch may be smaller)."""
     parts = []
-    for path, leaf in _leaves(batch):
+    for path, leaf in leaves(batch):
         kind = type(leaf).__name__
         dtype = getattr(leaf, "dtype", None)
         parts.append(f"{path or '.'}:{kind}{f'[{dtype}]' if dtype is not None else ''}")
@@ -72,10 +83,10 @@ def _hash_id(text: str) -> int:
 
 
 def _samples_by_digest(batch: Any) -> list[str]:
-    leaves = _leaves(batch)
-    sized = [v for _, v in leaves if hasattr(v, "__len__") and not isinstance(v, (str, bytes))]
+    found = _content(batch)
+    sized = [v for _, v in found if hasattr(v, "__len__") and not isinstance(v, (str, bytes))]
     if not sized:
-        return [hashlib.blake2b(b"".join(_leaf_bytes(v) for _, v in leaves)).hexdigest()[:16]]
+        return [hashlib.blake2b(b"".join(_leaf_bytes(v) for _, v in found)).hexdigest()[:16]]
     n = len(sized[0])
     out = []
     for i in range(n):
@@ -94,7 +105,9 @@ def resolve_key(batch: Any, key: str) -> str:
 
 
 def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str, list[int]]:
-    """Sample ids, their names (for hashed keys), the batch's digest and worker ids.
+    """Sample ids, their names (for hashed keys), the batch's content digest and worker ids.
+
+    The digest covers every leaf but the :data:`METADATA` tags (worker id, step, epoch).
 
     Args:
         batch: One batch as the loader yields it.
@@ -131,7 +144,7 @@ def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str,
             names[i] = text
             ids.append(i)
     h = hashlib.blake2b(digest_size=16)
-    for _, leaf in _leaves(batch):
+    for _, leaf in _content(batch):
         h.update(_leaf_bytes(leaf))
     workers = sample_values(batch, "worker_id") or []
     return ids, names, h.hexdigest(), [int(w) for w in workers]

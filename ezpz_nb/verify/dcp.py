@@ -7,9 +7,9 @@ instead writes it with ``dcp.save`` beside the model and reads it with
 (:mod:`ezpz_nb.data.checkpoint`). Here every part's ranks save the user's loader
 through :class:`~ezpz_nb.data.checkpoint.LoaderCheckpoint` (per-DP-rank keys,
 RNG, layout) into a folder of their own, and the next part's ranks load it
-from there: only a token naming the folder travels through the notebook. The
-resumed batches must hold the straight run's contents, not only its samples
-(a forgotten RNG draws other masks). A
+from there: only a token naming the folder travels through the notebook. As with
+``via="state_dict"``, the resumed batches must hold the straight run's samples and
+contents (a forgotten RNG draws other masks; :mod:`ezpz_nb.verify.divergence`). A
 resume at another DP size therefore meets the checkpoint's refusal, which the
 report shows as the verdict.
 
@@ -50,6 +50,8 @@ class DcpLoader:
         self.loader, self.root = loader, root
         self.checkpoint = LoaderCheckpoint(loader, layout)
         self._part = 0  # which save this is: one folder per save, named in order
+        #: What the last load skipped, in words (empty when it skipped nothing).
+        self.load_note = ""
 
     def __iter__(self) -> Any:
         return iter(self.loader)
@@ -72,7 +74,7 @@ class DcpLoader:
             # An earlier scenario of this check saved here: overwriting it is the point.
             warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
             dcp.save({"data": self.checkpoint}, checkpoint_id=path)
-        return {"dcp": path, "part": self._part}
+        return {"dcp": path, "part": self._part, "keys": _key_paths(self.loader.state_dict())}
 
     def load_state_dict(self, token: dict[str, Any]) -> None:
         """``dcp.load`` from the folder a previous part saved to (collective)."""
@@ -80,20 +82,33 @@ class DcpLoader:
 
         if not isinstance(token, dict) or "dcp" not in token:
             raise VerifyError(f"not a token from DcpLoader.state_dict(): {token!r:.200}")
+        # dcp.load fills only the keys of the template it is given: a key the loader's
+        # state_dict() grows after its first iteration is skipped by a fresh loader.
+        skipped = sorted(set(token.get("keys", ())) - set(_key_paths(self.loader.state_dict())))
+        self.load_note = (
+            f"the saved state held {', '.join(skipped[:4])}, which a freshly built loader's "
+            "state_dict() lacks, so dcp.load (which loads only the keys of the fresh "
+            "state_dict it is given) skipped them: make state_dict() return every key from "
+            "the start (e.g. the generator's state before the first iteration)"
+            if skipped
+            else ""
+        )
         self.checkpoint.prepare_load(token["dcp"])
         dcp.load({"data": self.checkpoint}, checkpoint_id=token["dcp"])
         self._part = int(token["part"]) + 1
 
 
+def _key_paths(state: Any, prefix: str = "") -> list[str]:
+    """``["sampler.epoch", "rng"]``: the paths of a (nested) state dict's leaves."""
+    if not isinstance(state, dict):
+        return [prefix] if prefix else []
+    return [
+        p for k, v in state.items() for p in _key_paths(v, f"{prefix}.{k}" if prefix else str(k))
+    ]
+
+
 class ThroughDcp:
-    """A loader factory that wraps each loader it makes in a :class:`DcpLoader`.
-
-    ``compare_draws`` asks ``check_resume`` to compare the resumed batches'
-    contents with the straight run's, not only their sample ids: the checkpoint
-    carries the loader's RNG, so a loader that forgets it draws other masks.
-    """
-
-    compare_draws = True
+    """A loader factory that wraps each loader it makes in a :class:`DcpLoader`."""
 
     def __init__(self, make_loader: Callable[..., Any], root: str) -> None:
         self.make_loader, self.root = make_loader, root

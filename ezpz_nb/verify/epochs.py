@@ -101,7 +101,7 @@ def _reached(loader: Any) -> dict[str, Any]:
 def _shuffles(obj: Any) -> bool:
     if getattr(obj, "shuffle", None) is True:  # DistributedSampler(shuffle=True) and kin
         return True
-    if type(obj).__name__ == "RandomSampler":
+    if type(obj).__name__ in ("RandomSampler", "SubsetRandomSampler"):
         return True
     # A Hugging Face IterableDataset after .shuffle(seed=...): a shuffled stage in
     # its chain of example iterables (its own set_epoch reseeds them).

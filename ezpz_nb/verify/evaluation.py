@@ -10,183 +10,112 @@ every rank yields them all and that each epoch (read from an ``epoch`` field)
 deals every sample once, the ranks' shares within one.
 
 Each rank iterates without any collective, so unequal step counts are measured,
-not hung on.
+not hung on (:mod:`ezpz_nb.verify.seen`).
 """
 
 from __future__ import annotations
 
-import traceback
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from ezpz_nb.data.tree import find_in_batch
-from ezpz_nb.verify.batches import observe_batch
 from ezpz_nb.verify.contract import parse_layout
-from ezpz_nb.verify.observe import Grid, rank_layout
+from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
+from ezpz_nb.verify.seen import Seen, run_seen, seen_report
+from ezpz_nb.verify.universe import universe_of
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
-__all__ = ["Seen", "check_eval", "dataset_size", "run_seen", "seen_on_rank", "seen_report"]
-
-
-@dataclass
-class Seen:
-    """One rank's batches as ids, weights and epochs per step, or how its code failed."""
-
-    rank: int
-    ids: list[list[int]] = field(default_factory=list)
-    weights: list[list[float]] = field(default_factory=list)
-    epochs: list[list[int]] | None = None
-    names: dict[int, str] = field(default_factory=dict)
-    num_samples: int | None = None
-    error: str = ""
-    counts: bool = True  # the first rank of its TP/CP group: the only one whose samples count
-
-
-def _flat(values: Any) -> list[Any]:
-    out = values.tolist() if hasattr(values, "tolist") else values
-    return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-def _dataset_length(loader: Any) -> int | None:
-    # A shard wrapper (WeightedShard, Subset) keeps the whole dataset in .dataset.
-    ds: Any = getattr(loader, "dataset", None)
-    while hasattr(ds, "dataset"):
-        ds = ds.dataset
-    try:
-        return len(ds)
-    except TypeError:
-        return None
-
-
-def seen_on_rank(
-    make_loader: Callable[..., Any], grid: Grid, key: str, weight: str, limit: int | None
-) -> Seen:
-    """Build and iterate the loader on this rank (at most ``limit`` batches); run by the launcher."""
-    layout = rank_layout(grid)
-    seen = Seen(layout.rank, counts=layout.tp_rank == 0 and layout.cp_rank == 0)
-    try:
-        loader = make_loader(layout)
-        seen.num_samples = _dataset_length(loader)
-        for batch in loader:
-            ids, names, _, _ = observe_batch(batch, key)
-            w = find_in_batch(batch, weight)
-            e = find_in_batch(batch, "epoch")
-            weights = [float(x) for x in _flat(w)] if w is not None else [1.0] * len(ids)
-            epochs = [int(x) for x in _flat(e)] if e is not None else None
-            if len(weights) != len(ids) or (epochs is not None and len(epochs) != len(ids)):
-                raise ValueError(
-                    f"batch {len(seen.ids)} holds {len(ids)} samples but {len(weights)} "
-                    f"{weight!r} values and {len(epochs or ids)} 'epoch' values: give one per sample"
-                )
-            seen.ids.append(ids)
-            seen.names.update(names)
-            seen.weights.append(weights)
-            if epochs is not None:
-                seen.epochs = seen.epochs if seen.epochs is not None else []
-                seen.epochs.append(epochs)
-            if limit is not None and len(seen.ids) >= limit:
-                break
-    except BaseException:  # noqa: BLE001 - the user's code: reported with its rank, never raised here
-        seen.error = traceback.format_exc()
-    return seen
-
-
-def run_seen(
-    make_loader: Any,
-    grid: Grid,
-    key: str,
-    weight: str,
-    limit: int | None,
-    timeout: Any,
-    cluster: Any,
-) -> list[Seen]:
-    """Check the arguments, run :func:`seen_on_rank` on every rank, raise the first failure.
-
-    Raises:
-        VerifyError: Bad arguments (before any rank starts), a hang, or the loader raised.
-    """
-    from ezpz_nb.launcher import launch
-    from ezpz_nb.launcher.errors import HangError, RankError
-
-    if not callable(make_loader):
-        raise VerifyError("make_loader must be a function: def make_loader(layout): return loader")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise VerifyError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    if cluster is not None and cluster.world_size != grid.world_size:
-        raise VerifyError(
-            f"layout {grid} needs {grid.world_size} ranks but the cluster has "
-            f"{cluster.world_size}: pass a Cluster(world_size={grid.world_size}) or none"
-        )
-    args = (make_loader, grid, key, weight, limit)
-    saved = cluster.timeout if cluster is not None else None
-    try:
-        if cluster is None:
-            out = launch(seen_on_rank, *args, world_size=grid.world_size, timeout=timeout)
-        else:
-            cluster.timeout = timeout
-            out = cluster.run(seen_on_rank, *args)
-    except (HangError, RankError) as exc:
-        raise VerifyError(
-            f"the loader did not finish on every rank within {timeout:g} s (an endless loader: "
-            f"use check_steps(..., steps=N)), or a rank died:\n{exc}"
-        ) from exc
-    finally:
-        if cluster is not None:
-            cluster.timeout = saved
-    failed = [s for s in out if s.error]
-    if failed:
-        raise VerifyError(
-            f"rank {failed[0].rank}: the loader raised:\n{failed[0].error}", failed[0].rank
-        )
-    return list(out)
+__all__ = ["check_eval", "eps_of", "judge_counted_once", "judge_equal_steps"]
 
 
 def _name(seen: list[Seen], i: int) -> str:
     return next((s.names[i] for s in seen if i in s.names), str(i))
 
 
+def eps_of(dtype: str) -> float:
+    """The machine epsilon of a dtype named as batches carry it (``torch.float32``, ``bfloat16``)."""
+    import torch
+
+    name = dtype.rsplit(".", 1)[-1]
+    kind = getattr(torch, name, None)
+    if isinstance(kind, torch.dtype) and kind.is_floating_point:
+        return float(torch.finfo(kind).eps)
+    return float(torch.finfo(torch.float64).eps)  # Python floats, ints: float64's rounding
+
+
+def _tolerance(pieces: int, smallest: float, eps: float) -> float:
+    # The dtype's rounding over the pieces summed (each piece off by at most eps/2 of
+    # itself), never as loose as half the smallest piece: a piece counted twice shows.
+    return min(max(pieces, 1) * eps, smallest / 2)
+
+
 def judge_counted_once(seen: list[Seen], num_samples: int | None) -> Judgement:
-    """Each sample's weights summed over every rank and step must be exactly 1."""
+    """Each sample's weights summed over every rank and step must be 1, within the weights'
+    dtype's rounding (:func:`_tolerance`), over the dataset's universe (a ``Subset``'s indices).
+    """
+    dtype = next((s.dtype for s in seen if s.dtype), "") or "float64"
+    eps = eps_of(dtype)
     total: dict[int, float] = defaultdict(float)
+    pieces: dict[int, int] = defaultdict(int)
+    smallest: dict[int, float] = {}
+    worst = 0.0
     for s in (s for s in seen if s.counts):  # TP/CP peers share their replica's samples
         for step, (ids, ws) in enumerate(zip(s.ids, s.weights, strict=True)):
             for i, w in zip(ids, ws, strict=True):
                 total[i] += w
-                if total[i] > 1 + 1e-9:
+                if w > 0:
+                    pieces[i] += 1
+                    smallest[i] = min(smallest.get(i, w), w)
+                tol = _tolerance(pieces[i], smallest.get(i, 1.0), eps)
+                if total[i] > 1 + tol:
                     return Judgement(
                         "counted_once", Verdict.FAIL,
-                        f"sample {_name(seen, i)} counted again (weights now sum to {total[i]:g}): "
-                        "padding that repeats samples (DistributedSampler) needs weight 0 on the "
-                        "repeats, or shards that do not repeat",
+                        f"sample {_name(seen, i)} counted again (weights now sum to {total[i]:.9g}, "
+                        f"beyond {dtype}'s rounding of {tol:.2g}): padding that repeats samples "
+                        "(DistributedSampler) needs weight 0 on the repeats, or shards that do not "
+                        "repeat",
                         rank=s.rank, step=step, sample=_name(seen, i),
                     )  # fmt: skip
-    short = sorted(i for i, w in total.items() if w < 1 - 1e-9 and w > 1e-9)
+    tols = {i: _tolerance(pieces[i], smallest.get(i, 1.0), eps) for i in total}
+    worst = max(tols.values(), default=0.0)
+    short = sorted(i for i, w in total.items() if w < 1 - tols[i] and w > tols[i])
     if short:
         return Judgement(
-            "counted_once", Verdict.FAIL, f"sample {_name(seen, short[0])} has weight {total[short[0]]:g} in all",
+            "counted_once", Verdict.FAIL,
+            f"sample {_name(seen, short[0])} has weight {total[short[0]]:.9g} in all (beyond "
+            f"{dtype}'s rounding of {tols[short[0]]:.2g})",
             sample=_name(seen, short[0]),
         )  # fmt: skip
-    counted = {i for i, w in total.items() if w > 1e-9}
-    if num_samples is None or any(s.names for s in seen):
+    counted = {i for i, w in total.items() if w > tols[i]}
+    within = f"weights summed in {dtype}, within {worst:.2g} of 1"
+    hashed = any(s.names for s in seen)
+    known = universe_of([s.dataset for s in seen], num_samples, total)
+    if known.ids is None or hashed:
         return Judgement(
             "counted_once", Verdict.NOT_JUDGED,
-            f"no sample counted twice ({len(counted)} counted once), but the dataset's length is "
-            "unknown, so a dropped sample cannot be seen: pass num_samples=",
+            f"no sample counted twice ({len(counted)} counted once, {within}), but the dataset's "
+            "length is unknown, so a dropped sample cannot be seen: pass num_samples=",
         )  # fmt: skip
-    missing = sorted(set(range(num_samples)) - counted)
+    missing = sorted(known.ids - counted)
     if missing:
         return Judgement(
             "counted_once", Verdict.FAIL,
-            f"{len(missing)} of {num_samples} samples never counted (first: {missing[0]}): "
-            "drop_last (or a split that leaves the tail out) biases the metric",
+            f"{len(missing)} of {known.size} samples of {known.how} never counted (first: "
+            f"{missing[0]}): drop_last (or a split that leaves the tail out) biases the metric"
+            + (
+                "; or several dataset items make one sample (chunks of a document, weights "
+                "summed): then pass num_samples= the number of samples"
+                if num_samples is None and max(pieces.values(), default=1) > 1
+                else ""
+            ),
             sample=str(missing[0]),
         )  # fmt: skip
     return Judgement(
-        "counted_once", Verdict.PASS, f"all {num_samples} samples counted once, weights summed"
+        "counted_once",
+        Verdict.PASS,
+        f"all {known.size} samples of {known.how} counted once, {within}",
     )
 
 
@@ -199,7 +128,7 @@ def judge_equal_steps(seen: list[Seen], collective_step: bool) -> Judgement:
     parts = ", ".join(f"rank {r}: {n}" for r, n in counts.items())
     if not collective_step:
         return Judgement(
-            "equal_steps", Verdict.NOT_JUDGED,
+            "equal_steps", Verdict.NOT_ASKED,
             f"steps differ ({parts}), which is safe only because collective_step=False says the "
             "eval step makes no collective (under FSDP or TP it does)",
         )  # fmt: skip
@@ -235,10 +164,12 @@ def check_eval(
         layout: ``"dp=3"`` (``tp``/``cp`` optional), a dict or a ``Grid``.
         key: The field naming each sample (see :func:`check_contract`).
         weight: The field holding each sample's weight (0 marks padding).
-        num_samples: The dataset's length; by default ``len(loader.dataset)``,
-            followed through ``.dataset`` of shard wrappers.
+        num_samples: Declares the universe ``range(num_samples)``; by default the
+            dataset's own: a ``Subset``'s (``random_split``'s) indices, composed through
+            nested wrappers, else ``len`` of the dataset under any shard wrapper.
         collective_step: The eval step makes a collective (FSDP, TP): unequal
-            steps then hang, a failure; False leaves that rule not judged.
+            steps then hang, a failure; False makes unequal steps "not asked"
+            (no obstacle to a PASS).
         timeout: Seconds for the whole run.
         cluster: Run on this warm :class:`ezpz_nb.Cluster` (its size must match).
 
@@ -254,28 +185,9 @@ def check_eval(
     ):
         raise VerifyError(f"num_samples must be a positive int or None, got {num_samples!r}")
     seen = run_seen(make_loader, grid, key, weight, None, timeout, cluster)
-    n = dataset_size(seen, num_samples)
-    judged = [judge_counted_once(seen, n), judge_equal_steps(seen, collective_step)]
-    return seen_report(make_loader, grid, "eval", "eval", judged, seen)
-
-
-def dataset_size(seen: list[Seen], num_samples: int | None) -> int | None:
-    """``num_samples`` when given, else the length some rank's dataset reported."""
-    if num_samples is not None:
-        return num_samples
-    return next((s.num_samples for s in seen if s.num_samples), None)
-
-
-def seen_report(
-    make_loader: Callable[..., Any],
-    grid: Grid,
-    what: str,
-    mode: str,
-    judged: list[Judgement],
-    seen: list[Seen],
-) -> EvalReport:
-    """The report of an eval or steps check: its judgements and each rank's sample count."""
-    name = getattr(make_loader, "__qualname__", "make_loader")
-    layout = {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp}
-    return EvalReport(f"{name} on {grid}, {what}", layout, mode, judged,
-                      {s.rank: len(s.ids) for s in seen})  # fmt: skip
+    judged = [judge_counted_once(seen, num_samples), judge_equal_steps(seen, collective_step)]
+    # The report's first line names the universe the samples were counted over.
+    ids = (i for x in seen for step in x.ids for i in step)
+    known = universe_of([x.dataset for x in seen], num_samples, ids)
+    over = f", over {known.how}" if known.how and not any(x.names for x in seen) else ""
+    return seen_report(make_loader, grid, f"eval{over}", "eval", judged, seen)

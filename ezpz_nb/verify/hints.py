@@ -9,13 +9,15 @@ says that no known cause fits.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ezpz_nb.ledger import Allowance, StepRecord
 
 __all__ = [
+    "MODULO",
     "NO_KNOWN_CAUSE",
     "dp_hint",
+    "drop_last_differs",
     "never_seen_hint",
     "no_data_hint",
     "order_hint",
@@ -25,6 +27,14 @@ __all__ = [
 
 NO_KNOWN_CAUSE = "no known cause fits this evidence: look at the records (report.ledger)"
 
+#: A replay seen only at a save right after an epoch's last batch.
+MODULO = (
+    "the state saved right after the epoch's last batch (its iterator not yet ended) "
+    "read as the epoch's start, so the resumed loader replayed the epoch: a position "
+    "taken modulo the epoch's length reads 0 there. Keep the position until the "
+    "iterator ends, and start the next epoch at 0 when it begins"
+)
+
 
 def _ids_by(recs: Sequence[StepRecord], attr: str) -> dict[int, set[int]]:
     out: dict[int, set[int]] = defaultdict(set)
@@ -33,14 +43,39 @@ def _ids_by(recs: Sequence[StepRecord], attr: str) -> dict[int, set[int]]:
     return out
 
 
-def dp_hint(recs: Sequence[StepRecord]) -> str:
-    """Samples on two DP replicas: no sharding at all, or shards that overlap."""
+def dp_hint(
+    recs: Sequence[StepRecord], streams: bool = False, unseen: bool = False, sampled: bool = True
+) -> str:
+    """Samples on two DP replicas: no sharding at all, or shards that overlap.
+
+    ``streams``: the loader reads an ``IterableDataset``, which no sampler shards;
+    ``unseen``: some samples of the epoch were never seen (so the replicas read one
+    share, not everything); ``sampled``: the loader has a sampler to blame.
+    """
     by_dp = _ids_by(recs, "dp_rank")
     union = set().union(*by_dp.values()) if by_dp else set()
     if len(by_dp) > 1 and all(ids == union for ids in by_dp.values()):
+        if unseen:
+            return (
+                "every DP replica read the same share and the other shares were never read: "
+                "the ranks took the same shard (the same rank= on every rank, e.g. a "
+                "hard-coded rank=0); pass rank=layout.dp_rank"
+            )
+        if streams:
+            return (
+                "no sharding by rank: every DP replica streamed every sample. A sampler does "
+                "not apply to an IterableDataset: shard the stream by layout.dp_rank and "
+                "layout.dp_size in its __iter__ (before splitting it over the DataLoader "
+                "workers), or split_dataset_by_node for a Hugging Face stream"
+            )
         return (
             "no sharding at all: every DP replica saw every sample. Shard by replica: "
             "DistributedSampler(ds, num_replicas=layout.dp_size, rank=layout.dp_rank)"
+        )
+    if not sampled:
+        return (
+            "the replicas' shards overlap: the loader's own sharding (or a resumed position) "
+            "gives two replicas the same samples"
         )
     return (
         "the replicas' shards overlap: samplers that disagree across ranks (another seed, "
@@ -78,8 +113,42 @@ def tp_hint(recs: Sequence[StepRecord], same_ids: bool) -> str:
     )
 
 
-def never_seen_hint(allowance: Allowance | None) -> str:
-    """Samples never seen that the loader's settings do not explain."""
+def never_seen_hint(
+    allowance: Allowance | None,
+    same_share: bool = False,
+    parts: bool = False,
+    sampled: bool = True,
+    repeated: str = "",
+) -> str:
+    """Samples never seen that the loader's settings do not explain.
+
+    ``same_share``: every DP replica read the same samples; ``parts``: each rank read
+    its own part (a ``Subset``, a ``SubsetRandomSampler``) of a common whole;
+    ``sampled``: the loader has a sampler (else neither drop_last nor shards are named);
+    ``repeated``: the same epoch's duplicates, in words, when they number the samples missing.
+    """
+    if same_share:
+        return (
+            "every DP replica read the same share, so the other shares were never read: the "
+            "ranks took the same shard (the same rank= on every rank)"
+        )
+    if repeated:
+        return (
+            f"as many samples came twice ({repeated}) in the same epoch: a sampler or shard "
+            "that gave a repeat in place of these samples; fix the repeat and they return"
+        )
+    if parts:
+        return (
+            "each rank reads its own part of the dataset, and no rank's part holds these "
+            "samples: a remainder part no rank reads (random_split's last part) or indices "
+            "that stop short. If they are held out on purpose, wrap the ranks' whole in a "
+            "Subset of the samples meant to be read"
+        )
+    if not sampled:
+        return (
+            "the loader has no sampler and drops no partial batch: it skipped these samples, "
+            "or its epoch was cut short (a resumed position past them)"
+        )
     if allowance is None or not (allowance.loader_drop_last or allowance.sampler_drop_last):
         return (
             "drop_last is not set, so nothing was meant to be dropped: the data was split "
@@ -89,6 +158,22 @@ def never_seen_hint(allowance: Allowance | None) -> str:
     return (
         "more than drop_last drops: the data was split into more shards than there are DP "
         "replicas, or the loader skipped them"
+    )
+
+
+def drop_last_differs(allowances: Mapping[int, Allowance | None]) -> str:
+    """Ranks built with different ``drop_last`` (or batch sizes): their step counts differ."""
+    said = {
+        r: (a.loader_drop_last, a.batch_size)
+        for r, a in sorted(allowances.items())
+        if a is not None
+    }
+    if len(set(said.values())) <= 1:
+        return ""
+    parts = ", ".join(f"rank {r}: drop_last={d}, batch_size={b}" for r, (d, b) in said.items())
+    return (
+        f"the ranks built their loaders with different settings ({parts}): every rank must "
+        "build the same loader, only its shard may differ"
     )
 
 
@@ -149,19 +234,50 @@ def order_hint(shufflers: Sequence[str], unreached: Sequence[str]) -> str:
 
 
 def resume_hint(
-    straight: list[StepRecord], resumed: list[StepRecord], at: int, changed: str, scenario: str
+    straight: list[StepRecord],
+    resumed: list[StepRecord],
+    at: int,
+    changed: str,
+    scenario: str,
+    streams: bool = False,
+    sampled: bool = True,
 ) -> str:
-    """The likeliest known cause of a divergence at step ``at`` of one rank's epoch."""
+    """The likeliest known cause of a divergence at step ``at`` of one rank's epoch.
+
+    ``streams``: the loader reads an ``IterableDataset``, whose position no sampler
+    holds; ``sampled``: it has a sampler at all (a plain iterable with a state has none).
+    """
     if changed:
         return changed
     first = [r.sample_ids for r in straight[:1]]
     restarted = at < len(resumed) and at > 0 and [resumed[at].sample_ids] == first
+    if restarted and streams:
+        return (
+            "the resumed loader started the epoch over: the position lived in the "
+            "IterableDataset (in each DataLoader worker's copy of it, with workers), which "
+            "the loader's state did not carry: give the dataset state_dict/"
+            "load_state_dict (torchdata's StatefulDataLoader saves and restores it per "
+            "worker), or count the samples consumed and skip them on resume"
+        )
     if restarted and scenario == "right after a resume":
         return (
             "the position loaded by the previous resume was lost when the state was saved "
-            "again before the first step: a sampler that forgets a loaded offset once its "
-            "iterator is made (torchdata's StatefulDistributedSampler does) saves a fresh "
-            "epoch's state"
+            "again before the first step: "
+            + (
+                "a sampler that forgets a loaded offset once its iterator is made "
+                "(torchdata's StatefulDistributedSampler does) saves a fresh epoch's state"
+                if sampled
+                else "the state counts from the last load (or resets when the iterator is "
+                "made), not from the epoch's start"
+            )
+        )
+    if restarted and scenario == "after an epoch's last batch":
+        return MODULO
+    if restarted and not sampled:
+        return (
+            "the resumed loader started the epoch over: its state did not carry its position "
+            "in the epoch (it has no sampler to hold one): save the samples or batches taken "
+            "in state_dict and skip them in load_state_dict"
         )
     if restarted:
         return (

@@ -7,33 +7,76 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ezpz_nb.ledger import Ledger, Problem, StepRecord, check_records
 from ezpz_nb.verify import hints
+from ezpz_nb.verify.allowances import exact_allowance, merged_allowance
 from ezpz_nb.verify.observe import Grid, Outcome
 from ezpz_nb.verify.ranks import Ranks
 from ezpz_nb.verify.report import Finding, Report
+from ezpz_nb.verify.universe import universe_of
 from ezpz_nb.verify.verdict import RULES
 
-__all__ = ["findings_from", "judge"]
+__all__ = ["epoch_universe", "fact", "findings_from", "judge"]
 
 _BIG_INT = re.compile(r"\b\d{12,}\b")
 _SENTENCE = re.compile(r"(?<=\.)\s+(?=[A-Z])")  # a sentence's end ("e.g. step 3" is not one)
 _RULE_OF = {kind: rule for rule, (_, kinds) in RULES.items() for kind in kinds}
 
 
-def _fact(message: str) -> str:
+def fact(message: str) -> str:
     """The first sentence of a ledger message: what happened, without its general advice."""
     return _SENTENCE.split(message, maxsplit=1)[0]
 
 
-def _hint(p: Problem, recs: Sequence[StepRecord], outs: Sequence[Outcome]) -> str:
-    """A cause chosen from the evidence, for the kinds whose general advice can mislead."""
+def _same_share(recs: Sequence[StepRecord]) -> bool:
+    """Every DP replica read the same samples (more than one replica)."""
+    by_dp: dict[int, set[int]] = {}
+    for r in recs:
+        by_dp.setdefault(r.dp_rank, set()).update(r.sample_ids)
+    return len(by_dp) > 1 and len({frozenset(v) for v in by_dp.values()}) == 1
+
+
+def _hint(
+    p: Problem,
+    recs: Sequence[StepRecord],
+    outs: Sequence[Outcome],
+    unseen: bool = False,
+    repeated: str = "",
+) -> str:
+    """A cause chosen from the evidence, for the kinds whose general advice can mislead.
+
+    ``unseen``: the same epoch has samples never seen; ``repeated``: its duplicates, in
+    words, when as many samples came twice as are missing.
+    """
     if p.expected:
         return ""
+    # A sampler, or a batch sampler's settings (drop_last, batch size), to blame at all.
+    sampled = any(
+        not o.iterable
+        and (
+            o.sampled
+            or (
+                o.allowance is not None
+                and {o.allowance.loader_drop_last, o.allowance.batch_size} != {None}
+            )
+        )
+        for o in outs
+    )
     if p.kind == "dp_duplicate":
-        return hints.dp_hint(recs)
+        return hints.dp_hint(
+            recs, streams=any(o.iterable for o in outs), unseen=unseen, sampled=sampled
+        )
     if p.kind == "tp_mismatch":
         return hints.tp_hint(recs, same_ids="same sample ids" in p.message)
     if p.kind == "never_seen":
-        return hints.never_seen_hint(next((o.allowance for o in outs if o.allowance), None))
+        parts = {o.dataset.maps[0] for o in outs if o.dataset is not None and o.dataset.maps}
+        return hints.never_seen_hint(
+            merged_allowance(outs),
+            same_share=_same_share(recs),
+            parts=len(parts) > 1,
+            sampled=sampled,
+            repeated=repeated,
+        )
+    if p.kind == "step_mismatch":
+        return hints.drop_last_differs({o.rank: o.allowance for o in outs})
     if p.kind == "order_unchanged":
         shufflers = sorted({s for o in outs for s in o.shufflers})
         return hints.order_hint(shufflers, sorted({s for o in outs for s in o.unreached}))
@@ -58,6 +101,19 @@ def findings_from(
     def named(m: re.Match[str]) -> str:
         return names.get(int(m.group()), m.group())
 
+    problems = list(problems)
+    unseen = {p.epoch for p in problems if p.kind == "never_seen" and not p.expected}
+    # Samples missing where as many came twice: the repeats took their places.
+    twice: dict[int, dict[str, int]] = {}
+    for p in problems:
+        if p.kind in ("dp_duplicate", "rank_duplicate") and not p.expected:
+            twice.setdefault(p.epoch, {})[p.kind] = len(p.samples)
+    missing = {p.epoch: len(p.samples) for p in problems if p.kind == "never_seen"}
+    repeated = {
+        e: ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        for e, kinds in twice.items()
+        if sum(kinds.values()) == missing.get(e)
+    }
     for p in problems:
         rank, step, sample = p.first
         worker = None
@@ -69,11 +125,17 @@ def findings_from(
         ):
             worker = rec.worker_ids[rec.sample_ids.index(sample)]
         hint = (
-            _hint(p, [r for r in ledger.records if r.epoch == p.epoch], outcomes)
+            _hint(
+                p,
+                [r for r in ledger.records if r.epoch == p.epoch],
+                outcomes,
+                p.epoch in unseen,
+                repeated.get(p.epoch, ""),
+            )
             if outcomes
             else ""
         )
-        message = _fact(p.message) if hint else p.message
+        message = fact(p.message) if hint else p.message
         out.append(
             Finding(
                 # Ids hashed from keys read back as the keys.
@@ -152,7 +214,7 @@ def _no_data(
 ) -> list[Finding]:
     """Epochs in which no rank took a step: a finding, never an empty pass."""
     out = []
-    allowance = next((o.allowance for o in outs if o.allowance is not None), None)
+    allowance = merged_allowance(outs)
     n = max((o.num_samples for o in outs if o.num_samples is not None), default=None)
     reiterable = all(o.reiterable for o in outs)
     length = max((o.length for o in outs if o.length is not None), default=None)
@@ -207,16 +269,39 @@ def _unjudged(
             "no dataset length and one epoch: which samples were never seen cannot be told "
             "(pass num_samples=, or epochs=2)"
         )
-    if not shuffle:
+    if not shuffle and not asked:
         out["reshuffle"] = (
-            "shuffle=False was passed"
-            if asked
-            else "the loader asked for no shuffle (no shuffling sampler, RandomSampler or "
-            "HF .shuffle() in it); pass shuffle=True to judge one the check cannot see"
+            "the loader asked for no shuffle (no shuffling sampler, RandomSampler or "
+            "HF .shuffle() in it); pass shuffle=False if that is meant, shuffle=True to "
+            "judge one the check cannot see"
         )
-    elif epochs_with_data < 2:
+    elif shuffle and epochs_with_data < 2:
         out["reshuffle"] = "fewer than two epochs with batches: no order to compare"
     return out
+
+
+def epoch_universe(
+    outs: Sequence[Outcome], num_samples: int | None, hashed: bool
+) -> tuple[int | None, frozenset[int] | None, str, bool]:
+    """``(n, ids, how, is_range)``: the ids every epoch must cover (:mod:`~ezpz_nb.verify.universe`).
+
+    ``hashed``: ids hashed from keys or bytes, where ``range(n)`` means nothing.
+    Without a dataset's universe, an epoch of a run with two epochs must cover what
+    the epochs saw together, unless the universe is unknown for a reason (ids None,
+    ``how`` the reason: ranks reading parts of different wholes).
+    """
+    records = [r for o in outs for r in o.records]
+    known = universe_of(
+        [o.dataset for o in outs], num_samples, (i for r in records for i in r.sample_ids)
+    )
+    if known.ids is not None and not hashed:
+        return known.size, known.ids, known.how, known.is_range
+    if known.how and not hashed:  # unknown, and why: the epochs' union would hide a part
+        return None, None, known.how, False
+    if len({r.epoch for r in records}) < 2:
+        return None, None, "", False
+    seen = frozenset(i for r in records for i in r.sample_ids)
+    return None, seen, f"the {len(seen)} ids the epochs saw together (no dataset length)", False
 
 
 def judge(
@@ -237,25 +322,16 @@ def judge(
     names: dict[int, str] = {}
     for o in outs:
         names.update(o.names)
-    n = (
-        num_samples
-        if num_samples is not None
-        else max((o.num_samples or 0 for o in outs), default=0) or None
-    )
-    if names:  # ids hashed from keys or bytes: range(n) means nothing
-        n = None
     with_data = len({r.epoch for r in records})
-    # Without a dataset length, an epoch must cover what the epochs saw together.
-    universe = (
-        None if n is not None or with_data < 2 else {i for r in records for i in r.sample_ids}
-    )
-    allow = next((o.allowance for o in outs if o.allowance is not None), None)
+    n, universe, how, ranged = epoch_universe(outs, num_samples, bool(names))
+    allow = merged_allowance(outs)
     asked = shuffle is not None
     shuffled = any(o.shuffles for o in outs) if shuffle is None else shuffle
-    ledger = Ledger(records, n)
+    ledger = Ledger(records, n if ranged else None)
     problems = check_records(
         records, n, universe=universe, allowance=allow, shuffle=shuffled, global_batch=True
     )
+    problems = [exact_allowance(p, outs, n) for p in problems]
     if ranks.hung:  # records arrive in 0.2 s bunches: what is absent is timing, not evidence
         problems = [p for p in problems if p.kind not in _COUNTED]
     findings = _stuck(ranks, records) + findings_from(problems, ledger, names, outs)
@@ -274,17 +350,15 @@ def judge(
         "observe": sum(o.observe_s for o in outs),
     }
     key = next((o.key for o in outs if o.key), key)  # "auto" -> the field it found
-    unjudged = _unjudged(
-        grid,
-        with_data,
-        shuffled,
-        asked,
-        n if n is not None else (len(universe) if universe else None),
-        bool(records),
-    )
+    unjudged = _unjudged(grid, with_data, shuffled, asked, len(universe) if universe else None,
+                         bool(records))  # fmt: skip
+    if universe is None and how and records:
+        unjudged["exactly_once"] = f"never seen not judged: {how}"
+        how = ""
     if ranks.hung:
         unjudged.update(dict.fromkeys(("exactly_once", "global_batch"), HUNG))
+    off = {"reshuffle": "shuffle=False was passed"} if asked and not shuffled else {}
     return Report(
         what, {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp}, epochs, key, findings, steps,
-        seconds, not_judged=unjudged, ledger=ledger,
+        seconds, not_judged=unjudged, not_asked=off, universe=how, ledger=ledger,
     )  # fmt: skip

@@ -7,7 +7,8 @@ in the stream; not judged with why):
 * :func:`check_mixture`: the realized share of every source within a bound of its weight,
   per global batch or cumulatively, counted in samples or in tokens.
 * :func:`check_layout_invariance`: two runs of one stream (say dp=1 and dp=4, or 0 and 2
-  workers) gave the same ``(source, index)`` sequence; else the first position that differs.
+  workers) gave the same global batches of ``(source, index)`` in the same order; else the
+  first global batch whose size differs, or the first position that differs.
 
 A stream is a list of global batches, each a list of ``(source, index)`` pairs in order.
 :func:`global_batches` builds one from what the DP ranks held at each step.
@@ -15,6 +16,7 @@ A stream is a list of global batches, each a list of ``(source, index)`` pairs i
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -159,43 +161,71 @@ def check_mixture(
 def check_layout_invariance(
     a: Stream, b: Stream, *, names: tuple[str, str] = ("first", "second")
 ) -> Judgement:
-    """Did two runs of one stream give the same ``(source, index)`` sequence?
+    """Did two runs of one stream give the same global batches, in the same order?
+
+    A global batch is compared as a multiset (the samples of one optimizer step: their
+    order inside the step does not change the gradient). Invariance is per global batch, not per flattened stream: the global batch size is
+    part of the contract (it sets the optimizer's steps and the effective learning
+    rate), so two runs whose flattened streams agree but whose global batches differ in
+    size (each rank taking whole global batches in turn) fail, saying so.
 
     Args:
         a: The stream of one run (e.g. at dp=1).
         b: The stream of the other (e.g. at dp=4, or resumed).
         names: What to call the two runs in the message.
     """
-    flat_a = [tuple(p) for batch in a for p in batch]
-    flat_b = [tuple(p) for batch in b for p in batch]
-    if not flat_a or not flat_b:
-        empty = names[0] if not flat_a else names[1]
-        return Judgement(
-            "layout_invariance", Verdict.NOT_JUDGED, f"the {empty} run held no samples"
-        )
-    sizes = {len(x) for x in (*a, *b)}
-    for i, (x, y) in enumerate(zip(flat_a, flat_b, strict=False)):
-        if x != y:
-            g = len(a[0]) if len(sizes) == 1 else None
-            where = f" (global batch {i // g}, slot {i % g})" if g else ""
-            return Judgement(
-                "layout_invariance",
-                Verdict.FAIL,
-                f"position {i}{where}: {names[0]} had (source, index) {x}, {names[1]} had {y}",
-                step=i // g if g else None,
-                position=i,
-            )
-    if len(flat_a) != len(flat_b):
-        n = min(len(flat_a), len(flat_b))
+    if not any(a) or not any(b):
+        empty = names[0] if not any(a) else names[1]
         return Judgement(
             "layout_invariance",
-            Verdict.FAIL,
-            f"the same first {n} samples, then {names[0]} had {len(flat_a)} and {names[1]} "
-            f"{len(flat_b)}",
-            position=n,
+            Verdict.NOT_JUDGED,
+            f"the {empty} run's stream holds no (source, index) pairs: its batches carried no "
+            "dataset_id entry (ledger_stream pairs each sample id with it; add dataset_id=0 "
+            "to each sample of a single source), or it took no step",
+        )
+
+    def fail(reason: str, step: int, at: int) -> Judgement:
+        return Judgement("layout_invariance", Verdict.FAIL, reason, step=step, position=at)
+
+    position = 0
+    for k, (x, y) in enumerate(zip(a, b, strict=False)):
+        if len(x) != len(y):
+            return fail(
+                f"global batch {k}: {names[0]} had {len(x)} samples, {names[1]} had {len(y)}: "
+                "the global batch size changed with the layout, which changes the optimizer's "
+                "steps and the effective learning rate (keep the global batch fixed: the "
+                "per-rank batch is global batch / dp)",
+                k,
+                position,
+            )
+        # One global batch is one optimizer step: the order inside it does not change
+        # the gradient, so the batches are compared as multisets.
+        extra = Counter(map(tuple, x)) - Counter(map(tuple, y))
+        if extra:
+            slot = next(
+                i for i, (p, q) in enumerate(zip(x, y, strict=True)) if tuple(p) != tuple(q)
+            )
+            lacks = next(tuple(p) for p in x if tuple(p) in extra)
+            return fail(
+                f"position {position + slot} (global batch {k}, slot {slot}): {names[0]} had "
+                f"(source, index) {tuple(x[slot])}, {names[1]} had {tuple(y[slot])}, and the "
+                f"global batches hold other samples ({names[1]}'s lacks {lacks}): the samples "
+                "of an optimizer step changed with the layout",
+                k,
+                position + slot,
+            )
+        position += len(x)
+    if len(a) != len(b):
+        n = min(len(a), len(b))
+        return fail(
+            f"the same first {n} global batches, then {names[0]} had {len(a)} and {names[1]} "
+            f"{len(b)}",
+            n,
+            position,
         )
     return Judgement(
         "layout_invariance",
         Verdict.PASS,
-        f"{names[0]} and {names[1]}: the same {len(flat_a)} (source, index) pairs in order",
+        f"{names[0]} and {names[1]}: the same {len(a)} global batches ({position} (source, "
+        "index) pairs) in order; within a global batch order is not compared",
     )

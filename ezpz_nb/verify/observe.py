@@ -17,9 +17,17 @@ from typing import Any
 
 from ezpz_nb.data.groups import Layout
 from ezpz_nb.ledger import Allowance, StepRecord
-from ezpz_nb.verify.batches import NoSampleIds, observe_batch, resolve_key, structure
+from ezpz_nb.ledger.records import batch_ints
+from ezpz_nb.verify.batches import (
+    NoSampleIds,
+    field_digests,
+    observe_batch,
+    resolve_key,
+    structure,
+)
 from ezpz_nb.verify.epochs import loader_parts
 from ezpz_nb.verify.report import VerifyError
+from ezpz_nb.verify.universe import DatasetIds, dataset_ids, ordering_sampler
 
 __all__ = ["Grid", "Outcome", "rank_layout", "run_rank"]
 
@@ -62,7 +70,11 @@ class Outcome:
     names: dict[int, str] = field(default_factory=dict)
     structure: str = ""
     key: str = ""  # the field that identified samples ("index", "__key__"...)
-    num_samples: int | None = None
+    num_samples: int | None = None  # the length of the dataset under any Subset
+    dataset: DatasetIds | None = None  # what the loader's dataset reads of it
+    share: int | None = None  # len(sampler): the samples this rank's sampler gives an epoch
+    iterable: bool = False  # an IterableDataset: no sampler applies, it shards itself
+    sampled: bool = False  # the loader has a sampler (which could hold its position)
     allowance: Allowance | None = None
     shuffles: bool = False  # some part of the loader asked for a shuffle
     shufflers: list[str] = field(default_factory=list)  # "DistributedSampler at loader.sampler"
@@ -74,6 +86,8 @@ class Outcome:
     loader_s: float = 0.0  # time spent inside the loader's __next__
     observe_s: float = 0.0  # time spent observing batches
     state: Any = None  # the loader's state_dict() where a resume check asked for it
+    load_note: str = ""  # what a DCP load skipped (keys missing from a fresh state_dict)
+    fields: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)  # digests per field
 
 
 class Ready:
@@ -84,6 +98,14 @@ class Ready:
 
 
 # ------------------------------------------------------------------ the rank's job
+def _sources(batch: Any) -> tuple[int, ...]:
+    """Each sample's ``dataset_id`` (its source in a mixture); () when absent or not ints."""
+    try:
+        return batch_ints(batch, "dataset_id")
+    except (TypeError, ValueError):
+        return ()
+
+
 def rank_layout(grid: Grid) -> Layout:
     """This rank's :class:`Layout` in ``grid``, with DP and TP groups (CP peers share no group)."""
     import torch.distributed as dist
@@ -135,22 +157,23 @@ def _unwrap(loader: Any) -> Any:
 
 
 def _allowance(loader: Any) -> Allowance:
-    sampler = getattr(loader, "sampler", None)
+    """``drop_last`` from wherever it is set: the batch sampler (the DataLoader's own, a
+    ``BatchSampler`` passed in, a custom one with the attribute), else the loader."""
+    sampler = ordering_sampler(loader)
     sampler_drop = getattr(sampler, "drop_last", None) if hasattr(sampler, "num_replicas") else None
+    batcher = getattr(loader, "batch_sampler", None)
+    drop = getattr(batcher, "drop_last", None)
     return Allowance(
         sampler_drop_last=sampler_drop,
-        loader_drop_last=getattr(loader, "drop_last", None),
-        batch_size=getattr(loader, "batch_size", None),
+        loader_drop_last=drop if drop is not None else getattr(loader, "drop_last", None),
+        batch_size=getattr(loader, "batch_size", None) or getattr(batcher, "batch_size", None),
     )
 
 
-def _num_samples(loader: Any) -> int | None:
-    ds: Any = getattr(loader, "dataset", None)
-    while hasattr(ds, "indices") and hasattr(ds, "dataset"):  # Subset: the whole dataset counts
-        ds = ds.dataset
+def _share(loader: Any) -> int | None:
     try:
-        return len(ds)
-    except TypeError:
+        return len(ordering_sampler(loader))
+    except Exception:  # noqa: BLE001 - no sampler, or one without __len__: unknown
         return None
 
 
@@ -178,6 +201,7 @@ def run_rank(
     states: list[Any] | None = None,
     options: dict[str, Any] | None = None,
     publish_steps: bool = True,
+    keep_fields: bool = False,
 ) -> Outcome:
     """Build, iterate and observe the loader on this rank (run by the launcher).
 
@@ -194,6 +218,8 @@ def run_rank(
             (after ``set_epoch``) before iterating.
         options: Keyword arguments for ``make_loader`` (e.g. ``num_workers``).
         publish_steps: Publish the records live, in bunches (they survive a hang).
+        keep_fields: Keep each batch's digest per field (a resume check names the
+            field that differs).
     """
     deadline = time.monotonic() + budget_s
     layout = rank_layout(grid)
@@ -211,7 +237,12 @@ def run_rank(
         )
     _publish(Ready(layout.rank))
     inner = _unwrap(loader)
-    out.allowance, out.num_samples = _allowance(inner), _num_samples(inner)
+    out.allowance, out.dataset, out.share = _allowance(inner), dataset_ids(inner), _share(inner)
+    out.num_samples = out.dataset.length if out.dataset is not None else None
+    from torch.utils.data import IterableDataset
+
+    out.iterable = isinstance(getattr(inner, "dataset", inner), IterableDataset)
+    out.sampled = ordering_sampler(inner) is not None and not out.iterable
     parts = loader_parts(loader)
     try:
         out.length = len(loader)
@@ -226,6 +257,7 @@ def run_rank(
             parts.set_epoch(epoch)
             if states is not None and epoch == start_epoch:
                 loader.load_state_dict(states[layout.rank])
+                out.load_note = getattr(loader, "load_note", "")
             it = iter(loader)
             out.reiterable = out.reiterable and it is not loader
             step = 0
@@ -246,9 +278,13 @@ def run_rank(
                     epoch, step, layout.rank, layout.dp_rank, layout.dp_size, layout.tp_rank,
                     layout.tp_size, tuple(ids), "loaded", digest, tuple(workers),
                     layout.cp_rank, layout.cp_size,
+                    # The source of each sample of a mixture: ledger_stream pairs them.
+                    dataset_ids=_sources(batch),
                 )  # fmt: skip
                 out.records.append(rec)
                 out.names.update(names)
+                if keep_fields:
+                    out.fields[(epoch, step)] = field_digests(batch)
                 # Published in bunches: one message per step doubled the cost of
                 # observing (measured, benchmarks/verify.py); a hang loses at most
                 # the last _PUBLISH_S of records, which the report counts as "at least".

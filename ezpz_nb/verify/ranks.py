@@ -73,35 +73,19 @@ def run_ranks(
         VerifyError: The factory failed, hung or made batches of different
             structure on some rank, or a rank process died; names the rank.
     """
-    from ezpz_nb.launcher import launch
-    from ezpz_nb.launcher.errors import HangError, RankError
-    from ezpz_nb.launcher.torchrun import in_torchrun_env
+    from ezpz_nb.launcher.errors import HangError, RankError, WorldSizeError
+    from ezpz_nb.launcher.on_ranks import run_on_ranks
 
-    if in_torchrun_env():
-        import os
-
-        if int(os.environ["WORLD_SIZE"]) != grid.world_size:
-            raise VerifyError(
-                f"layout {grid} needs {grid.world_size} ranks but torchrun started "
-                f"{os.environ['WORLD_SIZE']}: match --nproc_per_node to the layout"
-            )
-    if cluster is not None and cluster.world_size != grid.world_size:
-        raise VerifyError(
-            f"layout {grid} needs {grid.world_size} ranks but the cluster has "
-            f"{cluster.world_size}: pass a Cluster(world_size={grid.world_size}) or none"
-        )
     args = (make_loader, grid, job.pop("epochs"), job.pop("key"), timeout * _BUDGET_SHARE)
-    saved = cluster.timeout if cluster is not None else None
     try:
-        if cluster is not None:
-            # Ranks kept between checks: imports (datasets...) are paid once per rank.
-            cluster.timeout = timeout
-            outcomes = cluster.run(run_rank, *args, **job)
-        else:
-            outcomes = launch(
-                run_rank, *args, world_size=grid.world_size, timeout=timeout,
-                start_method=start_method, **job,
-            )  # fmt: skip
+        # On a cluster, its ranks are kept between checks: imports (datasets...) are paid
+        # once per rank; the timeout holds for this run only.
+        outcomes = run_on_ranks(
+            run_rank, args, job, world_size=grid.world_size, timeout=timeout, cluster=cluster,
+            start_method=start_method, what=f"layout {grid}",
+        )  # fmt: skip
+    except WorldSizeError as exc:
+        raise VerifyError(str(exc)) from None
     except HangError as exc:
         published = [e.item for e in exc.events]
         _raise_failures(x for x in published if isinstance(x, Outcome))
@@ -130,9 +114,6 @@ def run_ranks(
             f"(no Python exception to report):\n{exc}",
             rank=exc.ranks[0] if exc.ranks else None,
         ) from exc
-    finally:
-        if cluster is not None:
-            cluster.timeout = saved
     _raise_failures(outcomes)
     _check_structures(outcomes)
     return Ranks(list(outcomes))

@@ -9,10 +9,11 @@ from typing import Any
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.verify.verdict import (
     RULES,
+    BaseReport,
     ContractViolation,
     Judgement,
     Verdict,
-    not_all_judged,
+    not_asked,
     overall,
 )
 from ezpz_nb.wrapping import wrap_message
@@ -83,8 +84,8 @@ class Finding:
 
 
 @dataclass
-class Report:
-    """What a check found, rule by rule.
+class Report(BaseReport):
+    """What a check found, rule by rule (``.ok``: PASS; see :class:`~ezpz_nb.verify.BaseReport`).
 
     Attributes:
         what: What was checked (``make_loader on dp=2,tp=2``).
@@ -99,6 +100,10 @@ class Report:
         not_judged: ``{rule: why}`` for each rule the evidence could not judge
             (one epoch: no order to compare; no TP peers...). Such a rule is
             neither a pass nor a fail, and the headline says so.
+        not_asked: ``{rule: why}`` for each rule the user turned off
+            (``shuffle=False``): shown, and no obstacle to a PASS.
+        universe: Which samples an epoch must cover, said in the table's first
+            line (``the Subset's 12 indices``, ``range(16)``...).
         ledger: The records behind the verdict (not serialised).
     """
 
@@ -111,6 +116,8 @@ class Report:
     seconds: dict[str, float] = field(default_factory=dict)
     scenarios: list[str] = field(default_factory=list)
     not_judged: dict[str, str] = field(default_factory=dict)
+    not_asked: dict[str, str] = field(default_factory=dict)
+    universe: str = ""
     ledger: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -119,32 +126,17 @@ class Report:
         return [f for f in self.findings if f.violation]
 
     @property
-    def ok(self) -> bool:
-        """True when no rule is broken (expected findings allowed).
-
-        Kept for callers that ask "any violation?": a rule not judged does not make it
-        False. Whether everything was judged is :attr:`outcome` (PASS, FAIL or
-        NOT_JUDGED), which the headline, the JSON's ``verdict`` and
-        ``raise_for_violations(strict=True)`` read.
-        """
-        return not self.violations
-
-    @property
     def outcome(self) -> Verdict:
-        """FAIL on a violation; else PASS only when every rule was judged, NOT_JUDGED otherwise.
+        """FAIL on a violation; else NOT_JUDGED when a rule was not judged; else PASS.
 
-        A PASS promises: every rule the layout covers was judged on this run's records
-        and none was broken (findings the loader's settings explain allowed). It says
-        nothing of the rules the layout cannot show (:meth:`not_applicable`).
+        A PASS promises: every rule the layout covers and the user asked for was judged
+        on this run's records and none was broken (findings the loader's settings
+        explain allowed). It says nothing of the rules the layout cannot show
+        (:meth:`not_applicable`) or the user turned off (:attr:`not_asked`).
         """
-        if not self.ok:
+        if self.violations:
             return Verdict.FAIL
         return overall(self.judgements())
-
-    @property
-    def verdict(self) -> str:
-        """``"pass"``, ``"fail"`` or ``"not judged"`` (no violation, but some rule unjudged)."""
-        return self.outcome.value
 
     def not_applicable(self) -> list[str]:
         """Rules the layout has nothing for (no TP/CP peers, one DP replica): not covered."""
@@ -166,6 +158,8 @@ class Report:
             if bad is not None:
                 at = (bad.rank, bad.step, bad.sample)
                 out.append(Judgement(rule, Verdict.FAIL, f"epoch {bad.epoch}: {bad.message}", *at))
+            elif rule in self.not_asked:
+                out.append(Judgement(rule, Verdict.NOT_ASKED, self.not_asked[rule]))
             elif rule in self.not_judged:
                 out.append(Judgement(rule, Verdict.NOT_JUDGED, self.not_judged[rule]))
             else:
@@ -174,7 +168,7 @@ class Report:
         return out
 
     def rule_verdicts(self) -> dict[str, str]:
-        """``{rule: "pass" | "fail" | "expected" | "not judged"}`` for each rule covered.
+        """``{rule: "pass" | "fail" | "expected" | "not judged" | "not asked"}`` per rule covered.
 
         ``"expected"`` is a pass whose findings the loader's settings explain
         (``drop_last``, padding); see :meth:`judgements` for the reasons.
@@ -188,16 +182,15 @@ class Report:
 
     def headline(self) -> str:
         """``PASS``, ``FAIL`` or ``NOT ALL JUDGED`` with what was and was not judged."""
-        if self.outcome is not Verdict.NOT_JUDGED:
-            skip = self.not_applicable()
-            grid = ",".join(f"{k}={v}" for k, v in self.layout.items() if v > 1) or "1 rank"
-            return self.verdict.upper() + (
-                f" ({len(self._rules())} rules; {' and '.join(skip)} not covered: "
-                f"nothing to compare on {grid})"
-                if skip
-                else ""
-            )
-        return not_all_judged(self.judgements())
+        if self.outcome is Verdict.NOT_JUDGED:
+            return super().headline()
+        skip = self.not_applicable()
+        grid = ",".join(f"{k}={v}" for k, v in self.layout.items() if v > 1) or "1 rank"
+        notes = [f"{len(self._rules())} rules"] if skip or self.not_asked else []
+        if skip:
+            notes.append(f"{' and '.join(skip)} not covered: nothing to compare on {grid}")
+        notes += [not_asked(self.judgements())] if self.not_asked else []
+        return self.verdict.upper() + (f" ({'; '.join(notes)})" if notes else "")
 
     def first(self, rule: str) -> Finding | None:
         """The first finding of ``rule`` (violations before expected ones), or None."""
@@ -207,14 +200,16 @@ class Report:
 
     def table(self) -> str:
         """The verdict, one line per rule, then what each finding means."""
-        lines = [f"{self.what}, {self.epochs} epoch(s), samples by {self.key!r}: {self.headline()}"]
+        over = f", over {self.universe}" if self.universe else ""
+        lines = [
+            f"{self.what}, {self.epochs} epoch(s), samples by {self.key!r}{over}: {self.headline()}"
+        ]
         lines.append(f"  {'rule':<44}{'verdict':<12}first offence, or why not judged")
         for rule, verdict in self.rule_verdicts().items():
             first = self.first(rule)
             where = first.where() if first is not None and verdict in ("fail", "expected") else ""
-            lines.append(
-                f"  {RULES[rule][0]:<44}{verdict:<12}{where or self.not_judged.get(rule, '')}"
-            )
+            why = self.not_judged.get(rule, "") or self.not_asked.get(rule, "")
+            lines.append(f"  {RULES[rule][0]:<44}{verdict:<12}{where or why}")
         for f in sorted(self.findings, key=lambda f: (not f.violation, f.epoch)):
             tag = "VIOLATION" if f.violation else "expected"
             lines.append(f"- {tag} [{f.kind}] {f.message}")
@@ -223,12 +218,6 @@ class Report:
             if f.hint:
                 lines.append(f"    likely cause: {f.hint}")
         return wrap_message("\n".join(lines))  # between words, to fit a notebook's output
-
-    def __str__(self) -> str:
-        return self.table()
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython shows the table
-        p.text(self.table())
 
     def to_dict(self) -> dict[str, Any]:
         """Everything but the ledger, as plain JSON-ready values."""
@@ -254,19 +243,6 @@ class Report:
         d["findings"] = [Finding(**f) for f in d["findings"]]
         d["steps"] = {int(k): v for k, v in d["steps"].items()}
         return cls(**d)
-
-    def raise_for_violations(self, strict: bool = False) -> Report:
-        """Raise :class:`ContractViolation` if a rule is broken; else return the report.
-
-        Args:
-            strict: Also raise when a rule was not judged (a CI that must judge all).
-
-        Raises:
-            ContractViolation: carrying this report; its message is :meth:`table`.
-        """
-        if not self.ok or (strict and self.outcome is not Verdict.PASS):
-            raise ContractViolation(self)
-        return self
 
     def figure(self) -> Any:
         """The rank mesh coloured by the rule each rank broke first (matplotlib Figure)."""

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
-from ezpz_nb.ledger import Ledger, StepRecord, check_records
+from ezpz_nb.ledger import Ledger
 from ezpz_nb.verify.contract import check_args, parse_layout
-from ezpz_nb.verify.hints import resume_hint
-from ezpz_nb.verify.judge import findings_from, judge
+from ezpz_nb.verify.divergence import Evidence, judge_parts, one_cause
+from ezpz_nb.verify.judge import epoch_universe, judge
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.ranks import Ranks, run_ranks
 from ezpz_nb.verify.report import Finding, Report, VerifyError
@@ -21,7 +20,14 @@ __all__ = ["SCENARIOS", "check_resume"]
 #: computed from the straight run's steps per epoch ``n``.
 SCENARIOS: dict[str, Callable[[int], list[tuple[int, int]]]] = {
     "mid-epoch": lambda n: [(0, max(1, n // 2))],
+    # Saved after the epoch's iterator ended (a loop that saves once per epoch).
     "epoch boundary": lambda n: [(1, 0)],
+    # Saved right after an epoch's last batch, before its iterator ends: where a loop
+    # that saves every k steps saves. A position taken modulo the epoch's length reads 0
+    # there and replays the whole epoch.
+    "after an epoch's last batch": lambda n: [(0, n)],
+    # Saved right after the first batch of the second epoch (after its set_epoch).
+    "after an epoch's first batch": lambda n: [(1, 1)],
     # Stopped again before the resumed part took a step: state that was just loaded.
     "right after a resume": lambda n: [(0, max(1, n // 2)), (0, 0)],
     # The chain: resume, take a step, save, resume again. A state that stays at the
@@ -29,76 +35,6 @@ SCENARIOS: dict[str, Callable[[int], list[tuple[int, int]]]] = {
     # #8308) passes every stop above and fails here.
     "steps after a resume": lambda n: [(0, max(1, n // 3)), (0, 1)],
 }
-
-
-#: Why a resumed batch holds the straight run's samples with other contents.
-DRAWS_HINT = (
-    "the resumed loader drew other random values (masks, crops, noise): its RNG's state "
-    "was not saved and restored with its place (put generator.get_state() in state_dict)"
-)
-
-
-def _divergence(
-    scenario: str, straight: Ledger, merged: Ledger, names: Mapping[int, str], changed: str,
-    draws: bool = False,
-) -> list[Finding]:  # fmt: skip
-    out = []
-
-    def same(x: StepRecord, y: StepRecord) -> bool:
-        # draws: the batches' contents (digests) must match too, not only their ids.
-        return x.sample_ids == y.sample_ids and (not draws or x.digest == y.digest)
-
-    for epoch in straight.epochs():
-        for rank in straight.ranks():
-            a, b = straight.steps(rank, epoch), merged.steps(rank, epoch)
-            at = next(
-                (i for i in range(max(len(a), len(b)))
-                 if i >= len(a) or i >= len(b) or not same(a[i], b[i])),
-                None,
-            )  # fmt: skip
-            if at is None:
-                continue
-            got = b[at] if at < len(b) else None
-            want = a[at] if at < len(a) else None
-            sample = next(
-                (
-                    i
-                    for i in (got.sample_ids if got else ())
-                    if not want or i not in want.sample_ids
-                ),
-                got.sample_ids[0] if got and got.sample_ids else None,
-            )
-            worker = None
-            if (
-                got is not None
-                and sample in got.sample_ids
-                and len(got.worker_ids) == len(got.sample_ids)
-            ):
-                worker = got.worker_ids[got.sample_ids.index(sample)]
-            said = (f"got {list(got.sample_ids)[:6]}" if got else "got no batch") + (
-                f", the straight run {list(want.sample_ids)[:6]}"
-                if want
-                else ", the straight run had none"
-            )
-            redrawn = bool(got and want and got.sample_ids == want.sample_ids)
-            if got and redrawn:
-                said = f"the same samples {list(got.sample_ids)[:6]} with other contents"
-            out.append(
-                Finding(
-                    "resume",
-                    "divergence",
-                    epoch,
-                    f"[{scenario}] epoch {epoch}: rank {rank} first differs from the straight "
-                    f"run at step {at} ({said}).",
-                    rank=rank,
-                    step=at,
-                    sample=None if sample is None else names.get(sample, str(sample)),
-                    worker=worker,
-                    hint=DRAWS_HINT if redrawn else resume_hint(a, b, at, changed, scenario),
-                )  # fmt: skip
-            )
-            break  # the first rank that diverges in this epoch; later epochs still count
-    return out
 
 
 def _states(ranks: Ranks, world: int) -> list[Any]:
@@ -126,6 +62,7 @@ def check_resume(
     options: Mapping[str, Any] | None = None,
     resume_options: Mapping[str, Any] | None = None,
     key: str = "auto",
+    shuffle: bool | None = None,
     timeout: float = 60.0,
     start_method: str | None = None,
     cluster: Any = None,
@@ -153,6 +90,8 @@ def check_resume(
         resume_options: Keyword arguments for the resumed parts (another
             worker count); default ``options``.
         key, timeout, start_method: As for :func:`check_contract` (timeout per part).
+        shuffle: As for :func:`check_contract`: ``False`` says the order is meant to
+            repeat (the reshuffle rule is then "not asked", no obstacle to a PASS).
         cluster: Run the parts of ``cluster``'s world size on its warm ranks (each
             part still builds a fresh loader and loads the saved state, as under
             torchrun) instead of fresh ranks: many checks then pay the starts once.
@@ -173,7 +112,8 @@ def check_resume(
 
         args = dict(layout=layout, epochs=epochs, scenarios=scenarios, options=options,
                     resume_layout=resume_layout, resume_options=resume_options, key=key,
-                    timeout=timeout, start_method=start_method, cluster=cluster)  # fmt: skip
+                    shuffle=shuffle, timeout=timeout, start_method=start_method,
+                    cluster=cluster)  # fmt: skip
         return resume_via(via, check_resume, make_loader, **args)
     grid = parse_layout(layout)
     grid2 = parse_layout(resume_layout) if resume_layout is not None else grid
@@ -194,7 +134,8 @@ def check_resume(
         dict(resume_options if resume_options is not None else options or {}),
     )
     t0 = time.perf_counter()
-    run: dict[str, Any] = dict(timeout=timeout, start_method=start_method, key=key)
+    run: dict[str, Any] = dict(timeout=timeout, start_method=start_method, key=key,
+                               keep_fields=True)  # fmt: skip
 
     def on(g: Grid) -> Any:
         return cluster if cluster is not None and cluster.world_size == g.world_size else None
@@ -204,7 +145,7 @@ def check_resume(
     what = f"resuming {name} on {grid}" + (f", resumed on {grid2}" if grid2 != grid else "")
     report = judge(
         straight, what=what, grid=grid, epochs=epochs, key=key, num_samples=None,
-        shuffle=None, wall_s=0.0,
+        shuffle=shuffle, wall_s=0.0,
     )  # fmt: skip
     changed = ""
     if grid2 != grid:
@@ -218,10 +159,11 @@ def check_resume(
             "state is per worker and cannot be split over another worker count"
         )
     per_epoch = min(n[0] for n in report.steps.values()) if report.steps else 0
-    names = {i: n for o in straight.outcomes for i, n in o.names.items()}
-    n = report.ledger.num_samples
-    universe = None if n is not None else {i for r in report.ledger.records for i in r.sample_ids}
+    ev = Evidence(changed=changed)
+    ev.add(straight.outcomes)
+    n, universe, _, _ = epoch_universe(straight.outcomes, None, bool(ev.names))
     for scenario in scenarios:
+        ev.notes.clear()  # what a load skipped speaks for its own scenario
         parts: list[Ledger] = []
         states: list[Any] | None = None
         at_epoch = 0
@@ -250,57 +192,16 @@ def check_resume(
                 )
                 break
             parts.append(Ledger([r for x in part.outcomes for r in x.records]))
-            for x in part.outcomes:
-                names.update(x.names)
+            ev.add(part.outcomes)
             if absolute is not None:
                 states = _states(part, grid2.world_size)
                 at_epoch = absolute[0]
         else:
-            report.findings += _judge_parts(
-                scenario, parts, report.ledger, n, universe, names, changed, grid2 != grid,
-                getattr(make_loader, "compare_draws", False),
-            )  # fmt: skip
+            report.findings += judge_parts(
+                scenario, parts, report.ledger, n, universe, ev, moved=grid2 != grid
+            )
+
+    report.findings = one_cause(report.findings)
     report.scenarios = list(scenarios)
     report.seconds["wall"] = time.perf_counter() - t0
     return report
-
-
-def _judge_parts(
-    scenario: str,
-    parts: list[Ledger],
-    straight: Ledger,
-    n: int | None,
-    universe: set[int] | None,
-    names: Mapping[int, str],
-    changed: str,
-    moved: bool = False,
-    draws: bool = False,
-) -> list[Finding]:
-    """Exactly-once over the joined parts, and where they first leave the straight run.
-
-    Resumed at another layout (``moved``), a rank's share of the rest of the epoch is
-    cut anew, so its batches differ from the straight run's even when the loader
-    re-shards its position exactly (MosaicML streaming does): there the divergence
-    is expected as long as the joined parts saw every sample exactly once.
-    With ``draws`` (the factory's ``compare_draws``) a batch must also hold the
-    straight run's contents (its digest): a loader that forgets its RNG resumes
-    with the right samples and other masks.
-    """
-    merged = Ledger.merge_runs(*parts)
-    problems = [
-        p
-        for p in check_records(merged.records, n, universe=universe)
-        if p.kind in ("dp_duplicate", "never_seen", "rank_duplicate")
-    ]
-    out = [
-        replace(f, message=f"[{scenario}] {f.message}")
-        for f in findings_from(problems, merged, names)
-    ]
-    diverged = _divergence(scenario, straight, merged, names, changed, draws)
-    if moved and not problems:
-        why = (
-            "resumed at another layout: each rank's share of the rest of the epoch is cut "
-            "anew, and the joined parts still saw every sample exactly once"
-        )
-        diverged = [replace(f, expected=why, hint="") for f in diverged]
-    return out + diverged

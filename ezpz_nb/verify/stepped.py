@@ -5,8 +5,12 @@ one is cut there, as the training loop cuts it). :func:`check_steps` judges that
 every rank yields them all (a rank that runs out first leaves the others in a
 collective) and, from the ``epoch`` field each sample carries, that every epoch
 all ranks finished dealt each sample to exactly one rank with shares within one.
-Without that field a rank's epochs are read from its order where it repeats
-(an unshuffled stream cycled); a reshuffled one leaves coverage not judged.
+Epochs are judged only where they can be known: without that field, a declared
+length (``num_samples=N``) cuts each rank's samples into epochs of its share of N
+(``len(range(dp_rank, N, dp_size))``, a :class:`~ezpz_nb.data.SteppedLoader` deal);
+with neither, coverage is not judged and the report says how to declare them. An
+order that repeats is no evidence of an epoch: a stream whose order runs forward then
+backward repeats only every two epochs.
 """
 
 from __future__ import annotations
@@ -17,10 +21,10 @@ from dataclasses import replace
 from typing import Any
 
 from ezpz_nb.verify.contract import parse_layout
-from ezpz_nb.verify.evaluation import Seen, dataset_size, run_seen, seen_report
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
+from ezpz_nb.verify.seen import Seen, dataset_size, run_seen, seen_report
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
 __all__ = ["check_steps"]
@@ -40,50 +44,46 @@ def judge_steps(seen: list[Seen], steps: int) -> Judgement:
     )  # fmt: skip
 
 
-def period(ids: list[int]) -> int | None:
-    """The shortest ``p`` with two whole passes of ``p`` ids and every id equal to the one ``p`` later.
+def declared_epochs(seen: list[Seen], num_samples: int | None) -> tuple[list[Seen], str] | str:
+    """Each rank's epochs cut from its share of the declared length, with how; else why not.
 
-    A rank whose order repeats like that took one epoch per ``p`` samples: the evidence
-    for its epochs when its batches carry none. A reshuffled order has no such ``p``.
+    ``seen`` are the DP leaders in DP-rank order: replica ``d`` takes
+    ``len(range(d, N, dp_size))`` samples an epoch.
     """
-    for p in range(1, len(ids) // 2 + 1):
-        if all(ids[k] == ids[k + p] for k in range(len(ids) - p)):
-            return p
-    return None
-
-
-def inferred_epochs(seen: list[Seen]) -> tuple[list[Seen], str] | str:
-    """Each rank's epochs read from its order repeating, with how; else why they cannot be."""
-    out, periods = [], []
-    for s in seen:
-        p = period([i for ids in s.ids for i in ids])
-        if p is None:
-            return (
-                f"the batches carry no 'epoch' field and rank {s.rank}'s order does not repeat "
-                "twice within these steps (a reshuffled stream, or too few steps), so its "
-                "epochs cannot be told apart: add each sample's epoch ({'index': i, 'epoch': "
-                "e}, as SteppedLoader does) or raise steps to cover two epochs unshuffled"
-            )
+    if num_samples is None:
+        return (
+            "the batches carry no 'epoch' field and no epoch length was declared, so the "
+            "epochs cannot be told apart: pass num_samples=N (the samples of one epoch), or "
+            "tag each sample with its epoch ({'index': i, 'epoch': e}, as SteppedLoader does)"
+        )
+    out = []
+    for d, s in enumerate(seen):
+        share = len(range(d, num_samples, len(seen)))
         flat = iter(range(sum(map(len, s.ids))))
-        eps = [[next(flat) // p for _ in ids] for ids in s.ids]
-        out.append(Seen(s.rank, s.ids, s.weights, eps, s.names, s.num_samples))
-        periods.append(f"rank {s.rank}: {p}")
-    return out, f"; epochs read from each rank's order repeating ({', '.join(periods)} samples)"
+        eps = [[next(flat) // max(share, 1) for _ in ids] for ids in s.ids]
+        out.append(replace(s, epochs=eps))
+    return out, (
+        f"; epochs cut from the declared num_samples={num_samples}: replica d's epoch is its "
+        f"next len(range(d, {num_samples}, {len(seen)})) samples"
+    )
 
 
-def judge_coverage(seen: list[Seen], num_samples: int | None) -> Judgement:
+def judge_coverage(
+    seen: list[Seen], num_samples: int | None, length: int | None = None
+) -> Judgement:
     """In each epoch every rank finished, each sample on exactly one rank, shares within one.
 
-    Without an ``epoch`` field a rank's epochs are read from its order repeating
-    (:func:`period`); a reshuffled order leaves the rule not judged.
+    Without an ``epoch`` field the epochs are cut from a declared length
+    (:func:`declared_epochs`); with neither the rule is not judged. ``length`` (the
+    dataset's own, not declared) sets only which samples an epoch must cover.
     """
     how = ""
     if any(s.epochs is None for s in seen):
-        got = inferred_epochs(seen)
+        got = declared_epochs(seen, num_samples)
         if isinstance(got, str):
             return Judgement("balanced_coverage", Verdict.NOT_JUDGED, got)
         seen, how = got
-    outcome = _coverage(seen, num_samples)
+    outcome = _coverage(seen, num_samples if num_samples is not None else length)
     return replace(outcome, reason=outcome.reason + how) if how else outcome
 
 
@@ -94,6 +94,14 @@ def _coverage(seen: list[Seen], num_samples: int | None) -> Judgement:
     for s in seen:
         for step, (ids, eps) in enumerate(zip(s.ids, s.epochs or [], strict=True)):
             for i, e in zip(ids, eps, strict=True):
+                if (e, i) in owner and owner[(e, i)] == s.rank:
+                    return Judgement(
+                        "balanced_coverage", Verdict.FAIL,
+                        f"epoch {e}: rank {s.rank} took sample {i} twice: its own share of the "
+                        "epoch repeats a sample (a stream restarted within the epoch, or "
+                        "DataLoader workers that each yield the whole share)",
+                        rank=s.rank, step=step, sample=str(i),
+                    )  # fmt: skip
                 if (e, i) in owner:
                     return Judgement(
                         "balanced_coverage", Verdict.FAIL,
@@ -149,13 +157,14 @@ def check_steps(
 
     Args:
         make_loader: ``make_loader(layout) -> iterable of batches`` with sample ids
-            and, for the coverage rule, an ``epoch`` field per sample (or an
-            order that repeats twice within ``steps``, read as the epochs).
+            and, for the coverage rule, an ``epoch`` field per sample (or a
+            declared ``num_samples``, which sets the epochs' length).
         layout: ``"dp=3"``, a dict or a ``Grid``.
         steps: Batches to take on every rank.
         key: The field naming each sample.
-        num_samples: The dataset's length; by default ``len(loader.dataset)``, else
-            every sample seen.
+        num_samples: The samples of one epoch: declares the universe and, for
+            batches without an ``epoch`` field, where each rank's epochs end. By
+            default the universe is ``len(loader.dataset)``, else every sample seen.
         timeout: Seconds for the whole run.
         cluster: Run on this warm :class:`ezpz_nb.Cluster` (its size must match).
 
@@ -171,6 +180,8 @@ def check_steps(
         raise VerifyError(f"steps must be a positive int, got {steps!r}")
     seen = run_seen(make_loader, grid, key, "weight", steps, timeout, cluster)
     dp_seen = [s for s in seen if s.counts]
-    n = dataset_size(seen, num_samples)
-    judged = [judge_steps(seen, steps), judge_coverage(dp_seen, n)]
+    judged = [
+        judge_steps(seen, steps),
+        judge_coverage(dp_seen, num_samples, dataset_size(seen, None)),
+    ]
     return seen_report(make_loader, grid, f"{steps} steps", "steps", judged, seen)

@@ -1,13 +1,14 @@
-"""The three outcomes of a rule, the rules of every judge, and how a set of them reads.
+"""The outcomes of a rule, the rules of every judge, and how a set of them reads.
 
-A judge says "pass" only on evidence. When the evidence is missing (one epoch, so no
-order to compare; no TP peers, so nothing to hold identical; a hung run, so only the
-records that arrived), the rule is "not judged", with why: never a pass it did not
-earn. Every judge of :mod:`ezpz_nb.verify` (contract, resume, eval, steps, mixture,
-layout invariance, dcp) answers each of its rules with one :class:`Judgement`, and
-every report reads them the same way (:func:`overall`, :func:`not_all_judged`):
-PASS only when every rule passed, NOT ALL JUDGED when none failed but some were not
-judged, FAIL otherwise.
+One vocabulary for every "did it pass" of the package (verify's checks and the
+workshop's checkers). A judge says "pass" only on evidence. When the evidence is
+missing (one epoch, so no order to compare; a hung run, so only the records that
+arrived), the rule is "not judged", with why: never a pass it did not earn. A rule
+the user turned off (``shuffle=False``: the order is meant to repeat) is "not asked":
+it was never a promise, so it does not stop a PASS. Every judge answers each of its
+rules with one :class:`Judgement`, and every report (a :class:`BaseReport`) reads them
+the same way (:func:`overall`): FAIL when a rule failed, NOT ALL JUDGED when none
+failed but some were not judged, PASS otherwise; ``report.ok`` is True on PASS only.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 from ezpz_nb.errors import EzpzError
 
 __all__ = [
     "PROMISES",
     "RULES",
+    "BaseReport",
     "ContractViolation",
     "Judgement",
     "Verdict",
@@ -55,11 +57,18 @@ PROMISES: dict[str, str] = {
 
 
 class Verdict(str, Enum):
-    """One rule's outcome: passed on evidence, failed, or not judged (the evidence was missing)."""
+    """One rule's outcome, the one outcome type of verify and the workshop.
+
+    ``PASS``: passed on evidence. ``FAIL``: broken, at the first place at fault.
+    ``NOT_JUDGED``: the rule applies but the evidence was missing (stops a PASS).
+    ``NOT_ASKED``: the user turned the rule off (``shuffle=False``); not a promise,
+    so it does not stop a PASS.
+    """
 
     PASS = "pass"
     FAIL = "fail"
     NOT_JUDGED = "not judged"
+    NOT_ASKED = "not asked"
 
     def __str__(self) -> str:
         return self.value
@@ -123,7 +132,10 @@ class Judgement:
 
 
 def overall(judgements: Sequence[Judgement]) -> Verdict:
-    """FAIL if any rule failed; else PASS only when every rule passed; else NOT_JUDGED."""
+    """FAIL if any rule failed; else NOT_JUDGED if any was not judged; else PASS.
+
+    A rule "not asked" (turned off by the user) does not stop a PASS.
+    """
     verdicts = {j.verdict for j in judgements}
     if Verdict.FAIL in verdicts:
         return Verdict.FAIL
@@ -133,14 +145,106 @@ def overall(judgements: Sequence[Judgement]) -> Verdict:
 def not_all_judged(judgements: Sequence[Judgement]) -> str:
     """The headline of a report with no failure and some rule not judged (the same everywhere)."""
     unjudged = [j.rule for j in judgements if j.verdict is Verdict.NOT_JUDGED]
+    judged = [j for j in judgements if j.verdict in (Verdict.PASS, Verdict.FAIL)]
     return (
-        f"NOT ALL JUDGED: no violation in {len(judgements) - len(unjudged)} rule(s); "
-        f"not judged: {', '.join(unjudged)}"
+        f"NOT ALL JUDGED: no violation in {len(judged)} rule(s); not judged: {', '.join(unjudged)}"
     )
 
 
-class _Tabled(Protocol):
-    def table(self) -> str: ...
+def not_asked(judgements: Sequence[Judgement]) -> str:
+    """``"not asked: reshuffle"``: the rules the user turned off, or ``""`` (the table says why)."""
+    off = [j.rule for j in judgements if j.verdict is Verdict.NOT_ASKED]
+    return f"not asked: {', '.join(off)}" if off else ""
+
+
+class BaseReport:
+    """What every report of the package shares: its rules' judgements read one way.
+
+    A subclass gives :meth:`judgements` (one :class:`Judgement` per rule it covers)
+    and :meth:`table` (how it prints); the rest follows from them, the same for
+    ``check_contract``'s :class:`~ezpz_nb.verify.Report`, the eval and steps
+    :class:`~ezpz_nb.verify.EvalReport` and the workshop's results:
+
+    * :attr:`outcome`: :func:`overall` of the judgements (PASS, FAIL or NOT_JUDGED);
+    * :attr:`ok`: True on PASS only (a rule not judged is not a pass; one not asked is);
+    * :attr:`failed`: True when some rule failed (what a CI without ``strict`` stops on);
+    * :meth:`raise_for_violations`: raise :class:`ContractViolation` on a failure
+      (``strict``: also when not all was judged).
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # IPython shows the first class in the MRO with a _repr_pretty_ or a __repr__ of its
+        # own; a dataclass writes a __repr__ into its class, which would hide the table.
+        if "_repr_pretty_" not in cls.__dict__:
+            cls._repr_pretty_ = BaseReport._repr_pretty_  # type: ignore[method-assign]
+
+    def judgements(self) -> list[Judgement]:
+        """One :class:`Judgement` per rule the report covers (the subclass's)."""
+        raise NotImplementedError(f"{type(self).__name__} must define judgements()")
+
+    def table(self) -> str:
+        """The report in plain text (the subclass's)."""
+        raise NotImplementedError(f"{type(self).__name__} must define table()")
+
+    @property
+    def outcome(self) -> Verdict:
+        """FAIL if a rule failed; NOT_JUDGED if one was not judged; else PASS."""
+        return overall(self.judgements())
+
+    @property
+    def ok(self) -> bool:
+        """True only on PASS: every rule asked passed on evidence."""
+        return self.outcome is Verdict.PASS
+
+    @property
+    def failed(self) -> bool:
+        """True when some rule failed (a report not all judged has not failed)."""
+        return self.outcome is Verdict.FAIL
+
+    @property
+    def verdict(self) -> str:
+        """``"pass"``, ``"fail"`` or ``"not judged"``: :attr:`outcome` as a string."""
+        return self.outcome.value
+
+    def judgement(self, rule: str) -> Judgement:
+        """The judgement of ``rule``.
+
+        Raises:
+            KeyError: The report does not cover ``rule``.
+        """
+        found = [j for j in self.judgements() if j.rule == rule]
+        if not found:
+            raise KeyError(f"{rule!r}: this report covers {[j.rule for j in self.judgements()]}")
+        return found[0]
+
+    def headline(self) -> str:
+        """``PASS``, ``FAIL`` or ``NOT ALL JUDGED: ...``, then ``; not asked: ...`` if any."""
+        judged = self.judgements()
+        head = (
+            not_all_judged(judged) if self.outcome is Verdict.NOT_JUDGED else self.verdict.upper()
+        )
+        off = not_asked(judged)
+        return f"{head}; {off}" if off else head
+
+    def raise_for_violations(self, strict: bool = False) -> Any:
+        """Raise :class:`ContractViolation` if a rule failed; else return the report.
+
+        Args:
+            strict: Also raise when a rule was not judged (a CI that must judge all).
+
+        Raises:
+            ContractViolation: carrying this report; its message is :meth:`table`.
+        """
+        if self.failed or (strict and not self.ok):
+            raise ContractViolation(self)
+        return self
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython shows the table
+        p.text(self.table())
 
 
 class ContractViolation(EzpzError, AssertionError):
@@ -153,6 +257,6 @@ class ContractViolation(EzpzError, AssertionError):
         report: The report that says how (its table is the message).
     """
 
-    def __init__(self, report: _Tabled) -> None:
+    def __init__(self, report: BaseReport) -> None:
         self.report: Any = report
         super().__init__(report.table())

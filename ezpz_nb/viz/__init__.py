@@ -19,6 +19,8 @@ it draws kept as plain arrays in ``fig.ezpz_data``:
   packed rows coloured by document);
 * :mod:`.mixture`: :func:`mix_shares` (each source's realized share of a mixture
   against its target, per global batch and cumulative, in samples and tokens);
+* :mod:`.memory`: :func:`memory_growth` (each DataLoader worker's private memory
+  over the steps, per rank or per run);
 * :mod:`.training`: :func:`loss_curves` (the loss per step of several runs,
   against a reference run);
 * :mod:`.widgets` and :mod:`.progress`: the live explorer and run progress
@@ -29,8 +31,7 @@ matplotlib is imported at the first figure, not with ``ezpz_nb``.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ezpz_nb._lazy import lazy
 
 _WHERE = {
     "heatmap": "heatmaps",
@@ -47,6 +48,7 @@ _WHERE = {
     "token_counts": "tokens",
     "packed_rows": "tokens",
     "mix_shares": "mixture",
+    "memory_growth": "memory",
     "png_bytes": "figure",
     "EzFigure": "figure",
 }
@@ -54,13 +56,5 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    # matplotlib costs ~0.5 s to import: load a figure module when first used.
-    if name in _WHERE:
-        module = importlib.import_module(f"{__name__}.{_WHERE[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+# matplotlib costs ~0.5 s to import: a figure module loads when first used.
+__getattr__, __dir__ = lazy(__name__, {name: f".{module}" for name, module in _WHERE.items()})

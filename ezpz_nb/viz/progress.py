@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ezpz_nb.launcher.kernel import in_jupyter_kernel
+from ezpz_nb.launcher.settings import PLAIN_ENV, is_on
 from ezpz_nb.ledger import StepRecord
 
 __all__ = ["Progress"]
@@ -29,7 +30,7 @@ def _widget_frontend() -> bool:
     A kernel run headless (nbmake, nbclient) gets the bars too: they are drawn by
     whatever frontend opens the notebook later, and the run is the learner's run.
     """
-    return not os.environ.get("EZPZ_NB_PLAIN") and in_jupyter_kernel()
+    return not is_on(os.environ.get(PLAIN_ENV)) and in_jupyter_kernel()  # PLAIN=0: bars
 
 
 class Progress:

@@ -13,11 +13,11 @@ from ezpz_nb.workshop import batch_jobs
 from ezpz_nb.workshop.verdicts import (
     CHECK_TIMEOUT,
     CheckResult,
-    Verdict,
+    CheckStopped,
     each_returned,
     fresh_seed,
     judge,
-    run_on_ranks,
+    run_learner,
     wrong,
 )
 
@@ -40,7 +40,7 @@ def check_send_batch(
     seed = fresh_seed()
 
     def body() -> str:
-        got = run_on_ranks(batch_jobs.job_send, fn, seed, timeout=timeout)
+        got = run_learner(batch_jobs.job_send, fn, seed, timeout=timeout)
         for k in range(2):
             again = " on the second call (other keys and shapes)" if k else ""
             for r, (tp_rank, rounds) in enumerate(got):
@@ -156,10 +156,10 @@ def check_leader_batches(
         for k, (actual, claimed, workers) in enumerate(rounds):
             setting = _round_setting(k, actual, claimed, workers)
             try:  # one launch per round, so that a hang says which lie caused it
-                got = run_on_ranks(
+                got = run_learner(
                     batch_jobs.job_leader_loop, fn, actual, claimed, workers, timeout=timeout
                 )
-            except Verdict as v:
+            except CheckStopped as v:
                 if v.status != "wrong":
                     raise
                 raise wrong(f"In {setting}: {v.message}") from None
@@ -191,7 +191,7 @@ def check_steps_over_stream(
 
     def body() -> str:
         counts = batch_jobs.stream_counts(seed, 4)
-        got = run_on_ranks(batch_jobs.job_stream, fn, counts, timeout=timeout)
+        got = run_learner(batch_jobs.job_stream, fn, counts, timeout=timeout)
         each_returned(got, "the number of steps taken")
         want = min(c for c in counts if c is not None)
         plan = ", ".join(f"rank {r} {'endless' if c is None else c}" for r, c in enumerate(counts))

@@ -7,46 +7,79 @@ The learner writes two functions, called on every rank:
 * ``load_loader_state(loader, layout, state)``: restore from what ``dcp.load``
   filled in (its template is ``loader_state`` of a fresh loader).
 
-:func:`check_loader_state` runs them on ``dp 2 x tp 2`` real gloo ranks: a
-straight epoch, then 3 steps, ``dcp.save``, and in a second run (fresh loaders)
-``dcp.load`` and the rest of the epoch. Each rank's resumed batches must equal
-the straight run's, samples and masked tokens. The wrong answers it names are
-the ones that lose data in real jobs: one key for every rank (DCP keeps one
-rank's copy: the others replay that rank's shard), only rank 0 saving (the
-others start over), and the RNG forgotten (the right samples, other masks).
+:func:`check_loader_state` runs them on 4 real gloo ranks at two layouts, ``dp 2 x
+tp 2`` and ``dp 4 x tp 1``, with a dataset size and seed drawn per check: a straight
+epoch, then two saves at two drawn steps (two checkpoints), and in a second run fresh
+loaders that load each checkpoint and run the rest of the epoch. Each rank's resumed batches must equal the straight run's, samples and masked
+tokens. What the checker trusts (the steps, the layouts, the straight run) is drawn on
+its side and never handed to the learner's functions; two checkpoints loaded in the
+other order turn down a state kept outside the checkpoint (a side file holds the last
+save only), and a drawn step turns down an answer that skips a fixed count.
+
+The wrong answers it names are the ones that lose data in real jobs: one key for every
+rank (DCP keeps one rank's copy: the others replay that rank's shard), only rank 0
+saving (the others start over), the RNG forgotten (the right samples, other masks).
 :data:`CORPUS` holds them beside right answers, one of them unusual.
 """
 
 from __future__ import annotations
 
+import random
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
 
 from ezpz_nb.data.groups import make_layout
 from ezpz_nb.data.resumable import ShardStream
-from ezpz_nb.workshop.verdicts import CHECK_TIMEOUT, CheckResult
+from ezpz_nb.models import RuleTokenDataset
+from ezpz_nb.workshop.verdicts import (
+    CHECK_TIMEOUT,
+    CheckResult,
+    judge,
+    not_done,
+    run_job,
+    wrong,
+)
 
-__all__ = ["CORPUS", "EXERCISE", "STOP", "check_loader_state", "stream"]
+__all__ = ["CORPUS", "EXERCISE", "Case", "check_loader_state", "draw_case", "stream"]
 
 EXERCISE = "loader_state"
-DP, TP, BATCH, NUM_SAMPLES, SEED = 2, 2, 2, 24, 5
-#: Steps taken before the save.
-STOP = 3
+WORLD, BATCH = 4, 2
+#: The layouts every check runs, as ``(dp, tp)``: a DP rank is not ``rank // 2`` at both.
+LAYOUTS = ((2, 2), (4, 1))
 
 StateFn = Callable[[Any, Any], dict[str, Any]]
 LoadFn = Callable[[Any, Any, dict[str, Any]], None]
+Seen = list[tuple[list[int], int]]
 
 
-def stream(layout: Any) -> ShardStream:
-    """The exercise's loader on this rank: its DP rank's shard of 24 rule sequences."""
-    from ezpz_nb.examples.capstone import RuleTokenDataset
+@dataclass(frozen=True)
+class Case:
+    """One drawn run: the layout, the dataset's size and seed, the two save steps."""
 
-    ds = RuleTokenDataset(num_samples=NUM_SAMPLES)
-    return ShardStream(ds, BATCH, layout.dp_rank, layout.dp_size, seed=SEED)
+    dp: int
+    tp: int
+    num_samples: int
+    seed: int
+    stops: tuple[int, int]
+
+
+def draw_case(rng: random.Random, dp: int, tp: int) -> Case:
+    """A dataset size and seed, and two distinct save steps inside the epoch (>= 4 steps)."""
+    num_samples = dp * BATCH * rng.randint(4, 7)
+    steps = num_samples // (dp * BATCH)
+    first, second = sorted(rng.sample(range(1, steps), 2))
+    return Case(dp, tp, num_samples, rng.randrange(1, 2**20), (first, second))
+
+
+def stream(layout: Any, case: Case) -> ShardStream:
+    """The exercise's loader on this rank: its DP rank's shard of the case's rule sequences."""
+    ds = RuleTokenDataset(num_samples=case.num_samples, seed=case.seed)
+    return ShardStream(ds, BATCH, layout.dp_rank, layout.dp_size, seed=case.seed)
 
 
 class _Learners:
@@ -62,37 +95,45 @@ class _Learners:
         self.load(self.loader, self.layout, state)
 
 
-def _seen(batches: Any) -> list[tuple[list[int], int]]:
+def _seen(batches: Any) -> Seen:
     return [(b["index"].tolist(), int(b["input_ids"].sum())) for b in batches]
 
 
-def _first_part(path: str, save: StateFn, load: LoadFn) -> dict[str, Any]:
+def _save_part(paths: list[str], case: Case, save: StateFn, load: LoadFn) -> dict[str, Any]:
+    """Rank side: the straight epoch, then one save at each of the case's two steps."""
     import torch.distributed.checkpoint as dcp
 
-    layout = make_layout(tp_size=TP)
-    straight = _seen(stream(layout))
-    loader = stream(layout)
-    it = iter(loader)
-    _seen(next(it) for _ in range(STOP))
-    dcp.save({"data": _Learners(loader, layout, save, load)}, checkpoint_id=path)
+    layout = make_layout(tp_size=case.tp)
+    straight = _seen(stream(layout, case))
+    loader = stream(layout, case)
+    it, taken = iter(loader), 0
+    for path, stop in zip(paths, case.stops, strict=True):
+        for _ in range(stop - taken):
+            next(it)
+        taken = stop
+        dcp.save({"data": _Learners(loader, layout, save, load)}, checkpoint_id=path)
     return {"dp_rank": layout.dp_rank, "straight": straight}
 
 
-def _second_part(path: str, save: StateFn, load: LoadFn) -> list[tuple[list[int], int]]:
+def _load_part(paths: list[str], case: Case, save: StateFn, load: LoadFn) -> list[Seen]:
+    """Rank side: each checkpoint loaded into a fresh loader, the rest of the epoch run."""
     import torch.distributed.checkpoint as dcp
 
-    layout = make_layout(tp_size=TP)
-    loader = stream(layout)
-    dcp.load({"data": _Learners(loader, layout, save, load)}, checkpoint_id=path)
-    return _seen(loader)
+    layout = make_layout(tp_size=case.tp)
+    resumed = []
+    for path in paths:
+        loader = stream(layout, case)
+        dcp.load({"data": _Learners(loader, layout, save, load)}, checkpoint_id=path)
+        resumed.append(_seen(loader))
+    return resumed
 
 
-def _judge(first: list[dict[str, Any]], resumed: list[Any]) -> str:
+def _diagnose(first: list[dict[str, Any]], resumed: list[Seen], stop: int) -> str:
     """Why the resumed batches differ, the worst loss first; "" when every rank matches."""
     straight = {f["dp_rank"]: f["straight"] for f in first}
     found: dict[int, str] = {}  # severity -> the first rank's diagnosis
     for rank, (f, got) in enumerate(zip(first, resumed, strict=True)):
-        want = f["straight"][STOP:]
+        want = f["straight"][stop:]
         if got == want:
             continue
         ids, own = [i for b, _ in got for i in b], [i for b, _ in want for i in b]
@@ -100,7 +141,7 @@ def _judge(first: list[dict[str, Any]], resumed: list[Any]) -> str:
             (
                 d
                 for d, s in straight.items()
-                if d != f["dp_rank"] and [b for b, _ in got] == [b for b, _ in s[STOP:]]
+                if d != f["dp_rank"] and [b for b, _ in got] == [b for b, _ in s[stop:]]
             ),
             None,
         )
@@ -129,15 +170,41 @@ def _judge(first: list[dict[str, Any]], resumed: list[Any]) -> str:
                 2,
                 (
                     f"rank {rank} got the right samples but other masked tokens from step "
-                    f"{STOP + step} on: the loader's RNG (its generator's state) was not saved, "
+                    f"{stop + step} on: the loader's RNG (its generator's state) was not saved, "
                     "not restored, or restored from another rank"
                 ),
             )
         else:
             found.setdefault(
-                3, f"rank {rank} resumed with samples {ids[:6]}, the straight run's were {own[:6]}"
+                3,
+                f"rank {rank} resumed with samples {ids[:6]}, the straight run's were {own[:6]}: "
+                "restore from the state dcp.load hands you, not from anything kept outside the "
+                "checkpoint or counted in steps",
             )
     return found[min(found)] if found else ""
+
+
+def _run_case(case: Case, save: StateFn, load: LoadFn, cluster: Any) -> None:
+    """Save, then load into fresh loaders, on ``cluster`` (or fresh ranks); stop at a fault."""
+    paths = [tempfile.mkdtemp(prefix="ezpz-nb15-") for _ in case.stops]
+    timeout = 4 * CHECK_TIMEOUT
+    try:
+        first = run_job(
+            _save_part, paths, case, save, load, world_size=WORLD, timeout=timeout, cluster=cluster
+        )
+        # Loaded in the other order: a state kept beside the checkpoint (a file, a global on
+        # the rank) holds the last save only, so fresh ranks would add nothing to judge.
+        back = run_job(
+            _load_part, paths[::-1], case, save, load, world_size=WORLD, timeout=timeout,
+            cluster=cluster,
+        )  # fmt: skip
+    finally:
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
+    for resumed, stop in zip(zip(*back, strict=True), case.stops[::-1], strict=True):
+        why = _diagnose(first, list(resumed), stop)
+        if why:
+            raise wrong(f"on dp {case.dp} x tp {case.tp}, saved after step {stop}: {why}")
 
 
 def check_loader_state(
@@ -147,59 +214,31 @@ def check_loader_state(
 
     Args:
         loader_state, load_loader_state: The learner's functions (None: not done).
-        cluster: A warm ``ez.Cluster`` of 4 ranks to run on (default: fresh ranks
-            for each of the two runs, as a restarted job has).
+        cluster: A warm ``ez.Cluster`` of 4 ranks to run on (default, or closed since:
+            fresh ranks for each run).
     """
-    if loader_state is None or load_loader_state is None:
-        return _say("not done", "write loader_state and load_loader_state, then run this cell")
-    if not (callable(loader_state) and callable(load_loader_state)):
-        return _say(
-            "wrong",
-            "loader_state and load_loader_state must be functions: "
-            "def loader_state(loader, layout): return {...}",
+
+    def body() -> str:
+        if loader_state is None or load_loader_state is None:
+            raise not_done("write loader_state and load_loader_state, then run this cell")
+        if not (callable(loader_state) and callable(load_loader_state)):
+            raise wrong(
+                "loader_state and load_loader_state must be functions: "
+                "def loader_state(loader, layout): return {...}"
+            )
+        rng = random.Random()  # fresh per check: no answer fits a fixed step or layout
+        cases = [draw_case(rng, dp, tp) for dp, tp in rng.sample(LAYOUTS, len(LAYOUTS))]
+        for case in cases:
+            _run_case(case, loader_state, load_loader_state, cluster)
+        runs = "; ".join(
+            f"dp {c.dp} x tp {c.tp}, saved after steps {c.stops[0]} and {c.stops[1]}" for c in cases
         )
-    if cluster is not None and cluster.world_size != DP * TP:
-        return _say("not done", f"pass a Cluster(world_size={DP * TP}) or none")
-    from ezpz_nb.launcher import launch
-    from ezpz_nb.launcher.errors import HangError, RankError
-
-    path = tempfile.mkdtemp(prefix="ezpz-nb15-")
-
-    def run(fn: Callable[..., Any]) -> list[Any]:
-        if cluster is not None:
-            return cluster.run(fn, path, loader_state, load_loader_state)
-        return launch(
-            fn, path, loader_state, load_loader_state, world_size=DP * TP, timeout=4 * CHECK_TIMEOUT
+        return (
+            f"every rank resumed from each checkpoint with the straight run's samples and "
+            f"masked tokens, through dcp.save and dcp.load in fresh loaders ({runs})."
         )
 
-    try:
-        first = run(_first_part)
-        resumed = run(_second_part)
-    except RankError as exc:
-        failure = exc.failures[0] if getattr(exc, "failures", None) else None
-        text = failure.user_frames() if failure is not None else str(exc)
-        if "NotImplementedError" in str(exc):
-            return _say("not done", "the functions still raise NotImplementedError")
-        return _say("wrong", f"a rank raised while saving or loading:\n{text}")
-    except HangError as exc:
-        return _say("wrong", f"the ranks hung (did every rank call the same collectives?):\n{exc}")
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-    why = _judge(first, resumed)
-    if why:
-        return _say("wrong", why)
-    return _say(
-        "correct",
-        f"on dp {DP} x tp {TP}, every rank resumed after step {STOP} with the straight run's "
-        "samples and masked tokens, through dcp.save and dcp.load",
-    )
-
-
-def _say(status: str, message: str) -> CheckResult:
-    prefix = {"correct": "correct", "wrong": "not right yet", "not done": "not done yet"}[status]
-    result = CheckResult(EXERCISE, status, f"{EXERCISE}: {prefix}. {message}")
-    print(result.message)
-    return result
+    return judge(EXERCISE, body)
 
 
 # ---------------------------------------------------------------- the corpus

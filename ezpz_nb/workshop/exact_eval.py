@@ -17,9 +17,17 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from ezpz_nb.workshop.verdicts import CHECK_TIMEOUT, CheckResult
+from ezpz_nb.workshop.verdicts import (
+    CHECK_TIMEOUT,
+    CheckResult,
+    CheckStopped,
+    judge,
+    not_done,
+    run_job,
+    wrong,
+)
 
-__all__ = ["LossTable", "check_exact_mean", "dodge_means", "draw_case"]
+__all__ = ["check_exact_mean", "dodge_means", "draw_case", "loss_table"]
 
 EXERCISE = "exact_mean"
 #: Relative error an answer may have: float32 sums pass, every dodge lands far outside.
@@ -28,24 +36,34 @@ TOLERANCE = 1e-6
 SEPARATION = 1e-3
 
 
-class LossTable:
-    """The evaluation set the learner's function gets: ``len``, and ``[i] -> {"index", "loss"}``.
+def loss_table(losses: list[float]) -> tuple[Any, list[int]]:
+    """The evaluation set the learner's function gets, and the record of what it read.
 
-    It notes every index read, so the checker sees which samples each rank touched.
+    The set offers ``len`` and ``[i] -> {"index", "loss"}`` only: the losses and the
+    record live in this function's closure, not on the object, so an answer cannot
+    read every loss at once (``dataset.losses``) or rewrite what it read
+    (``dataset.reads``); only the record's owner, the checker's job, sees it.
     """
+    values, reads = tuple(losses), []
 
-    def __init__(self, losses: list[float]) -> None:
-        self.losses = losses
-        self.reads: list[int] = []
+    class LossTable:
+        """``len(dataset)`` samples; ``dataset[i]`` is ``{"index": i, "loss": ...}``."""
 
-    def __len__(self) -> int:
-        return len(self.losses)
+        __slots__ = ()
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        if not isinstance(i, int) or not 0 <= i < len(self.losses):
-            raise IndexError(f"index {i!r} outside 0..{len(self.losses) - 1}")
-        self.reads.append(i)
-        return {"index": i, "loss": self.losses[i]}
+        def __len__(self) -> int:
+            return len(values)
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            if not isinstance(i, int) or not 0 <= i < len(values):
+                raise IndexError(f"index {i!r} outside 0..{len(values) - 1}")
+            reads.append(i)
+            return {"index": i, "loss": values[i]}
+
+        def __repr__(self) -> str:
+            return f"<evaluation set of {len(values)} samples>"
+
+    return LossTable(), reads
 
 
 def dodge_means(losses: list[float], dp: int) -> dict[str, float]:
@@ -80,59 +98,32 @@ def job_exact_mean(fn: Callable[..., Any], losses: list[float]) -> tuple[Any, li
     """On each rank: the learner's answer, and the indices it read."""
     import torch.distributed as dist
 
-    table = LossTable(losses)
+    table, reads = loss_table(losses)
     out = fn(table, dist.get_rank(), dist.get_world_size())
-    return out, sorted(set(table.reads))
+    return out, sorted(set(reads))
 
 
-def _launch(fn: Callable[..., Any], losses: list[float], dp: int, timeout: float) -> Any:
-    """The ranks' results, or the CheckResult that says why there are none."""
-    from ezpz_nb.launcher import launch
-    from ezpz_nb.launcher.errors import HangError, RankError
-
-    try:
-        return launch(job_exact_mean, fn, losses, world_size=dp, timeout=timeout)
-    except RankError as err:
-        first = min(err.failures.values(), key=lambda f: (f.kind == "stopped", f.rank))
-        if first.exc_type.endswith("NotImplementedError"):
-            return CheckResult(EXERCISE, "not done", "exact_mean still raises NotImplementedError.")
-        return CheckResult(EXERCISE, "wrong", f"rank {first.rank} raised {first.message}")
-    except HangError as err:
-        return CheckResult(
-            EXERCISE, "wrong",
-            f"the ranks hung ({err.timeout:g} s): every rank must make the same collectives, "
-            "as often, a rank with a shorter shard included: sum in the loop, all-reduce after it.",
-        )  # fmt: skip
-
-
-def _judge(got: list[Any], losses: list[float], dp: int) -> CheckResult:
+def _judge(got: list[Any], losses: list[float], dp: int) -> str:
+    """What every rank's answer says, or a stop at the first rank that is off."""
     n, truth = len(losses), math.fsum(losses) / len(losses)
     case = f"(N={n}, dp={dp}, one process's mean {truth:.6f})"
     if all(out is None for out, _ in got):
-        return CheckResult(EXERCISE, "not done", "exact_mean returned None: return the mean.")
+        raise not_done("exact_mean returned None: return the mean.")
     for rank, (out, reads) in enumerate(got):
         if not isinstance(out, (int, float)) and not hasattr(out, "item"):
-            return CheckResult(
-                EXERCISE, "wrong", f"rank {rank} returned {out!r}: return the mean, a float, on every rank."
-            )  # fmt: skip
+            raise wrong(f"rank {rank} returned {out!r}: return the mean, a float, on every rank.")
         value = float(out)
         if not abs(value - truth) <= TOLERANCE * abs(truth):
             same = [k for k, v in dodge_means(losses, dp).items() if abs(v - value) <= 1e-9 * truth]
             why = f" That is what {same[0]} gives." if same else ""
-            return CheckResult(
-                EXERCISE, "wrong", f"rank {rank} returned {value:.6f} {case}.{why}"
-            )  # fmt: skip
+            raise wrong(f"rank {rank} returned {value:.6f} {case}.{why}")
         share = math.ceil(n / dp)
         if len(reads) > share:
-            return CheckResult(
-                EXERCISE, "wrong",
+            raise wrong(
                 f"rank {rank} read {len(reads)} samples {case}: exact, but each rank should "
-                f"evaluate only its share (at most {share}) and combine with one collective.",
-            )  # fmt: skip
-    return CheckResult(
-        EXERCISE, "correct",
-        f"every rank returned {truth:.6f} {case}, and each read only its share.",
-    )  # fmt: skip
+                f"evaluate only its share (at most {share}) and combine with one collective."
+            )
+    return f"every rank returned {truth:.6f} {case}, and each read only its share."
 
 
 def check_exact_mean(
@@ -145,17 +136,25 @@ def check_exact_mean(
         timeout: Seconds before the ranks count as hung.
         seed: Fix the drawn case (tests, an instructor replaying one); by default fresh.
     """
-    if not callable(fn):
-        result = CheckResult(
-            EXERCISE, "wrong", "pass the function itself: check_exact_mean(exact_mean)."
-        )
-    else:
+
+    def body() -> str:
         dp, losses = draw_case(random.Random(seed))
-        got = _launch(fn, losses, dp, timeout)
-        result = got if isinstance(got, CheckResult) else _judge(got, losses, dp)
-    tag = {"correct": "correct", "wrong": "not right yet", "not done": "not done yet"}
-    result = CheckResult(
-        EXERCISE, result.status, f"{EXERCISE}: {tag[result.status]}. {result.message}"
-    )
-    print(result.message)
-    return result
+        got = _answers(fn, losses, dp, timeout)
+        return _judge(got, losses, dp)
+
+    return judge(EXERCISE, body)
+
+
+def _answers(fn: Callable[..., Any], losses: list[float], dp: int, timeout: float) -> Any:
+    """The ranks' answers; a hang is worded for this exercise (a collective per sample)."""
+    if not callable(fn):
+        raise wrong("pass the function itself: check_exact_mean(exact_mean).")
+    try:
+        return run_job(job_exact_mean, fn, losses, world_size=dp, timeout=timeout)
+    except CheckStopped as stop:
+        if stop.status == "wrong" and stop.message.startswith("the ranks hung"):
+            raise wrong(
+                f"{stop.message}\nEvery rank must make the same collectives, as often, a rank "
+                "with a shorter shard included: sum in the loop, all-reduce after it."
+            ) from None
+        raise

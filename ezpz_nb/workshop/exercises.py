@@ -15,7 +15,8 @@ Checkers never read the learner's source and never trust what it says about
 itself: any code that behaves right passes, and code that only looks right
 fails. Inputs an answer could be fitted to (values, seeds, lengths, shapes) are drawn
 anew for each check. What runs on the ranks lives in :mod:`ezpz_nb.workshop.jobs`;
-the checkers of exercises 5-7 in :mod:`ezpz_nb.workshop.batch_exercises` (imported here).
+the checkers of exercises 5-7 in :mod:`ezpz_nb.workshop.batch_exercises`, and every other
+notebook's checkers in their own modules (all imported here: see the package docstring).
 Every checker also takes ``timeout=`` (seconds, default :data:`CHECK_TIMEOUT`)
 after which the learner's code is reported as hung and its ranks are stopped.
 
@@ -48,6 +49,16 @@ from ezpz_nb.workshop.batch_exercises import (
     check_send_batch,
     check_steps_over_stream,
 )
+
+# Every other family's checkers, so that one import reaches them all (the package
+# docstring lists them by module).
+from ezpz_nb.workshop.dcp_state import check_loader_state
+from ezpz_nb.workshop.exact_eval import check_exact_mean
+from ezpz_nb.workshop.memory_exercises import check_flat
+from ezpz_nb.workshop.mixture import check_mix_batch
+from ezpz_nb.workshop.packing_exercises import check_budget_plan, check_pack
+from ezpz_nb.workshop.throughput import check_faster_loader
+from ezpz_nb.workshop.tp_plan import check_tp_plan
 from ezpz_nb.workshop.verdicts import (
     CHECK_TIMEOUT,
     CheckResult,
@@ -55,20 +66,28 @@ from ezpz_nb.workshop.verdicts import (
     each_returned,
     fresh_seed,
     judge,
-    run_on_ranks,
+    run_learner,
     wrong,
 )
 
 __all__ = [
     "CHECK_TIMEOUT",
     "CheckResult",
+    "check_budget_plan",
+    "check_exact_mean",
+    "check_faster_loader",
+    "check_flat",
     "check_global_sum",
     "check_leader_batches",
+    "check_loader_state",
     "check_make_sampler",
+    "check_mix_batch",
+    "check_pack",
     "check_run_epochs",
     "check_send_batch",
     "check_share_from_leader",
     "check_steps_over_stream",
+    "check_tp_plan",
 ]
 
 
@@ -85,7 +104,7 @@ def check_global_sum(
     seed = fresh_seed()
 
     def body() -> str:
-        got = run_on_ranks(jobs.job_global_sum, fn, seed, timeout=timeout)
+        got = run_learner(jobs.job_global_sum, fn, seed, timeout=timeout)
         world = len(got)
         for k, s in enumerate((None, seed)):
             again = " (second call, other inputs)" if k else ""
@@ -140,7 +159,7 @@ def check_share_from_leader(
     seed = fresh_seed()
 
     def body() -> str:
-        got = run_on_ranks(jobs.job_share, fn, seed, timeout=timeout)
+        got = run_learner(jobs.job_share, fn, seed, timeout=timeout)
         world = len(got)
         for k, (groups, sort_ranks) in enumerate(jobs.SHARE_LAYOUTS):
             inputs = jobs.share_inputs(world, seed + k)
@@ -293,7 +312,7 @@ def check_make_sampler(
     seed_a, seed_b = random.Random(check_seed).sample(range(1, 2**20), 2)
 
     def body() -> str:
-        got = run_on_ranks(jobs.job_sampler, fn, n, (seed_a, seed_b, seed_a), timeout=timeout)
+        got = run_learner(jobs.job_sampler, fn, n, (seed_a, seed_b, seed_a), timeout=timeout)
         each_returned(got, "a sampler")
         for r, (_dp, _tp, passes) in enumerate(got):
             bad = [p for p in passes if isinstance(p, str)]
@@ -345,7 +364,7 @@ def check_run_epochs(
     epochs, seed = 3, fresh_seed()
 
     def body() -> str:
-        got = run_on_ranks(jobs.job_epochs, fn, epochs, seed, timeout=timeout)
+        got = run_learner(jobs.job_epochs, fn, epochs, seed, timeout=timeout)
         each_returned(got, "one list of sample ids per epoch")
         for r, (_dp, _tp, out, passes) in enumerate(got):
             if isinstance(out, str):

@@ -44,16 +44,18 @@ def _plain(x: Any, name: str) -> list[Any]:
     return x.detach().to(torch.int64).tolist()
 
 
-def job_pack(fn: Callable, docs: list[list[int]], row_len: int, per_call: int) -> Any:
+def job_pack(fn: Callable, docs: list[list[int]], row_lens: list[int], per_call: int) -> Any:
     """Notebook 11, exercise 1: this rank's documents (dealt round-robin), packed ``per_call`` at a time.
 
+    Call ``c`` packs at ``row_lens[c % len(row_lens)]``: a check asks for two row lengths.
     Returns, per call, the ``input_ids``, ``position_ids`` and ``mask`` the learner's
     ``fn(list_of_token_tensors, row_len)`` returned, as plain lists.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = docs[rank::world]
     calls = []
-    for k in range(0, len(mine), per_call):
+    for c, k in enumerate(range(0, len(mine), per_call)):
+        row_len = row_lens[c % len(row_lens)]
         out = fn([torch.tensor(d, dtype=torch.int64) for d in mine[k : k + per_call]], row_len)
         if out is None:
             return None

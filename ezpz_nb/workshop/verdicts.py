@@ -3,8 +3,10 @@
 Kept apart from the exercises themselves so each checker there reads as the
 behaviour it expects, not as plumbing. Every checker module builds on the same
 few names: :func:`judge` runs a checker's body and prints its verdict once,
-:func:`wrong` (a :class:`Verdict`) stops it at the first fault,
-:func:`run_on_ranks` runs the learner's function on real ranks, and
+:func:`wrong` and :func:`not_done` (a :class:`CheckStopped`) stop it at the first fault,
+:func:`run_job` runs a job on real ranks (a warm cluster or fresh ranks) and
+:func:`stopped_by` words what a failed or hung run says about the learner's code,
+:func:`run_learner` is :func:`run_job` for the learner's function, and
 :func:`fresh_seed`, :func:`each_returned` and :func:`as_text` are small helpers.
 """
 
@@ -17,21 +19,28 @@ from typing import Any
 
 import torch
 
-from ezpz_nb.launcher import launch
-from ezpz_nb.launcher.errors import HangError, RankError
+from ezpz_nb.launcher import Cluster
+from ezpz_nb.launcher.errors import HangError, RankError, WorldSizeError
 from ezpz_nb.launcher.failures import RankFailure, describe_location, fill_line
 from ezpz_nb.launcher.kernel import shell
+from ezpz_nb.launcher.on_ranks import run_on_ranks as on_ranks
+from ezpz_nb.verify.verdict import BaseReport, Judgement, Verdict
 from ezpz_nb.wrapping import wrap_message
 
 __all__ = [
     "CHECK_TIMEOUT",
+    "OUTCOMES",
     "CheckResult",
-    "Verdict",
+    "CheckStopped",
     "as_text",
     "each_returned",
     "fresh_seed",
     "judge",
-    "run_on_ranks",
+    "not_done",
+    "raising_rank",
+    "run_job",
+    "run_learner",
+    "stopped_by",
     "wrong",
 ]
 
@@ -41,13 +50,21 @@ __all__ = [
 CHECK_TIMEOUT = 15.0
 
 
+#: A checker's words for the package's one outcome type.
+OUTCOMES = {"correct": Verdict.PASS, "wrong": Verdict.FAIL, "not done": Verdict.NOT_JUDGED}
+
+
 @dataclass(frozen=True)
-class CheckResult:
-    """The verdict of one checker.
+class CheckResult(BaseReport):
+    """The verdict of one checker: a report of one rule, the exercise.
+
+    Reads like every report of the package (``.outcome``, ``.ok``, ``.failed``,
+    :class:`~ezpz_nb.verify.verdict.BaseReport`): "correct" is PASS, "wrong" is FAIL,
+    "not done" is NOT_JUDGED.
 
     Attributes:
         exercise: Name of the exercise (the function the learner writes).
-        status: ``"correct"``, ``"wrong"`` or ``"not done"``.
+        status: ``"correct"``, ``"wrong"`` or ``"not done"``, the words the learner reads.
         message: What the ranks showed, in plain words.
     """
 
@@ -57,10 +74,18 @@ class CheckResult:
     # The IPython cell (execution count) whose output already holds the printed verdict.
     printed_in: int | None = field(default=None, repr=False, compare=False)
 
+    def judgements(self) -> list[Judgement]:
+        """The one rule this result covers: the exercise, with the message as its reason."""
+        return [Judgement(self.exercise, OUTCOMES[self.status], self.message)]
+
+    def table(self) -> str:
+        """The message, as the checker printed it."""
+        return self.message
+
     @property
     def passed(self) -> bool:
-        """True when the learner's code behaved right on every rank."""
-        return self.status == "correct"
+        """True when the learner's code behaved right on every rank (``ok``: a PASS)."""
+        return self.ok
 
     def __str__(self) -> str:
         return self.message
@@ -81,8 +106,11 @@ def _cell_count() -> int | None:
     return getattr(shell(), "execution_count", None)
 
 
-class Verdict(Exception):
-    """Raised inside a checker to stop at the first thing found wrong (``status``, ``message``)."""
+class CheckStopped(Exception):
+    """Raised inside a checker to stop it at the first thing found (``status``, ``message``).
+
+    Not a verdict itself: :func:`judge` turns it into the :class:`CheckResult` it prints.
+    """
 
     def __init__(self, status: str, message: str) -> None:
         super().__init__(message)
@@ -90,16 +118,21 @@ class Verdict(Exception):
         self.message = message
 
 
-def wrong(message: str) -> Verdict:
-    """A "wrong" :class:`Verdict` saying ``message``, to raise."""
-    return Verdict("wrong", message)
+def wrong(message: str) -> CheckStopped:
+    """A "wrong" :class:`CheckStopped` saying ``message``, to raise."""
+    return CheckStopped("wrong", message)
+
+
+def not_done(message: str) -> CheckStopped:
+    """A "not done" :class:`CheckStopped` saying ``message``, to raise."""
+    return CheckStopped("not done", message)
 
 
 def judge(exercise: str, body: Callable[[], str]) -> CheckResult:
     """Run a checker body, print its verdict (wrapped between words), and return a CheckResult."""
     try:
         result = CheckResult(exercise, "correct", f"{exercise}: correct. {body()}")
-    except Verdict as v:
+    except CheckStopped as v:
         prefix = "not done yet" if v.status == "not done" else "not right yet"
         result = CheckResult(exercise, v.status, f"{exercise}: {prefix}. {v.message}")
     print(wrap_message(result.message))
@@ -134,42 +167,85 @@ def _why_hung(err: HangError) -> str:
     )
 
 
-def run_on_ranks(
-    job: Callable[..., Any], *args: Any, world_size: int = 4, timeout: float = CHECK_TIMEOUT
+def raising_rank(err: RankError) -> RankFailure:
+    """The failure to show: a rank that raised in the learner's own code, the lowest first.
+
+    Rank 0 is often only a bystander: stopped while it waited in a collective for the
+    rank that raised (a typo on the TP peers' path), or failed in torch's code after it.
+    """
+    failed = [f for f in err.failures.values() if f.kind != "stopped"]
+    return min(failed or err.failures.values(), key=lambda f: (not f.user_frames(), f.rank))
+
+
+def stopped_by(err: RankError | HangError) -> CheckStopped:
+    """What a rank's failure or a hang says about the learner's code, as a stop to raise."""
+    if isinstance(err, HangError):
+        where = "\n".join("  " + s.describe() for s in err.stacks.values())
+        return wrong(
+            f"the ranks hung (nothing finished within {err.timeout:g} s): {_why_hung(err)}. "
+            f"Where each rank was:\n{where}"
+        )
+    if any(f.exc_type.endswith("NotImplementedError") for f in err.failures.values()):
+        return not_done(
+            "The function still raises NotImplementedError: replace "
+            "that line with your code, run its cell, then this one."
+        )
+    first = raising_rank(err)
+    return wrong(
+        f"rank {first.rank} raised {first.message}\n  in your code:\n{_user_frames(first)}"
+    )
+
+
+def run_job(
+    job: Callable[..., Any],
+    *args: Any,
+    world_size: int,
+    timeout: float = CHECK_TIMEOUT,
+    cluster: Cluster | None = None,
 ) -> list[Any]:
-    """Launch ``job`` on real ranks; turn failures and hangs into verdicts."""
+    """``job(*args)`` on every rank: the warm ``cluster`` if given, else fresh ranks.
+
+    Runs through the launcher's one :func:`~ezpz_nb.launcher.on_ranks.run_on_ranks`, so
+    ``timeout`` holds for this run on a cluster too. A failure or a hang becomes a
+    :class:`CheckStopped` (the raising rank's exception, its message and the learner's
+    line). A cluster closed since (Run All ran the notebook's last cell) is not restarted
+    with a warning: the check runs on fresh ranks, silently.
+    """
+    if cluster is not None and cluster.world_size != world_size:
+        raise wrong(f"pass a cluster of {world_size} ranks (ez.Cluster({world_size})), or none")
+    live = cluster if cluster is not None and not cluster.closed else None
+    try:
+        return on_ranks(job, args, world_size=world_size, timeout=timeout, cluster=live)
+    except (RankError, HangError) as err:
+        raise stopped_by(err) from None
+    except WorldSizeError as err:  # under torchrun, with another number of ranks
+        raise wrong(str(err)) from None
+    except TypeError as err:  # the function (or something it uses) cannot be sent
+        raise wrong(str(err)) from None
+
+
+def run_learner(
+    job: Callable[..., Any],
+    *args: Any,
+    world_size: int = 4,
+    timeout: float = CHECK_TIMEOUT,
+    cluster: Cluster | None = None,
+) -> list[Any]:
+    """:func:`run_job` for a job whose first argument is the learner's function.
+
+    Also stops, before anything starts, when that is not a function, and says
+    "not done" when it returned None on every rank.
+    """
     if not callable(args[0]):
         raise wrong(
             f"expected a function, got {type(args[0]).__name__}: pass the function "
             "itself, e.g. check(my_function), not check(my_function())."
         )
-    try:
-        results = launch(job, *args, world_size=world_size, timeout=timeout)
-    except RankError as err:
-        failed = [f for f in err.failures.values() if f.kind != "stopped"]
-        if any(f.exc_type.endswith("NotImplementedError") for f in failed):
-            raise Verdict(
-                "not done",
-                "The function still raises NotImplementedError: replace "
-                "that line with your code, run its cell, then this one.",
-            ) from None
-        first = failed[0] if failed else next(iter(err.failures.values()))
-        raise wrong(
-            f"rank {first.rank} raised {first.message}\n  in your code:\n{_user_frames(first)}"
-        ) from None
-    except HangError as err:
-        where = "\n".join("  " + s.describe() for s in err.stacks.values())
-        raise wrong(
-            f"the ranks hung (nothing finished within {err.timeout:g} s): {_why_hung(err)}. "
-            f"Where each rank was:\n{where}"
-        ) from None
-    except TypeError as err:  # the function (or something it uses) cannot be sent
-        raise wrong(str(err)) from None
+    results = run_job(job, *args, world_size=world_size, timeout=timeout, cluster=cluster)
     if all(r is None for r in results):
-        raise Verdict(
-            "not done",
+        raise not_done(
             "The function returned None on every rank: fill in its body "
-            "(and return the result), run its cell, then this one.",
+            "(and return the result), run its cell, then this one."
         )
     return results
 

@@ -30,6 +30,7 @@
 # %matplotlib inline
 import os
 import re
+import textwrap
 import time
 from datetime import timedelta
 
@@ -457,7 +458,10 @@ try:
 except ez.RankError as err:
     missing = err
 for rank, failure in missing.failures.items():
-    print(f"rank {rank}: {failure.message.splitlines()[0]}")
+    # torch's message, broken between words for the output column
+    print(
+        textwrap.fill(f"rank {rank}: {failure.message.splitlines()[0]}", 96, subsequent_indent="  ")
+    )
 assert "3 failed to pass monitoredBarrier" in missing.failures[0].message
 assert 3 not in missing.failures
 

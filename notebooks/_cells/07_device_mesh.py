@@ -369,7 +369,7 @@ def pipeline_parts():
 
 parts = cluster.run(pipeline_parts)
 for rank, (stage, keys, ids) in enumerate(parts):
-    print(f"rank {rank}: stage {stage} keeps {keys}, samples {ids}")
+    print(f"rank {rank}: stage {stage} keeps {keys},\n  samples {ids}")  # under 100 columns
 assert parts[0][1] == sorted(NEEDS["first"]) and parts[2][1] == sorted(NEEDS["last"])
 assert parts[0][2] == parts[2][2]  # stage 0 and stage 1 of pipeline 0: the same samples
 

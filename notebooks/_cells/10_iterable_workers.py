@@ -46,12 +46,15 @@ N, BATCH = 16, 2
 #
 # A corpus on disk is a list of **shards**: files of many samples each, read from start to end.
 # Ranks split a stream by giving each rank whole shards: HF `datasets`' `split_dataset_by_node`
-# hands out whole shards when the number of shards divides by the world size, and WebDataset's
-# `split_by_node` splits its list of tar files. A rank then reads only its own files.
+# hands out whole shards when the number of shards divides by the world size (its default,
+# `strategy="auto"`; `strategy="shards"` asks for whole shards always, since datasets PR #8565),
+# and WebDataset's `split_by_node` splits its list of tar files. A rank then reads only its own
+# files.
 #
 # The other way, keeping every `world`-th **sample**, gives the same samples, but each rank must
 # read the whole stream to find its own, and throw away `world - 1` of every `world` it reads
-# (`split_dataset_by_node` falls back to that when the shards do not divide). Inside a rank the
+# (`split_dataset_by_node` falls back to that when the shards do not divide, or always with
+# `strategy="examples"`). Inside a rank the
 # DataLoader's workers split again, so with striding every worker of every rank reads everything.
 #
 # Below, 16 samples in 8 shards of 2, and what each of 2 ranks must read to get its half. The
@@ -225,7 +228,7 @@ def masks(seed_loader):
 
 
 same = [first for first, _ in ez.launch(masks, False, world_size=2)]
-print("torch.manual_seed(0) on every rank:", same)
+print("torch.manual_seed(0) on every rank:\n ", same)  # under 100 columns
 assert same[0] == same[1]
 
 # %% [markdown]
@@ -237,7 +240,7 @@ assert same[0] == same[1]
 
 # %%
 seeded = ez.launch(masks, True, world_size=2)
-print("generator seeded by rank:          ", [first for first, _ in seeded])
+print("generator seeded by rank:\n ", [first for first, _ in seeded])
 assert seeded[0][0] != seeded[1][0]
 assert all(first == rerun for first, rerun in seeded)  # and a rerun draws the same
 
@@ -372,7 +375,8 @@ assert together.ok
 # ## Summary
 #
 # - Split a stream by whole shards (files) per rank, as `split_dataset_by_node` (when the shards
-#   divide) and WebDataset do; striding per sample makes every rank and worker read everything.
+#   divide, or with `strategy="shards"`) and WebDataset do; striding per sample makes every rank
+#   and worker read everything.
 # - An `IterableDataset` shards itself: over `rank x get_worker_info()` (`rank * workers +
 #   worker` of `world * workers`), or every worker yields the same samples.
 # - Only a worker knows its id, so the sample carries it (`tag_worker`); the ledger's

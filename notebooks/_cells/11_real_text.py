@@ -59,6 +59,7 @@ from ezpz_nb.text import (
     stdlib_corpus,
 )
 from ezpz_nb.text.model import TinyLM
+from ezpz_nb.wrapping import wrap_message
 
 MAX_LEN, BUDGET, ROW, WORLD = 1024, 4096, 256, 4  # longest piece, padded tokens per batch,
 # packed row length, ranks
@@ -78,7 +79,7 @@ MAX_LEN, BUDGET, ROW, WORLD = 1024, 4096, 256, 4  # longest piece, padded tokens
 # What travels to a rank is the file's path and the document offsets.
 
 # %%
-cache = tempfile.TemporaryDirectory(prefix="ezpz-text-")
+cache = tempfile.TemporaryDirectory(prefix="ezpz-text-")  # the token file; goes with the kernel
 corpus, tokenizer = stdlib_corpus(cache.name)
 print(tokenizer.note)
 lengths = corpus.lengths
@@ -317,7 +318,7 @@ problems = check_documents(packed_ledger, kept)
 print(packed_ledger.summary())
 print(f"left out: {len(rows) - len(kept)} rows, {kept.dropped_tokens} tokens")
 for p in problems:
-    print(p.message)
+    print(wrap_message(p.message))  # broken between words for the output column
 left_out = {d for row in rows.rows[len(kept) :] for d, _, _ in row}
 assert len({len(packed_ledger.steps(r, 0)) for r in range(WORLD)}) == 1 and packed_ledger.ok
 assert {p.kind: set(p.samples) for p in problems} == (
@@ -446,11 +447,10 @@ for balance in (False, True):
     fig = viz.token_counts(ledger, f"balance={balance}")
     spreads[balance] = fig.ezpz_data["spread"]
     global_batch = out[0][1]
-    print(
-        f"balance={balance}: steps {[len(ledger.steps(r, 0)) for r in range(WORLD)]}, mean "
-        f"spread between replicas {spreads[balance].mean():.0f} tokens, global batch "
-        f"{min(global_batch)} to {max(global_batch)} real tokens"
-    )
+    steps = [len(ledger.steps(r, 0)) for r in range(WORLD)]
+    print(f"balance={balance}: steps {steps}, mean spread between replicas", end=" ")
+    print(f"{spreads[balance].mean():.0f} tokens,")
+    print(f"  global batch {min(global_batch)} to {max(global_batch)} real tokens")
     assert len({len(ledger.steps(r, 0)) for r in range(WORLD)}) == 1
     assert global_batch == fig.ezpz_data["real"].sum(axis=0).tolist()
     display(fig)
@@ -570,10 +570,8 @@ work = []
 for i in range(len(rows) - 1):  # the last row holds padding
     _, lengths = torch.unique(rows[i]["doc_ids"], return_counts=True)
     work.append(int((lengths.long() ** 2).sum()))
-print(
-    f"{len(work)} rows of {ROW} tokens: attention work (sum of squared document lengths) "
-    f"from {min(work)} to {max(work)}, {max(work) / min(work):.1f}x apart"
-)
+print(f"{len(work)} rows of {ROW} tokens: attention work (sum of squared document lengths)")
+print(f"  from {min(work)} to {max(work)}, {max(work) / min(work):.1f}x apart")
 assert max(work) <= ROW**2 and min(work) >= ROW
 #
 # ## 5. The TP broadcast with changing shapes
@@ -641,7 +639,8 @@ print(
 # Write `pack(docs, row_len)`: `docs` is a list of 1-D int64 token tensors; return a dict with
 # `input_ids` and `position_ids` (`rows x row_len`, padding id `0`) and `mask` (`rows x row_len x
 # row_len`, True where a query may attend to a key). The checker deals 24 documents of fresh
-# random lengths (some three rows long) over 4 ranks; each rank packs 3 at a time. It passes when
+# random lengths (some three rows long) over 4 ranks; each rank packs 3 at a time, at two row
+# lengths drawn anew (call by call: read `row_len`, never assume one). It passes when
 # no token attends to another document, to padding or to a later token, every earlier token of
 # its own document is visible, position ids count from where each document starts in the row
 # (or go on counting for a document continued from the previous row), each call has less than
@@ -687,11 +686,13 @@ assert ex.check_pack(pack).passed
 # ### 2. A token-budget plan that keeps steps equal
 #
 # Write `plan_batches(lengths, dp_rank, dp_size, budget)`: this replica's batches, each a list
-# of document ids with `len(batch) * longest <= budget`. The checker draws 200 lengths (2 to 64
-# tokens, budget 256) on 4 ranks, and each step of your plan ends in an all-reduce. It passes
-# when every replica has the same number of batches, no document is planned twice, at least 85%
-# of the tokens are planned, and the batches fill at least 35% of the budget on average. Either
-# fix of section 2 passes; you may call collectives inside.
+# of document ids with `len(batch) * longest <= budget`. The checker draws two cases (the DP
+# size, the budget, 160 to 720 documents), runs each on real ranks, and each step of your plan
+# ends in an all-reduce. It passes when every replica has the same number of batches, no
+# document is planned twice, no more is left out than equal counts need, and the batches are
+# about as full, and as little padded, as batches sorted by length over the same documents.
+# Either fix of section 2 passes (a count fixed in advance does not); you may call collectives
+# inside.
 
 
 # %% tags=["workshop"]
@@ -749,6 +750,3 @@ assert ex.check_budget_plan(plan_batches).passed
 # ```
 #
 # Next: **12 · Throughput**.
-
-# %%
-cache.cleanup()  # the token file: nothing outlives the notebook

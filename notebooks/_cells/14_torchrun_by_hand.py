@@ -415,7 +415,7 @@ if __name__ == "__main__":
 # %%
 checked = check_worker(WORKER)
 print("check_worker: all good")
-print("".join(checked[0].output[0].splitlines(keepends=True)[-4:]))
+print(wrap_message("".join(checked[0].output[0].splitlines(keepends=True)[-4:])))
 
 # %% [markdown]
 # The second run is two nodes of one rank each, and the TP group spans them. Its leader warned:

@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 15 · The data state inside the checkpoint: one `dcp.save`, per DP rank, across world sizes
 #
-# **Time:** about 40 minutes with the predictions (advanced track). Running the cells takes
+# **Time:** about 45 to 55 minutes with the predictions (advanced track). Running the cells takes
 # well under a minute on 2 idle cores: one warm cluster of 4 ranks runs every job.
 #
 # Notebook 09 resumed a loader from its own `state_dict`, one file per rank. A real job writes
@@ -21,12 +21,13 @@
 #
 # **Learning goals**
 #
-# - Put the loader's state (and its RNG) into the same `dcp.save` as model and optimizer,
-#   keyed per DP rank, written once per TP group: `LoaderCheckpoint`.
+# - Put the loader's state into the same `dcp.save` as model and optimizer, keyed per DP rank,
+#   written once per TP group, and each process's random generators beside it:
+#   `LoaderCheckpoint`.
 # - See the traps fail with numbers: one key for every rank (which rank's copy DCP kept, what
 #   the others replay), only rank 0 saving, the model restored but the loader fresh.
 # - Resume at the same layout with the loss after the resume equal to the straight run's, max
-#   abs diff 0.0, and know why that holds here and what changes on NCCL.
+#   abs diff 0.0, know why that holds here, and what else a GPU job must save or set.
 # - Resume at another DP size (dp 4 -> 2 -> 3): refuse with a clear error, or re-shard exactly
 #   from a global `consumed_samples`; never drop silently.
 # - Write a loader's `state_dict`/`load_state_dict` for DCP, checked on real ranks.
@@ -45,16 +46,15 @@ import ezpz_nb as ez
 from ezpz_nb.data import CheckpointLayoutError, GlobalOrderLoader, LoaderCheckpoint, ShardStream
 from ezpz_nb.data.checkpoint import sub_layout
 from ezpz_nb.data.groups import Layout
-from ezpz_nb.examples.capstone import (
-    CapstoneLM,
-    RuleTokenDataset,
-    avg_reduces_correctly,
-    parallelize,
-)
+from ezpz_nb.examples.capstone import avg_reduces_correctly, parallelize
+from ezpz_nb.models import CapstoneLM, RuleTokenDataset
+from ezpz_nb.wrapping import wrap_message
 
 N, BATCH, STEPS, STOP = 32, 2, 8, 3  # 32 samples, 2 DP replicas of batch 2: 8 steps an epoch
-cluster = ez.Cluster(world_size=4, timeout=120)  # one warm cluster for every job below
-work = tempfile.TemporaryDirectory(prefix="ezpz-nb15-")  # the checkpoints; removed at the end
+# One warm cluster for every job below, and a folder for the checkpoints: both go when the
+# kernel stops (closing them in a last cell would end the exercise after Run All).
+cluster = ez.Cluster(world_size=4, timeout=120)
+work = tempfile.TemporaryDirectory(prefix="ezpz-nb15-")
 print(cluster)
 
 # %% [markdown]
@@ -72,7 +72,7 @@ print(cluster)
 #
 # | way | what each rank puts in the checkpoint under `"data"` |
 # |---|---|
-# | `"keyed"` | `LoaderCheckpoint`: layout + `dp_rank_<r>: {loader, rng}` |
+# | `"keyed"` | `LoaderCheckpoint`: layout + `dp_rank_<r>: {loader}` + `rng_rank_<g>` (this process's generators) |
 # | `"one key"` | `{"loader": loader.state_dict()}` on every rank |
 # | `"rank 0"` | the same, on rank 0 only |
 # | `"none"` | nothing is loaded: model and optimizer only (from the keyed checkpoint) |
@@ -192,12 +192,30 @@ assert diff == 0.0 and join(second) == (0, 0)
 # kernels are deterministic, every collective reduces over the same ranks in the same order,
 # DCP writes and reads the exact fp32 bytes of every shard and of AdamW's moments and step
 # count, and the loader restores its shard, offset **and** generator, so even the masked
-# tokens are the same. On NCCL GPUs the checkpoint is just as exact, but the arithmetic may
-# not be: some CUDA kernels use atomics and NCCL may pick another reduction algorithm, so two
-# *straight* runs can already differ in the last bits. There compare with deterministic
-# settings (`torch.use_deterministic_algorithms(True)`, a fixed `NCCL_ALGO`), or with a
-# tolerance measured between two straight runs; the data ledger must still join with 0
-# repeated and 0 never seen.
+# tokens are the same. torchtitan holds its loader to the same standard (PR #4088: max abs
+# diff 0.0 for text and SFT; multimodal 0.0016 and Flux 0.00038 there).
+#
+# On NCCL GPUs the checkpoint is just as exact, but more state and more settings decide the
+# numbers. Some CUDA kernels use atomics (they differ run to run unless
+# `torch.use_deterministic_algorithms(True)`). NCCL's choice of algorithm repeats on the same
+# topology, so two straight runs on the same nodes agree; a resume on other nodes or another
+# topology may reduce in another order, and `NCCL_ALGO` alone does not pin it (the protocol
+# and the channel count change the order too). There compare with a tolerance measured
+# between two straight runs; the data ledger must still join with 0 repeated and 0 never seen.
+#
+# What a bit-exact GPU resume needs, and what each costs when it is missing:
+#
+# | what | saved or set by | if missing |
+# |---|---|---|
+# | the loader's place, per DP rank | `dp_rank_<r>` | samples repeated and never seen (section 3) |
+# | torch's CPU generator | `rng_rank_<g>` | other masks and augmentations; the DataLoader workers' seeds, drawn from it at `iter()`, change too |
+# | Python's and numpy's generators | `rng_rank_<g>` (numpy when imported) | other draws in code that uses `random` or `np.random` |
+# | the CUDA generator of the rank's GPU | `rng_rank_<g>` (when CUDA is in use) | other dropout masks: the loss moves from the first step |
+# | DTensor's RNG tracker (TP dropout) | the CUDA generator in torch 2.13 (its own states in releases that keep them: `rng_rank_<g>`) | TP peers drop different units: the sharded model computes another function |
+# | deterministic kernels | `torch.use_deterministic_algorithms(True)` and `CUBLAS_WORKSPACE_CONFIG=:4096:8` set before CUDA starts | cuBLAS raises without the variable; without the switch, atomics differ in the last bits |
+# | the same nodes and topology | the job's placement | another reduction order: last-bit differences |
+#
+# `LoaderCheckpoint.restored_rng` lists the generators the last load put back.
 #
 # ## 3. The traps
 #
@@ -209,10 +227,9 @@ assert diff == 0.0 and join(second) == (0, 0)
 for data in ("one key", "rank 0", "none"):
     second, diff = resume(data)
     shards = [r["shard"] for r in second]
-    print(
-        f"{data:8}: shard per rank after the load {shards}, (repeated, never seen) = "
-        f"{join(second)}, max abs loss diff {diff:.2e}"
-    )
+    # One line per way, under 100 columns: a wider one breaks inside a number.
+    print(f"{data:8}: shards after the load {shards}, (repeated, never seen) = {join(second)}")
+    print(f"{'':8}  max abs loss diff {diff:.2e}")
 
 # %% [markdown]
 # - **one key:** DCP deduplicates values saved under one key (pytorch PR #125334): for each
@@ -221,10 +238,15 @@ for data in ("one key", "rank 0", "none"):
 #   Here rank 0's plan already held its model shards, so another rank's copy won: every rank
 #   reads shard 1 after the load, its 10 remaining samples are trained twice and shard 0's 10
 #   never. (With nothing planned before it, rank 0's copy wins: `tests/test_checkpoint.py`.)
-#   The keys of one state can even come from different ranks (`shard` from one, `generator`
-#   from another).
+#   That is the default planner; `DefaultSavePlanner(dedup_save_to_lowest_rank=True)` pins the
+#   copy to the lowest rank, which still gives every rank the same one. The keys of one state
+#   can even come from different ranks (`shard` from one, `generator` from another).
+#   torchtitan #291 is this symptom ("all ranks receiving the same state_dict of dataloader").
 # - **rank 0:** only rank 0 put a loader state in; the others load nothing and start their
-#   shard over (6 repeated, 6 never seen here) (torchtitan #291 and #409; SimpleTuner #2986 saw 2 of 12 images twice, 2 never).
+#   shard over (6 repeated, 6 never seen here). Rank 1, rank 0's TP peer, starts over while
+#   rank 0 resumes: one TP group is now fed two different batches, and its sharded layers
+#   compute nonsense without an error (torchtitan #409 warned "DataLoader state is empty" on
+#   the other ranks; SimpleTuner #2986 saw 2 of 12 images twice, 2 never).
 # - **none:** model and optimizer are back, the loader starts the epoch over: every rank
 #   replays what it trained on before the stop, and the loss moves off the straight run.
 #
@@ -233,7 +255,34 @@ for data in ("one key", "rank 0", "none"):
 # every peer resumes at its leader's step. Before a byte is written `state_dict()` checks that
 # each peer agrees with its leader on all it tracks (fingerprints gathered over the TP group;
 # a `TPBroadcastDataLoader` peer, which loads nothing, tracks only its step): a difference
-# raises `CheckpointStateError` on every rank.
+# raises `CheckpointStateError` on every rank. Below, rank 1 (the TP peer of rank 0) takes one
+# step more than its leader before the save.
+#
+# **Predict:** which ranks raise, and which ranks' `dcp.save` completes?
+
+
+# %%
+def peers_apart(root):
+    """dp 2 x tp 2: rank 1 one step ahead of its TP leader, then one dcp.save on every rank."""
+    layout, _ = sub_layout(2, 2)
+    loader = GlobalOrderLoader(RuleTokenDataset(num_samples=16), BATCH, layout.dp_rank, 2)
+    it = iter(loader)
+    for _ in range(2 if dist.get_rank() == 1 else 1):
+        next(it)
+    try:
+        dcp.save({"data": LoaderCheckpoint(loader, layout)}, checkpoint_id=f"{root}/apart")
+    except Exception as exc:  # noqa: BLE001 - DCP wraps each rank's error in its own
+        return type(exc).__name__ + (": TP peers disagree" if "TP peers" in str(exc) else "")
+    return "saved"
+
+
+apart = cluster.run(peers_apart, work.name)
+print(*(f"rank {r}: {a}" for r, a in enumerate(apart)), sep="\n")
+assert all("TP peers disagree" in a for a in apart)
+
+# %% [markdown]
+# Every rank raised, before a byte was written: the gather that compares the peers reaches every
+# DP rank, so no rank is left waiting inside `dcp.save`.
 #
 # ## 4. Resume at another DP size: dp 4 -> 2 -> 3
 #
@@ -275,7 +324,7 @@ for design in ("refuse", "reshard"):
     a = cluster.run(part, 4, 2, design, save=at4)
     b = cluster.run(part, 2, 2, design, load=at4, save=at2)
     if isinstance(b[0], str):
-        print(f"{design}: {b[0]}")
+        print(wrap_message(f"{design}: {b[0]}"))  # broken between words for the output column
         continue
     c = cluster.run(part, 3, 4, design, load=at2)
     counts = collections.Counter(i for run in (a, b, c) for seen in run if seen for i in seen)
@@ -310,9 +359,10 @@ for design in ("refuse", "reshard"):
 # Write the two functions DCP will call through a `Stateful` on every rank, for the
 # `ShardStream` of section 1: `loader_state(loader, layout)` returns the dict this rank puts
 # under `"data"`, and `load_loader_state(loader, layout, state)` restores from what `dcp.load`
-# filled in (its template is `loader_state` of a fresh loader). The checker saves after 3
-# steps and loads in fresh loaders on `dp 2 x tp 2`, then compares samples and masked tokens
-# with a straight run. It knows the dodges.
+# filled in (its template is `loader_state` of a fresh loader). The checker draws the dataset
+# and two save steps, saves twice on `dp 2 x tp 2` and on `dp 4 x tp 1`, loads each checkpoint
+# in fresh loaders, then compares samples and masked tokens with a straight run. It knows the
+# dodges: read the state dcp.load hands you, and key it by what the layout says.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.dcp_state as ex
@@ -343,12 +393,11 @@ assert ex.check_loader_state(loader_state, load_loader_state, cluster=cluster).p
 #
 # - DCP writes each key once. A loader state needs one key per DP rank; TP peers may share it,
 #   after checking they agree.
-# - Save the RNG the loader draws from with its place, or the resumed batches differ.
+# - Save the RNG the loader draws from with its place, or the resumed batches differ; on a GPU
+#   job also every generator of each process (CUDA's, numpy's, DTensor's: the checklist in
+#   section 2), and set deterministic kernels.
 # - The resume standard: the loss after the resume equals the straight run's (max abs diff 0.0
-#   on gloo/CPU) and the ledger joins with 0 repeated, 0 never seen.
+#   on gloo/CPU; on GPUs within what two straight runs differ by) and the ledger joins with 0
+#   repeated, 0 never seen.
 # - At another DP size, refuse with what differs, or re-shard from a global counter with
 #   per-sample randomness; never drop a rank's state silently.
-
-# %%
-cluster.close()
-work.cleanup()

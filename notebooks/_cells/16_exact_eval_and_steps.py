@@ -26,8 +26,9 @@
 # - Train for N steps over an endless stream: per-rank epoch counters, balanced coverage, a
 #   resumable position, and an LR schedule counted in optimizer steps.
 #
-# **Time:** about 40 minutes (advanced track). Running the cells alone takes about 10 s on an
-# idle 2-core machine.
+# **Time:** about 55 to 65 minutes with the predictions (advanced track): two lessons, exact
+# evaluation (sections 1-4 and the exercise) and, optional, training by step count (section 5,
+# about 20 of those minutes). Running the cells alone takes about 10 s on an idle 2-core machine.
 #
 # Everything runs on 4 gloo ranks on CPU. What carries over to NCCL on GPUs, torchrun and
 # several nodes is said where it matters: the arithmetic of samples and steps is the same.
@@ -48,7 +49,7 @@ from ezpz_nb.ledger import Ledger, record
 from ezpz_nb.verify import check_eval, check_steps
 
 # One warm group of 4 ranks for the whole notebook: a launch costs imports and a
-# rendezvous, a run on warm ranks a few milliseconds.
+# rendezvous, a run on warm ranks a few milliseconds. It stops with the kernel.
 cluster = ez.Cluster(world_size=4, timeout=60)
 
 
@@ -192,8 +193,10 @@ class ShadowStep(JoinHook):
 # `DistributedDataParallel` is a `Joinable`: its hook shadows the gradient all-reduce.
 # FSDP is not, and cannot be simply: a rank with no batch has no forward to run, and the
 # all-gathers and reduce-scatters of a forward and backward depend on the model's layers and
-# its wrapping, which a hook would have to replay call by call. So under FSDP (and TP, whose
-# layers all-reduce activations) every rank must take the same number of eval steps.
+# its wrapping, which a hook would have to replay call by call. So under FSDP (or HSDP, or
+# with a metric all-reduced every step) every DP rank must take the same number of eval steps.
+# TP alone does not need it: TP peers share one DP shard, so they always take equal steps; the
+# hang comes from collectives that span DP ranks.
 #
 # **Predict** for each method: exact on every size? equal steps? would it hang under FSDP?
 #
@@ -203,7 +206,7 @@ class ShadowStep(JoinHook):
 # %%
 N = 10
 METHODS = {  # name: (shard, how the step combines)
-    "DistributedSampler padding": (padding, "sum+count"),
+    "sampler padding": (padding, "sum+count"),  # DistributedSampler's
     "drop_last": (drop_last, "sum+count"),
     "uneven + Join": (uneven, "join"),
     "uneven + sum/count": (uneven, "sum+count"),
@@ -254,16 +257,16 @@ def fmt(err):
 
 cols = [(dp, n) for dp in (2, 3, 4) for n in range(N, N + dp)]
 print("metric error against one process (as a fraction of the exact mean)")
-print(f"{'':28}" + "".join(f"{f'dp{dp} N{n}':>9}" for dp, n in cols))
+print(f"{'':19}" + "".join(f"{f'dp{dp} N{n}':>9}" for dp, n in cols))  # 100 columns
 for name in METHODS:
-    print(f"{name:28}" + "".join(f"{fmt(cells[name, dp, n][0]):>9}" for dp, n in cols))
+    print(f"{name:19}" + "".join(f"{fmt(cells[name, dp, n][0]):>9}" for dp, n in cols))
 print("\nsteps per rank (! = unequal: a per-step collective without Join would hang)")
 for name in METHODS:
     line = ""
     for dp, n in cols:
         s = cells[name, dp, n][1]
         line += f"{'/'.join(map(str, s)) + ('!' if len(set(s)) > 1 else ''):>9}"
-    print(f"{name:28}" + line)
+    print(f"{name:19}" + line)
 
 # %% [markdown]
 # Every number above came from the ranks. Read the two tables together:
@@ -298,7 +301,8 @@ def hangs_without_join(n):
     rank, world = dist.get_rank(), dist.get_world_size()
     for i in range(rank, n, world):
         pair = torch.tensor([loss_of(i), 1.0], dtype=torch.float64)
-        dist.all_reduce(pair)  # every step: rank 0's 4th finds no partner
+        # A collective every step: rank 0's 4th finds no partner.
+        dist.all_reduce(pair)
 
 
 hang = None
@@ -312,10 +316,11 @@ except ez.HangError as err:
 assert isinstance(hang, ez.HangError)
 
 # %% [markdown]
-# On NCCL the same mismatch hangs until the NCCL watchdog's timeout (10 minutes by default)
-# kills the job; under torchrun the ranks that finished exit and the waiting one fails with
-# "Connection closed by peer". Step counts predict the hang before it happens: that is how the
-# grid above says "would hang" without waiting for one per cell.
+# Under torchrun on gloo, the ranks that finished exit and the waiting one fails within a
+# second or two with "Connection closed by peer". On NCCL nothing closes: the waiting rank sits
+# in its collective until the NCCL watchdog's timeout (10 minutes by default) aborts it, and
+# torchrun does not stop it when the others exit 0. Step counts predict the hang before it
+# happens: that is how the grid above says "would hang" without waiting for one per cell.
 #
 # ## 4. The library's helper, and the check
 #
@@ -350,11 +355,17 @@ assert not bad.ok and good.ok
 
 # %% [markdown]
 # On GPUs the same loop sums `loss * weight` on the device and all-reduces one 2-element
-# tensor after the loop (NCCL needs it on the rank's GPU). accelerate's `gather_for_metrics`
+# tensor after the loop. `global_mean` builds that tensor where the group's collectives run
+# (the rank's GPU under NCCL, which raises on a CPU tensor; the CPU under gloo), in float64:
+# NCCL reduces float64 like any dtype, and a float32 count stops being exact past 2**24
+# (16.7 M) samples. accelerate's `gather_for_metrics`
 # trims the padded tail instead; Composer slices the repeated samples off (docs/evaluation.md
 # compares them).
 #
-# ## 5. Training for N steps over an endless stream
+# ## 5. (optional) Training for N steps over an endless stream
+#
+# A second lesson, about 20 minutes: skip it in a short session and come back to it when you
+# train over streams.
 #
 # Training by epochs over shards of different sizes (or a stream without a length) leaves the
 # ranks with different step counts. Count steps instead: `SteppedLoader` repeats the dataset
@@ -428,8 +439,10 @@ print("counted in micro-steps:    ", [round(x, 3) for x in wrong])
 assert right == runs[0][2] and min(wrong) < 0
 
 # %% [markdown]
-# Counted in micro-steps, the schedule runs out halfway and its formula turns the LR negative:
-# the optimizer then climbs the loss. With `torch.optim.lr_scheduler`, build the schedule over
+# Counted in micro-steps, the schedule runs out halfway and this notebook's formula turns the
+# LR negative: the optimizer then climbs the loss. Libraries fail differently: Hugging Face's
+# linear schedule clamps at 0 (the rest of training silently learns nothing), and
+# `OneCycleLR` raises once stepped past its total. With `torch.optim.lr_scheduler`, build the schedule over
 # `steps // accum` and call `sched.step()` right after `opt.step()`, once per optimizer step
 # (Hugging Face's `Trainer` counts `max_steps` in optimizer steps too). The update here is
 # written by hand because building a `torch.optim` optimizer imports `torch._dynamo`, seconds
@@ -485,9 +498,6 @@ def exact_mean(dataset, dp_rank, dp_size):
 
 # %% tags=["solutions"]
 assert ex.check_exact_mean(exact_mean).passed
-
-# %%
-cluster.close()
 
 # %% [markdown]
 # ## What to take away

@@ -1,0 +1,156 @@
+"""What an eval or steps check runs on each rank, and its report: the samples every rank saw.
+
+:func:`run_seen` runs :func:`seen_on_rank` on the ranks (through
+:func:`~ezpz_nb.launcher.on_ranks.run_on_ranks`); each rank builds the loader, iterates
+it without any collective (unequal step counts are measured, not hung on) and returns
+a :class:`Seen`: per step the sample ids, their weights in the batches' own dtype and
+epochs. :func:`seen_report` turns the judges' answers into an
+:class:`~ezpz_nb.verify.EvalReport`.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ezpz_nb.data.tree import find_in_batch, sample_values
+from ezpz_nb.verify.batches import observe_batch
+from ezpz_nb.verify.observe import Grid, rank_layout
+from ezpz_nb.verify.outcomes import EvalReport
+from ezpz_nb.verify.report import VerifyError
+from ezpz_nb.verify.universe import DatasetIds, dataset_ids
+from ezpz_nb.verify.verdict import Judgement
+
+__all__ = ["Seen", "dataset_size", "run_seen", "seen_on_rank", "seen_report"]
+
+
+@dataclass
+class Seen:
+    """One rank's batches as ids, weights and epochs per step, or how its code failed."""
+
+    rank: int
+    ids: list[list[int]] = field(default_factory=list)
+    weights: list[list[float]] = field(default_factory=list)
+    epochs: list[list[int]] | None = None
+    names: dict[int, str] = field(default_factory=dict)
+    num_samples: int | None = None
+    dataset: DatasetIds | None = None  # what the loader's dataset reads (a Subset's indices)
+    dtype: str = ""  # the weights' dtype as the batches carry them ("torch.float32")
+    error: str = ""
+    counts: bool = True  # the first rank of its TP/CP group: the only one whose samples count
+
+
+def seen_on_rank(
+    make_loader: Callable[..., Any], grid: Grid, key: str, weight: str, limit: int | None
+) -> Seen:
+    """Build and iterate the loader on this rank (at most ``limit`` batches); run by the launcher."""
+    layout = rank_layout(grid)
+    seen = Seen(layout.rank, counts=layout.tp_rank == 0 and layout.cp_rank == 0)
+    try:
+        loader = make_loader(layout)
+        seen.dataset = dataset_ids(loader)
+        seen.num_samples = seen.dataset.length if seen.dataset is not None else None
+        for batch in loader:
+            ids, names, _, _ = observe_batch(batch, key)
+            w = sample_values(batch, weight)
+            e = sample_values(batch, "epoch")
+            if w is not None and not seen.dtype:
+                # Kept until judged: the tolerance of a sum depends on it.
+                seen.dtype = str(getattr(find_in_batch(batch, weight), "dtype", "float64"))
+            weights = [float(x) for x in w] if w is not None else [1.0] * len(ids)
+            epochs = [int(x) for x in e] if e is not None else None
+            if len(weights) != len(ids) or (epochs is not None and len(epochs) != len(ids)):
+                raise ValueError(
+                    f"batch {len(seen.ids)} holds {len(ids)} samples but {len(weights)} "
+                    f"{weight!r} values and {len(epochs or ids)} 'epoch' values: give one per sample"
+                )
+            seen.ids.append(ids)
+            seen.names.update(names)
+            seen.weights.append(weights)
+            if epochs is not None:
+                seen.epochs = seen.epochs if seen.epochs is not None else []
+                seen.epochs.append(epochs)
+            if limit is not None and len(seen.ids) >= limit:
+                break
+    except BaseException:  # noqa: BLE001 - the user's code: reported with its rank, never raised here
+        seen.error = traceback.format_exc()
+    return seen
+
+
+def run_seen(
+    make_loader: Any,
+    grid: Grid,
+    key: str,
+    weight: str,
+    limit: int | None,
+    timeout: Any,
+    cluster: Any,
+) -> list[Seen]:
+    """Check the arguments, run :func:`seen_on_rank` on every rank, raise the first failure.
+
+    Raises:
+        VerifyError: Bad arguments (before any rank starts), a hang, or the loader raised.
+    """
+    from ezpz_nb.launcher.errors import HangError, RankError, WorldSizeError
+    from ezpz_nb.launcher.on_ranks import run_on_ranks
+
+    if not callable(make_loader):
+        raise VerifyError("make_loader must be a function: def make_loader(layout): return loader")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise VerifyError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    args = (make_loader, grid, key, weight, limit)
+    try:
+        out = run_on_ranks(seen_on_rank, args, world_size=grid.world_size, timeout=timeout,
+                           cluster=cluster, what=f"layout {grid}")  # fmt: skip
+    except WorldSizeError as exc:
+        raise VerifyError(str(exc)) from None
+    except HangError as exc:
+        raise VerifyError(f"{_why_hung(exc, timeout)}:\n{exc}") from exc
+    except RankError as exc:
+        raise VerifyError(f"a rank died while iterating the loader:\n{exc}") from exc
+    failed = [s for s in out if s.error]
+    if failed:
+        raise VerifyError(
+            f"rank {failed[0].rank}: the loader raised:\n{failed[0].error}", failed[0].rank
+        )
+    return list(out)
+
+
+def _why_hung(exc: Any, timeout: float) -> str:
+    """Why the loader did not finish, as the hung ranks' stacks show it."""
+    stacks = [s for s in exc.stacks.values() if s.state != "finished"]
+    blocked = sorted(s.rank for s in stacks if s.in_collective)
+    if blocked:
+        return (
+            f"the loader did not finish on every rank within {timeout:g} s: rank(s) {blocked} "
+            "blocked in a collective inside the loader that the other ranks never joined "
+            "(ranks that disagree on how many batches there are, or one that stopped early)"
+        )
+    return (
+        f"the loader did not finish on every rank within {timeout:g} s, with no collective on "
+        "the stacks: still iterating (an endless loader: use check_steps(..., steps=N))"
+    )
+
+
+def dataset_size(seen: list[Seen], num_samples: int | None) -> int | None:
+    """``num_samples`` when given, else the length some rank's dataset reported."""
+    if num_samples is not None:
+        return num_samples
+    return next((s.num_samples for s in seen if s.num_samples), None)
+
+
+def seen_report(
+    make_loader: Callable[..., Any],
+    grid: Grid,
+    what: str,
+    mode: str,
+    judged: list[Judgement],
+    seen: list[Seen],
+) -> EvalReport:
+    """The report of an eval or steps check: its judgements and each rank's sample count."""
+    name = getattr(make_loader, "__qualname__", "make_loader")
+    layout = {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp}
+    return EvalReport(f"{name} on {grid}, {what}", layout, mode, judged,
+                      {s.rank: len(s.ids) for s in seen})  # fmt: skip

@@ -1,0 +1,216 @@
+"""Which samples an epoch must cover: the dataset's own universe, said in the report.
+
+A ``Subset`` (what ``random_split`` returns), a shard wrapper holding ``.indices`` or a
+``SubsetRandomSampler`` reads only its indices of the dataset under it: its epoch covers those, not the whole
+dataset, so the held-out part of a split is never "never seen". Each rank reports
+what its loader's dataset holds (:func:`dataset_ids`, indices composed through
+nested wrappers); the judge takes the union over the ranks (a rank's own ``Subset``
+is its shard) and checks that the ids the batches carry fall inside it
+(:func:`universe_of`): a dataset whose ``index`` field numbers its own positions
+is judged over those instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DatasetIds", "Universe", "dataset_ids", "ordering_sampler", "universe_of"]
+
+# A wrapper chain deeper than this is not followed (a cycle of .dataset attributes).
+_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class DatasetIds:
+    """What one rank's loader reads, level by level down its chain of dataset wrappers.
+
+    Attributes:
+        maps: For each wrapper with ``.indices`` (a ``Subset``, a ``WeightedShard``),
+            outermost first, the ids it reads in the dataset under it, composed down
+            to there: the last entry is in the base dataset's numbering.
+        kinds: The wrappers' type names, in the same order.
+        lengths: ``len`` of each dataset of the chain, outermost first (None: no length).
+        raws: Each wrapper's own indices, in the numbering of the dataset under it.
+        under: ``len`` of the dataset under each wrapper (None: no length).
+    """
+
+    maps: tuple[tuple[int, ...], ...] = ()
+    kinds: tuple[str, ...] = ()
+    lengths: tuple[int | None, ...] = ()
+    raws: tuple[tuple[int, ...], ...] = ()
+    under: tuple[int | None, ...] = ()
+
+    def whole(self, level: int) -> frozenset[int] | None:
+        """What the outermost wrapper is cut from, in ``maps[level]``'s numbering.
+
+        The dataset under the outermost wrapper holds the next wrapper's indices
+        (composed down to ``level``), or all of itself when ``level`` is 0 (None:
+        no length).
+        """
+        if level == 0:
+            n = self.under[0] if self.under else None
+            return None if n is None else frozenset(range(n))
+        ids = list(self.raws[1])
+        for raw in self.raws[2 : level + 1]:
+            ids = [raw[i] for i in ids]
+        return frozenset(ids)
+
+    @property
+    def length(self) -> int | None:
+        """The base dataset's length (None for a stream)."""
+        return self.lengths[-1] if self.lengths else None
+
+
+def _len(ds: Any) -> int | None:
+    try:
+        return len(ds)
+    except Exception:  # noqa: BLE001 - no __len__, or an IterableDataset's TypeError: unknown
+        return None
+
+
+def ordering_sampler(loader: Any) -> Any:
+    """The sampler that orders and shards: the batch sampler's own, else ``loader.sampler``.
+
+    ``DataLoader(batch_sampler=...)`` still makes a ``SequentialSampler`` at
+    ``loader.sampler``; the one that shards sits inside the batch sampler (None for a
+    custom batch sampler without one: unknown).
+    """
+    batcher = getattr(loader, "batch_sampler", None)
+    if batcher is not None:
+        return getattr(batcher, "sampler", None)
+    return getattr(loader, "sampler", None)
+
+
+def _ints(indices: Any) -> list[int] | None:
+    """``indices`` as a list of ints, or None when it is not one (the wrapper reads all)."""
+    if indices is None or isinstance(indices, (str, bytes)):
+        return None
+    try:
+        return [int(i) for i in indices]
+    except (TypeError, ValueError):
+        return None
+
+
+def dataset_ids(loader: Any) -> DatasetIds | None:
+    """What ``loader.dataset`` reads of the datasets under it; None when it has no dataset."""
+    ds: Any = getattr(loader, "dataset", None)
+    if ds is None:
+        return None
+    # Each wrapper's indices map its positions into the dataset under it; composed from
+    # the outside in, they end in the base dataset's numbering.
+    maps: list[tuple[int, ...]] = []
+    kinds: list[str] = []
+    raws: list[tuple[int, ...]] = []
+    under: list[int | None] = []
+    lengths = [_len(ds)]
+    ids: list[int] | None = None
+    # A sampler that reads chosen indices (SubsetRandomSampler: a split made by sampler)
+    # is the outermost map; a sharding sampler (num_replicas) covers the whole dataset.
+    sampler = ordering_sampler(loader)
+    if not hasattr(sampler, "num_replicas") and (
+        chosen := _ints(getattr(sampler, "indices", None))
+    ):
+        ids = chosen
+        maps.append(tuple(ids))
+        kinds.append(type(sampler).__name__)
+        raws.append(tuple(chosen))
+        under.append(lengths[0])
+    for _ in range(_DEPTH):
+        inner = getattr(ds, "dataset", None)
+        if inner is None:
+            break
+        idx = _ints(getattr(ds, "indices", None))
+        if idx is not None:
+            ids = idx if ids is None else [idx[i] for i in ids]
+            maps.append(tuple(ids))
+            kinds.append(type(ds).__name__)
+            raws.append(tuple(idx))
+            under.append(_len(inner))
+        ds = inner
+        lengths.append(_len(ds))
+    return DatasetIds(tuple(maps), tuple(kinds), tuple(lengths), tuple(raws), tuple(under))
+
+
+@dataclass(frozen=True)
+class Universe:
+    """The ids an epoch must cover, and how they were found (the report's first line says).
+
+    Attributes:
+        ids: The ids, or None when unknown (the epochs' union is used, or nothing).
+        size: ``len(ids)``, the dataset length the allowances count with.
+        how: ``"range(16) (len(loader.dataset))"``, ``"the Subset's 12 indices"``...;
+            with ``ids`` None, why the universe is unknown ("" when nothing says).
+    """
+
+    ids: frozenset[int] | None
+    size: int | None
+    how: str
+
+    @property
+    def is_range(self) -> bool:
+        """The ids are ``range(size)`` (the ledger's own ``num_samples``)."""
+        return self.ids is not None and self.size is not None and self.ids == set(range(self.size))
+
+
+def universe_of(
+    parts: Sequence[DatasetIds | None], num_samples: int | None, seen: Iterable[int]
+) -> Universe:
+    """The universe of a run from each rank's :class:`DatasetIds`, the ``num_samples=`` given
+    and the ids the batches carried.
+
+    ``num_samples`` declares ``range(num_samples)``. Else the ranks' wrappers' indices,
+    in the numbering the batches use (the base dataset's first, then each wrapper's: a
+    ``WeightedShard`` numbers the ``Subset`` under it): one wrapper on every rank (sharded
+    by a sampler) is the universe; each rank its own part (its ``random_split`` part, its
+    ``SubsetRandomSampler``) makes the universe the whole the parts are cut from, the
+    dataset under them, so a part read by no rank is missing; parts cut from different
+    wholes leave it unknown (``how`` says why). Else the shortest ``range(len)`` of a
+    dataset of the chain that holds every id seen; else unknown.
+    """
+    if num_samples is not None:
+        return Universe(
+            frozenset(range(num_samples)), num_samples, f"range({num_samples}) (num_samples=)"
+        )
+    known = [p for p in parts if p is not None]
+    if not known:
+        return Universe(None, None, "")
+    seen_ids = set(seen)
+    depth = {len(p.maps) for p in known}
+    if len(depth) == 1 and (levels := depth.pop()):
+        for level in reversed(range(levels)):
+            ids = frozenset(i for p in known for i in p.maps[level])
+            if seen_ids <= ids:
+                return _over_parts(known, level, ids)
+    lengths = sorted({n for p in known for n in p.lengths if n is not None})
+    fit = next((n for n in lengths if seen_ids <= set(range(n))), None)
+    if fit is None:
+        return Universe(None, None, "")
+    which = "len(loader.dataset)" if fit == max(lengths) else "the length of a wrapped dataset"
+    return Universe(frozenset(range(fit)), fit, f"range({fit}) ({which})")
+
+
+def _over_parts(known: Sequence[DatasetIds], level: int, ids: frozenset[int]) -> Universe:
+    """The universe when the batches number samples as ``maps[level]`` does."""
+    kinds = {p.kinds[0] for p in known}
+    kind = kinds.pop() if len(kinds) == 1 else "wrapper"
+    if len({frozenset(p.maps[level]) for p in known}) == 1:
+        # One wrapper on every rank: a sampler shards it, it is the whole epoch.
+        return Universe(ids, len(ids), f"the {kind}'s {len(ids)} indices")
+    # Each rank reads its own part: the union would hide a part no rank reads (the
+    # remainder of a split), so the parts are judged against what they are cut from.
+    wholes = {p.whole(level) for p in known}
+    whole = wholes.pop() if len(wholes) == 1 else None
+    if whole is None or not ids <= whole:
+        return Universe(
+            None, None,
+            f"each rank reads its own {kind}, cut from different datasets (or one of unknown "
+            "length): which samples a rank should have read cannot be told; pass num_samples= "
+            "(ids range(n)) to declare the whole",
+        )  # fmt: skip
+    if whole == frozenset(range(len(whole))):
+        return Universe(
+            whole, len(whole), f"range({len(whole)}) (the dataset the ranks' {kind}s are cut from)"
+        )
+    return Universe(whole, len(whole), f"the {len(whole)} indices the ranks' {kind}s are cut from")

@@ -1,0 +1,132 @@
+"""Notebook 19's exercise: make a list-of-dicts dataset flat, same samples, workers that stay small.
+
+The learner writes ``make_flat(rows)``: given the rows of a
+:class:`~ezpz_nb.workshop.memory_jobs.DictsDataset` (``{"index": i, "tokens":
+[int, ...]}``), return a dataset that yields exactly what ``DictsDataset`` yields
+(``{"index", "input_ids", "labels"}``, int64, in index order) and whose forked
+DataLoader workers' private memory grows by less than :data:`BOUND` of the data
+over an epoch. Any storage that holds no Python object per token passes: one
+numpy array, one tensor, a memory-mapped file, one ``bytes`` blob.
+
+What it checks, on 2 real ranks with fresh tokens (a new seed each check):
+
+* every sample, all of them, against the list of dicts' own (keys, dtype,
+  values): a dataset right on the first few samples only, or in another order,
+  or of another length, is wrong;
+* then the rows are dropped and each rank runs one epoch with 2 forked workers,
+  memory sampled at every step: a dataset that still reads the rows (wrapping
+  them, converting per sample) grows, and ``gc.freeze()`` does not stop it.
+
+The loader's settings (workers, start method, batch size) are the checker's:
+the learner changes the storage, not the measurement.
+"""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ezpz_nb.launcher import Cluster
+from ezpz_nb.ledger.memory import MIB
+from ezpz_nb.workshop.memory_jobs import DictsDataset, measure_workers, tokens
+from ezpz_nb.workshop.verdicts import CheckResult, fresh_seed, judge, run_learner, wrong
+
+__all__ = ["BOUND", "EXERCISE", "check_flat", "flat_job"]
+
+EXERCISE = "Flat storage"
+#: Largest growth of a worker's private memory, as a share of the data's bytes.
+BOUND = 0.25
+#: The data: samples x tokens (8 MiB of int64 tokens, 16 MiB of Python ints and more).
+N, LENGTH = 4096, 256
+
+
+def _differs(want: dict[str, Any], got: Any) -> str | None:
+    """How ``got`` differs from the list of dicts' sample ``want``, or None."""
+    if not isinstance(got, dict):
+        return f"a {type(got).__name__}, not a dict"
+    if set(got) != set(want):
+        return f"keys {sorted(got)}, not {sorted(want)}"
+    for key, value in want.items():
+        if key == "index":
+            if int(got[key]) != value:
+                return f"index {got[key]!r}"
+            continue
+        other = got[key]
+        if not torch.is_tensor(other):
+            return f"{key!r} is a {type(other).__name__}, not a tensor"
+        if other.dtype != value.dtype or other.shape != value.shape:
+            return f"{key!r} is {other.dtype} {tuple(other.shape)}, not {value.dtype} {tuple(value.shape)}"
+        if not torch.equal(other, value):
+            return f"{key!r} holds other tokens"
+    return None
+
+
+def flat_job(make: Callable[[list[dict[str, Any]]], Any], seed: int) -> dict[str, Any]:
+    """On a rank: compare every sample of ``make(rows)`` with the dicts', then measure its workers."""
+    data = tokens(N, LENGTH, seed)
+    want = DictsDataset(data)
+    ds = make(DictsDataset(data).rows)
+    if ds is None:
+        return {"none": True}
+    try:
+        size = len(ds)
+    except TypeError:
+        return {"bad": "it has no len(): a map-style dataset needs __len__"}
+    if size != len(want):
+        return {"bad": f"it has {size} samples, the list of dicts {len(want)}"}
+    for i in range(size):
+        why = _differs(want[i], ds[i])
+        if why is not None:
+            return {"bad": f"sample {i} differs: {why}"}
+    del want, data
+    gc.collect()  # the rows are gone, unless the learner's dataset keeps them
+    with tempfile.TemporaryDirectory(prefix="ezpz-flat-") as folder:
+        got = measure_workers(ds, n=N, length=LENGTH, folder=folder, workers=2, batch_size=64)
+    growth = {g.worker: g.growth for g in got.ledger.memory_report().growth if g.worker >= 0}
+    return {"growth": growth, "data": got.data}
+
+
+def check_flat(
+    make_flat: Callable[[list[dict[str, Any]]], Any],
+    *,
+    cluster: Cluster | None = None,
+    timeout: float = 90.0,
+) -> CheckResult:
+    """Notebook 19's exercise: same samples as the list of dicts, workers that do not grow.
+
+    Args:
+        make_flat: The learner's function (or class) from the rows to a dataset.
+        cluster: A warm 2-rank :class:`~ezpz_nb.Cluster`; fresh ranks when None.
+        timeout: Seconds for the run (building, comparing, one epoch).
+    """
+
+    def body() -> str:
+        got = run_learner(
+            flat_job, make_flat, fresh_seed(), world_size=2, timeout=timeout, cluster=cluster
+        )
+        first = got[0]
+        if first.get("none"):
+            raise wrong("make_flat returned None: return the dataset you built.")
+        if "bad" in first:
+            raise wrong(f"{first['bad']}. It must yield what the list of dicts yields.")
+        bound = BOUND * first["data"]
+        for rank, out in enumerate(got):
+            for worker, grew in sorted(out["growth"].items()):
+                if grew >= bound:
+                    raise wrong(
+                        f"rank {rank}'s worker {worker} grew by {grew / MIB:.1f} MiB over an "
+                        f"epoch (the bound is {bound / MIB:.1f} MiB, {BOUND:.0%} of the data): "
+                        "its samples are still read from Python objects, whose reference "
+                        "counts the worker writes. Hold the tokens in one array."
+                    )
+        worst = max(g for out in got for g in out["growth"].values())
+        return (
+            f"Same {N} samples, and no worker grew by more than {worst / MIB:.1f} MiB over an "
+            f"epoch (bound {bound / MIB:.1f} MiB): nothing in your storage is written by reading."
+        )
+
+    return judge(EXERCISE, body)

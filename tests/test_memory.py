@@ -1,0 +1,201 @@
+"""Memory of ranks and DataLoader workers in the ledger, and ``/dev/shm`` predicted and measured.
+
+Memory figures are counts of pages, not clocks: bounds here come from the data's size.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import ezpz_nb as ez
+from ezpz_nb.cli.probes import check_shm
+from ezpz_nb.ledger import Ledger
+from ezpz_nb.ledger.memory import (
+    MIB,
+    MemorySample,
+    MemorySampler,
+    ProcMemory,
+    _from_rollup,
+    read_memory,
+    summarise,
+)
+from ezpz_nb.shm import PAGE, paged, plan_shm, predict_peak
+from ezpz_nb.workshop.memory_jobs import measure_workers
+from ezpz_nb.workshop.shm_jobs import ShmConfig, namespace_refusal, small_shm
+
+ROLLUP = """55d-7ff ---p 00000000 00:00 0      [rollup]
+Rss:              228524 kB
+Pss:              227024 kB
+Shared_Clean:       1712 kB
+Shared_Dirty:          8 kB
+Private_Clean:     78680 kB
+Private_Dirty:    148132 kB
+Swap:                 12 kB
+"""
+
+
+def test_rollup_fields_are_summed_as_documented():
+    """Guards: private is dirty + swap (not USS, which counts clean file pages a reader
+    alone maps: a memory map read by one worker would look like growth)."""
+    m = _from_rollup(ROLLUP)
+    assert m == ProcMemory(
+        rss=228524 * 1024,
+        pss=227024 * 1024,
+        uss=(78680 + 148132) * 1024,
+        private=(148132 + 12) * 1024,
+        shared=(1712 + 8) * 1024,
+    )
+
+
+def test_read_memory_of_this_process_and_of_none():
+    mine = read_memory()
+    assert mine is not None and mine.private > 0 and mine.rss >= mine.private
+    assert read_memory(2**22 + 12345) is None  # no such pid: None, not an error
+
+
+def test_sampler_spends_its_budget_then_waits():
+    """Guards: the first reading is always due (the start of a worker's growth), and after
+    it a tiny budget keeps the next one from being due: the cost stays bounded."""
+    tiny = MemorySampler(budget=1e-9)
+    assert tiny.due()  # the first reading is always due
+    got = tiny.sample(0, 0, 0, [])
+    assert [s.worker for s in got] == [-1] and tiny.readings == 1
+    assert not tiny.due()
+    with pytest.raises(ValueError, match="share of time"):
+        MemorySampler(budget=0)
+
+
+def _s(worker: int, pid: int, step: int, private_mib: int, epoch: int = 0) -> MemorySample:
+    mem = ProcMemory(0, 0, 0, private_mib * MIB, 0)
+    return MemorySample(0, worker, pid, epoch, step, mem)
+
+
+def test_summary_per_process_start_peak_end():
+    """Guards: a worker of a new epoch (new pid) is its own line, and growth is end - start
+    while peak is the largest sample (they differ when memory is given back)."""
+    samples = [_s(0, 10, 0, 5), _s(0, 10, 1, 40), _s(0, 10, 2, 30), _s(0, 11, 0, 7, epoch=1)]
+    got = summarise(reversed(samples))
+    assert [(g.pid, g.start // MIB, g.peak // MIB, g.end // MIB) for g in got] == [
+        (10, 5, 40, 30),
+        (11, 7, 7, 7),
+    ]
+    assert got[0].growth == 25 * MIB and got[0].name == "rank 0 worker 0"
+    led = Ledger.from_results([Ledger([], memory=samples[:2]), Ledger([], memory=samples[2:])])
+    assert len(led.memory) == 4 and "worker 0" in str(led.memory_report())
+    assert "record(..., memory=True)" in str(Ledger().memory_report())
+
+
+def test_shm_prediction_counts_pages_and_the_held_batch():
+    assert paged([1, PAGE, PAGE + 1]) == 4 * PAGE
+    assert predict_peak(8 * MIB, workers=2, prefetch_factor=2, ranks=2) == 80 * MIB
+    assert predict_peak(8 * MIB, workers=0) == 0  # batches made in the rank: no shm
+    missing = plan_shm(MIB, workers=1, path="/no/such/shm")
+    assert missing.fits is None and "nothing to compare" in str(missing)
+
+
+def test_doctor_warns_when_the_loader_does_not_fit():
+    """Guards: a loader too big for /dev/shm is a warning with what to do, not a pass."""
+    assert check_shm().ok is True
+    huge = check_shm(batch_mib=10**7)
+    assert huge.ok is None and "does NOT fit" in huge.detail and "--shm-size" in huge.fix
+    assert check_shm(path="/no/such/shm").ok is True  # macOS: the prediction only
+
+
+def test_ranks_record_their_workers_memory(short_tmp):
+    """Guards: record(memory=True) on real ranks samples the rank and each of its workers
+    (worker ids 0 and 1, pids other than the rank's), and the ledger keeps them per rank."""
+    got = ez.launch(
+        measure_workers,
+        "numpy",
+        world_size=2,
+        timeout=120,
+        n=512,
+        length=64,
+        folder=short_tmp,
+        workers=2,
+        batch_size=32,
+    )
+    led = Ledger.from_results([m.ledger for m in got])
+    names = {g.name for g in led.memory_report().growth}
+    assert names == {f"rank {r}" + w for r in (0, 1) for w in ("", " worker 0", " worker 1")}
+    for m in got:
+        pids = {s.pid for s in m.ledger.memory}
+        assert len(pids) == 3 and m.steps == 16 and m.data == 512 * 64 * 8
+
+
+@pytest.mark.system
+def test_fork_copies_python_objects_but_not_arrays(short_tmp):
+    """Guards the done-when of issue 49 at the benchmark's size (32 MiB of tokens): with
+    fork, each list-of-dicts worker grows by at least half the data; numpy and memory-map
+    workers by less than 5% of it."""
+    n, length = 16384, 256
+    data = n * length * 8
+    for storage, low, high in (("dicts", 0.5, None), ("numpy", None, 0.05), ("memmap", None, 0.05)):
+        got = ez.launch(
+            measure_workers,
+            storage,
+            world_size=2,
+            timeout=300,
+            n=n,
+            length=length,
+            folder=short_tmp,
+            workers=2,
+        )
+        growth = [g.growth for m in got for g in m.ledger.memory_report().growth if g.worker >= 0]
+        assert len(growth) == 4, storage
+        if low is not None:
+            assert min(growth) >= low * data, (storage, [g / MIB for g in growth])
+        if high is not None:
+            assert max(growth) < high * data, (storage, [g / MIB for g in growth])
+
+
+@pytest.mark.system
+@pytest.mark.skipif(namespace_refusal() is not None, reason=str(namespace_refusal()))
+def test_small_shm_fails_and_the_fixes_fit_as_predicted():
+    """Guards: in a private mount namespace with a 64 MiB /dev/shm (nothing mounted outside),
+    a loader predicted at 80 MiB fails in its workers; fewer prefetched batches or fewer
+    workers fit; file_system sharing does not help (same bytes); a 256 MiB /dev/shm fits.
+    The peak is polled from /dev/shm during each run, and the doctor's prediction is within
+    10% of every peak that fit."""
+    mounts = open("/proc/self/mounts").read()
+    default, prefetch1, one_worker, file_system, larger = small_shm(
+        [
+            ShmConfig("default"),
+            ShmConfig("prefetch 1", prefetch_factor=1),
+            ShmConfig("1 worker", workers=1),
+            ShmConfig("file_system", sharing="file_system"),
+            ShmConfig("larger shm", shm_mib=256),
+        ]
+    )
+    assert open("/proc/self/mounts").read() == mounts  # nothing left mounted here
+    assert default.size == 64 * MIB and larger.size == 256 * MIB
+    for failed in (default, file_system):
+        assert not failed.ok
+        assert any("No space left on device" in e or "Bus error" in e for e in failed.errors)
+        assert failed.peak <= failed.size
+    for fit in (prefetch1, one_worker, larger):
+        assert fit.ok and fit.steps == [fit.config.steps] * fit.config.ranks
+        c = fit.config
+        doctor = plan_shm(
+            int(c.batch_mib * MIB),
+            workers=c.workers,
+            prefetch_factor=c.prefetch_factor,
+            ranks=c.ranks,
+        )
+        assert doctor.peak == fit.predicted
+        assert abs(fit.peak - doctor.peak) <= 0.10 * fit.peak, (c.name, fit.peak, doctor.peak)
+    assert not os.path.exists("/dev/shm/ezpz-shm")
+
+
+def test_figure_draws_each_worker_and_names_the_largest_growth():
+    """Guards: a panel per rank from one ledger, a line per worker plus the rank's, and the
+    growth in the title is the largest worker's end - start (what the notebook's text reads)."""
+    from ezpz_nb import viz
+
+    samples = [_s(w, 10 + w, step, 5 + step * (w + 1)) for step in range(4) for w in (-1, 0, 1)]
+    fig = viz.memory_growth(Ledger([], memory=samples))
+    (panel,) = fig.ezpz_data["lines"]
+    assert sorted(fig.ezpz_data["lines"][panel]) == ["rank", "worker 0", "worker 1"]
+    assert fig.ezpz_data["growth"][panel] == 6.0  # worker 1: 5 + 2 * 3 - 5
