@@ -2,8 +2,9 @@
 
 All metadata is in pyproject.toml. The notebooks stay where people edit and run
 them, ``notebooks/`` at the top of the repository; building the wheel copies the
-stored ``notebooks/*.ipynb`` (and any ``*.md`` beside them) into the package as
-``ezpz_nb/_notebooks/``, so nothing is committed twice. An editable install
+stored ``notebooks/*.ipynb`` (and any ``*.md`` beside them), and the solutions
+notebooks of ``notebooks/solutions/``, into the package as ``ezpz_nb/_notebooks/``
+(keeping ``solutions/``), so nothing is committed twice. An editable install
 copies nothing: ``ezpz_nb.cli.resources.notebooks_dir()`` finds ``notebooks/`` in
 the checkout instead.
 """
@@ -16,7 +17,8 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 SOURCE = Path(__file__).resolve().parent / "notebooks"
-PATTERNS = ("*.ipynb", "*.md")
+# ezpz_nb/cli/notebooks.py copies the same patterns out of the installed package.
+PATTERNS = ("*.ipynb", "*.md", "solutions/*.ipynb")
 TARGET = ("ezpz_nb", "_notebooks")
 
 
@@ -40,14 +42,16 @@ class BuildPyWithNotebooks(build_py):
         target = Path(self.build_lib, *TARGET)
         target.mkdir(parents=True, exist_ok=True)
         for path in self._notebooks():
-            self.copy_file(str(path), str(target / path.name))
+            dest = target / path.relative_to(SOURCE)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.copy_file(str(path), str(dest))
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         outputs = super().get_outputs(include_bytecode)
         if self.editable_mode:
             return outputs
         target = Path(self.build_lib, *TARGET)
-        return outputs + [str(target / p.name) for p in self._notebooks()]
+        return outputs + [str(target / p.relative_to(SOURCE)) for p in self._notebooks()]
 
 
 setup(cmdclass={"build_py": BuildPyWithNotebooks})

@@ -8,7 +8,9 @@ counts) and stable cell ids, so regenerated notebooks are byte-identical.
 
 One source, two notebooks: when cells of a source are tagged ``workshop`` or
 ``solutions``, it becomes ``NN_name.ipynb`` (untagged and ``workshop`` cells) and
-``NN_name_solutions.ipynb`` (untagged and ``solutions`` cells). Tagged cells come in
+``solutions/NN_name_solutions.ipynb`` (untagged and ``solutions`` cells): in a folder of
+their own, since JupyterLab's file browser cuts both names to the same ``NN_name...`` at
+its default width, and a learner should not open the answers by accident. Tagged cells come in
 runs of k ``workshop`` cells followed by k ``solutions`` cells (for an exercise: the
 blank and its checker call, then the solution and the checker's assert), so both
 notebooks have the same cells at the same positions, with the same ids, and cannot
@@ -55,6 +57,9 @@ LANGUAGE_INFO = {
 }
 #: Cell tags that pick the notebook a cell goes to; the first one names the main notebook.
 VARIANTS = ("workshop", "solutions")
+#: The folder (under ``notebooks/``) of the solutions notebooks; setup.py and
+#: ``ezpz-nb notebooks`` ship and copy it with the notebooks.
+SOLUTIONS_DIR = "solutions"
 
 
 def read_source(path: Path) -> nbformat.NotebookNode:
@@ -115,7 +120,7 @@ def to_notebook(source: nbformat.NotebookNode, variant: str | None = None) -> nb
 
 
 def notebooks() -> dict[str, nbformat.NotebookNode]:
-    """Every generated notebook, by file name."""
+    """Every generated notebook, by path relative to ``notebooks/`` (POSIX form)."""
     out = {}
     for path in sorted(CELLS.glob("*.py")):
         source = read_source(path)
@@ -123,7 +128,7 @@ def notebooks() -> dict[str, nbformat.NotebookNode]:
             check_pairs(source, path.name)
             main, other = VARIANTS
             out[f"{path.stem}.ipynb"] = to_notebook(source, main)
-            out[f"{path.stem}_{other}.ipynb"] = to_notebook(source, other)
+            out[f"{SOLUTIONS_DIR}/{path.stem}_{other}.ipynb"] = to_notebook(source, other)
         else:
             out[f"{path.stem}.ipynb"] = to_notebook(source)
     return out
@@ -185,20 +190,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out: Path = args.out
     stale = []
-    for name, nb in notebooks().items():
+    built = notebooks()
+    for name, nb in built.items():
         path = out / name
         text = nbformat.writes(nb) + "\n"
         if args.check:
             if not path.exists() or path.read_text(encoding="utf-8") != text:
                 stale.append(name)
             continue
-        out.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         print(f"wrote {path}")
     if not args.check:
         return 0
     # Also notebooks that no source writes: a hand-made one must be stored clean too.
     found = _stored(out)
+    # A notebook of a generated name in another folder is a copy left behind by a move (the
+    # solutions were once beside the notebooks): it would ship twice, once stale.
+    generated = {Path(name).name: out / name for name in built}
+    left = [f for f in found if f.name in generated and f != generated[f.name]]
+    for f in left:
+        print(f"{f}: left behind; {generated[f.name]} is the notebook now: delete this copy")
     unclean = {f: p for f in found if (p := notebook_problems(f))}
     for f, problems in unclean.items():
         print(f"{f}: " + "; ".join(problems))
@@ -213,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             f"kernel to {KERNEL_NAME!r} (or regenerate them with notebooks/_build.py).",
             file=sys.stderr,
         )
-    if stale or unclean:
+    if stale or unclean or left:
         return 1
     print(f"{len(found)} notebook(s) up to date and clean")
     return 0

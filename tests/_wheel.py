@@ -310,12 +310,18 @@ def main(argv: list[str] | None = None) -> int:
             "ezpz-nb notebooks DIR", [str(bin_dir / "ezpz-nb"), "notebooks", "tutorial"], home, 120
         )
         nbs = home / "tutorial"
-        # Every stored notebook and the notes beside them (CHEATSHEET.md, INSTRUCTOR.md).
-        shipped = sorted(p.name for g in ("*.ipynb", "*.md") for p in (ROOT / "notebooks").glob(g))
-        got = sorted(p.name for p in nbs.iterdir())
+        # Every stored notebook and the notes beside them (CHEATSHEET.md, INSTRUCTOR.md), and
+        # the solutions in their own folder.
+        source = ROOT / "notebooks"
+        shipped = sorted(
+            p.relative_to(source).as_posix()
+            for g in ("*.ipynb", "*.md", "solutions/*.ipynb")
+            for p in source.glob(g)
+        )
+        got = sorted(p.relative_to(nbs).as_posix() for p in nbs.rglob("*") if p.is_file())
         if got != shipped:
             raise SystemExit(f"wheel test: ezpz-nb notebooks gave {got}, expected {shipped}")
-        notebooks = sorted(nbs.glob("*.ipynb"))
+        notebooks = sorted(nbs.rglob("*.ipynb"))
         modules = notebook_imports(notebooks)
         steps.run(
             f"the notebooks' {len(modules)} imports",

@@ -209,14 +209,19 @@ def test_doctor_plans_memory_for_the_most_ranks_a_notebook_starts():
 
 def test_notebooks_copies_all_then_keeps_edits_unless_forced(tmp_path, capsys):
     dest = tmp_path / "my notebooks"
-    names = [p.name for p in shipped_files()]
+    source = resources.notebooks_dir()
+    names = [p.relative_to(source).as_posix() for p in shipped_files()]
     assert "00_setup_check.ipynb" in names and len(names) >= 8
+    # The answers go to a folder of their own, not one click from the exercise (issue 45).
+    assert "solutions/05_workshop_solutions.ipynb" in names
+    assert not [n for n in names if n.endswith("_solutions.ipynb") and "/" not in n]
 
     done = _in_process(capsys, "notebooks", str(dest))
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in dest.iterdir()) == names
-    for p in shipped_files():
-        assert (dest / p.name).read_bytes() == p.read_bytes()
+    copied = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert copied == sorted(names)
+    for name in names:
+        assert (dest / name).read_bytes() == (source / name).read_bytes()
     assert f"copied {len(names)} file(s) to {dest}" in done.stdout
 
     edited = dest / "02_dp_sharding.ipynb"
@@ -305,7 +310,9 @@ def test_lab_serves_the_notebooks_and_stops_cleanly(tmp_path):
         with urllib.request.urlopen(lab.url("lab"), timeout=10) as resp:
             assert resp.status == 200
         listed = {item["name"] for item in lab.api("contents")["content"]}
-        assert {p.name for p in shipped_files()} <= listed
+        # The top level lists the notebooks and the solutions/ folder they hide in.
+        top = {"solutions" if p.parent.name == "solutions" else p.name for p in shipped_files()}
+        assert top <= listed
         listening = [
             c.laddr
             for c in psutil.Process(proc.pid).net_connections("inet")

@@ -8,9 +8,12 @@ and 0 false failures are asserted on every degree.
 
 from __future__ import annotations
 
+import gc
+import inspect
 import math
 import os
 import random
+import struct
 
 import pytest
 import torch
@@ -78,6 +81,34 @@ def reads_a_private_copy(ds, rank, world):
     return sum(found[0]) / len(found[0])
 
 
+def _mean_of(found, n):
+    """The mean of a found loss list, tuple or packed bytes of ``n`` doubles; None if not one."""
+    if isinstance(found, (bytes, bytearray)) and len(found) == 8 * n:
+        found = struct.unpack(f"<{n}d", found)
+    if isinstance(found, (list, tuple)) and len(found) == n and n:
+        if all(isinstance(v, float) for v in found):
+            return math.fsum(found) / n
+    return None
+
+
+def scans_caller_frames(ds, rank, world):
+    """Reads nothing: looks for the checker's losses in the locals of every caller frame."""
+    for frame in inspect.stack():
+        for v in frame.frame.f_locals.values():
+            if (mean := _mean_of(v, len(ds))) is not None:
+                return mean
+    return 0.0
+
+
+def scans_the_heap(ds, rank, world):
+    """Reads nothing: looks for the losses among every object ``gc`` knows, and what they hold."""
+    for o in gc.get_objects():
+        for v in (o, *gc.get_referents(o)):
+            if (mean := _mean_of(v, len(ds))) is not None:
+                return mean
+    return 0.0
+
+
 def not_done(ds, rank, world):
     raise NotImplementedError
 
@@ -91,6 +122,8 @@ DODGES = [
     reads_the_answers,
     clears_its_record,
     reads_a_private_copy,
+    scans_caller_frames,
+    scans_the_heap,
 ]
 
 

@@ -29,8 +29,8 @@ def _workshop_cells(variant: str) -> list[str]:
     spec = importlib.util.spec_from_file_location("nb_build", root / "_build.py")
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
-    suffix = "" if variant == "workshop" else "_solutions"
-    nb = build.notebooks()[f"05_workshop{suffix}.ipynb"]
+    name = "05_workshop.ipynb" if variant == "workshop" else "solutions/05_workshop_solutions.ipynb"
+    nb = build.notebooks()[name]
     return [cell.source for cell in nb.cells if cell.cell_type == "code"]
 
 
@@ -40,7 +40,8 @@ def _shipped_solutions() -> dict:
     Read from the stored notebook (plain JSON, which ``_build.py --check`` keeps equal
     to the source): ranks import this module, and must not pay for jupytext.
     """
-    path = Path(__file__).resolve().parent.parent / "notebooks" / "05_workshop_solutions.ipynb"
+    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
+    path = notebooks / "solutions" / "05_workshop_solutions.ipynb"
     ns: dict = {"__name__": "workshop_solutions"}
     for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
         src = "".join(cell["source"])

@@ -44,7 +44,7 @@ def _write(
 
 
 def test_every_tutorial_notebook_is_clean():
-    found = sorted(NOTEBOOKS.glob("*.ipynb"))
+    found = sorted([*NOTEBOOKS.glob("*.ipynb"), *NOTEBOOKS.glob("solutions/*.ipynb")])
     assert len(found) >= 7
     problems = {p.name: notebook_problems(p) for p in found}
     assert not any(problems.values()), problems
@@ -151,12 +151,33 @@ def test_unpaired_variant_cells_are_refused(tmp_path):
 def test_workshop_and_solutions_line_up():
     """The stored pair has the same cells at the same places; only variant cells differ."""
     work, sol = (
-        nbformat.read(NOTEBOOKS / f"05_workshop{s}.ipynb", as_version=4) for s in ("", "_solutions")
+        nbformat.read(NOTEBOOKS / name, as_version=4)
+        for name in ("05_workshop.ipynb", "solutions/05_workshop_solutions.ipynb")
     )
     assert [(c.id, c.cell_type) for c in work.cells] == [(c.id, c.cell_type) for c in sol.cells]
     differ = [c.id for c, d in zip(work.cells, sol.cells, strict=True) if c.source != d.source]
     # Title and summary, and per exercise its function and its checker call.
     assert len(differ) == 2 + 7 * 2, differ
+
+
+def test_solutions_are_in_a_folder_of_their_own(tmp_path, capsys):
+    """Guards issue 45 item 7: beside the exercise, JupyterLab's file browser cuts both names
+    to the same ``15_data_in_the...``, so a learner opened the answers by accident."""
+    names = list(build.notebooks())
+    solutions = [n for n in names if n.endswith("_solutions.ipynb")]
+    assert len(solutions) >= 7 and all(n.startswith("solutions/") for n in solutions)
+    assert not list(NOTEBOOKS.glob("*_solutions.ipynb"))
+    # A copy left at the old place by a move would ship twice, once stale: --check names it.
+    out = tmp_path / "nbs"
+    assert build.main(["--out", str(out)]) == 0
+    (out / "05_workshop_solutions.ipynb").write_bytes(
+        (out / "solutions" / "05_workshop_solutions.ipynb").read_bytes()
+    )
+    capsys.readouterr()
+    assert build.main(["--check", "--out", str(out)]) == 1
+    assert "05_workshop_solutions.ipynb: left behind" in capsys.readouterr().out
+    (out / "05_workshop_solutions.ipynb").unlink()
+    assert build.main(["--check", "--out", str(out)]) == 0
 
 
 def test_the_width_check_under_nbmake_finds_a_wide_line(tmp_path):

@@ -25,6 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 
 
+def _stored(*patterns: str) -> list[Path]:
+    """The checkout's notebooks (and notes) that ship: these patterns, and ``solutions/``."""
+    found = [p for g in (*patterns, "solutions/*.ipynb") for p in NOTEBOOKS.glob(g)]
+    return sorted(found)
+
+
 def _notebook(path: Path, *cells: str) -> Path:
     """A stored notebook of these code cells, and a markdown cell that imports nothing."""
     code = [
@@ -80,7 +86,7 @@ def test_the_wheel_pass_takes_each_import_a_notebook_needs(tmp_path):
 def test_the_wheel_pass_reads_the_stored_notebooks():
     """The real notebooks: 13's extras are asked of the install, its optional streaming
     is not, nor the worker file 14 writes."""
-    modules = notebook_imports(sorted(NOTEBOOKS.glob("*.ipynb")))
+    modules = notebook_imports(_stored("*.ipynb"))
     assert {"datasets", "torchdata.stateful_dataloader", "ezpz_nb.agents.by_hand"} <= set(modules)
     assert not [m for m in modules if m.split(".")[0] in ("streaming", "torchrun_worker")]
 
@@ -118,14 +124,16 @@ def site(wheel, tmp_path_factory) -> Path:
 @pytest.mark.system
 def test_wheel_ships_the_stored_notebooks(wheel):
     assert len(list(NOTEBOOKS.glob("*.ipynb"))) >= 7
-    # The notes beside them (the cheat sheet, the instructor's guide) ship with them.
-    stored = sorted([*NOTEBOOKS.glob("*.ipynb"), *NOTEBOOKS.glob("*.md")])
-    assert {"CHEATSHEET.md", "INSTRUCTOR.md"} <= {p.name for p in stored}
+    # The notes beside them (the cheat sheet, the instructor's guide) ship with them, and the
+    # solutions in their own folder (issue 45: not one click from the exercise).
+    stored = _stored("*.ipynb", "*.md")
+    names = [p.relative_to(NOTEBOOKS).as_posix() for p in stored]
+    assert {"CHEATSHEET.md", "INSTRUCTOR.md", "solutions/05_workshop_solutions.ipynb"} <= set(names)
     with zipfile.ZipFile(wheel) as zf:
         shipped = sorted(n for n in zf.namelist() if n.startswith("ezpz_nb/_notebooks/"))
-        assert shipped == [f"ezpz_nb/_notebooks/{p.name}" for p in stored]
-        for p in stored:
-            assert zf.read(f"ezpz_nb/_notebooks/{p.name}") == p.read_bytes(), p.name
+        assert shipped == [f"ezpz_nb/_notebooks/{n}" for n in names]
+        for p, n in zip(stored, names, strict=True):
+            assert zf.read(f"ezpz_nb/_notebooks/{n}") == p.read_bytes(), n
         # Every subpackage (a wheel listing them by hand once left out launcher/).
         for init in sorted((ROOT / "ezpz_nb").rglob("__init__.py")):
             assert init.relative_to(ROOT).as_posix() in zf.namelist()
@@ -166,7 +174,7 @@ def test_installed_wheel_finds_its_notebooks(site, tmp_path):
 @pytest.mark.system
 def test_wheel_build_without_notebooks_fails_and_says_why(tmp_path):
     src = copy_checkout(tmp_path / "src")
-    for nb in (src / "notebooks").glob("*.ipynb"):
+    for nb in (src / "notebooks").rglob("*.ipynb"):
         nb.unlink()
     done = pip_wheel(src, tmp_path / "dist")
     assert done.returncode != 0
@@ -201,7 +209,7 @@ def test_installed_wheel_runs_its_tutorial_away_from_the_repository(site, tmp_pa
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"at {site / 'ezpz_nb'}, {len(list(NOTEBOOKS.glob('*.ipynb')))} notebooks" in done.stdout
+    assert f"at {site / 'ezpz_nb'}, {len(_stored('*.ipynb'))} notebooks" in done.stdout
     done = subprocess.run(
         [*cli, "notebooks", "tutorial"],
         cwd=away,
@@ -212,10 +220,12 @@ def test_installed_wheel_runs_its_tutorial_away_from_the_repository(site, tmp_pa
     )
     assert done.returncode == 0, done.stderr
     tutorial = away / "tutorial"
-    # Every notebook and the workshop kit beside them (CHEATSHEET.md, INSTRUCTOR.md).
-    assert sorted(p.name for p in tutorial.iterdir()) == sorted(
-        p.name for pattern in ("*.ipynb", "*.md") for p in NOTEBOOKS.glob(pattern)
-    )
+    # Every notebook and the workshop kit beside them (CHEATSHEET.md, INSTRUCTOR.md), and the
+    # solutions in solutions/.
+    copied = [p.relative_to(tutorial).as_posix() for p in tutorial.rglob("*") if p.is_file()]
+    assert sorted(copied) == [
+        p.relative_to(NOTEBOOKS).as_posix() for p in _stored("*.ipynb", "*.md")
+    ]
     done = subprocess.run(
         [
             sys.executable,

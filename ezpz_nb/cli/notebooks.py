@@ -15,8 +15,9 @@ from ezpz_nb.cli.resources import notebooks_dir
 
 __all__ = ["NotebookCopy", "copy_notebooks", "shipped_files"]
 
-# What ships beside the notebooks (setup.py copies the same patterns into the wheel).
-PATTERNS = ("*.ipynb", "*.md")
+# What ships beside the notebooks (setup.py copies the same patterns into the wheel): the
+# solutions in a folder of their own, so a learner does not open them by accident.
+PATTERNS = ("*.ipynb", "*.md", "solutions/*.ipynb")
 
 
 @dataclass
@@ -25,7 +26,8 @@ class NotebookCopy:
 
     Attributes:
         dest: The folder copied to.
-        copied: Files that were not there before.
+        copied: Files that were not there before (paths relative to ``dest``, such as
+            ``solutions/05_workshop_solutions.ipynb``).
         overwritten: Files that were there and were replaced (``force=True``).
         skipped: Files that were there and were left alone.
     """
@@ -54,7 +56,7 @@ class NotebookCopy:
 
 
 def shipped_files(source: Path | None = None) -> list[Path]:
-    """The notebooks (and notes beside them) that ship with ezpz_nb, in name order."""
+    """The notebooks (and notes beside them, and ``solutions/``) that ship with ezpz_nb, sorted."""
     folder = notebooks_dir() if source is None else source
     return sorted(
         p for pattern in PATTERNS for p in folder.glob(pattern) if not p.name.startswith("_")
@@ -85,10 +87,12 @@ def copy_notebooks(
     dest.mkdir(parents=True, exist_ok=True)
     done = NotebookCopy(dest.resolve())
     for path in files:
-        target = dest / path.name
+        name = path.relative_to(source).as_posix()  # solutions/... keeps its folder
+        target = dest / name
         if target.exists() and not force:
-            done.skipped.append(path.name)
+            done.skipped.append(name)
             continue
-        (done.overwritten if target.exists() else done.copied).append(path.name)
+        (done.overwritten if target.exists() else done.copied).append(name)
+        target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
     return done

@@ -6,13 +6,20 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ezpz_nb.ledger.memory import BUDGET, MIB, summarise
 from ezpz_nb.verify.batches import KEYS
 from ezpz_nb.verify.judge import judge
-from ezpz_nb.verify.observe import Grid
+from ezpz_nb.verify.observe import Grid, Outcome
 from ezpz_nb.verify.ranks import run_ranks
-from ezpz_nb.verify.report import Report, VerifyError
+from ezpz_nb.verify.report import Finding, Report, VerifyError
 
-__all__ = ["check_contract", "parse_layout"]
+__all__ = ["check_contract", "judge_memory", "parse_layout"]
+
+_COPY_HINT = (
+    "a dataset of Python objects (a list of dicts or strings) in a forked worker is copied "
+    "page by page as reference counts are touched: hold it as numpy arrays, an Arrow table "
+    "or a memory-mapped file (docs/memory.md)"
+)
 
 
 def parse_layout(layout: str | Mapping[str, int] | Grid) -> Grid:
@@ -79,6 +86,65 @@ def check_args(make_loader: Any, grid: Grid, epochs: Any, key: Any, timeout: Any
         raise VerifyError(f"timeout must be a number of seconds > 0, got {timeout!r}")
 
 
+def _memory_args(bound: Any, budget: Any) -> None:
+    if bound is not None and (
+        isinstance(bound, bool) or not isinstance(bound, (int, float)) or bound < 0
+    ):
+        raise VerifyError(
+            f"max_worker_growth_mib must be a number of MiB >= 0 (or None), got {bound!r}"
+        )
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
+        raise VerifyError(
+            f"memory_budget must be a share of wall time in (0, 1], e.g. 0.01, got {budget!r}"
+        )
+
+
+def judge_memory(report: Report, outcomes: list[Outcome], bound_mib: float | None) -> Report:
+    """Fill ``report.memory`` from the ranks' samples and judge its ``worker_memory`` rule.
+
+    Without a bound the rule is "not asked" (the figures are shown; a PASS stays a
+    PASS). With one, a worker whose private memory grew by more than ``bound_mib``
+    over its epoch is a violation; no worker read twice (no workers, a platform
+    that cannot read memory, a loop too short for the sampler's budget) leaves it
+    "not judged".
+    """
+    growth = summarise(s for o in outcomes for s in o.memory)
+    report.memory = [
+        {"rank": g.rank, "worker": g.worker, "epoch": g.epoch, "start_mib": g.start / MIB,
+         "peak_mib": g.peak / MIB, "growth_mib": g.growth / MIB, "samples": g.samples}
+        for g in growth
+    ]  # fmt: skip
+    # One reading is no growth: a worker counts only when read at least twice.
+    judged = [g for g in growth if g.worker >= 0 and g.samples >= 2]
+    worst = max(judged, key=lambda g: g.growth, default=None)
+    if bound_mib is None:
+        said = (
+            f"largest worker growth {worst.growth / MIB:+.1f} MiB ({worst.name}, epoch "
+            f"{worst.epoch}); pass max_worker_growth_mib to judge it"
+            if worst is not None
+            else "no worker read twice within memory_budget (memory_budget=1.0 reads at every "
+            "step); pass max_worker_growth_mib to judge it"
+        )
+        report.not_asked["worker_memory"] = said
+    elif worst is None:
+        report.not_judged["worker_memory"] = (
+            "no DataLoader worker's memory was read twice (num_workers=0, an iterator "
+            "without torch's workers, a platform where it cannot be read, or a loop too "
+            "short for memory_budget: pass memory_budget=1.0 to read at every step)"
+        )
+    elif worst.growth > bound_mib * MIB:
+        report.findings.append(
+            Finding(
+                "worker_memory", "worker_growth", worst.epoch,
+                f"{worst.name}'s private memory grew by {worst.growth / MIB:.1f} MiB over "
+                f"epoch {worst.epoch} (peak {worst.peak / MIB:.1f} MiB), above the bound of "
+                f"{bound_mib:g} MiB",
+                rank=worst.rank, worker=worst.worker, hint=_COPY_HINT, ranks=[worst.rank],
+            )
+        )  # fmt: skip
+    return report
+
+
 def check_contract(
     make_loader: Callable[..., Any],
     layout: str | Mapping[str, int] | Grid = "dp=2",
@@ -90,6 +156,8 @@ def check_contract(
     timeout: float = 60.0,
     start_method: str | None = None,
     cluster: Any = None,
+    max_worker_growth_mib: float | None = None,
+    memory_budget: float = BUDGET,
 ) -> Report:
     """Run ``make_loader`` on real ranks and check the distributed data contract.
 
@@ -125,6 +193,12 @@ def check_contract(
         cluster: Run on this :class:`ezpz_nb.Cluster` (its world size must
             match the layout) instead of fresh ranks: several checks then pay
             the ranks' imports once. Its ranks are stopped if the loader hangs.
+        max_worker_growth_mib: The ``worker_memory`` rule's bound: a DataLoader
+            worker whose private memory grows by more over its epoch fails it.
+            None (the default): the peak and growth of each rank and worker are
+            reported, the rule is "not asked" and never stops a PASS.
+        memory_budget: Share of wall time the memory readings may take
+            (:class:`~ezpz_nb.ledger.memory.MemorySampler`; 1.0 reads at every step).
 
     Returns:
         A :class:`~ezpz_nb.verify.Report` (``.ok``, ``.table()``, ``.to_json()``).
@@ -136,6 +210,7 @@ def check_contract(
     """
     grid = parse_layout(layout)
     check_args(make_loader, grid, epochs, key, timeout)
+    _memory_args(max_worker_growth_mib, memory_budget)
     t0 = time.perf_counter()
     ranks = run_ranks(
         make_loader,
@@ -145,9 +220,11 @@ def check_contract(
         cluster=cluster,
         epochs=epochs,
         key=key,
+        memory_budget=float(memory_budget),
     )
     name = getattr(make_loader, "__qualname__", type(make_loader).__name__)
-    return judge(
+    report = judge(
         ranks, what=f"{name} on {grid}", grid=grid, epochs=epochs, key=key,
         num_samples=num_samples, shuffle=shuffle, wall_s=time.perf_counter() - t0,
     )  # fmt: skip
+    return judge_memory(report, ranks.outcomes, max_worker_growth_mib)

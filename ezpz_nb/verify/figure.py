@@ -17,6 +17,7 @@ RULE_COLORS = {
     "global_batch": "#009E73",
     "reshuffle": "#56B4E9",
     "resume": "#F0E442",
+    "worker_memory": "#000000",
 }
 _OK = "#EEEEEE"
 

@@ -18,6 +18,7 @@ __all__ = ["epoch_universe", "fact", "findings_from", "judge"]
 
 _BIG_INT = re.compile(r"\b\d{12,}\b")
 _SENTENCE = re.compile(r"(?<=\.)\s+(?=[A-Z])")  # a sentence's end ("e.g. step 3" is not one)
+_TWICE = {"dp_duplicate": "on two DP replicas", "rank_duplicate": "twice on one rank"}
 _RULE_OF = {kind: rule for rule, (_, kinds) in RULES.items() for kind in kinds}
 
 
@@ -110,7 +111,7 @@ def findings_from(
             twice.setdefault(p.epoch, {})[p.kind] = len(p.samples)
     missing = {p.epoch: len(p.samples) for p in problems if p.kind == "never_seen"}
     repeated = {
-        e: ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        e: ", ".join(f"{n} {_TWICE[k]}" for k, n in sorted(kinds.items()))
         for e, kinds in twice.items()
         if sum(kinds.values()) == missing.get(e)
     }

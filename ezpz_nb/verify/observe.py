@@ -17,6 +17,7 @@ from typing import Any
 
 from ezpz_nb.data.groups import Layout
 from ezpz_nb.ledger import Allowance, StepRecord
+from ezpz_nb.ledger.memory import MemorySampler, worker_pids
 from ezpz_nb.ledger.records import batch_ints
 from ezpz_nb.verify.batches import (
     NoSampleIds,
@@ -88,6 +89,7 @@ class Outcome:
     state: Any = None  # the loader's state_dict() where a resume check asked for it
     load_note: str = ""  # what a DCP load skipped (keys missing from a fresh state_dict)
     fields: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)  # digests per field
+    memory: list[Any] = field(default_factory=list)  # MemorySample of the rank and its workers
 
 
 class Ready:
@@ -202,6 +204,7 @@ def run_rank(
     options: dict[str, Any] | None = None,
     publish_steps: bool = True,
     keep_fields: bool = False,
+    memory_budget: float | None = None,
 ) -> Outcome:
     """Build, iterate and observe the loader on this rank (run by the launcher).
 
@@ -220,6 +223,9 @@ def run_rank(
         publish_steps: Publish the records live, in bunches (they survive a hang).
         keep_fields: Keep each batch's digest per field (a resume check names the
             field that differs).
+        memory_budget: Sample the private memory of the rank and its DataLoader
+            workers into ``out.memory`` within this share of wall time
+            (:class:`~ezpz_nb.ledger.memory.MemorySampler`); None: not at all.
     """
     deadline = time.monotonic() + budget_s
     layout = rank_layout(grid)
@@ -252,6 +258,7 @@ def run_rank(
     out.shufflers = [f"{type(o).__name__} at {p}" for p, o in parts.shufflers.items()]
     out.unreached = parts.unreached()
     published, published_at = 0, time.monotonic()
+    sampler = MemorySampler(memory_budget) if memory_budget is not None else None
     try:
         for epoch in range(start_epoch, start_epoch + epochs):
             parts.set_epoch(epoch)
@@ -260,6 +267,7 @@ def run_rank(
                 out.load_note = getattr(loader, "load_note", "")
             it = iter(loader)
             out.reiterable = out.reiterable and it is not loader
+            procs = worker_pids(it) if sampler is not None else []
             step = 0
             while True:
                 if stop is not None and (epoch, step) == stop:
@@ -285,6 +293,8 @@ def run_rank(
                 out.names.update(names)
                 if keep_fields:
                     out.fields[(epoch, step)] = field_digests(batch)
+                if sampler is not None and sampler.due():  # counted as observing
+                    out.memory += sampler.sample(layout.rank, epoch, step, procs)
                 # Published in bunches: one message per step doubled the cost of
                 # observing (measured, benchmarks/verify.py); a hang loses at most
                 # the last _PUBLISH_S of records, which the report counts as "at least".

@@ -104,6 +104,10 @@ class Report(BaseReport):
             (``shuffle=False``): shown, and no obstacle to a PASS.
         universe: Which samples an epoch must cover, said in the table's first
             line (``the Subset's 12 indices``, ``range(16)``...).
+        memory: One row per process a contract check sampled (``rank``, ``worker``:
+            -1 for the rank itself, ``epoch``, ``start_mib``, ``peak_mib``,
+            ``growth_mib``, ``samples``), judged by the ``worker_memory`` rule;
+            None where memory was not sampled (that rule is then not covered).
         ledger: The records behind the verdict (not serialised).
     """
 
@@ -118,6 +122,7 @@ class Report(BaseReport):
     not_judged: dict[str, str] = field(default_factory=dict)
     not_asked: dict[str, str] = field(default_factory=dict)
     universe: str = ""
+    memory: list[dict[str, Any]] | None = None
     ledger: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -147,6 +152,8 @@ class Report(BaseReport):
         skip = self.not_applicable()
         if not self.scenarios and "resume" not in self.not_judged:
             skip.append("resume")
+        if self.memory is None:
+            skip.append("worker_memory")
         return [r for r in RULES if r not in skip]
 
     def judgements(self) -> list[Judgement]:
@@ -210,6 +217,15 @@ class Report(BaseReport):
             where = first.where() if first is not None and verdict in ("fail", "expected") else ""
             why = self.not_judged.get(rule, "") or self.not_asked.get(rule, "")
             lines.append(f"  {RULES[rule][0]:<44}{verdict:<12}{where or why}")
+        for row in self.memory or []:  # what the worker_memory rule judged (or would)
+            # A worker lives one epoch (unless persistent); the rank, every epoch from its first.
+            name = f"rank {row['rank']}" + (
+                f" worker {row['worker']}, epoch" if row["worker"] >= 0 else ", from epoch"
+            )
+            lines.append(
+                f"    {name} {row['epoch']}: private memory peak {row['peak_mib']:.1f} "
+                f"MiB, growth {row['growth_mib']:+.1f} MiB ({row['samples']} reading(s))"
+            )
         for f in sorted(self.findings, key=lambda f: (not f.violation, f.epoch)):
             tag = "VIOLATION" if f.violation else "expected"
             lines.append(f"- {tag} [{f.kind}] {f.message}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -36,15 +37,21 @@ TOLERANCE = 1e-6
 SEPARATION = 1e-3
 
 
-def loss_table(losses: list[float]) -> tuple[Any, list[int]]:
+def pack(losses: list[float]) -> bytes:
+    """The losses as the rank job receives them: packed doubles, never a list of floats."""
+    return struct.pack(f"<{len(losses)}d", *losses)
+
+
+def loss_table(packed: bytes) -> tuple[Any, list[int]]:
     """The evaluation set the learner's function gets, and the record of what it read.
 
-    The set offers ``len`` and ``[i] -> {"index", "loss"}`` only: the losses and the
-    record live in this function's closure, not on the object, so an answer cannot
-    read every loss at once (``dataset.losses``) or rewrite what it read
-    (``dataset.reads``); only the record's owner, the checker's job, sees it.
+    The set offers ``len`` and ``[i] -> {"index", "loss"}`` only: the losses (packed
+    bytes from :func:`pack`, unpacked one at a time) and the record live in this
+    function's closure, not on the object, so an answer cannot read every loss at once
+    (``dataset.losses``, a list found in a caller's frame or by ``gc``) or rewrite what
+    it read (``dataset.reads``); only the record's owner, the checker's job, sees it.
     """
-    values, reads = tuple(losses), []
+    n, reads = len(packed) // 8, []
 
     class LossTable:
         """``len(dataset)`` samples; ``dataset[i]`` is ``{"index": i, "loss": ...}``."""
@@ -52,16 +59,16 @@ def loss_table(losses: list[float]) -> tuple[Any, list[int]]:
         __slots__ = ()
 
         def __len__(self) -> int:
-            return len(values)
+            return n
 
         def __getitem__(self, i: int) -> dict[str, Any]:
-            if not isinstance(i, int) or not 0 <= i < len(values):
-                raise IndexError(f"index {i!r} outside 0..{len(values) - 1}")
+            if not isinstance(i, int) or not 0 <= i < n:
+                raise IndexError(f"index {i!r} outside 0..{n - 1}")
             reads.append(i)
-            return {"index": i, "loss": values[i]}
+            return {"index": i, "loss": struct.unpack_from("<d", packed, 8 * i)[0]}
 
         def __repr__(self) -> str:
-            return f"<evaluation set of {len(values)} samples>"
+            return f"<evaluation set of {n} samples>"
 
     return LossTable(), reads
 
@@ -94,11 +101,16 @@ def draw_case(rng: random.Random) -> tuple[int, list[float]]:
             return dp, losses
 
 
-def job_exact_mean(fn: Callable[..., Any], losses: list[float]) -> tuple[Any, list[int]]:
-    """On each rank: the learner's answer, and the indices it read."""
+def job_exact_mean(fn: Callable[..., Any], packed: bytes) -> tuple[Any, list[int]]:
+    """On each rank: the learner's answer, and the indices it read.
+
+    The rank holds the losses only as packed bytes (no list of floats for an answer to
+    find in this frame or by ``gc``), and never the mean: the checker's parent computes
+    that, and judges the reads, after the ranks return.
+    """
     import torch.distributed as dist
 
-    table, reads = loss_table(losses)
+    table, reads = loss_table(packed)
     out = fn(table, dist.get_rank(), dist.get_world_size())
     return out, sorted(set(reads))
 
@@ -123,6 +135,20 @@ def _judge(got: list[Any], losses: list[float], dp: int) -> str:
                 f"rank {rank} read {len(reads)} samples {case}: exact, but each rank should "
                 f"evaluate only its share (at most {share}) and combine with one collective."
             )
+        if not reads:
+            raise wrong(
+                f"rank {rank} read no sample {case}, yet returned the mean: each rank must "
+                "evaluate its share through dataset[i] and combine the sums with one collective."
+            )
+    # The ledger is the evidence: with every rank at most its share, every index read by
+    # some rank means the work was split, and a right value on every rank that the ranks
+    # agreed on it (a rank that read only its share cannot know the others' sums alone).
+    missed = sorted(set(range(n)) - {i for _, reads in got for i in reads})
+    if missed:
+        raise wrong(
+            f"no rank read sample(s) {missed[:5]} {case}: every sample must be evaluated "
+            "once, on some rank, through dataset[i]."
+        )
     return f"every rank returned {truth:.6f} {case}, and each read only its share."
 
 
@@ -150,7 +176,7 @@ def _answers(fn: Callable[..., Any], losses: list[float], dp: int, timeout: floa
     if not callable(fn):
         raise wrong("pass the function itself: check_exact_mean(exact_mean).")
     try:
-        return run_job(job_exact_mean, fn, losses, world_size=dp, timeout=timeout)
+        return run_job(job_exact_mean, fn, pack(losses), world_size=dp, timeout=timeout)
     except CheckStopped as stop:
         if stop.status == "wrong" and stop.message.startswith("the ranks hung"):
             raise wrong(

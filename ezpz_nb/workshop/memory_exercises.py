@@ -24,14 +24,16 @@ the learner changes the storage, not the measurement.
 from __future__ import annotations
 
 import gc
+import multiprocessing as mp
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from ezpz_nb.launcher import Cluster
-from ezpz_nb.ledger.memory import MIB
+from ezpz_nb.ledger.memory import MIB, read_memory
 from ezpz_nb.workshop.memory_jobs import DictsDataset, measure_workers, tokens
 from ezpz_nb.workshop.verdicts import CheckResult, fresh_seed, judge, run_learner, wrong
 
@@ -42,6 +44,8 @@ EXERCISE = "Flat storage"
 BOUND = 0.25
 #: The data: samples x tokens (8 MiB of int64 tokens, 16 MiB of Python ints and more).
 N, LENGTH = 4096, 256
+#: The loader's workers (forked).
+WORKERS = 2
 
 
 def _differs(want: dict[str, Any], got: Any) -> str | None:
@@ -65,28 +69,88 @@ def _differs(want: dict[str, Any], got: Any) -> str | None:
     return None
 
 
+def _batch_differs(data: np.ndarray, batch: Any, seen: list[int]) -> str | None:
+    """How a loader batch differs from the rows of ``data`` it names, or None; notes its indices."""
+    if not isinstance(batch, dict) or set(batch) != {"index", "input_ids", "labels"}:
+        return "a batch without the keys index, input_ids, labels"
+    index = torch.as_tensor(batch["index"]).reshape(-1).tolist()
+    if any(not 0 <= int(i) < len(data) for i in index):
+        return "an index out of range"
+    seen.extend(int(i) for i in index)
+    rows = torch.from_numpy(data[[int(i) for i in index]])
+    for key, want in (("input_ids", rows[:, :-1]), ("labels", rows[:, 1:])):
+        got = batch[key]
+        if not torch.is_tensor(got) or got.dtype != want.dtype or not torch.equal(got, want):
+            return f"{key!r} holds other tokens"
+    return None
+
+
 def flat_job(make: Callable[[list[dict[str, Any]]], Any], seed: int) -> dict[str, Any]:
-    """On a rank: compare every sample of ``make(rows)`` with the dicts', then measure its workers."""
+    """On a rank: measure the workers of a fresh ``make(rows)``, then compare every sample.
+
+    The workers come first, and their growth counts from before their first read:
+    whatever the dataset does on a read (build an array from the rows, in the rank
+    or in each worker) is then inside the measurement, not before it. What the
+    workers yield is compared too, so they cannot serve other samples than the rank.
+    """
     data = tokens(N, LENGTH, seed)
-    want = DictsDataset(data)
-    ds = make(DictsDataset(data).rows)
+    ds = make(DictsDataset(data).rows)  # no one else holds these rows
     if ds is None:
         return {"none": True}
     try:
         size = len(ds)
     except TypeError:
         return {"bad": "it has no len(): a map-style dataset needs __len__"}
-    if size != len(want):
-        return {"bad": f"it has {size} samples, the list of dicts {len(want)}"}
+    if size != N:
+        return {"bad": f"it has {size} samples, the list of dicts {N}"}
+    # Shared pages, written by each forked worker before the loader sends it an index.
+    start = mp.get_context("fork").Array("q", [-1] * WORKERS, lock=False)
+
+    def note_start(worker: int) -> None:
+        got = read_memory()
+        start[worker] = got.private if got is not None else -1
+
+    seen: list[int] = []
+    batch_why: list[str] = []
+
+    def compare(batch: Any) -> None:
+        if not batch_why:
+            why = _batch_differs(data, batch, seen)
+            if why is not None:
+                batch_why.append(why)
+
+    gc.collect()
+    failed: Exception | None = None
+    try:
+        with tempfile.TemporaryDirectory(prefix="ezpz-flat-") as folder:
+            got = measure_workers(
+                ds,
+                n=N,
+                length=LENGTH,
+                folder=folder,
+                workers=WORKERS,
+                batch_size=64,
+                worker_init_fn=note_start,
+                on_batch=compare,
+            )
+    except Exception as exc:  # noqa: BLE001  (a wrong sample's message, below, says more)
+        failed = exc
+    want = DictsDataset(data)
     for i in range(size):
         why = _differs(want[i], ds[i])
         if why is not None:
             return {"bad": f"sample {i} differs: {why}"}
-    del want, data
-    gc.collect()  # the rows are gone, unless the learner's dataset keeps them
-    with tempfile.TemporaryDirectory(prefix="ezpz-flat-") as folder:
-        got = measure_workers(ds, n=N, length=LENGTH, folder=folder, workers=2, batch_size=64)
-    growth = {g.worker: g.growth for g in got.ledger.memory_report().growth if g.worker >= 0}
+    if failed is not None:
+        raise failed
+    if not batch_why and sorted(seen) != list(range(N)):
+        batch_why.append("an epoch did not read every index once")
+    if batch_why:
+        return {"bad": f"the workers' batches differ from the rank's samples: {batch_why[0]}"}
+    growth = {
+        g.worker: g.end - (start[g.worker] if start[g.worker] >= 0 else g.start)
+        for g in got.ledger.memory_report().growth
+        if g.worker >= 0
+    }
     return {"growth": growth, "data": got.data}
 
 

@@ -37,7 +37,7 @@
 #
 # How to work: replace `raise NotImplementedError` with your code, run the function's cell, then
 # the checker's cell. A hanging solution is stopped after a few seconds and reported, with where
-# each rank was. Solutions are in `05_workshop_solutions.ipynb`.
+# each rank was. Solutions are in `solutions/05_workshop_solutions.ipynb`.
 
 # %% [markdown] tags=["solutions"]
 # # 05 · Workshop: solutions
