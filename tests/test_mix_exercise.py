@@ -121,6 +121,28 @@ def same_seed_every_step(sizes, weights, global_batch, step, dp_rank, dp_size, s
     return out[dp_rank * m : (dp_rank + 1) * m]
 
 
+def right_for_eight_steps(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge: the right plan for the first 8 global batches, the same rounding after (a
+    horizon fitted to a fixed number of batches)."""
+    if step < 8:
+        return library_answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed)
+    return same_rounding_every_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed)
+
+
+def slot_size_for_four(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge: the right global batch, but this rank's slots sized for dp 4 whatever dp_size is."""
+    whole = library_answer(sizes, weights, global_batch, step, 0, 1, seed)
+    m = global_batch if dp_size == 1 else global_batch // 4
+    return whole[dp_rank * m : (dp_rank + 1) * m]
+
+
+def global_batch_of_twelve(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge: the global_batch argument ignored, 12 assumed (the old checker's fixed batch)."""
+    whole = library_answer(sizes, weights, 12, step, 0, 1, seed)
+    m = 12 // dp_size
+    return whole[dp_rank * m : (dp_rank + 1) * m]
+
+
 def not_done(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
     raise NotImplementedError
 
@@ -148,6 +170,7 @@ def test_right_answers_pass(cluster, fn):
         (SameSeedInEveryWorker(), "must not depend on the layout"),
         (same_seed_every_step, "again"),
         (same_rounding_every_batch, "drifts"),
+        (right_for_eight_steps, "drifts"),
         (returns_an_iterator, "cannot leave a DataLoader worker"),
     ],
 )
@@ -158,6 +181,15 @@ def test_dodges_are_rejected_by_the_rule_they_break(cluster, fn, says):
     for _ in range(DRAWS):
         got = check_mix_batch(fn, cluster=cluster)
         assert got.status == "wrong" and says in got.message, got.message
+
+
+@pytest.mark.parametrize("fn", [slot_size_for_four, global_batch_of_twelve])
+def test_fixed_sizes_are_rejected(cluster, fn):
+    """Guards H11's dodges of a fixed layout: a slot size fitted to dp 4 and a global batch
+    fitted to 12 are turned down on every draw (the drawn DP size or batch differs)."""
+    for _ in range(DRAWS):
+        got = check_mix_batch(fn, cluster=cluster)
+        assert got.status == "wrong", got.message
 
 
 def test_a_generator_is_refused_at_once():

@@ -277,11 +277,12 @@ def test_the_rank_side_under_plain_torchrun_fills_the_job_folder(tmp_path):
 
     spec = JobSpec(str(tmp_path / "job"), nodes=1, ranks_per_node=2, timeout=60)
     write_job(spec, pack_job(one_epoch, (), {}))
+    # --log-dir: torchrun's logs in tmp_path, not a torchelastic_* folder left in /tmp.
     subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          "--log-dir", str(tmp_path / "torchrun"), "-m", "ezpz_nb.slurm.rank", spec.job_dir],
         check=True, capture_output=True, timeout=120,
-    )  # fmt: skip  (--log-dir: no torchelastic_* folder left in /tmp)
+    )  # fmt: skip
     job_dir = Path(spec.job_dir)
     replies = read_replies(job_dir)
     assert sorted(replies) == [0, 1] and all(isinstance(m, Ok) for m in replies.values())

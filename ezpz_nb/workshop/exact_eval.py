@@ -2,10 +2,12 @@
 
 The learner writes ``exact_mean(dataset, dp_rank, dp_size) -> float``: every rank
 returns the mean of ``dataset[i]["loss"]`` over all ``len(dataset)`` samples, equal to
-what one process computes, while reading at most ``ceil(len / dp_size)`` samples
-itself. Each check draws a fresh size and DP degree (2, 3 or 4 ranks; a size the
-degree does not divide) and fresh losses, so a fixed answer cannot fit, and the
-three dodges (``DistributedSampler``'s padding, ``drop_last``, the mean of per-rank
+what one process computes, while reading at least one and at most
+``ceil(len / dp_size)`` samples itself, every sample read by some rank: the read
+record is the evidence, since the losses sit in the rank's process (packed, never as a
+list an answer could find in a frame or by ``gc``). Each check draws a fresh size and
+DP degree (2, 3 or 4 ranks; a size the degree does not divide) and fresh losses, so a
+fixed answer cannot fit, and the three dodges (``DistributedSampler``'s padding, ``drop_last``, the mean of per-rank
 means) each land measurably off; the checker names the one an answer matches.
 Reading every sample on every rank is exact but not distributed: refused too.
 """
@@ -28,7 +30,7 @@ from ezpz_nb.workshop.verdicts import (
     wrong,
 )
 
-__all__ = ["check_exact_mean", "dodge_means", "draw_case", "loss_table"]
+__all__ = ["check_exact_mean", "dodge_means", "draw_case", "loss_table", "pack"]
 
 EXERCISE = "exact_mean"
 #: Relative error an answer may have: float32 sums pass, every dodge lands far outside.

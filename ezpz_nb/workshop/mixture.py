@@ -6,8 +6,10 @@ this DP rank's part of global batch ``step``, a list of ``global_batch // dp_siz
 to ``(r + 1) * m - 1`` of the global batch.
 
 Judged on 4 real ranks, called inside real DataLoader workers (each worker makes every
-other step, as workers share a loader's batches), once at dp=1 (no workers) and once at
-dp=4 (2 workers a rank), with sizes, weights and seed drawn anew per check:
+other step, as workers share a loader's batches), at dp=1 (no workers), dp=2 and dp=4
+(2 workers a rank), with sizes, weights, seed, the global batch (8, 16, 20 or 24) and the
+number of global batches (16 to 24) drawn anew per check, so no fixed batch, horizon or
+slot size fits:
 
 1. the same ``(source, index)`` stream at both layouts (``check_layout_invariance``): a
    rank that draws with a seed of its own changes the stream when the DP size changes;
@@ -51,31 +53,36 @@ from ezpz_nb.workshop.verdicts import (
 __all__ = ["check_mix_batch", "draw_setup", "job_mix"]
 
 EXERCISE = "mix_batch"
-GLOBAL, STEPS, WORLD = 12, 8, 4
+WORLD = 4
+#: Global batches drawn from (every DP size checked, 1, 2 and 4, divides each one).
+GLOBALS = (8, 16, 20, 24)
 
 
-def draw_setup(seed: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """Source sizes and weights for one check: shares that do not divide the batch evenly."""
+def draw_setup(seed: int) -> tuple[tuple[int, ...], tuple[float, ...], int, int]:
+    """One check's sizes, weights, global batch and number of global batches.
+
+    The weights do not divide the batch evenly, and the number of batches is long enough
+    that any composition used in every batch from half-way on (the same rounding each
+    time) drifts past one sample over the second half alone.
+    """
     rng = random.Random(seed)
     sizes = (rng.randint(4, 9), rng.randint(10, 20), rng.randint(25, 40))
     while True:
+        g, steps = rng.choice(GLOBALS), rng.randint(16, 24)
         raw = [rng.randint(2, 9) for _ in range(3)]
         w = tuple(x / sum(raw) for x in raw)
-        # A weight-blind round-robin (4 each) must miss by more than one sample somewhere,
-        # and so must any composition used in every batch (the same rounding each time):
-        # the best one's drift over STEPS batches must pass one sample by a margin.
-        if max(abs(x * GLOBAL - GLOBAL / 3) for x in w) > 1.2 and _fixed_drift(w) > 1.2:
-            return sizes, w
+        # A weight-blind round-robin (g/3 each) must miss by more than one sample somewhere.
+        if max(abs(x * g - g / 3) for x in w) > 1.2 and _fixed_error(w, g) * (steps // 2) > 1.2:
+            return sizes, w, g, steps
 
 
-def _fixed_drift(w: tuple[float, ...]) -> float:
-    """The smallest cumulative drift, in samples over STEPS batches, of a fixed composition."""
-    best = min(
-        max(abs(a - w[0] * GLOBAL), abs(b - w[1] * GLOBAL), abs(GLOBAL - a - b - w[2] * GLOBAL))
-        for a in range(GLOBAL + 1)
-        for b in range(GLOBAL + 1 - a)
+def _fixed_error(w: tuple[float, ...], g: int) -> float:
+    """The smallest per-batch error, in samples, of a composition used in every batch."""
+    return min(
+        max(abs(a - w[0] * g), abs(b - w[1] * g), abs(g - a - b - w[2] * g))
+        for a in range(g + 1)
+        for b in range(g + 1 - a)
     )
-    return best * STEPS
 
 
 _NOT_A_LIST = (
@@ -87,14 +94,17 @@ _NOT_A_LIST = (
 class _Steps(IterableDataset):
     """The learner's function called in each DataLoader worker, every other step per worker."""
 
-    def __init__(self, fn: Callable, args: tuple[Any, ...], dp_rank: int, dp_size: int) -> None:
+    def __init__(
+        self, fn: Callable, args: tuple[Any, ...], dp_rank: int, dp_size: int, steps: int
+    ) -> None:
         self.fn, self.args, self.dp_rank, self.dp_size = fn, args, dp_rank, dp_size
+        self.steps = steps
 
     def __iter__(self) -> Any:
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         sizes, weights, g, seed = self.args
-        for step in range(wid, STEPS, nw):
+        for step in range(wid, self.steps, nw):
             out = self.fn(sizes, weights, g, step, self.dp_rank, self.dp_size, seed)
             if isinstance(out, Iterator):
                 # A generator cannot be pickled out of a worker: say so, do not wait.
@@ -114,15 +124,15 @@ def _pairs(out: Any, m: int, sizes: tuple[int, ...]) -> list[tuple[int, int]]:
     return pairs
 
 
-def job_mix(fn: Callable, args: tuple[Any, ...], dp: int, workers: int) -> Any:
+def job_mix(fn: Callable, args: tuple[Any, ...], dp: int, workers: int, steps: int) -> Any:
     """Rank side: this DP rank's batches in step order (TP peers of a replica return None)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     tp = world // dp
     if rank % tp:
         return None
-    ds = _Steps(fn, args, rank // tp, dp)
+    ds = _Steps(fn, args, rank // tp, dp, steps)
     got = dict(DataLoader(ds, batch_size=None, num_workers=workers))
-    return [_pairs(got[b], args[2] // dp, args[0]) for b in range(STEPS)]
+    return [_pairs(got[b], args[2] // dp, args[0]) for b in range(steps)]
 
 
 def _first_repeat(stream: list[list[tuple[int, int]]], sizes: tuple[int, ...]) -> str:
@@ -147,21 +157,30 @@ def _judge(fn: Callable, cluster: Cluster | None, timeout: float) -> str:
     if inspect.isgeneratorfunction(fn):
         raise wrong(_NOT_A_LIST.format("generator"))
     seed = fresh_seed()  # fresh per check: no answer fits a fixed one
-    sizes, weights = draw_setup(seed)
-    args = (sizes, weights, GLOBAL, seed)
+    sizes, weights, g, steps = draw_setup(seed)
+    args = (sizes, weights, g, seed)
     runs = []
-    for dp, workers in ((1, 0), (WORLD, 2)):
+    for dp, workers in ((1, 0), (2, 2), (WORLD, 2)):
         got = run_job(
-            job_mix, fn, args, dp, workers, world_size=WORLD, timeout=timeout, cluster=cluster
+            job_mix,
+            fn,
+            args,
+            dp,
+            workers,
+            steps,
+            world_size=WORLD,
+            timeout=timeout,
+            cluster=cluster,
         )
         runs.append(global_batches([r for r in got if r is not None]))
-    a, b = runs
-    same = check_layout_invariance(a, b, names=("dp=1", "dp=4 with 2 workers a rank"))
-    _stop_unless(
-        same,
-        "The stream must not depend on the layout: compute the whole global batch from "
-        "(seed, step) alone, then take this rank's slots.",
-    )
+    a = runs[0]
+    for dp, b in ((2, runs[1]), (WORLD, runs[2])):
+        same = check_layout_invariance(a, b, names=("dp=1", f"dp={dp} with 2 workers a rank"))
+        _stop_unless(
+            same,
+            "The stream must not depend on the layout: compute the whole global batch from "
+            "(seed, step) alone, then take this rank's slots.",
+        )
     share = check_mixture(a, weights, bound=1)
     _stop_unless(
         share,
@@ -177,8 +196,8 @@ def _judge(fn: Callable, cluster: Cluster | None, timeout: float) -> str:
     if repeat:
         raise wrong(repeat)
     return (
-        f"the same {GLOBAL * STEPS} (source, index) pairs at dp=1 and at dp=4 with 2 workers a "
-        f"rank; {share.reason}; {total.reason}; every sample of a source once before any repeats."
+        f"the same {g * steps} (source, index) pairs ({steps} global batches of {g}) at dp=1 "
+        f"and at dp=2 and 4 with 2 workers a rank; {share.reason}; {total.reason}; every sample of a source once before any repeats."
     )
 
 

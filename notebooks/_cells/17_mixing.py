@@ -372,9 +372,9 @@ assert after[2] / after.sum() > 1.5 * WEIGHTS[2] and after[0] / after.sum() < 0.
 # Write `mix_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed)`: this DP rank's
 # part of global batch `step`, a list of `global_batch // dp_size` pairs `(source, index)` with
 # `0 <= index < sizes[source]`, rank `r` holding slots `r * m` to `(r + 1) * m - 1`. The checker
-# calls it on 4 real ranks inside real DataLoader workers, at dp=1 and at dp=4 with 2 workers a
-# rank, with sizes, weights and seed drawn anew. It passes when the stream is the same at both
-# layouts, every source is within one sample of `weight * global_batch` in every global batch
+# calls it on 4 real ranks inside real DataLoader workers, at dp=1, dp=2 and dp=4 with 2 workers
+# a rank, with sizes, weights, seed, the global batch and the number of global batches (16 to
+# 24) drawn anew. It passes when the stream is the same at every layout, every source is within one sample of `weight * global_batch` in every global batch
 # and within one sample of its target over all batches so far (more than MosaicML's stratified
 # batching promises: the same rounding in every batch drifts), and a source hands out every one
 # of its samples once before any repeats. It turns down per-rank sampling, a round-robin that
