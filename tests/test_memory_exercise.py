@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 import ezpz_nb as ez
 from ezpz_nb.workshop.memory_exercises import check_flat
@@ -124,6 +124,53 @@ class NoLabels(NumpyFlat):
         return {"index": i, "input_ids": torch.as_tensor(self.data[i][:-1])}
 
 
+class ListsFlattenedAtFirstRead(Dataset):
+    """Dodge: keeps the lists, builds an array from them at its first read, wherever that is."""
+
+    def __init__(self, rows):
+        self.rows, self.data = [r["tokens"] for r in rows], None
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        if self.data is None:
+            self.data = np.array(self.rows, dtype=np.int64)
+        return _row_sample(i, self.data[i])
+
+
+class FlattenedInEachWorker(ListsFlattenedAtFirstRead):
+    """Dodge: a private array built in each worker at its first read; lists in the rank."""
+
+    def __getitem__(self, i):
+        if get_worker_info() is None:
+            return _row_sample(i, np.array(self.rows[i], dtype=np.int64))
+        return super().__getitem__(i)
+
+
+class ListsUntilRankReadAll(ListsFlattenedAtFirstRead):
+    """Dodge: serves from the lists until the rank has read every sample, then from an array."""
+
+    reads = 0
+
+    def __getitem__(self, i):
+        if self.data is None:
+            self.reads += 1
+            if self.reads >= len(self.rows):
+                self.data = np.array(self.rows, dtype=np.int64)
+            return _row_sample(i, np.array(self.rows[i], dtype=np.int64))
+        return _row_sample(i, self.data[i])
+
+
+class WorkersServeOthers(NumpyFlat):
+    """Dodge: right in the rank, other tokens in the workers."""
+
+    def __getitem__(self, i):
+        if get_worker_info() is None:
+            return super().__getitem__(i)
+        return _row_sample(i, np.zeros(self.data.shape[1], dtype=np.int64))
+
+
 def not_started(rows):
     raise NotImplementedError
 
@@ -161,11 +208,17 @@ def test_right_answers_of_every_shape_pass(answer, cluster):
         (RightAtFirst, "sample 100 differs"),
         pytest.param(Shorter, "4032 samples", marks=SLOW),
         pytest.param(NoLabels, "keys", marks=SLOW),
+        (FlattenedInEachWorker, "grew by"),
+        pytest.param(ListsFlattenedAtFirstRead, "grew by", marks=SLOW),
+        pytest.param(ListsUntilRankReadAll, "grew by", marks=SLOW),
+        pytest.param(WorkersServeOthers, "workers' batches differ", marks=SLOW),
     ],
 )
 def test_dodges_are_caught(dodge, says, cluster):
-    """Guards: the growth is measured (a wrapper of the rows, gc.freeze), every sample
-    is compared (not the first few), and dtype, length and keys must match."""
+    """Guards: the growth is measured (a wrapper of the rows, gc.freeze), from before a
+    worker's first read and on a dataset the rank has not read (an array built at some
+    read), every sample is compared (not the first few), in the rank and from the
+    workers, and dtype, length and keys must match."""
     got = check_flat(dodge, cluster=cluster)
     assert got.status == "wrong" and says in got.message, got.message
 

@@ -194,7 +194,6 @@ def measure_workers(
     freeze: bool = False,
     budget: float = 1.0,
     step_s: float = 0.0,
-    worker_init_fn: Callable[[int], None] | None = None,
     on_batch: Callable[[Any], None] | None = None,
 ) -> Measured:
     """On a rank: build ``storage`` and iterate ``epochs`` with memory sampled.
@@ -216,7 +215,6 @@ def measure_workers(
             collector never writes to the dataset's objects.
         budget: The sampler's share of wall time (1.0: a sample at every step).
         step_s: Seconds of work per step (a sleep), as a training step would take.
-        worker_init_fn: Run in each worker before its first read (the loader's own).
         on_batch: Called in the rank with each batch (a checker comparing what workers yield).
     """
     import torch.distributed as dist
@@ -242,7 +240,6 @@ def measure_workers(
         prefetch_factor=prefetch_factor if workers else None,
         persistent_workers=persistent_workers and workers > 0,
         pin_memory=pin_memory,
-        worker_init_fn=worker_init_fn,
     )
     rec = record(loader, memory=budget, publish=False, timings=False)
     t0 = perf_counter()

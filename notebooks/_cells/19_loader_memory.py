@@ -230,8 +230,11 @@ else:
 # Write `make_flat(rows)`: given the rows of a list-of-dicts dataset (`{"index": i, "tokens":
 # [int, ...]}`), return a dataset that yields exactly what `DictsDataset` yields (every sample,
 # same keys, int64, same order) and whose forked workers each grow by less than a quarter of
-# the data's size over an epoch. The checker builds fresh tokens on 2 real ranks, compares every
-# sample, drops the rows, and measures each worker with the loader settings of its own.
+# the data's size over an epoch. The checker builds fresh tokens on 2 real ranks and hands the
+# rows to your dataset alone; before anything reads it, it measures each worker with loader
+# settings of its own, from just before the worker's first read, against a worker reading one
+# flat array of its own (building an array at some read is counted). Then it compares every
+# sample: the batches the workers yielded, and each one read in the rank.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.memory_exercises as ex
