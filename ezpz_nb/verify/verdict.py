@@ -44,7 +44,7 @@ RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "reshuffle": ("the order changes between epochs", ("order_unchanged",)),
     "resume": ("a resumed run matches the straight one", ("divergence", "resume_error")),
     # Judged by check_contract only when given a bound (max_worker_growth_mib).
-    "worker_memory": ("each worker's private memory stays in bound", ("worker_growth",)),
+    "worker_memory": ("workers' private memory stays in bound", ("worker_growth",)),
 }
 
 #: Every judge's rule -> what it promises (the contract's, eval's, steps' and the mixture's).
