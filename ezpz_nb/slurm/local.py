@@ -7,7 +7,7 @@ state, logs) in one temporary folder that ``SLURM_CONF`` points at: nothing goes
 pointer file behind (:func:`pointer_path`) so that ``ez.submit`` finds the cluster
 without any variable set.
 
-Measured on a 2-core machine as root (FACTS.md): up and ``idle`` in about 1.2 s.
+Measured on a 2-core machine as root: up and ``idle`` in about 1.2 s.
 Why each line of the config is there:
 
 * ``ProctrackType=proctrack/linuxproc``, ``TaskPlugin=task/none``: no cgroups (a
