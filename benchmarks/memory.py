@@ -2,7 +2,7 @@
 
 The same samples (``n`` rows of ``length`` int64 tokens) are held four ways on
 each of 2 ranks, each rank iterating one epoch with 2 workers
-(:func:`ezpz_nb.workshop.memory_jobs.measure_workers`): a list of Python dicts,
+(:func:`ezpz_nb.workshop.storages.measure_workers`): a list of Python dicts,
 one numpy array, an Arrow table (HF ``datasets``, memory-mapped from disk) and a
 memory-mapped file. For each, every worker's *private* memory (dirty pages it
 owns, :mod:`ezpz_nb.ledger.memory`) is sampled at every step:
@@ -39,7 +39,7 @@ import tempfile
 
 import ezpz_nb as ez
 from ezpz_nb.ledger.memory import MIB
-from ezpz_nb.workshop.memory_jobs import STORAGES, Measured, measure_workers
+from ezpz_nb.workshop.storages import STORAGES, Measured, measure_workers
 
 RANKS, WORKERS = 2, 2
 #: Done-when bounds, as shares of the data's size.

@@ -84,7 +84,19 @@ def predict_peak(
         workers: ``num_workers``; 0 makes batches in the rank, outside shared memory.
         prefetch_factor: Batches each worker makes ahead.
         ranks: Ranks on this machine, each with such a loader.
+
+    Raises:
+        ValueError: ``batch_bytes`` is under one page: no batch in shared memory is
+            that small, so it was given in another unit (MiB, most likely).
     """
+    if batch_bytes < PAGE:
+        # Shared memory comes in whole pages: a batch takes one page at least (paged()).
+        raise ValueError(
+            f"batch_bytes={batch_bytes} is less than one page ({PAGE} bytes), smaller than any "
+            f"batch in shared memory: batch_bytes is in bytes, not MiB. For {batch_bytes} MiB "
+            f"pass {batch_bytes} * MIB (MIB = 2**20 = {MIB} bytes); paged([...]) gives a batch's "
+            "bytes from its tensors' bytes."
+        )
     if workers <= 0:
         return 0
     return ranks * (workers * prefetch_factor + 1) * batch_bytes

@@ -1,11 +1,13 @@
 """Notebook 15's exercise checker on real ranks: right answers, dodges, a learner's typo.
 
-Each check draws its layouts' order, the dataset's size and seed and the two save steps,
-so every answer here is judged over several draws, on one warm cluster.
+Each check draws its layouts' order, the dataset's size, two loader seeds and the two save
+steps, so every answer here is judged over several draws: the saves on one warm cluster, the
+loads on fresh ranks (the checker's own choice, so a save cannot reach them).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
@@ -123,6 +125,128 @@ def load_offset_only(loader, layout, state):
     loader.load_state_dict(s)
 
 
+def _in_frames(test):
+    """Every value in the caller frames' locals for which ``test`` holds (what a dodge digs out)."""
+    import inspect
+
+    return [v for f in inspect.stack() for v in f.frame.f_locals.values() if test(v)]
+
+
+def frames_nothing_saved(loader, layout):
+    """Dodge (issue 45, trial 8): saves nothing; the load finds the save step in the
+    checker's frames (a drawn case's steps) and skips to it."""
+    return {}
+
+
+def load_frames_nothing_saved(loader, layout, state):
+    stops = _in_frames(lambda v: hasattr(v, "stops"))
+    it = iter(loader)
+    for _ in range(stops[0].stops[0] if stops else 3):
+        next(it)
+
+
+def patches_the_load_job(loader, layout):
+    """Dodge (issue 45, trial 9): the save rebinds the checker's rank-side load job (and its
+    batch reader) in the warm rank, to fakes that return the straight run from the step."""
+    import sys
+
+    mod = sys.modules["ezpz_nb.workshop.dcp_state"]
+    import inspect
+
+    plan = next(f.frame.f_locals["plan"] for f in inspect.stack() if "plan" in f.frame.f_locals)
+    stops = [stop for _, stop in plan[0][1]]  # the first seed's (path, step) saves
+
+    def fake_load(items, save, load):
+        out = []
+        for tp, n, seed, _ in items:
+            lay = mod.make_layout(tp_size=tp)
+            out.append(mod._seen(mod.stream(lay.dp_rank, lay.dp_size, n, seed))[stops[0] :])
+        return out
+
+    mod._load_part = fake_load
+    return {}
+
+
+def load_patched(loader, layout, state):
+    pass
+
+
+_STEPS: dict = {}
+
+
+def side_by_step(loader, layout):
+    """Dodge (issue 45, trial 10): one key with the step only; the state in the warm rank's
+    memory and in a file, keyed by (rank, step)."""
+    import torch
+
+    key = (dist.get_rank(), loader.offset)
+    _STEPS[key] = loader.state_dict()
+    torch.save(_STEPS[key], f"{_SIDE}-{key[0]}-{key[1]}.pt")
+    return {"offset": torch.tensor(loader.offset)}
+
+
+def load_side_by_step(loader, layout, state):
+    import torch
+
+    key = (dist.get_rank(), int(state["offset"]))
+    s = _STEPS.get(key) or torch.load(f"{_SIDE}-{key[0]}-{key[1]}.pt")
+    loader.load_state_dict(s)
+
+
+def side_by_path(loader, layout):
+    """Dodge: the state in a file named after the checkpoint's path (found in dcp.save's
+    frame), nothing in the checkpoint."""
+    import torch
+
+    path = _in_frames(lambda v: isinstance(v, str) and "ezpz-nb15-" in v)[0]
+    torch.save(loader.state_dict(), f"{path}.{dist.get_rank()}.side")
+    return {}
+
+
+def load_side_by_path(loader, layout, state):
+    import torch
+
+    path = _in_frames(lambda v: isinstance(v, str) and "ezpz-nb15-" in v)[0]
+    loader.load_state_dict(torch.load(f"{path}.{dist.get_rank()}.side"))
+
+
+def replay_from_offset(loader, layout):
+    """Right (unusual): one key for every rank holding only the offset (every DP rank is at
+    the same one); the load replays a fresh loader to it, masks included."""
+    import torch
+
+    return {"offset": torch.tensor(loader.offset)}
+
+
+def load_replay_from_offset(loader, layout, state):
+    it = iter(loader)
+    for _ in range(int(state["offset"]) // loader.batch_size):
+        next(it)
+
+
+def numpy_rng_keyed_by_replica(loader, layout):
+    """Right (unusual): keyed by replica and DP size, the RNG as a numpy array, a 0-d offset."""
+    import torch
+
+    s = loader.state_dict()
+    return {
+        f"replica{layout.dp_rank}of{layout.dp_size}": {
+            "shard": s["shard"],
+            "offset": torch.tensor(s["offset"]),
+            "rng": s["generator"].numpy().copy(),
+        }
+    }
+
+
+def load_numpy_rng_keyed_by_replica(loader, layout, state):
+    import numpy as np
+    import torch
+
+    s = state[f"replica{layout.dp_rank}of{layout.dp_size}"]
+    rng = torch.from_numpy(np.asarray(s["rng"]))
+    loader.load_state_dict({"shard": s["shard"], "offset": int(s["offset"]), "generator": rng})
+
+
 def typo_on_tp_peers(loader, layout):
     """A learner's typo on the TP peers' path only (rank 0 never reaches it)."""
     if layout.tp_rank:
@@ -142,21 +266,47 @@ def load_keyed(loader, layout, state):
         (side_file, load_side_file),
         (in_memory, load_in_memory),
         (offset_only_then_replay, load_offset_only),
+        (frames_nothing_saved, load_frames_nothing_saved),
+        (patches_the_load_job, load_patched),
+        (side_by_step, load_side_by_step),
+        (side_by_path, load_side_by_path),
     ],
-    ids=["skip_fixed_steps", "rank_halved", "side_file", "in_memory", "offset_only"],
-)
+    ids=[
+        "skip_fixed_steps", "rank_halved", "side_file", "in_memory", "offset_only",
+        "frames", "patch_load_job", "side_by_step", "side_by_path",
+    ],
+)  # fmt: skip
 def test_dodges_of_every_class_are_rejected(cluster, save, load):
     """Guards issue 45's dodges of 15: a fixed step skipped instead of a state loaded,
     the DP rank hard-coded as ``rank // 2``, the state kept outside the checkpoint (a file,
-    the rank's memory), a state without the RNG; each over several draws (steps, sizes, layout order)."""
+    the rank's memory, keyed by rank, by step or by the checkpoint's path), a state without
+    the RNG, the save step read from the checker's frames, the checker's load job rebound by
+    the save on the warm ranks; each over several draws (steps, sizes, seeds, layout order)."""
     try:
         for _ in range(DRAWS):
             result = check_loader_state(save, load, cluster=cluster)
             assert result.status == "wrong", result.message
     finally:
-        for r in range(4):
-            if os.path.exists(f"{_SIDE}-{r}.json"):
-                os.remove(f"{_SIDE}-{r}.json")
+        for path in glob.glob(f"{_SIDE}-*") + glob.glob(
+            f"{tempfile.gettempdir()}/ezpz-nb15-*.side"
+        ):
+            os.remove(path)
+
+
+@pytest.mark.parametrize(
+    "save,load",
+    [
+        (replay_from_offset, load_replay_from_offset),
+        (numpy_rng_keyed_by_replica, load_numpy_rng_keyed_by_replica),
+    ],
+    ids=["replay_from_offset", "numpy_rng_by_replica"],
+)
+def test_unusual_right_answers_pass(cluster, save, load):
+    """Guards a false failure of right answers the trial wrote: one key with the offset and a
+    replay, and per-replica keys with the RNG as numpy; over several draws."""
+    for _ in range(DRAWS):
+        result = check_loader_state(save, load, cluster=cluster)
+        assert result.status == "correct", result.message
 
 
 def test_a_typo_shows_the_raising_rank_its_exception_and_the_learners_line(cluster, capsys):

@@ -677,12 +677,12 @@ def test_reading_ahead_in_chunks_fails_when_the_last_chunk_ends_one_past_the_las
     """Guards the draw that let the chunk dodge pass (1 check in 8): with the shortest stream
     at 8k + 7 batches, chunks of 8 end exactly one batch past the last step, so the totals
     look like one batch read ahead; the read-ahead is counted at every step."""
-    from ezpz_nb.workshop import batch_exercises, batch_jobs
+    from ezpz_nb.workshop import stream_steps
 
     seed = 11  # streams of 215, 243, 299 batches and an endless one: 215 = 8 * 26 + 7
-    counts = batch_jobs.stream_counts(seed, 4)
+    counts = stream_steps.stream_counts(seed, 4)
     assert min(c for c in counts if c is not None) % 8 == 7
-    monkeypatch.setattr(batch_exercises, "fresh_seed", lambda: seed)
+    monkeypatch.setattr(stream_steps, "fresh_seed", lambda: seed)
     result = ex.check_steps_over_stream(steps_in_chunks)
     assert result.status == "wrong", result.message
     assert "had pulled 8 batches from its stream when it took step 1" in result.message
@@ -787,23 +787,40 @@ def test_an_interrupt_names_a_waiting_collective_only_where_a_stack_shows_one():
     assert said in " ".join(str(RunInterrupted(waiting)).split())
 
 
-def test_every_checker_is_listed_where_the_map_says():
-    """Guards issue 47's "the workshop contradicts its map": every ``check_*`` a workshop
-    module defines is named in the package docstring beside its module, re-exported by
-    ``exercises``, and its module is named in docs/architecture.md's workshop row; and
-    nothing is listed that no module defines."""
+def _workshop_modules() -> dict[str, object]:
+    """``{name: module}`` of every module of ``ezpz_nb.workshop``, imported."""
     import importlib
     import pkgutil
 
     import ezpz_nb.workshop as pkg
 
+    return {
+        info.name: importlib.import_module(f"{pkg.__name__}.{info.name}")
+        for info in pkgutil.iter_modules(pkg.__path__)
+    }
+
+
+def test_every_checker_is_listed_where_the_map_says():
+    """Guards issue 47's "the workshop contradicts its map": every ``check_*`` a workshop
+    module defines is named in the package docstring beside its module, re-exported by
+    ``exercises`` (the same object), and its module is named in docs/architecture.md's
+    workshop row; nothing is listed that no module defines; and each family holds its
+    own rank jobs: no ``*_jobs`` module beside the exercise modules, every ``job_*``
+    in a module that defines a checker."""
+    import ezpz_nb.workshop as pkg
+
+    mods = _workshop_modules()
     defined: dict[str, str] = {}
-    for info in pkgutil.iter_modules(pkg.__path__):
-        mod = importlib.import_module(f"{pkg.__name__}.{info.name}")
+    jobs: dict[str, str] = {}
+    for module, mod in mods.items():
         for name, obj in vars(mod).items():
-            if name.startswith("check_") and getattr(obj, "__module__", "") == mod.__name__:
-                defined[name] = info.name
-    assert len(defined) >= 14, defined
+            if getattr(obj, "__module__", "") != mod.__name__:
+                continue
+            if name.startswith("check_"):
+                defined[name] = module
+            elif name.startswith("job_"):
+                jobs[name] = module
+    assert len(defined) >= 15, defined
     doc = pkg.__doc__ or ""
     bullets = {
         m.group(1): set(re.findall(r"``(check_\w+)``", m.group(0)))
@@ -812,6 +829,12 @@ def test_every_checker_is_listed_where_the_map_says():
     listed = {name: module for module, names in bullets.items() for name in names}
     assert listed == defined, (listed, defined)
     assert {n for n in ex.__all__ if n.startswith("check_")} == set(defined)
+    for name, module in defined.items():
+        assert getattr(ex, name) is getattr(mods[module], name), f"ex.{name} is not {module}'s"
+    split = sorted(m for m in mods if m == "jobs" or m.endswith("_jobs"))
+    assert not split, f"rank jobs kept apart from their checkers: {split}"
+    stray = {j: m for j, m in jobs.items() if m not in set(defined.values())}
+    assert not stray, f"jobs in a module without a checker: {stray}"
     row = next(
         line
         for line in (Path(__file__).parents[1] / "docs" / "architecture.md")
@@ -819,5 +842,33 @@ def test_every_checker_is_listed_where_the_map_says():
         .splitlines()
         if line.startswith("| `workshop/` |")
     )
-    missing = {m for m in defined.values() if f"`{m}.py`" not in row}
+    missing = {m for m in mods if f"`{m}.py`" not in row and m != "__init__"}
     assert not missing, f"docs/architecture.md's workshop row does not name {missing}: {row}"
+
+
+def test_a_rank_running_an_exercise_job_loads_none_of_the_notebook_side():
+    """Guards issue 47 item 5: a rank unpickles a job by reference, so it imports the job's
+    whole exercise module; the checker half's ``verdicts`` brings clusters, the pool and
+    the session. Imported as a rank does (a fresh interpreter, nothing else), every
+    exercise module (all but ``verdicts`` itself and ``exercises``, which re-exports the
+    checkers for the notebook) loads none of the notebook side, and ``verdicts`` not at all."""
+    import subprocess
+    import sys
+
+    from test_import_graph import NOTEBOOK_SIDE
+
+    names = sorted(set(_workshop_modules()) - {"__init__", "exercises", "verdicts"})
+    assert {"collectives", "leader_loop", "packing", "flat_storage"} <= set(names), names
+    code = (
+        "import importlib, sys\n"
+        f"for n in {names!r}: importlib.import_module('ezpz_nb.workshop.' + n)\n"
+        "print(' '.join(m for m in sys.modules if m.startswith('ezpz_nb')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = set(out.split())
+    assert "ezpz_nb.workshop.collectives" in loaded
+    assert not loaded & (NOTEBOOK_SIDE | {"ezpz_nb.workshop.verdicts"}), sorted(
+        loaded & (NOTEBOOK_SIDE | {"ezpz_nb.workshop.verdicts"})
+    )

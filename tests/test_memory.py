@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 import ezpz_nb as ez
 from ezpz_nb.cli.probes import check_shm
-from ezpz_nb.ledger import Ledger
+from ezpz_nb.ledger import Ledger, record
 from ezpz_nb.ledger.memory import (
     MIB,
     MemorySample,
@@ -22,8 +23,8 @@ from ezpz_nb.ledger.memory import (
     summarise,
 )
 from ezpz_nb.shm import PAGE, paged, plan_shm, predict_peak
-from ezpz_nb.workshop.memory_jobs import measure_workers
-from ezpz_nb.workshop.shm_jobs import ShmConfig, namespace_refusal, small_shm
+from ezpz_nb.workshop.shm_fill import ShmConfig, last_error_line, namespace_refusal, small_shm
+from ezpz_nb.workshop.storages import measure_workers
 
 ROLLUP = """55d-7ff ---p 00000000 00:00 0      [rollup]
 Rss:              228524 kB
@@ -67,6 +68,33 @@ def test_sampler_spends_its_budget_then_waits():
         MemorySampler(budget=0)
 
 
+def test_a_budget_of_one_reads_at_every_step_however_long_a_reading_takes():
+    """Guards: memory=1.0 is a count (every step), not a cost: a reading slowed by a loaded
+    machine (here one of 200 processes after one of 1) must not make the next step's
+    reading skipped, or which steps a figure shows would depend on the load."""
+    every = MemorySampler(budget=1.0)
+    every.sample(0, 0, 0, [])
+    every.sample(0, 0, 1, [(w, os.getpid()) for w in range(200)])
+    assert every.due()
+    with pytest.raises(ValueError, match="share of time"):
+        MemorySampler(budget=0)
+
+
+@pytest.mark.parametrize(
+    ("memory", "error"), [("yes", TypeError), (-1, ValueError), (1.5, ValueError)]
+)
+def test_record_says_what_memory_takes(memory, error):
+    """Guards: record(..., memory="yes") names what memory= takes (True, False or a fraction
+    in [0, 1], 1.0 for every step), not float()'s "could not convert string to float"."""
+    with pytest.raises(error) as err:
+        record([{"index": 0}], memory=memory, publish=False)
+    assert "memory= takes True" in str(err.value) and "memory=1.0 reads at every step" in str(
+        err.value
+    )
+    assert record([{"index": 0}], memory=1.0, publish=False).memory_sampler is not None
+    assert record([{"index": 0}], memory=0, publish=False).memory_sampler is None
+
+
 def _s(worker: int, pid: int, step: int, private_mib: int, epoch: int = 0) -> MemorySample:
     mem = ProcMemory(0, 0, 0, private_mib * MIB, 0)
     return MemorySample(0, worker, pid, epoch, step, mem)
@@ -93,6 +121,46 @@ def test_shm_prediction_counts_pages_and_the_held_batch():
     assert predict_peak(8 * MIB, workers=0) == 0  # batches made in the rank: no shm
     missing = plan_shm(MIB, workers=1, path="/no/such/shm")
     assert missing.fits is None and "nothing to compare" in str(missing)
+
+
+@pytest.mark.parametrize("call", [predict_peak, plan_shm])
+def test_a_batch_under_one_page_is_refused_saying_the_unit(call):
+    """Guards: predict_peak(8, ...) (MiB passed for bytes) is refused, saying bytes not MiB,
+    instead of a peak of 80 bytes that "fits" anywhere; plan_shm goes through it too."""
+    with pytest.raises(ValueError, match=r"less than one page .* in bytes, not MiB. For 8 MiB"):
+        call(8, workers=2, ranks=2)
+    assert predict_peak(PAGE, workers=1) == 3 * PAGE
+
+
+def test_shm_config_refuses_an_unknown_sharing_strategy_where_it_is_made():
+    """Guards: ShmConfig(sharing="filesystem") fails in the notebook, naming the strategies,
+    before any namespace or rank starts (not as torch's assert cut off inside its output)."""
+    with pytest.raises(ValueError) as err:
+        ShmConfig("x", sharing="filesystem")
+    assert "'file_descriptor' or 'file_system'" in str(err.value)
+    assert ShmConfig("x", sharing="file_system").sharing == "file_system"
+
+
+class _FailsInWorker(torch.utils.data.Dataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        raise RuntimeError("unable to allocate shared memory(shm) for file")
+
+
+def test_a_workers_failure_is_told_with_its_type_once():
+    """Guards: a worker's RuntimeError relayed by the DataLoader (its text ends with the
+    worker's own "RuntimeError: ..." line) is one "RuntimeError: unable to allocate..."
+    line, not "RuntimeError: RuntimeError: ...", in shm_run's error (notebook 19's output)."""
+    loader = torch.utils.data.DataLoader(
+        _FailsInWorker(), num_workers=1, multiprocessing_context="fork"
+    )
+    with pytest.raises(RuntimeError) as err:
+        next(iter(loader))
+    line = last_error_line(err.value)
+    assert line == "RuntimeError: unable to allocate shared memory(shm) for file", line
+    assert last_error_line(ValueError("plain")) == "ValueError: plain"
 
 
 def test_doctor_warns_when_the_loader_does_not_fit():
@@ -199,3 +267,23 @@ def test_figure_draws_each_worker_and_names_the_largest_growth():
     (panel,) = fig.ezpz_data["lines"]
     assert sorted(fig.ezpz_data["lines"][panel]) == ["rank", "worker 0", "worker 1"]
     assert fig.ezpz_data["growth"][panel] == 6.0  # worker 1: 5 + 2 * 3 - 5
+
+
+def test_figure_says_what_to_pass_and_what_is_missing():
+    """Guards: the learner's likely wrong inputs get an error naming the fix (a list of
+    ``measure_workers`` results, a rank that took no samples); a ledger without memory
+    samples draws a figure saying how to take them, not empty axes."""
+    from ezpz_nb import viz
+
+    led = Ledger([], memory=[_s(w, 10 + w, step, 5) for step in range(2) for w in (-1, 0)])
+    with pytest.raises(TypeError, match=r"Ledger.from_results\(\[m.ledger for m in got\]\)"):
+        viz.memory_growth([led])
+    with pytest.raises(TypeError, match=r"got \{name: list\}"):
+        viz.memory_growth({"dicts": [led]})
+    with pytest.raises(
+        ValueError, match="rank=5 took no memory samples here; the ranks that did: 0"
+    ):
+        viz.memory_growth({"dicts": led}, rank=5)
+    empty = viz.memory_growth(Ledger([]))
+    assert empty.ezpz_data == {"lines": {}, "growth": {}}
+    assert "record(loader, memory=True)" in empty.texts[0].get_text()

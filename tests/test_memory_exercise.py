@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -16,8 +18,8 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 import ezpz_nb as ez
-from ezpz_nb.workshop.memory_exercises import check_flat
-from ezpz_nb.workshop.memory_jobs import DictsDataset
+from ezpz_nb.workshop.flat_storage import check_flat
+from ezpz_nb.workshop.storages import DictsDataset
 
 
 def _row_sample(i, row):
@@ -171,6 +173,140 @@ class WorkersServeOthers(NumpyFlat):
         return _row_sample(i, np.zeros(self.data.shape[1], dtype=np.int64))
 
 
+class Int32PerRead(Dataset):
+    """Unusual but right: an int32 tensor (half the memory), widened to int64 at each read."""
+
+    def __init__(self, rows):
+        self.data = torch.tensor([r["tokens"] for r in rows], dtype=torch.int32)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return _row_sample(i, self.data[i].to(torch.int64))
+
+
+class ArrayPerRow(NumpyFlat):
+    """Unusual but right: one numpy array per row (an object per sample, none per token)."""
+
+    def __init__(self, rows):
+        self.data = [np.array(r["tokens"], dtype=np.int64) for r in rows]
+
+
+class RowsLiftingBaseline(Dataset):
+    """Dodge (outside trial, finding 15): the rows, each worker read lifting whatever slot
+    the frames above it hold for the worker's starting memory, so growth looks like none."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        info, frame = get_worker_info(), sys._getframe(1)
+        while info is not None and frame is not None:
+            for value in list(frame.f_locals.values()):
+                try:
+                    value.start[info.id] = 1 << 60
+                except (AttributeError, TypeError, IndexError):
+                    pass
+            frame = frame.f_back
+        return _row_sample(i, self.rows[i]["tokens"])
+
+
+def rows_with_a_frozen_reader(rows):
+    """Dodge (outside trial, finding 16): the rows, and every module's memory reader in the
+    rank (the workers fork from it) replaced by one frozen reading."""
+    real = sys.modules["ezpz_nb.ledger.memory"].read_memory
+    frozen = real()
+    for module in list(sys.modules.values()):
+        if getattr(module, "read_memory", None) is real:
+            module.read_memory = lambda pid=None: frozen
+    return RowsLiftingBaseline(rows)
+
+
+class Unshifted(NumpyFlat):
+    """Flat, but the labels are the inputs (not shifted by one)."""
+
+    def __getitem__(self, i):
+        row = torch.as_tensor(self.data[i])
+        return {"index": i, "input_ids": row[:-1], "labels": row[:-1]}
+
+
+def wrong_labels_on_rank_1(rows):
+    """Dodge (outside trial, finding 17, which crashed the checker): flat and right on
+    rank 0, labels not shifted on rank 1."""
+    import torch.distributed as dist
+
+    return Unshifted(rows) if dist.get_rank() == 1 else NumpyFlat(rows)
+
+
+class AsksFromItsWorkers(RowsLiftingBaseline):
+    """Dodge: the rows, each worker asking the notebook's witness for the end-of-epoch
+    reading itself, before it reads anything (the address is a local of a frame above)."""
+
+    address = None
+
+    def __getitem__(self, i):
+        if get_worker_info() is not None and self.address is not None:
+            from ezpz_nb.workshop.witness import ask_witness
+
+            address, self.address = self.address, None
+            for label in ("own", "yours"):
+                try:
+                    ask_witness(address, int(os.environ["RANK"]))(label)
+                except RuntimeError:
+                    pass
+        return super().__getitem__(i)
+
+
+def asks_from_its_workers(rows):
+    ds = AsksFromItsWorkers(rows)
+    frame = sys._getframe(1)
+    while frame is not None and ds.address is None:
+        ds.address = frame.f_locals.get("address")
+        frame = frame.f_back
+    return ds
+
+
+class ForksAtItsLastRead(RowsLiftingBaseline):
+    """Dodge: the rows, each worker at its last read double-forking a sleeper, with which
+    it shares every page it copied: neither shows them as private."""
+
+    reads = 0
+
+    def __getitem__(self, i):
+        sample = super().__getitem__(i)
+        if get_worker_info() is not None:
+            self.reads += 1
+            if self.reads == len(self.rows) // 2 and os.fork() == 0:
+                if os.fork() == 0:
+                    time.sleep(10)
+                os._exit(0)
+        return sample
+
+
+def asks_early_from_the_rank(rows):
+    """Dodge: the rows, and the checker's own ask (a local of the frame above) made now,
+    before any worker read: the witness would read workers that have not grown yet."""
+    sys._getframe(1).f_locals["ask"]("yours")
+    return RowsLiftingBaseline(rows)
+
+
+def rebinds_the_checkers_epoch(rows):
+    """Dodge: the rows, and the checker's epoch rebound in its module to ask before reading."""
+    module = sys.modules["ezpz_nb.workshop.flat_storage"]
+    real = module._epoch
+
+    def asks_first(ds, compare, ask, label, **kw):
+        ask(label)
+        real(ds, compare, lambda label: None, label, **kw)
+
+    module._epoch = asks_first
+    return RowsLiftingBaseline(rows)
+
+
 def not_started(rows):
     raise NotImplementedError
 
@@ -182,6 +318,8 @@ def cluster():
 
 
 SLOW = pytest.mark.system  # each case is a run on ranks (~5 s): the default run keeps two
+#: Checks per case (each draws fresh tokens); EZPZ_NB_DRAWS=20 for the issue's 20 draws.
+DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "1"))
 
 
 @pytest.mark.parametrize(
@@ -226,3 +364,52 @@ def test_dodges_are_caught(dodge, says, cluster):
 def test_not_started_says_not_done(cluster):
     got = check_flat(not_started, cluster=cluster)
     assert got.status == "not done", got.message
+
+
+def test_an_instance_is_told_to_pass_the_class():
+    """Guards: ``check_flat(FlatTokens(rows))`` says to pass the class itself, naming it,
+    before any rank starts (not the generic "expected a function ... check(my_function)")."""
+    got = check_flat(NumpyFlat([{"index": 0, "tokens": [1, 2, 3]}]))
+    assert got.status == "wrong", got.message
+    assert "pass the class itself, check_flat(NumpyFlat), not an instance" in got.message
+    assert "function" not in got.message
+
+
+@pytest.mark.parametrize("answer", [Int32PerRead, pytest.param(ArrayPerRow, marks=SLOW)])
+def test_unusual_right_answers_pass_on_every_draw(answer, cluster):
+    """Guards the outside trial's right variants: int32 widened per read (the checker asks
+    for int64 samples, not int64 storage) and an array per row (no object per token)."""
+    for _ in range(DRAWS):
+        got = check_flat(answer, cluster=cluster)
+        assert got.status == "correct", got.message
+
+
+@pytest.mark.parametrize(
+    ("dodge", "says"),
+    [
+        (RowsLiftingBaseline, "grew by"),
+        (rows_with_a_frozen_reader, "grew by"),
+        (wrong_labels_on_rank_1, "On rank 1, sample 0 differs: 'labels'"),
+        (asks_from_its_workers, "readings were asked for by another process"),
+        (asks_early_from_the_rank, "twice, or out of turn"),
+        (ForksAtItsLastRead, "started processes of their own"),
+    ],
+)
+def test_what_the_checker_trusts_is_out_of_reach(dodge, says, cluster):
+    """Guards issue 45's outside trial (findings 15-17): the workers' memory is read by the
+    notebook's process, where no learner code runs, from fork to the epoch's end: no slot in
+    the rank to lift, no reader in the rank to replace, no ask from a worker taken for the
+    rank's, no worker's child left to share its copied pages; and a wrong answer on rank 1
+    only is a verdict, not a KeyError."""
+    for _ in range(DRAWS):
+        got = check_flat(dodge, cluster=cluster)
+        assert got.status == "wrong" and says in got.message, got.message
+
+
+@SLOW
+def test_rebinding_the_checkers_names_in_the_rank_changes_nothing():
+    """Guards: what the rank job calls after make_flat ran (its epoch, its ask) is held
+    from before, so rebinding the module's names from make_flat does not move the
+    readings. Fresh ranks: the rebinding stays in the ranks it ran in."""
+    got = check_flat(rebinds_the_checkers_epoch)
+    assert got.status == "wrong" and "grew by" in got.message, got.message

@@ -6,14 +6,16 @@ corpus below is the checker's specification: 0 false passes, 0 false failures.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ezpz_nb as ez
 from ezpz_nb.data.mixture import Mixture
-from ezpz_nb.workshop.mixture import check_mix_batch
+from ezpz_nb.workshop.mixture import GLOBALS, SOURCES, STEPS, check_mix_batch, draw_setup
 
 #: Checks per answer: each draws its own sizes, weights and seed (`make stress`: 20).
 DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "4"))
@@ -25,6 +27,24 @@ def library_answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
     m = global_batch // dp_size
     lo = step * global_batch + dp_rank * m
     return [(int(s), int(i)) for s, i in plan[lo : lo + m]]
+
+
+def _notebook_solution():
+    """Notebook 17's own solution, read from the stored solutions notebook (plain JSON, which
+    ``_build.py --check`` keeps equal to its source) and defined as the notebook defines it."""
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "solutions"
+    cells = json.loads((path / "17_mixing_solutions.ipynb").read_text(encoding="utf-8"))["cells"]
+    (src,) = (
+        "".join(c["source"])
+        for c in cells
+        if c["cell_type"] == "code" and "def mix_batch(" in "".join(c["source"])
+    )
+    ns: dict = {"__name__": "mixing_solutions", "np": np}
+    exec(compile(src, "<17 solutions cell>", "exec"), ns)
+    return ns["mix_batch"]
+
+
+notebook_solution = _notebook_solution()
 
 
 def same_rounding_every_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
@@ -48,9 +68,11 @@ def same_rounding_every_batch(sizes, weights, global_batch, step, dp_rank, dp_si
 
 
 def quotas_in_order(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
-    """Right, unusually: no randomness at all. Each batch takes floor(weight * batch) of each
-    source, the rest to the sources furthest behind over all batches so far; the sources'
-    blocks side by side, the samples of a source in plain order 0, 1, 2... (a numpy array)."""
+    """Dodge (the outside trial's "no randomness"): each batch takes floor(weight * batch) of
+    each source, the rest to the sources furthest behind over all batches so far; the
+    sources' blocks side by side, the samples of a source in plain order 0, 1, 2... (a numpy
+    array). Every rule of a stream holds, but the seed changes nothing: every epoch and
+    every run gets the same order. Judged right before issue 45's seed rule."""
     w = np.asarray(weights, dtype=float) / sum(weights)
     done = np.zeros(len(w), dtype=int)
     for b in range(step + 1):
@@ -65,6 +87,48 @@ def quotas_in_order(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
     )
     m = global_batch // dp_size
     return pairs[dp_rank * m : (dp_rank + 1) * m]
+
+
+def seed_ignored(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge (outside trial): the notebook's solution with the seed replaced by a constant."""
+    return notebook_solution(sizes, weights, global_batch, step, dp_rank, dp_size, 0)
+
+
+def three_sources_assumed(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge (outside trial): fitted to a draw that always had three sources."""
+    a, b, c = sizes
+    return library_answer((a, b, c), weights, global_batch, step, dp_rank, dp_size, seed)
+
+
+def replays_24_batches(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge (outside trial): a table of 24 global batches replayed (the old checker's
+    longest run was 24 batches): the stream restarts at step 24."""
+    return notebook_solution(sizes, weights, global_batch, step % 24, dp_rank, dp_size, seed)
+
+
+def numpy_array_answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Right, unusually (outside trial): the solution's pairs as an (m, 2) numpy int array."""
+    return np.array(notebook_solution(sizes, weights, global_batch, step, dp_rank, dp_size, seed))
+
+
+def grouped_by_source(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Right, unusually (outside trial): the sources' blocks side by side (no shuffle inside
+    a batch), a seeded permutation per source and pass, a tuple of tuples."""
+    w = np.asarray(weights, dtype=float) / sum(weights)
+    done = np.zeros(len(w), dtype=int)
+    for b in range(step + 1):
+        quota = np.floor(w * global_batch).astype(int)
+        behind = w * (b + 1) * global_batch - (done + quota)
+        quota[np.argsort(-behind, kind="stable")[: global_batch - int(quota.sum())]] += 1
+        if b < step:
+            done += quota
+    out = []
+    for s in range(len(w)):
+        for n in range(done[s], done[s] + quota[s]):
+            perm = np.random.default_rng([seed, 7 + s, n // sizes[s]]).permutation(sizes[s])
+            out.append((s, int(perm[n % sizes[s]])))
+    m = global_batch // dp_size
+    return tuple(out[dp_rank * m : (dp_rank + 1) * m])
 
 
 def yields_pairs(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
@@ -143,6 +207,23 @@ def global_batch_of_twelve(sizes, weights, global_batch, step, dp_rank, dp_size,
     return whole[dp_rank * m : (dp_rank + 1) * m]
 
 
+class HardCodedBatch:
+    """Dodge: the global_batch argument ignored, one of the checker's own sizes assumed; the
+    rest right. Before each check also ran a second batch, it passed whenever its size was
+    drawn (1 check in 4)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"batch_of_{self.size}"
+
+    def __call__(self, sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+        whole = library_answer(sizes, weights, self.size, step, 0, 1, seed)
+        m = self.size // dp_size
+        return whole[dp_rank * m : (dp_rank + 1) * m]
+
+
 def not_done(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
     raise NotImplementedError
 
@@ -153,10 +234,13 @@ def cluster():
         yield c
 
 
-@pytest.mark.parametrize("fn", [library_answer, quotas_in_order])
+@pytest.mark.parametrize(
+    "fn", [library_answer, notebook_solution, numpy_array_answer, grouped_by_source]
+)
 def test_right_answers_pass(cluster, fn):
-    """Guards against false failures: the library's stratified plan and quotas with the
-    sources side by side and samples in order (no randomness, a numpy array) both pass."""
+    """Guards against false failures: the library's stratified plan, the notebook's own
+    solution, the solution as a numpy array, and the sources' blocks side by side as a tuple
+    of tuples all pass, with both of each check's cases and seeds."""
     for _ in range(DRAWS):
         got = check_mix_batch(fn, cluster=cluster)
         assert got.status == "correct", got.message
@@ -172,15 +256,31 @@ def test_right_answers_pass(cluster, fn):
         (same_rounding_every_batch, "drifts"),
         (right_for_eight_steps, "drifts"),
         (returns_an_iterator, "cannot leave a DataLoader worker"),
+        (seed_ignored, "the seed changes nothing"),
+        (quotas_in_order, "the seed changes nothing"),
+        (three_sources_assumed, "ValueError"),
     ],
 )
 def test_dodges_are_rejected_by_the_rule_they_break(cluster, fn, says):
     """Guards against false passes: per-rank sampling (layout), a weight-blind round-robin
-    (shares), one generator copied into every worker (layout) and picks from the seed alone
-    (repeats) are each turned down, by the rule each one breaks."""
+    (shares), one generator copied into every worker (layout), picks from the seed alone
+    (repeats), a seed that changes nothing, ignored or with no randomness at all (issue 45:
+    the seed rule), and three sources assumed (issue 45: the second case has another number
+    of sources, so the unpacking fails on every draw) are each turned down, by the rule each
+    one breaks."""
     for _ in range(DRAWS):
         got = check_mix_batch(fn, cluster=cluster)
         assert got.status == "wrong" and says in got.message, got.message
+
+
+def test_a_replayed_table_of_batches_is_rejected(cluster):
+    """Guards issue 45's fitted horizon: a table of 24 global batches replayed passed while
+    no check ran more than 24. Every check now runs 32 to 64, and the restart breaks the
+    cumulative bound or hands out samples again (offline: 500 of 500 draws, at 24 and 31)."""
+    for _ in range(DRAWS):
+        got = check_mix_batch(replays_24_batches, cluster=cluster)
+        assert got.status == "wrong", got.message
+        assert "drifts" in got.message or "again" in got.message, got.message
 
 
 @pytest.mark.parametrize("fn", [slot_size_for_four, global_batch_of_twelve])
@@ -190,6 +290,31 @@ def test_fixed_sizes_are_rejected(cluster, fn):
     for _ in range(DRAWS):
         got = check_mix_batch(fn, cluster=cluster)
         assert got.status == "wrong", got.message
+
+
+@pytest.mark.parametrize("fn", [HardCodedBatch(g) for g in GLOBALS], ids=repr)
+def test_a_hard_coded_global_batch_is_rejected_on_every_draw(cluster, fn):
+    """Guards the outside trial's leftover: an answer assuming one of the drawn global
+    batches (8, 16, 20, 24) passed on the draws of its own size. Each check now also runs a
+    second, different batch, so it fails on every draw, and says which batch it was given."""
+    for _ in range(DRAWS):
+        got = check_mix_batch(fn, cluster=cluster)
+        assert got.status == "wrong" and "use the argument" in got.message, got.message
+
+
+def test_every_draw_has_two_different_cases_and_seeds():
+    """Guards why a hard-coded batch or number of sources fails on every draw, and why the
+    seed rule can judge: each check's two cases differ in global batch and in number of
+    sources, all from the checker's ranges (the first batch also divisible by every DP size
+    checked), and its two seeds differ. Pure arithmetic, no ranks: 2000 seeds."""
+    for seed in range(2000):
+        main, other, steps, seeds = draw_setup(seed)
+        assert main.global_batch != other.global_batch and main.global_batch % 4 == 0
+        assert {main.global_batch, other.global_batch} <= set(GLOBALS)
+        assert len(main.sizes) != len(other.sizes)
+        assert {len(main.sizes), len(other.sizes)} <= set(SOURCES)
+        assert len(main.weights) == len(main.sizes) and len(other.weights) == len(other.sizes)
+        assert STEPS[0] <= steps <= STEPS[1] and seeds[0] == seed != seeds[1]
 
 
 def test_a_generator_is_refused_at_once():

@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,6 +101,10 @@ def test_results_and_ledger_match_launch_and_a_hand_submitted_script(jobs, clust
     assert sorted(nodes.values()) == ["n1", "n1", "n2", "n2"]
     assert f"[{nodes[2]} rank 2] rank 2: 4 steps" in job.output
     assert f"[{nodes[2]} rank 2] rank 2: 4 steps" in capsys.readouterr().out  # in the cell
+    with pytest.raises(
+        IndexError, match=f"rank 4 is not in job {job.job_id}: its ranks are 0 to 3"
+    ):
+        job.result(4)
 
     # By hand, in the same folder emptied of what the ranks wrote (sbatch --wait polls Slurm
     # with growing pauses: tens of seconds; a handle on the job id waits as ez.submit does).
@@ -136,6 +141,53 @@ def test_a_rank_error_names_node_rank_and_line(jobs):
     node = json.loads((job.dir / "ranks" / "rank-1.json").read_text())["node"]
     assert node in ("n1", "n2") and f"rank 1 on {node}" in text
     assert "return 1 / 0" in "\n".join(err.value._render_traceback_())
+    # str(err) (print(err), a log) shows the learner's frame, not the rank loop's under
+    # srun + torchrun, as ez.launch's str leaves out its own rank loop.
+    assert "in fails_on_rank_one" in text
+    assert "slurm/rank.py" not in text and "torchrun.py" not in text
+
+
+def returns_a_lock_on_rank_one():
+    return threading.Lock() if dist.get_rank() == 1 else 1
+
+
+def test_a_return_value_that_cannot_travel_says_return_plain_data(jobs):
+    """Guards: a value that cannot be pickled is told in ez.launch's words (one shared
+    wording: "return plain data"), naming the rank, on every rank (none waits in a gather
+    its peer left), not torch's bare "cannot pickle" from inside all_gather_object."""
+    job = submit(returns_a_lock_on_rank_one, nodes=2, job_root=jobs, echo=io.StringIO())
+    with pytest.raises(ez.RankError) as err:
+        job.result()
+    assert err.value.ranks == [0, 1]
+    text = _one_line(err.value)
+    assert (
+        "rank 1's return value (a lock) could not be sent back to the notebook (TypeError: "
+        "cannot pickle '_thread.lock' object); return plain data (numbers, lists, dicts, "
+        "tensors) instead"
+    ) in text, text
+    assert "all_gather_object" not in text
+
+
+def dies_on_rank_one():
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if dist.get_rank() == 1:
+        os._exit(3)  # a crash: no exception, no reply
+    dist.barrier()
+
+
+def test_a_rank_that_dies_is_named_not_the_peer_it_left(jobs):
+    """Guards: a rank whose process dies (no reply) is the failure, named with its node and
+    exit code; the rank that saw it go ('Connection closed by peer') is told as stopped."""
+    job = submit(dies_on_rank_one, nodes=2, timeout=60, job_root=jobs, echo=io.StringIO())
+    with pytest.raises(ez.RankError) as err:
+        job.result()
+    assert err.value.ranks == [1]
+    assert err.value.failures[0].kind == "stopped"
+    text = _one_line(err.value)
+    assert "rank 1 exited with code 3 without replying" in text  # torchrun's report, read
+    node = json.loads((job.dir / "ranks" / "rank-1.json").read_text())["node"]
+    assert f"rank 1 on {node}" in text
 
 
 def hangs_on_rank_zero():
@@ -171,6 +223,79 @@ def test_pending_past_the_start_deadline_is_cancelled_with_squeues_reason(jobs):
         job.result(start_deadline=1.0)
     assert err.value.state == "PENDING" and err.value.reason == "BeginTime"
     assert "squeue's reason: 'BeginTime'; it was cancelled" in _one_line(err.value)
+
+
+def test_a_request_no_partition_can_hold_says_what_to_do(jobs):
+    """Guards: a job that can never start as asked (3 nodes on a 2-node partition) is shown
+    pending with squeue's reason and what to do about it, not only left waiting."""
+    echo = io.StringIO()
+    job = submit(fails_on_rank_one, nodes=3, job_root=jobs, echo=echo)
+    with pytest.raises(SlurmJobError) as err:
+        job.result(start_deadline=2.0)
+    assert err.value.reason in ("PartitionNodeLimit", "PartitionConfig")
+    shown = " ".join(echo.getvalue().split())
+    assert f"(squeue's reason: {err.value.reason}): the request exceeds" in shown
+    assert "stop the cell to cancel the job, and ask for fewer nodes" in shown
+
+
+def one_rank_job(label):
+    return label
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "says"),
+    [
+        ({"nodes": "2"}, TypeError, "nodes must be an int, got str '2'"),
+        ({"ranks_per_node": 0}, ValueError, "ranks_per_node must be at least 1, got 0"),
+        ({"slurm_args": "--account=abc"}, TypeError, "write slurm_args=['--account=abc']"),
+        ({"setup": "module load x"}, TypeError, "write setup=['module load x']"),
+        ({"world_size": 4}, TypeError, "ez.submit has no world_size: it runs nodes x"),
+        ({"label": 1, "extra": 2}, TypeError, "unexpected keyword argument 'extra'"),
+        ({"time": 5}, ValueError, "time=5 is not a Slurm time limit: pass it as a string"),
+    ],
+)
+def test_a_wrong_request_fails_before_anything_is_submitted(tmp_path, kwargs, error, says):
+    """Guards: what a learner plausibly types wrong fails at once, in ez.submit's words
+    (not world_size's, not a queued job's TypeError on every rank), and leaves no job folder."""
+    with pytest.raises(error) as err:
+        submit(one_rank_job, **{"label": 0, **kwargs}, job_root=tmp_path)
+    assert says in _one_line(err.value)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_job_may_ask_for_more_ranks_than_one_machine_starts(tmp_path, monkeypatch):
+    """Guards: ez.submit does not inherit ez.launch's one-machine cap (MAX_WORLD_SIZE, "2-8
+    ranks show everything"): 16 nodes x 8 ranks passes every check of ours and reaches sbatch
+    (here a configuration with no cluster behind it: Slurm's refusal, not ours), while
+    ez.launch on this machine still refuses 128 ranks before starting any."""
+    if shutil.which("sbatch") is None:
+        pytest.skip("no Slurm client here (sbatch)")
+    assert 16 * 8 > ez.MAX_WORLD_SIZE
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    monkeypatch.setenv("SLURM_CONF", str(conf))  # never a running cluster: nothing queues
+    with pytest.raises(SlurmError) as err:
+        submit(one_rank_job, 0, nodes=16, ranks_per_node=8, job_root=tmp_path / "jobs")
+    assert "no Slurm cluster answers here" in _one_line(err.value)
+    with pytest.raises(ValueError, match="world_size must be between 1 and"):
+        ez.launch(one_rank_job, 0, world_size=128)
+
+
+def test_no_cluster_answering_says_how_to_start_one(tmp_path):
+    """Guards: sbatch without a usable configuration (no cluster up) says to start one,
+    not to check the partition."""
+    from ezpz_nb.slurm.commands import Slurm
+
+    if shutil.which("sbatch") is None:
+        pytest.skip("no Slurm client here (sbatch)")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("")
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\ntrue\n")
+    with pytest.raises(SlurmError) as err:
+        Slurm(str(conf)).sbatch(str(script))
+    assert "no Slurm cluster answers here" in _one_line(err.value)
+    assert "`ezpz-nb slurm up`" in _one_line(err.value)
 
 
 def test_an_interrupt_cancels_the_job(jobs):

@@ -1,4 +1,4 @@
-"""Notebook 11's exercise checkers (ezpz_nb.workshop.packing_exercises), judged both ways on real ranks.
+"""Notebook 11's exercise checkers (ezpz_nb.workshop.packing, budget_plan), judged both ways on real ranks.
 
 Each checker must accept the reference answer and unusual right answers, and turn down
 the dodges a learner would try, with a verdict that names what is wrong.
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ezpz_nb.workshop.packing_exercises import check_budget_plan, check_pack
+from ezpz_nb.workshop.exercises import check_budget_plan, check_pack
 
 #: Checks per answer: each draws its own case (row lengths; sizes, budget and DP degree);
 #: `make stress` runs 20.
@@ -23,7 +23,11 @@ DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "3"))
 
 def pack(docs, row_len):
     """Reference: concatenate, cut into rows, positions restart per segment, block-causal mask."""
-    stream = [(d, t) for d, doc in enumerate(docs) for t in doc.tolist()]
+    return _pack_stream([(d, t) for d, doc in enumerate(docs) for t in doc.tolist()], row_len)
+
+
+def _pack_stream(stream, row_len):
+    """Rows of ``row_len`` from ``(document, token)`` pairs (document -1: padding), then padded."""
     rows = [stream[i : i + row_len] for i in range(0, len(stream), row_len)]
     ids = torch.zeros(len(rows), row_len, dtype=torch.int64)
     pos = torch.zeros_like(ids)
@@ -31,7 +35,7 @@ def pack(docs, row_len):
     for r, row in enumerate(rows):
         for i, (d, t) in enumerate(row):
             ids[r, i], seg[r, i] = t, d
-            pos[r, i] = 0 if i == 0 or row[i - 1][0] != d else pos[r, i - 1] + 1
+            pos[r, i] = 0 if i == 0 or row[i - 1][0] != d or d < 0 else pos[r, i - 1] + 1
     causal = torch.ones(row_len, row_len, dtype=torch.bool).tril()
     mask = causal & (seg.unsqueeze(-1) == seg.unsqueeze(-2)) & (seg >= 0).unsqueeze(-1)
     return {"input_ids": ids, "position_ids": pos, "mask": mask}
@@ -57,6 +61,18 @@ def pack_longest_first_int_mask(docs, row_len):
     return out
 
 
+def pack_numpy(docs, row_len):
+    """Unusual, right: the reference's rows returned as numpy arrays (issue 45: rejected)."""
+    return {k: v.numpy() for k, v in pack(docs, row_len).items()}
+
+
+def pack_lists_left_padded(docs, row_len):
+    """Unusual, right: the padding at the start of the first row, everything as plain lists."""
+    stream = [(d, t) for d, doc in enumerate(docs) for t in doc.tolist()]
+    out = _pack_stream([(-1, 0)] * (-len(stream) % row_len) + stream, row_len)
+    return {k: v.tolist() for k, v in out.items()}
+
+
 def pack_causal_only(docs, row_len):
     out = pack(docs, row_len)
     out["mask"] = torch.ones(row_len, row_len, dtype=torch.bool).tril().expand_as(out["mask"])
@@ -75,10 +91,15 @@ def pack_diagonal_mask(docs, row_len):
     return out
 
 
+def _doc_of(docs, ids):
+    """Each position's document index (-1: padding), from the documents the call was given."""
+    owner = {t: d for d, doc in enumerate(docs) for t in doc.tolist()}
+    return torch.tensor([[owner.get(t, -1) for t in row] for row in ids.tolist()])
+
+
 def pack_block_not_causal(docs, row_len):
     out = pack(docs, row_len)
-    seg = out["input_ids"]
-    doc = torch.where(seg > 0, (seg - 1) // 1000, -1)
+    doc = _doc_of(docs, out["input_ids"])
     out["mask"] = (doc.unsqueeze(-1) == doc.unsqueeze(-2)) & (doc >= 0).unsqueeze(-1)
     return out
 
@@ -111,14 +132,78 @@ def pack_fixed_row_len(docs, row_len):
     return pack(docs, 16)
 
 
+def _one_doc_per_row(docs, row_len, pad_with):
+    """Padding instead of packing: every document (piece) starts a row, the rest is padded."""
+    ids, pos, masks = [], [], []
+    for doc in docs:
+        for k in range(0, len(doc), row_len):
+            piece = doc[k : k + row_len].tolist()
+            n = len(piece)
+            ids.append(piece + [pad_with(j) for j in range(row_len - n)])
+            pos.append(list(range(n)) + list(range(row_len - n)))
+            m = torch.zeros(row_len, row_len, dtype=torch.bool)
+            m[:n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+            m[n:, n:] = torch.ones(row_len - n, row_len - n, dtype=torch.bool).tril()
+            masks.append(m)
+    return {
+        "input_ids": torch.tensor(ids),
+        "position_ids": torch.tensor(pos),
+        "mask": torch.stack(masks),
+    }
+
+
+def pack_pad_minus_one(docs, row_len):
+    """Dodge (issue 45): no packing, padded with -1, which a count of 0s never saw."""
+    return _one_doc_per_row(docs, row_len, lambda j: -1)
+
+
+def pack_pad_made_up_doc(docs, row_len):
+    """Dodge (issue 45): no packing, padded with the tokens of a document nobody gave it."""
+    return _one_doc_per_row(docs, row_len, lambda j: 60_000_000 + j)
+
+
+def pack_pad_own_tokens(docs, row_len):
+    """Dodge: no packing, padded with copies of the call's own first token."""
+    first = int(docs[0][0])
+    return _one_doc_per_row(docs, row_len, lambda j: first)
+
+
+def pack_docs_from_ids(docs, row_len):
+    """Dodge (issue 45): documents and offsets read off the token ids, as the old ids spelled
+    them out (1 + 1000 * doc + offset), instead of from the tensors given."""
+    out = pack(docs, row_len)
+    ids = out["input_ids"]
+    doc = torch.where(ids == 0, -1, (ids - 1) // 1000)
+    same = (doc.unsqueeze(-1) == doc.unsqueeze(-2)) & (doc >= 0).unsqueeze(-1)
+    out["mask"] = same & torch.ones(row_len, row_len, dtype=torch.bool).tril()
+    out["position_ids"] = torch.where(ids == 0, 0, (ids - 1) % 1000)
+    return out
+
+
+def pack_ragged(docs, row_len):
+    """Not a grid: each row a list as long as what it holds (no padding at all)."""
+    out = pack(docs, row_len)
+    return {**out, "input_ids": [[t for t in row if t] for row in out["input_ids"].tolist()]}
+
+
 def pack_not_done(docs, row_len):
     raise NotImplementedError
 
 
-@pytest.mark.parametrize("fn", [pack, pack_continuing_positions, pack_longest_first_int_mask])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        pack,
+        pack_continuing_positions,
+        pack_longest_first_int_mask,
+        pack_numpy,
+        pack_lists_left_padded,
+    ],
+)
 def test_pack_checker_accepts_right_answers(fn):
     """Guards against a checker that fits one solution: the reference, positions that continue
-    across rows, reordered documents and an int mask all pass, over several draws."""
+    across rows, reordered documents and an int mask, numpy arrays, plain lists with the padding
+    first, all pass, over several draws."""
     for _ in range(DRAWS):
         result = check_pack(fn)
         assert result.passed, result.message
@@ -136,16 +221,27 @@ def test_pack_checker_accepts_right_answers(fn):
         (pack_truncated, "never made it"),
         (pack_with_repeats, "in two rows"),
         (pack_fixed_row_len, "has shape"),
+        (pack_pad_minus_one, "neither padding"),
+        (pack_pad_made_up_doc, "neither padding"),
+        (pack_pad_own_tokens, ("not in order", "in two rows")),
+        # Random ids: the positions read off them are wrong, or (by luck) the mask is.
+        (pack_docs_from_ids, ("position id", "attend")),
+        # One row, or rows all as long, make a grid of the wrong width: the shape is named.
+        (pack_ragged, ("not a grid of integers", "has shape")),
     ],
 )
 def test_pack_checker_rejects_dodges(fn, words):
     """Guards the packing checker against the dodges: a plain causal mask (the leak), positions
     that never restart, a mask hiding too much or the future, padding instead of packing, a
     dropped short row, truncated documents, a document packed twice, a row length written in
-    (issue 45: every check drew 16); each over several draws."""
+    (issue 45: every check drew 16), and issue 45's outside trial: padding with -1 or with a
+    made-up document (only 0s were counted), documents read off the token ids (they spelled out
+    document and offset), plus rows that are no grid; each over several draws."""
     for _ in range(DRAWS):
         result = check_pack(fn)
-        assert result.status == "wrong" and words in result.message, result.message
+        said = (words,) if isinstance(words, str) else words
+        assert result.status == "wrong", (fn.__name__, result.message)
+        assert any(w in result.message for w in said), (fn.__name__, result.message)
 
 
 def test_pack_checker_says_not_done():
@@ -192,6 +288,68 @@ def plan_library_fix_2(lengths, dp_rank, dp_size, budget):
     return batches[: int(n)]
 
 
+def _agree(batches):
+    """Fix 2's cut: every replica keeps as many batches as the one with the fewest."""
+    n = torch.tensor(len(batches))
+    dist.all_reduce(n, op=dist.ReduceOp.MIN)
+    return batches[: int(n)]
+
+
+def plan_blocks_agree_numpy(lengths, dp_rank, dp_size, budget):
+    """Unusual, right: fix 2 on contiguous blocks of documents, a generator of numpy arrays."""
+    import numpy as np
+
+    block = -(-len(lengths) // dp_size)
+    mine = range(dp_rank * block, min(len(lengths), (dp_rank + 1) * block))
+    return (np.array(b, dtype=np.int64) for b in _agree(_budget_batches(lengths, mine, budget)))
+
+
+def plan_shuffled_agree(lengths, dp_rank, dp_size, budget):
+    """Unusual, right: fix 2 on a shuffle of its own (same seed on every rank)."""
+    import random
+
+    order = list(range(len(lengths)))
+    random.Random(len(lengths)).shuffle(order)
+    return _agree(_budget_batches(lengths, order[dp_rank::dp_size], budget))
+
+
+def plan_global_shortest_first_blocks(lengths, dp_rank, dp_size, budget):
+    """Unusual, right: fix 1 planned shortest first (a batch's last document is its longest),
+    dealt in blocks of steps, batches as tuples."""
+    batches, cur = [], []
+    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
+        if cur and (len(cur) + 1) * lengths[i] > budget:
+            batches.append(tuple(cur))
+            cur = []
+        cur.append(i)
+    batches.append(tuple(cur))
+    steps = len(batches) // dp_size
+    return batches[dp_rank * steps : (dp_rank + 1) * steps]
+
+
+def plan_agree_then_drop_more(lengths, dp_rank, dp_size, budget):
+    """Dodge (issue 45): fix 2, then 12% of the batches more left out (passed 60% of checks)."""
+    batches = _agree(_budget_batches(lengths, range(dp_rank, len(lengths), dp_size), budget))
+    return batches[: int(0.88 * len(batches))]
+
+
+def plan_lopsided_shards(lengths, dp_rank, dp_size, budget):
+    """Dodge: fix 2 on shards that give replica 0 the shortest documents, so the agreed
+    count drops most of the corpus."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    size = len(lengths) // dp_size
+    mine = order[dp_rank * size : (dp_rank + 1) * size if dp_rank < dp_size - 1 else None]
+    return _agree(_budget_batches(lengths, mine, budget))
+
+
+def plan_sorted_fixed_size(lengths, dp_rank, dp_size, budget):
+    """Dodge (issue 45): sorted by length, but budget // longest documents a batch, dealt whole."""
+    k = budget // max(lengths)
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    batches = [order[s : s + k] for s in range(0, len(order), k)]
+    return batches[: len(batches) // dp_size * dp_size][dp_rank::dp_size]
+
+
 def plan_constant_count(lengths, dp_rank, dp_size, budget):
     """Dodge: each replica's own plan cut to a count fixed in advance (no agreement)."""
     return plan_local(lengths, dp_rank, dp_size, budget)[:8]
@@ -235,11 +393,23 @@ def plan_empty_padding(lengths, dp_rank, dp_size, budget):
     return batches + [[] for _ in range(int(n) - len(batches))]
 
 
-@pytest.mark.parametrize("fn", [plan_global, plan_local_then_agree, plan_library_fix_2])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        plan_global,
+        plan_local_then_agree,
+        plan_library_fix_2,
+        plan_blocks_agree_numpy,
+        plan_shuffled_agree,
+        plan_global_shortest_first_blocks,
+    ],
+)
 def test_budget_plan_checker_accepts_right_answers(fn):
     """Guards both fixes of notebook 11 passing: a global plan dealt over DP, and per-replica
-    plans that agree on the count with a collective (round-robin shards, and the library's
-    shuffled ones), over several draws of two cases each."""
+    plans that agree on the count with a collective (round-robin shards, the library's shuffled
+    ones, contiguous blocks returned as a generator of numpy arrays, a shuffle of one's own),
+    and a global plan made shortest first and dealt in blocks, over several draws of two cases
+    each."""
     for _ in range(DRAWS):
         result = check_budget_plan(fn)
         assert result.passed, (fn.__name__, result.message)
@@ -257,13 +427,18 @@ def test_budget_plan_checker_accepts_right_answers(fn):
         # Either too little planned, or a replica with fewer batches than the constant.
         (plan_constant_count, ("tokens are planned", "would wait")),
         (plan_unsorted_fixed_size, "sorted by length over the same documents"),
+        (plan_agree_then_drop_more, "no replica kept all"),
+        (plan_lopsided_shards, "on a random sharding"),
+        (plan_sorted_fixed_size, "of the budget"),
     ],
 )
 def test_budget_plan_checker_rejects_dodges(fn, words):
     """Guards the plan checker against unequal counts (the hang), one document per batch,
     batches over budget, every replica taking the same batches, planning almost nothing, and
     empty batches that only pad the count, and issue 45's: a count fixed in advance, unsorted
-    batches of a fixed size; each over several draws."""
+    batches of a fixed size, and its outside trial's: fix 2 then 12% more left out, sorted
+    batches of a fixed size; and shards so lopsided that the agreed count drops most of the
+    corpus; each over several draws."""
     for _ in range(DRAWS):
         result = check_budget_plan(fn)
         said = (words,) if isinstance(words, str) else words

@@ -29,7 +29,14 @@ from torch.utils.data import Dataset
 from ezpz_nb._dist import collective_device
 from ezpz_nb.errors import EzpzError
 
-__all__ = ["ShardError", "WeightedShard", "eval_indices", "global_mean", "weighted_sums"]
+__all__ = [
+    "ShardError",
+    "WeightedShard",
+    "eval_indices",
+    "global_mean",
+    "tagged",
+    "weighted_sums",
+]
 
 
 class ShardError(EzpzError, ValueError):
@@ -82,6 +89,17 @@ def eval_indices(
     return indices, weights
 
 
+def tagged(sample: Any, **tags: Any) -> dict[str, Any]:
+    """A sample's fields (a dict's own, else ``{"sample": sample}``) with ``tags`` added.
+
+    The one shape of an item that says where it came from: :class:`WeightedShard`'s
+    (``index``, ``weight``) and :class:`~ezpz_nb.data.stepped.SteppedLoader`'s
+    (``index``, ``epoch``), so that the default collate batches either.
+    """
+    fields = dict(sample) if isinstance(sample, Mapping) else {"sample": sample}
+    return {**fields, **tags}
+
+
 class WeightedShard(Dataset[dict[str, Any]]):
     """One replica's evaluation shard, padded to equal length, each item with its weight.
 
@@ -121,9 +139,7 @@ class WeightedShard(Dataset[dict[str, Any]]):
 
     def __getitem__(self, k: int) -> dict[str, Any]:
         i = self.indices[k]
-        sample = self.dataset[i]
-        fields = dict(sample) if isinstance(sample, Mapping) else {"sample": sample}
-        return {**fields, "index": i, "weight": self.weights[k]}
+        return tagged(self.dataset[i], index=i, weight=self.weights[k])
 
 
 def global_mean(

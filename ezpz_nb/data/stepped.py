@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, default_collate
 
-from ezpz_nb.data.evaluation import ShardError
+from ezpz_nb.data.evaluation import ShardError, tagged
 
 __all__ = ["SteppedLoader"]
 
@@ -177,7 +177,7 @@ class SteppedLoader:
         for flat in itertools.count(self.step * self.batch_size):
             epoch, offset = divmod(flat, self._map_share())
             i = self._shard(epoch)[offset]
-            yield _tagged(self.dataset[i], i, epoch)
+            yield tagged(self.dataset[i], index=i, epoch=epoch)
 
     def _streamed(self) -> Iterator[Any]:
         """This rank's samples from its (epoch, offset) on, pass after pass of the stream."""
@@ -195,7 +195,7 @@ class SteppedLoader:
                 self._offset = taken + 1
                 where = self.dp_rank + taken * self.dp_size
                 own = sample.get("index") if isinstance(sample, Mapping) else None
-                yield _tagged(sample, where if own is None else own, self._epoch)
+                yield tagged(sample, index=where if own is None else own, epoch=self._epoch)
             if taken < 0:
                 raise ShardError(
                     f"pass {self._epoch} of the stream gave rank {self.dp_rank} no sample: a "
@@ -254,9 +254,3 @@ class SteppedLoader:
         if self.stream:
             self._epoch, self._offset = int(state["epoch"]), int(state["offset"])
             self._wraps = []
-
-
-def _tagged(sample: Any, index: int, epoch: int) -> dict[str, Any]:
-    """A sample's fields (a dict's own, else ``"sample"``) with its index and epoch."""
-    fields = dict(sample) if isinstance(sample, Mapping) else {"sample": sample}
-    return {**fields, "index": index, "epoch": epoch}

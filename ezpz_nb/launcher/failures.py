@@ -27,7 +27,15 @@ from typing import Any, Literal
 from ezpz_nb.launcher.kernel import ipython_cell_name
 from ezpz_nb.launcher.wire import Chain, Error, Frame, Link, Unpicklable
 
-__all__ = ["FailureKind", "RankFailure", "decode", "encode", "from_exit", "stopped"]
+__all__ = [
+    "FailureKind",
+    "RankFailure",
+    "cannot_travel",
+    "decode",
+    "encode",
+    "from_exit",
+    "stopped",
+]
 
 #: What happened to a rank: it raised, was killed by a signal, exited without
 #: replying, returned something that cannot travel, or was stopped by us because
@@ -88,13 +96,15 @@ OUR_FAULT = (
 )
 
 
-def encode(exc: BaseException, ours: bool = False) -> Error:
+def encode(exc: BaseException, ours: bool = False, loop: Iterable[str] = ()) -> Error:
     """The message a rank sends for ``exc`` (runs on the rank).
 
     The rank loop's own frames are left out (they are the same in every
     traceback), unless ``ours``: the failure is in the rank's own plumbing, and
-    they are then the only frames there are.
+    they are then the only frames there are. ``loop`` names the files of another
+    rank loop (a Slurm rank's, under torchrun) whose frames are left out alike.
     """
+    skip = {_RANK_FILE, *(os.path.realpath(f) for f in loop)}
     links: list[Link] = []
     seen: set[int] = set()
     cur: BaseException | None = exc
@@ -103,7 +113,7 @@ def encode(exc: BaseException, ours: bool = False) -> Error:
         frames = tuple(
             Frame(f.filename, f.lineno or 0, f.name, f.line or "")
             for f in traceback.extract_tb(cur.__traceback__)
-            if ours or os.path.realpath(f.filename) != _RANK_FILE
+            if ours or os.path.realpath(f.filename) not in skip
         )
         header = "".join(traceback.format_exception_only(type(cur), cur)).rstrip()
         header = name_groups(header, cur.__traceback__) + did_you_mean(cur)
@@ -178,13 +188,20 @@ def decode(rank: int, msg: Error | Unpicklable) -> RankFailure:
             rank,
             "unpicklable",
             "PicklingError",
-            f"its {msg.what} could not be sent back to the notebook ({msg.why}); return "
-            "plain data (numbers, lists, dicts, tensors) instead",
+            cannot_travel(f"its {msg.what}", msg.why),
         )
     chain = tuple(Link(tuple(Frame(*f) for f in lk.frames), lk.header, lk.link) for lk in msg.chain)
     header = chain[-1].header if chain else "unknown error"
     where = " (inside ezpz_nb, before your function ran)" if msg.ours else ""
     return RankFailure(rank, "exception", header.split(":")[0], header + where, chain, msg.ours)
+
+
+def cannot_travel(what: str, why: str) -> str:
+    """The one wording for a value a rank cannot send back (``ez.launch`` and ``ez.submit``)."""
+    return (
+        f"{what} could not be sent back to the notebook ({why}); return plain data "
+        "(numbers, lists, dicts, tensors) instead"
+    )
 
 
 def from_exit(rank: int, exitcode: int | None) -> RankFailure:

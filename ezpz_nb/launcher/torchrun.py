@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import pickle
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -22,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from ezpz_nb._dist import destroy_distributed
-from ezpz_nb.launcher.errors import LaunchValueError
+from ezpz_nb.launcher.errors import LaunchTypeError, LaunchValueError
+from ezpz_nb.launcher.failures import cannot_travel
 
 __all__ = [
     "BACKENDS",
@@ -165,6 +167,16 @@ def gather_in_place(
     ``fn``'s keywords (``backend``, ``timeout_s``...) can be taken for ours."""
     ensure_distributed(backend, timeout_s)
     value = fn(*args, **kwargs)
-    results: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(results, value)
-    return results
+    # Pickled here, not inside all_gather_object: a value that cannot travel would fail
+    # there with torch's own words and frames on its rank alone, while its peers waited
+    # in the gather. Sent as bytes or as why not, every rank learns who could not send.
+    try:
+        parcel: tuple[bytes | None, str, str] = (pickle.dumps(value), "", "")
+    except Exception as exc:  # noqa: BLE001 - whatever pickling raises, it is the answer
+        parcel = (None, type(value).__qualname__, f"{type(exc).__name__}: {exc}")
+    parcels: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parcels, parcel)
+    for rank, (data, kind, why) in enumerate(parcels):
+        if data is None:  # every rank raises the same: none returns a list with a hole
+            raise LaunchTypeError(cannot_travel(f"rank {rank}'s return value (a {kind})", why))
+    return [pickle.loads(p[0]) for p in parcels]

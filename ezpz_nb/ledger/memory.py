@@ -25,7 +25,8 @@ spends a share of the wall time (``budget``, 1% by default): the first reading
 is taken at once, and each later one only while the readings after the first,
 this one included, fit in ``budget`` of the wall time since the first. A loop
 shorter than ``c / budget`` after a first reading of ``c`` seconds gets no
-second reading; pass ``budget=1.0`` for a reading at every step (the figures).
+second reading; ``budget=1.0`` reads at every step, however long the readings
+take (the figures: which steps are read must not depend on the machine's load).
 """
 
 from __future__ import annotations
@@ -163,7 +164,10 @@ class MemorySampler:
 
     def due(self) -> bool:
         """Whether the budget allows a reading now (the first one always)."""
-        if self._first is None:
+        if self._first is None or self.budget >= 1:
+            # 1.0 means every step: a count, whatever the readings cost. Costed, a
+            # reading slowed by a loaded machine (longer than the step before it)
+            # would skip steps, and which ones would depend on the load.
             return True
         later = self.spent_s - self.first_s + self._last  # with this one, costed as the last
         return later <= self.budget * (perf_counter() - self._first)

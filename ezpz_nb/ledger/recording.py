@@ -26,7 +26,7 @@ from ezpz_nb.ledger.records import (
     with_times,
 )
 
-__all__ = ["RecordingLoader", "record", "tag_worker"]
+__all__ = ["RecordingLoader", "memory_budget", "record", "tag_worker"]
 
 
 def _default_layout() -> Layout:
@@ -108,9 +108,8 @@ class RecordingLoader:
         self._clock = StepClock() if timings else None
         self._idle: AbstractContextManager[object] = nullcontext()
         self.memory_samples: list[MemorySample] = []
-        self.memory_sampler = (
-            MemorySampler(BUDGET if memory is True else float(memory)) if memory else None
-        )
+        budget = memory_budget(memory)
+        self.memory_sampler = MemorySampler(budget) if budget else None
         if path is not None:
             path = Path(path)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -307,6 +306,30 @@ def record(
         timings=timings,
         memory=memory,
     )
+
+
+def memory_budget(memory: object) -> float:
+    """The share of wall time ``record(..., memory=...)`` gives the readings (0: none).
+
+    Checked here, where the learner passed it, so that ``memory="yes"`` says what
+    ``memory=`` takes instead of failing inside ``float()``.
+
+    Raises:
+        TypeError: Not a bool or a number.
+        ValueError: A number outside [0, 1].
+    """
+    what = (
+        "memory= takes True (read within 1% of the wall time), False (no reading) or a "
+        "fraction in [0, 1] of the wall time the readings may take (memory=1.0 reads at "
+        "every step)"
+    )
+    if isinstance(memory, bool):
+        return BUDGET if memory else 0.0
+    if not isinstance(memory, int | float):
+        raise TypeError(f"{what}, got {type(memory).__name__} {memory!r}")
+    if not 0 <= memory <= 1:
+        raise ValueError(f"{what}, got {memory!r}")
+    return float(memory)
 
 
 def _tagged(sample: Any) -> Any:

@@ -34,6 +34,10 @@ ENDED = frozenset(
     }
 )
 _FIELD = re.compile(r"(\w+)=(\S*)")
+#: What sbatch says when no controller answers or no configuration names one.
+_NO_CLUSTER = re.compile(
+    r"configuration source|configuration file|Unable to contact slurm controller", re.I
+)
 
 
 def find_conf() -> str | None:
@@ -97,6 +101,12 @@ class Slurm:
         out = self._run("sbatch", "--parsable", script)
         if out.returncode != 0:
             said = " / ".join(line.strip() for line in (out.stderr or out.stdout).splitlines())
+            if _NO_CLUSTER.search(said):
+                raise SlurmError(
+                    f"no Slurm cluster answers here: {said!r}. Start the local one with "
+                    "`ezpz-nb slurm up` (Linux, as root; notebook 18's first cell does it), "
+                    "or run the notebook on a cluster's login node."
+                )
             raise SlurmError(
                 f"Slurm refused the job: {said!r}. Check the partition (`sinfo` lists them), "
                 "the time limit and the other slurm_args."

@@ -29,6 +29,27 @@ __all__ = ["SlurmJob"]
 _POLL_S = 0.25
 #: From RUNNING to every rank in the function: srun, torchrun's rendezvous, import torch.
 _START_GRACE_S = 30.0
+#: squeue's reasons that waiting does not clear: the request itself is out of bounds.
+_NEVER_STARTS = (
+    "PartitionNodeLimit",
+    "PartitionTimeLimit",
+    "PartitionConfig",
+    "ReqNodeNotAvail",
+    "BadConstraints",
+    "InvalidAccount",
+    "InvalidQOS",
+)
+
+
+def _pending_hint(reason: str) -> str:
+    """What to do about a reason that will not pass by waiting (a limit, a configuration)."""
+    if reason.startswith(_NEVER_STARTS):
+        return (
+            ": the request exceeds what the partition or account allows, or asks for nodes that "
+            "are not available (`sinfo` and `scontrol show partition` say which); stop the cell "
+            "to cancel the job, and ask for fewer nodes or less time"
+        )
+    return ""
 
 
 class SlurmJob:
@@ -115,7 +136,8 @@ class SlurmJob:
                 self._stream()
                 now = time.monotonic()
                 if info.state == "PENDING":
-                    self._tell(f"job {self.job_id} is queued (squeue's reason: {info.reason})")
+                    self._tell(f"job {self.job_id} is queued (squeue's reason: {info.reason})"
+                               + _pending_hint(info.reason))  # fmt: skip
                     if start_deadline is not None and now - submitted > start_deadline:
                         self._end_pending(info, start_deadline)
                 elif info.state in ("RUNNING", "COMPLETING") and running_since is None:
@@ -200,12 +222,20 @@ class SlurmJob:
         if self._results is None:
             info = self.wait(start_deadline)
             self._results = self._collect(info)
-        return self._results if rank is None else self._results[rank]
+        if rank is None:
+            return self._results
+        if not 0 <= rank < len(self._results):
+            raise IndexError(
+                f"rank {rank} is not in job {self.job_id}: its ranks are 0 to "
+                f"{len(self._results) - 1} (nodes x ranks_per_node)"
+            )
+        return self._results[rank]
 
     def _collect(self, info: JobInfo) -> list[Any]:
         replies = outcome.read_replies(self.dir)
         ranks = outcome.read_ranks(self.dir)
-        error = outcome.rank_error(self.job_id, self.spec.world_size, replies, ranks)
+        exits = outcome.exit_codes(self.dir, self.job_id)
+        error = outcome.rank_error(self.job_id, self.spec.world_size, replies, ranks, exits)
         # Slurm ended it (time limit, node failure...): that is the cause, unless a rank's
         # own exception is among the failures.
         slurm_ended = info.state not in ("COMPLETED", "FAILED", "GONE")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ezpz_nb.launcher.errors import HangError, RankError, ranks_text
-from ezpz_nb.launcher.failures import RankFailure, decode, stopped
+from ezpz_nb.launcher.failures import RankFailure, decode, from_exit, stopped
 from ezpz_nb.launcher.stacks import RankStack, parse_faulthandler, stack_from_frames
 from ezpz_nb.launcher.wire import Error, Ok, Unpicklable, loads
 from ezpz_nb.ledger import Ledger
@@ -23,6 +23,7 @@ from ezpz_nb.slurm.rank import RUN_MARKER
 
 __all__ = [
     "dumped",
+    "exit_codes",
     "failure_tail",
     "hang_error",
     "only_peers_gone",
@@ -36,6 +37,8 @@ __all__ = [
 
 #: What a rank says when a peer it waited for in a collective went away: under torchrun
 #: it notices (ez.launch stops such ranks first), but it is a consequence, not a cause.
+#: torchrun's report of a failed rank: ``rank : 1 (local_rank: 0)`` then ``exitcode : 3``.
+_EXIT = re.compile(r"rank\s*:\s*(\d+) \(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
 _PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe")
 
 
@@ -90,21 +93,58 @@ def rank_error(
     world_size: int,
     replies: dict[int, Ok | Error | Unpicklable],
     ranks: dict[int, dict[str, Any]],
+    exits: dict[int, int] | None = None,
 ) -> RankError | None:
     """The ``RankError`` the replies amount to, or None when every rank returned.
 
+    ``exits``: each rank's exit code as torchrun reported it (:func:`exit_codes`).
+
     A rank without a reply was stopped (Slurm ended it when another failed), as is
-    a rank whose only error is that a failed peer left its collective.
+    a rank whose only error is that a failed peer left its collective; when no rank
+    raised anything else, the ranks without a reply died and are the cause.
     """
     failures = {r: decode(r, m) for r, m in replies.items() if not isinstance(m, Ok)}
     if not failures:
         return None
     causes = {r: f for r, f in failures.items() if not _peer_gone(f)}
+    silent = [r for r in range(world_size) if r not in replies]
+    if not causes and silent:
+        # Every error is a peer gone, so a rank that left without a word is the cause:
+        # its process died (os._exit, a crash, the out-of-memory killer).
+        codes = exits or {}
+        causes = {
+            r: from_exit(r, codes[r]) if r in codes else _died(job_id, r)
+            for r in silent
+            if r in ranks
+        }
     if causes:
-        failures = {**failures, **{r: stopped(r) for r in failures if r not in causes}}
-    failures.update({r: stopped(r) for r in range(world_size) if r not in replies})
+        failures = {**{r: stopped(r) for r in failures}, **causes}
+    # A rank that returned is no failure; one silent and not a cause was stopped.
+    failures.update(
+        {r: stopped(r) for r in range(world_size) if r not in replies and r not in failures}
+    )
     failed = [r for r, f in failures.items() if f.kind != "stopped"]
     return RankError(failures, note=where_note(job_id, ranks, sorted(failed)))
+
+
+def _died(job_id: str, rank: int) -> RankFailure:
+    return RankFailure(
+        rank,
+        "exit",
+        "",
+        "ended without replying: its process died (os._exit, a crash, or the "
+        f"out-of-memory killer); torchrun's report in slurm-{job_id}.out (the job folder) "
+        "gives its exit code",
+    )
+
+
+def exit_codes(job_dir: Path, job_id: str) -> dict[int, int]:
+    """``{rank: exit code}`` from torchrun's failure reports in Slurm's output file."""
+    try:
+        text = (job_dir / f"slurm-{job_id}.out").read_text(errors="replace")
+    except OSError:
+        return {}
+    return {int(r): int(c) for r, c in _EXIT.findall(text)}
 
 
 def dumped(job_dir: Path, rank: int) -> bool:

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ezpz_nb import events
+from ezpz_nb.launcher import torchrun
 from ezpz_nb.launcher.failures import encode
-from ezpz_nb.launcher.torchrun import run_in_place
 from ezpz_nb.launcher.wire import Ok, Unpicklable, dumps, loads_job
 from ezpz_nb.ledger import codec
 from ezpz_nb.ledger.records import StepRecord
@@ -84,11 +84,13 @@ def _run_job(job_dir: Path, rank: int, spec: dict[str, Any]) -> Any:
     except BaseException as exc:  # noqa: BLE001 - report whatever broke, with our frames
         return encode(exc, ours=True)
     try:
-        results = run_in_place(
+        results = torchrun.run_in_place(
             fn, *args, backend=spec["backend"], timeout_s=spec["timeout"] + 60.0, **kwargs
         )
     except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt too
-        return encode(exc)
+        # This loop's frames and torchrun.py's are the same in every traceback: left
+        # out, as ez.launch's rank loop leaves out its own.
+        return encode(exc, loop=(__file__, torchrun.__file__))
     return Ok(results[rank])
 
 

@@ -19,6 +19,11 @@ _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 
 def check_time(time: str) -> str:
     """``time`` if Slurm reads it as a limit (``MM``, ``HH:MM:SS``, ``D-HH:MM``...)."""
+    if not isinstance(time, str):
+        raise ValueError(
+            f"time={time!r} is not a Slurm time limit: pass it as a string, 'HH:MM:SS' "
+            "(e.g. time='00:10:00' for ten minutes) or 'D-HH:MM:SS'"
+        )
     if not _TIME.match(time):
         raise ValueError(
             f"time={time!r} is not a Slurm time limit: write it as 'HH:MM:SS' (e.g. '00:10:00') "

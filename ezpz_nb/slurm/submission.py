@@ -7,6 +7,7 @@ what the ranks write there, and the :class:`~ezpz_nb.slurm.job.SlurmJob` it retu
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import time
@@ -15,13 +16,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ezpz_nb.launcher.startup import check_args, pack_job
+from ezpz_nb.launcher.errors import LaunchTypeError, LaunchValueError
+from ezpz_nb.launcher.startup import check_timeout, pack_job
+from ezpz_nb.launcher.torchrun import check_backend
 from ezpz_nb.slurm.commands import Slurm, find_conf
 from ezpz_nb.slurm.job import SlurmJob
 from ezpz_nb.slurm.local import free_port
 from ezpz_nb.slurm.script import JobSpec, check_time, render
 
-__all__ = ["submit", "write_job"]
+__all__ = ["check_request", "submit", "write_job"]
 
 #: The job folder's subfolders, one per kind of file a rank writes (see :mod:`.rank`).
 SUBFOLDERS = ("out", "ranks", "replies", "stacks", "ledger")
@@ -81,7 +84,12 @@ def submit(
         SlurmError: No Slurm here, or Slurm refused the job (its words quoted).
         LaunchTypeError: ``fn`` or an argument cannot be sent (nothing was submitted).
     """
-    check_args(nodes * ranks_per_node, timeout, None, None, backend, ranks_here=False)
+    check_request(fn, args, kwargs, nodes=nodes, ranks_per_node=ranks_per_node,
+                  slurm_args=slurm_args, setup=setup)  # fmt: skip
+    # Not ez.launch's check_args: its MAX_WORLD_SIZE caps ranks started on one machine;
+    # a job's nodes x ranks_per_node (16 x 8 = 128) is the cluster's to allow.
+    check_timeout(timeout)
+    check_backend(backend)  # each rank checks its own GPU as it joins
     check_time(time)
     job = pack_job(fn, args, kwargs)  # unpicklable input fails before anything is submitted
     conf = find_conf()
@@ -104,6 +112,62 @@ def submit(
     handle = SlurmJob(slurm, spec, slurm.sbatch(str(script)), echo=echo)
     handle._say(f"[slurm] submitted job {handle.job_id}: {handle.script}")
     return handle
+
+
+def check_request(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    nodes: Any,
+    ranks_per_node: Any,
+    slurm_args: Any,
+    setup: Any,
+) -> None:
+    """Refuse, in ``ez.submit``'s own words, what would only fail after the job queued.
+
+    A queue round trip costs minutes on a real site: an argument the function cannot
+    take (``world_size=``, as ``ez.launch`` spells it) or a string where Slurm wants
+    lines must fail here, before anything is submitted. ``nodes`` and ``ranks_per_node``
+    must be positive ints, with no upper bound here: what a job may ask for is the
+    site's to say (``ez.launch``'s cap is for ranks on one machine).
+    """
+    for name, value in (("nodes", nodes), ("ranks_per_node", ranks_per_node)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise LaunchTypeError(
+                f"{name} must be an int, got {type(value).__name__} {value!r}: "
+                "e.g. nodes=2, ranks_per_node=2 runs 4 ranks"
+            )
+        if value < 1:
+            raise LaunchValueError(
+                f"{name} must be at least 1, got {value}: ez.submit runs nodes x "
+                "ranks_per_node ranks (nodes=2, ranks_per_node=2 runs 4)"
+            )
+    for name, value in (("slurm_args", slurm_args), ("setup", setup)):
+        if isinstance(value, str):
+            # A string is a sequence of characters: each would become a line of the script.
+            raise LaunchTypeError(
+                f"{name} must be a list of lines, got one string: write {name}=[{value!r}]"
+            )
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: the ranks will tell
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        hint = (
+            " ez.submit has no world_size: it runs nodes x ranks_per_node ranks "
+            "(nodes=2, ranks_per_node=2 for 4)."
+            if "world_size" in kwargs
+            else ""
+        )
+        raise LaunchTypeError(
+            f"{name}{signature} cannot be called with these arguments ({exc}): ez.submit "
+            f"passes every argument it does not know to the function.{hint} Nothing was "
+            "submitted."
+        ) from None
 
 
 def write_job(spec: JobSpec, packed: bytes) -> Path:

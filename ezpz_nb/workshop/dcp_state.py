@@ -8,13 +8,20 @@ The learner writes two functions, called on every rank:
   filled in (its template is ``loader_state`` of a fresh loader).
 
 :func:`check_loader_state` runs them on 4 real gloo ranks at two layouts, ``dp 2 x
-tp 2`` and ``dp 4 x tp 1``, with a dataset size and seed drawn per check: a straight
-epoch, then two saves at two drawn steps (two checkpoints), and in a second run fresh
-loaders that load each checkpoint and run the rest of the epoch. Each rank's resumed batches must equal the straight run's, samples and masked
-tokens. What the checker trusts (the steps, the layouts, the straight run) is drawn on
-its side and never handed to the learner's functions; two checkpoints loaded in the
-other order turn down a state kept outside the checkpoint (a side file holds the last
-save only), and a drawn step turns down an answer that skips a fixed count.
+tp 2`` and ``dp 4 x tp 1``, with a dataset size, two loader seeds and two save steps
+drawn per check: each seed's loader saved at both steps (four checkpoints), then fresh
+loaders, on fresh ranks, that load each checkpoint and run the rest of the epoch. Each
+rank's resumed batches must equal the straight run's, samples and masked tokens.
+
+What the checker trusts stays where the learner's code never runs. The straight runs are
+computed in the checker's own process; the load job is never told a step; the
+checkpoints move to paths the saves never saw and are loaded in an order drawn on the
+checker's side; and the loads run on ranks the learner's save never ran in, so a rank job
+the save rebinds, or a state it keeps in a warm rank's memory, does not reach them. A
+state kept beside the checkpoint (a file keyed by rank, step or seed) holds the last of
+the four saves only, and a drawn step turns down an answer that skips a fixed count. What
+a right answer may keep is what the checkpoint holds: one key with the offset, replayed
+in a fresh loader, passes.
 
 The wrong answers it names are the ones that lose data in real jobs: one key for every
 rank (DCP keeps one rank's copy: the others replay that rank's shard), only rank 0
@@ -24,26 +31,23 @@ saving (the others start over), the RNG forgotten (the right samples, other mask
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from ezpz_nb.data.groups import make_layout
+from ezpz_nb.data.groups import layout_table, make_layout
 from ezpz_nb.data.resumable import ShardStream
 from ezpz_nb.models import RuleTokenDataset
-from ezpz_nb.workshop.verdicts import (
-    CHECK_TIMEOUT,
-    CheckResult,
-    judge,
-    not_done,
-    run_job,
-    wrong,
-)
+from ezpz_nb.workshop.stops import CHECK_TIMEOUT, not_done, wrong
+
+if TYPE_CHECKING:
+    from ezpz_nb.workshop.verdicts import CheckResult
 
 __all__ = ["CORPUS", "EXERCISE", "Case", "check_loader_state", "draw_case", "stream"]
 
@@ -59,27 +63,33 @@ Seen = list[tuple[list[int], int]]
 
 @dataclass(frozen=True)
 class Case:
-    """One drawn run: the layout, the dataset's size and seed, the two save steps."""
+    """One drawn layout: the dataset's size, two loader seeds, the two save steps.
+
+    Both seeds' loaders are saved at both steps before any checkpoint is loaded: a state
+    kept outside the checkpoint under the step (or under the seed) holds the last save of
+    the four only.
+    """
 
     dp: int
     tp: int
     num_samples: int
-    seed: int
+    seeds: tuple[int, int]
     stops: tuple[int, int]
 
 
 def draw_case(rng: random.Random, dp: int, tp: int) -> Case:
-    """A dataset size and seed, and two distinct save steps inside the epoch (>= 4 steps)."""
+    """A dataset size, two seeds, and two distinct save steps inside the epoch (>= 4 steps)."""
     num_samples = dp * BATCH * rng.randint(4, 7)
     steps = num_samples // (dp * BATCH)
     first, second = sorted(rng.sample(range(1, steps), 2))
-    return Case(dp, tp, num_samples, rng.randrange(1, 2**20), (first, second))
+    seeds = rng.sample(range(1, 2**20), 2)
+    return Case(dp, tp, num_samples, (seeds[0], seeds[1]), (first, second))
 
 
-def stream(layout: Any, case: Case) -> ShardStream:
-    """The exercise's loader on this rank: its DP rank's shard of the case's rule sequences."""
-    ds = RuleTokenDataset(num_samples=case.num_samples, seed=case.seed)
-    return ShardStream(ds, BATCH, layout.dp_rank, layout.dp_size, seed=case.seed)
+def stream(dp_rank: int, dp_size: int, num_samples: int, seed: int) -> ShardStream:
+    """The exercise's loader for one DP rank: its shard of the seed's rule sequences."""
+    ds = RuleTokenDataset(num_samples=num_samples, seed=seed)
+    return ShardStream(ds, BATCH, dp_rank, dp_size, seed=seed)
 
 
 class _Learners:
@@ -99,112 +109,168 @@ def _seen(batches: Any) -> Seen:
     return [(b["index"].tolist(), int(b["input_ids"].sum())) for b in batches]
 
 
-def _save_part(paths: list[str], case: Case, save: StateFn, load: LoadFn) -> dict[str, Any]:
-    """Rank side: the straight epoch, then one save at each of the case's two steps."""
+#: What the save job gets per seed: the seed, and (checkpoint path, step) for each save.
+Plan = list[tuple[int, list[tuple[str, int]]]]
+
+
+def _save_part(tp: int, num_samples: int, plan: Plan, save: StateFn, load: LoadFn) -> None:
+    """Rank side: for each seed, one loader run on and saved at each of its steps."""
     import torch.distributed.checkpoint as dcp
 
-    layout = make_layout(tp_size=case.tp)
-    straight = _seen(stream(layout, case))
-    loader = stream(layout, case)
-    it, taken = iter(loader), 0
-    for path, stop in zip(paths, case.stops, strict=True):
-        for _ in range(stop - taken):
-            next(it)
-        taken = stop
-        dcp.save({"data": _Learners(loader, layout, save, load)}, checkpoint_id=path)
-    return {"dp_rank": layout.dp_rank, "straight": straight}
+    layout = make_layout(tp_size=tp)
+    for seed, saves in plan:
+        loader = stream(layout.dp_rank, layout.dp_size, num_samples, seed)
+        it, taken = iter(loader), 0
+        for path, stop in saves:
+            for _ in range(stop - taken):
+                next(it)
+            taken = stop
+            dcp.save({"data": _Learners(loader, layout, save, load)}, checkpoint_id=path)
 
 
-def _load_part(paths: list[str], case: Case, save: StateFn, load: LoadFn) -> list[Seen]:
-    """Rank side: each checkpoint loaded into a fresh loader, the rest of the epoch run."""
+def _load_part(items: list[tuple[int, int, int, str]], save: StateFn, load: LoadFn) -> list[Seen]:
+    """Rank side: each checkpoint ``(tp, size, seed, path)`` loaded into a fresh loader, the
+    rest of the epoch run. It is never told the step a checkpoint was saved at."""
     import torch.distributed.checkpoint as dcp
 
-    layout = make_layout(tp_size=case.tp)
     resumed = []
-    for path in paths:
-        loader = stream(layout, case)
+    for tp, num_samples, seed, path in items:
+        layout = make_layout(tp_size=tp)
+        loader = stream(layout.dp_rank, layout.dp_size, num_samples, seed)
         dcp.load({"data": _Learners(loader, layout, save, load)}, checkpoint_id=path)
         resumed.append(_seen(loader))
     return resumed
 
 
-def _diagnose(first: list[dict[str, Any]], resumed: list[Seen], stop: int) -> str:
+@dataclass(frozen=True)
+class _Point:
+    """One checkpoint as the checker knows it: its run, seed, step and path at save."""
+
+    case: Case
+    seed: int
+    stop: int
+    path: str
+
+
+def _straight(case: Case, seed: int) -> dict[int, Seen]:
+    """Each DP rank's whole epoch, computed here, where no learner code runs."""
+    return {d: _seen(stream(d, case.dp, case.num_samples, seed)) for d in range(case.dp)}
+
+
+def _ids(got: Any) -> list[list[int]] | None:
+    try:
+        return [list(b) for b, _ in got]
+    except (TypeError, ValueError):
+        return None  # not batches at all: judged as different from every run
+
+
+def _diagnose(point: _Point, resumed: list[Any]) -> str:
     """Why the resumed batches differ, the worst loss first; "" when every rank matches."""
-    straight = {f["dp_rank"]: f["straight"] for f in first}
+    case, stop = point.case, point.stop
+    straight = _straight(case, point.seed)
     found: dict[int, str] = {}  # severity -> the first rank's diagnosis
-    for rank, (f, got) in enumerate(zip(first, resumed, strict=True)):
-        want = f["straight"][stop:]
+    for rank, got in enumerate(resumed):
+        dp_rank = layout_table(WORLD, case.tp)[rank][1]
+        want = straight[dp_rank][stop:]
         if got == want:
             continue
-        ids, own = [i for b, _ in got for i in b], [i for b, _ in want for i in b]
+        ids, own = _ids(got) or [], [b for b, _ in want]
+        flat, own_flat = [i for b in ids for i in b], [i for b in own for i in b]
         other = next(
-            (
-                d
-                for d, s in straight.items()
-                if d != f["dp_rank"] and [b for b, _ in got] == [b for b, _ in s[stop:]]
-            ),
+            (d for d, s in straight.items() if d != dp_rank and ids == [b for b, _ in s[stop:]]),
             None,
         )
         if other is not None:
             found.setdefault(
                 0,
                 (
-                    f"rank {rank} (DP rank {f['dp_rank']}) resumed DP rank {other}'s place and "
-                    f"replays its samples {ids[:6]}; its own {own[:6]} are never seen. Every rank "
-                    "wrote the same keys, and DCP kept one copy of each (not always from one "
+                    f"rank {rank} (DP rank {dp_rank}) resumed DP rank {other}'s place and "
+                    f"replays its samples {flat[:6]}; its own {own_flat[:6]} are never seen. Every "
+                    "rank wrote the same keys, and DCP kept one copy of each (not always from one "
                     "rank): key the state by DP rank"
                 ),
             )
-        elif [b for b, _ in got] == [b for b, _ in f["straight"][: len(got)]]:
+        elif ids and ids == [b for b, _ in straight[dp_rank][: len(ids)]]:
             found.setdefault(
                 1,
                 (
-                    f"rank {rank} (DP rank {f['dp_rank']}) started its shard over ({ids[:6]}, "
+                    f"rank {rank} (DP rank {dp_rank}) started its shard over ({flat[:6]}, "
                     "already trained on): its own state was not in the checkpoint (only rank 0 "
                     "saving?). Every DP rank must save its own place"
                 ),
             )
-        elif [b for b, _ in got] == [b for b, _ in want]:
+        elif ids == own:
             step = next(i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
             found.setdefault(
                 2,
                 (
                     f"rank {rank} got the right samples but other masked tokens from step "
                     f"{stop + step} on: the loader's RNG (its generator's state) was not saved, "
-                    "not restored, or restored from another rank"
+                    "not restored, or restored from another rank or from outside this checkpoint "
+                    "(a file or memory that a later save overwrote)"
                 ),
             )
         else:
             found.setdefault(
                 3,
-                f"rank {rank} resumed with samples {ids[:6]}, the straight run's were {own[:6]}: "
-                "restore from the state dcp.load hands you, not from anything kept outside the "
-                "checkpoint or counted in steps",
+                f"rank {rank} resumed with samples {flat[:6]}, the straight run's were "
+                f"{own_flat[:6]}: restore from the state dcp.load hands you, not from anything "
+                "kept outside the checkpoint or counted in steps",
             )
     return found[min(found)] if found else ""
 
 
-def _run_case(case: Case, save: StateFn, load: LoadFn, cluster: Any) -> None:
-    """Save, then load into fresh loaders, on ``cluster`` (or fresh ranks); stop at a fault."""
-    paths = [tempfile.mkdtemp(prefix="ezpz-nb15-") for _ in case.stops]
-    timeout = 4 * CHECK_TIMEOUT
+def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> None:
+    """Save every case on ``cluster``, then load every checkpoint on fresh ranks; stop at a fault.
+
+    What the checker trusts stays on this side: the straight runs are computed here, the
+    load job is told no step, the checkpoints move to paths the save never saw and are
+    loaded in an order drawn here, on ranks the learner's save never ran in (a rank job
+    the save rebinds, or a state it keeps in the rank's memory, does not reach them).
+    """
+    # Here, not at the top: a rank imports this module for its jobs (see stops.py).
+    from ezpz_nb.workshop.verdicts import run_job
+
+    rng, timeout = random.Random(), 4 * CHECK_TIMEOUT
+    dirs: list[str] = []
+    points: list[_Point] = []
     try:
-        first = run_job(
-            _save_part, paths, case, save, load, world_size=WORLD, timeout=timeout, cluster=cluster
-        )
-        # Loaded in the other order: a state kept beside the checkpoint (a file, a global on
-        # the rank) holds the last save only, so fresh ranks would add nothing to judge.
-        back = run_job(
-            _load_part, paths[::-1], case, save, load, world_size=WORLD, timeout=timeout,
-            cluster=cluster,
-        )  # fmt: skip
+        for case in cases:
+            plan: Plan = []
+            for seed in case.seeds:
+                saves = [(tempfile.mkdtemp(prefix="ezpz-nb15-"), stop) for stop in case.stops]
+                dirs += [path for path, _ in saves]
+                points += [_Point(case, seed, stop, path) for path, stop in saves]
+                plan.append((seed, saves))
+            run_job(
+                _save_part, case.tp, case.num_samples, plan, save, load,
+                world_size=WORLD, timeout=timeout, cluster=cluster,
+            )  # fmt: skip
+        moved = []  # each checkpoint under a path its save never saw
+        for p in points:
+            dirs.append(tempfile.mkdtemp(prefix="ezpz-nb15-"))
+            moved.append(os.path.join(dirs[-1], "checkpoint"))
+            try:
+                os.rename(p.path, moved[-1])
+            except OSError:
+                raise wrong(
+                    f"dcp.save left no checkpoint at {p.path}: return the state from "
+                    "loader_state and let dcp.save write it"
+                ) from None
+        order = rng.sample(range(len(points)), len(points))
+        items = [
+            (points[j].case.tp, points[j].case.num_samples, points[j].seed, moved[j]) for j in order
+        ]
+        back = run_job(_load_part, items, save, load, world_size=WORLD, timeout=timeout)
     finally:
-        for path in paths:
+        for path in dirs:
             shutil.rmtree(path, ignore_errors=True)
-    for resumed, stop in zip(zip(*back, strict=True), case.stops[::-1], strict=True):
-        why = _diagnose(first, list(resumed), stop)
+    at = {j: k for k, j in enumerate(order)}
+    for j, p in enumerate(points):  # judged in the order drawn: layout, seed, step
+        resumed = [r[at[j]] if isinstance(r, list) and len(r) == len(order) else None for r in back]
+        why = _diagnose(p, resumed)
         if why:
-            raise wrong(f"on dp {case.dp} x tp {case.tp}, saved after step {stop}: {why}")
+            raise wrong(f"on dp {p.case.dp} x tp {p.case.tp}, saved after step {p.stop}: {why}")
 
 
 def check_loader_state(
@@ -214,9 +280,12 @@ def check_loader_state(
 
     Args:
         loader_state, load_loader_state: The learner's functions (None: not done).
-        cluster: A warm ``ez.Cluster`` of 4 ranks to run on (default, or closed since:
-            fresh ranks for each run).
+        cluster: A warm ``ez.Cluster`` of 4 ranks for the saves (default, or closed
+            since: fresh ranks). The loads always run on fresh ranks, which the
+            learner's save never ran in.
     """
+    # Here, not at the top: a rank imports this module for its jobs (see stops.py).
+    from ezpz_nb.workshop.verdicts import judge
 
     def body() -> str:
         if loader_state is None or load_loader_state is None:
@@ -228,14 +297,14 @@ def check_loader_state(
             )
         rng = random.Random()  # fresh per check: no answer fits a fixed step or layout
         cases = [draw_case(rng, dp, tp) for dp, tp in rng.sample(LAYOUTS, len(LAYOUTS))]
-        for case in cases:
-            _run_case(case, loader_state, load_loader_state, cluster)
+        _run_check(cases, loader_state, load_loader_state, cluster)
         runs = "; ".join(
             f"dp {c.dp} x tp {c.tp}, saved after steps {c.stops[0]} and {c.stops[1]}" for c in cases
         )
         return (
-            f"every rank resumed from each checkpoint with the straight run's samples and "
-            f"masked tokens, through dcp.save and dcp.load in fresh loaders ({runs})."
+            f"every rank resumed from each checkpoint (two loader seeds per layout) with the "
+            f"straight run's samples and masked tokens, through dcp.save and dcp.load in fresh "
+            f"loaders on fresh ranks ({runs})."
         )
 
     return judge(EXERCISE, body)

@@ -3,34 +3,34 @@
 The learner writes ``exact_mean(dataset, dp_rank, dp_size) -> float``: every rank
 returns the mean of ``dataset[i]["loss"]`` over all ``len(dataset)`` samples, equal to
 what one process computes, while reading at least one and at most
-``ceil(len / dp_size)`` samples itself, every sample read by some rank: the read
-record is the evidence, since the losses sit in the rank's process (packed, never as a
-list an answer could find in a frame or by ``gc``). Each check draws a fresh size and
-DP degree (2, 3 or 4 ranks; a size the degree does not divide) and fresh losses, so a
-fixed answer cannot fit, and the three dodges (``DistributedSampler``'s padding, ``drop_last``, the mean of per-rank
-means) each land measurably off; the checker names the one an answer matches.
-Reading every sample on every rank is exact but not distributed: refused too.
+``ceil(len / dp_size)`` samples itself, every sample read by some rank. The losses never
+enter a rank: the checker serves ``dataset[i]`` from its own process (a server on
+127.0.0.1, one connection per rank, claimed before the learner's code runs), so every
+loss a rank holds it asked for, and the record of what each rank read is kept where the
+learner's code never runs. Each check draws a fresh size and DP degree (2, 3 or 4 ranks;
+a size the degree does not divide) and fresh losses, so a fixed answer cannot fit, and
+the three dodges (``DistributedSampler``'s padding, ``drop_last``, the mean of per-rank
+means) each land measurably off; the checker names the one an answer matches. Reading
+every sample on every rank is exact but not distributed: refused too.
 """
 
 from __future__ import annotations
 
 import math
+import operator
+import os
 import random
-import struct
+import socket
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ezpz_nb.workshop.verdicts import (
-    CHECK_TIMEOUT,
-    CheckResult,
-    CheckStopped,
-    judge,
-    not_done,
-    run_job,
-    wrong,
-)
+from ezpz_nb.workshop.stops import CHECK_TIMEOUT, CheckStopped, not_done, wrong
 
-__all__ = ["check_exact_mean", "dodge_means", "draw_case", "loss_table", "pack"]
+if TYPE_CHECKING:
+    from ezpz_nb.workshop.verdicts import CheckResult
+
+__all__ = ["LossServer", "check_exact_mean", "dodge_means", "draw_case"]
 
 EXERCISE = "exact_mean"
 #: Relative error an answer may have: float32 sums pass, every dodge lands far outside.
@@ -39,40 +39,137 @@ TOLERANCE = 1e-6
 SEPARATION = 1e-3
 
 
-def pack(losses: list[float]) -> bytes:
-    """The losses as the rank job receives them: packed doubles, never a list of floats."""
-    return struct.pack(f"<{len(losses)}d", *losses)
+class LossServer:
+    """The evaluation set, served from the checker's process: the losses and the read log.
 
-
-def loss_table(packed: bytes) -> tuple[Any, list[int]]:
-    """The evaluation set the learner's function gets, and the record of what it read.
-
-    The set offers ``len`` and ``[i] -> {"index", "loss"}`` only: the losses (packed
-    bytes from :func:`pack`, unpacked one at a time) and the record live in this
-    function's closure, not on the object, so an answer cannot read every loss at once
-    (``dataset.losses``, a list found in a caller's frame or by ``gc``) or rewrite what
-    it read (``dataset.reads``); only the record's owner, the checker's job, sees it.
+    Each rank's job opens one connection and claims its rank (``hello <r>``) before the
+    learner's function runs; a second claim of a rank, or any later connection, is refused
+    and counted in :attr:`refused`. A request ``<i>`` is logged under the connection's rank,
+    then answered with the loss. Nothing of this lives in a rank, so no frame, closure or
+    ``gc`` scan there finds the losses or rewrites the log. Use as a context manager: on
+    exit the listener and every connection are closed and their threads joined.
     """
-    n, reads = len(packed) // 8, []
 
-    class LossTable:
-        """``len(dataset)`` samples; ``dataset[i]`` is ``{"index": i, "loss": ...}``."""
+    def __init__(self, losses: list[float], dp: int) -> None:
+        self.losses, self.dp = losses, dp
+        self.reads: dict[int, list[int]] = {}  # rank -> every index it asked for, in order
+        self.refused = 0
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._conns: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)  # accept() wakes to see the stop: close() never waits long
+        self.port: int = self._listener.getsockname()[1]
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
 
-        __slots__ = ()
+    def __enter__(self) -> LossServer:
+        return self
 
-        def __len__(self) -> int:
-            return n
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-        def __getitem__(self, i: int) -> dict[str, Any]:
-            if not isinstance(i, int) or not 0 <= i < n:
-                raise IndexError(f"index {i!r} outside 0..{n - 1}")
-            reads.append(i)
-            return {"index": i, "loss": struct.unpack_from("<d", packed, 8 * i)[0]}
+    def close(self) -> None:
+        """Stop accepting, close every connection, join every thread."""
+        self._stop.set()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by its rank
+        for t in list(self._threads):
+            t.join(timeout=5.0)
+        self._listener.close()
 
-        def __repr__(self) -> str:
-            return f"<evaluation set of {n} samples>"
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(None)
+            t = threading.Thread(target=self._answer, args=(conn,), daemon=True)
+            with self._lock:
+                self._conns.append(conn)
+                self._threads.append(t)
+            t.start()
 
-    return LossTable(), reads
+    def _claim(self, line: str) -> int | None:
+        word = line.split()
+        rank = int(word[1]) if len(word) == 2 and word[0] == "hello" and _digits(word[1]) else -1
+        with self._lock:
+            if 0 <= rank < self.dp and rank not in self.reads:
+                self.reads[rank] = []
+                return rank
+            self.refused += 1
+            return None
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rw", encoding="ascii", newline="\n") as f:
+            try:
+                rank = self._claim(f.readline())
+                f.write("no\n" if rank is None else "ok\n")
+                f.flush()
+                while rank is not None and (line := f.readline()):
+                    i = int(line) if _digits(line.strip()) else -1
+                    if 0 <= i < len(self.losses):
+                        with self._lock:
+                            self.reads[rank].append(i)
+                        f.write(f"{self.losses[i]!r}\n")
+                    else:
+                        f.write("bad\n")
+                    f.flush()
+            except (OSError, ValueError, UnicodeError):
+                return  # the rank went away (or sent what no job sends): its log stays
+
+
+def _digits(word: str) -> bool:
+    return word.isascii() and word.isdigit()
+
+
+class _Served:
+    """``len(dataset)`` samples; ``dataset[i]`` is ``{"index": i, "loss": ...}``, asked of
+    the checker over this rank's one connection (each read a logged request)."""
+
+    __slots__ = ("_file", "_n", "_pid")
+
+    def __init__(self, n: int, port: int, rank: int) -> None:
+        self._n, self._pid = n, os.getpid()
+        self._file = socket.create_connection(("127.0.0.1", port)).makefile(
+            "rw", encoding="ascii", newline="\n"
+        )
+        self._file.write(f"hello {rank}\n")
+        self._file.flush()
+        if self._file.readline().strip() != "ok":
+            raise RuntimeError(
+                f"the checker's evaluation set refused rank {rank}: another connection claimed "
+                "it first. Read the evaluation set only through dataset[i]."
+            )
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> dict[str, Any]:
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise IndexError(f"index {i!r} is not an integer") from None
+        if not 0 <= i < self._n:
+            raise IndexError(f"index {i!r} outside 0..{self._n - 1}")
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                "read dataset[i] in the rank's own process (a DataLoader with num_workers=0): "
+                "each rank's reads go over its one connection to the checker"
+            )
+        self._file.write(f"{i}\n")
+        self._file.flush()
+        return {"index": i, "loss": float(self._file.readline())}
+
+    def __repr__(self) -> str:
+        return f"<evaluation set of {self._n} samples>"
 
 
 def dodge_means(losses: list[float], dp: int) -> dict[str, float]:
@@ -103,18 +200,17 @@ def draw_case(rng: random.Random) -> tuple[int, list[float]]:
             return dp, losses
 
 
-def job_exact_mean(fn: Callable[..., Any], packed: bytes) -> tuple[Any, list[int]]:
-    """On each rank: the learner's answer, and the indices it read.
+def job_exact_mean(fn: Callable[..., Any], port: int, n: int) -> Any:
+    """On each rank: claim this rank's connection to the checker, then run the learner's answer.
 
-    The rank holds the losses only as packed bytes (no list of floats for an answer to
-    find in this frame or by ``gc``), and never the mean: the checker's parent computes
-    that, and judges the reads, after the ranks return.
+    The barrier holds the learner's code back until every rank holds its connection, so no
+    rank's code can claim another's. The reads are judged from the checker's log, not here.
     """
     import torch.distributed as dist
 
-    table, reads = loss_table(packed)
-    out = fn(table, dist.get_rank(), dist.get_world_size())
-    return out, sorted(set(reads))
+    table = _Served(n, port, dist.get_rank())
+    dist.barrier()
+    return fn(table, dist.get_rank(), dist.get_world_size())
 
 
 def _judge(got: list[Any], losses: list[float], dp: int) -> str:
@@ -142,7 +238,7 @@ def _judge(got: list[Any], losses: list[float], dp: int) -> str:
                 f"rank {rank} read no sample {case}, yet returned the mean: each rank must "
                 "evaluate its share through dataset[i] and combine the sums with one collective."
             )
-    # The ledger is the evidence: with every rank at most its share, every index read by
+    # The server's log is the evidence: with every rank at most its share, every index read by
     # some rank means the work was split, and a right value on every rank that the ranks
     # agreed on it (a rank that read only its share cannot know the others' sums alone).
     missed = sorted(set(range(n)) - {i for _, reads in got for i in reads})
@@ -164,6 +260,8 @@ def check_exact_mean(
         timeout: Seconds before the ranks count as hung.
         seed: Fix the drawn case (tests, an instructor replaying one); by default fresh.
     """
+    # Here, not at the top: a rank imports this module for job_exact_mean (see stops.py).
+    from ezpz_nb.workshop.verdicts import judge
 
     def body() -> str:
         dp, losses = draw_case(random.Random(seed))
@@ -174,15 +272,31 @@ def check_exact_mean(
 
 
 def _answers(fn: Callable[..., Any], losses: list[float], dp: int, timeout: float) -> Any:
-    """The ranks' answers; a hang is worded for this exercise (a collective per sample)."""
+    """Each rank's answer with the indices it read (from the server's log, in this process).
+
+    A hang is worded for this exercise (a collective per sample).
+    """
+    # Here, not at the top: a rank imports this module for job_exact_mean (see stops.py).
+    from ezpz_nb.workshop.verdicts import run_job
+
     if not callable(fn):
         raise wrong("pass the function itself: check_exact_mean(exact_mean).")
-    try:
-        return run_job(job_exact_mean, fn, pack(losses), world_size=dp, timeout=timeout)
-    except CheckStopped as stop:
-        if stop.status == "wrong" and stop.message.startswith("the ranks hung"):
-            raise wrong(
-                f"{stop.message}\nEvery rank must make the same collectives, as often, a rank "
-                "with a shorter shard included: sum in the loop, all-reduce after it."
-            ) from None
-        raise
+    # The server stops with the check, whether the ranks returned, raised or hung.
+    with LossServer(losses, dp) as server:
+        try:
+            got = run_job(
+                job_exact_mean, fn, server.port, len(losses), world_size=dp, timeout=timeout
+            )
+        except CheckStopped as stop:
+            if stop.status == "wrong" and stop.message.startswith("the ranks hung"):
+                raise wrong(
+                    f"{stop.message}\nEvery rank must make the same collectives, as often, a rank "
+                    "with a shorter shard included: sum in the loop, all-reduce after it."
+                ) from None
+            raise
+    if server.refused:
+        raise wrong(
+            "a connection other than the ranks' own asked the checker for samples: read the "
+            "evaluation set only through the dataset you are given (dataset[i])."
+        )
+    return [(out, sorted(set(server.reads.get(rank, [])))) for rank, out in enumerate(got)]

@@ -14,11 +14,14 @@ to write.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ezpz_nb.workshop.verdicts import CHECK_TIMEOUT, CheckResult, judge, run_learner, wrong
+from ezpz_nb.workshop.stops import CHECK_TIMEOUT, wrong
+
+if TYPE_CHECKING:
+    from ezpz_nb.workshop.verdicts import CheckResult
 
 __all__ = ["PLAN_RUN", "check_tp_plan"]
 
@@ -105,6 +108,9 @@ def check_tp_plan(
     """
     from ezpz_nb.errors import EzpzError
     from ezpz_nb.examples import capstone
+
+    # Here, not at the top: a rank imports this module for job_tp_plan (see stops.py).
+    from ezpz_nb.workshop.verdicts import judge, run_learner
 
     if cluster is not None and getattr(cluster, "world_size", None) != 4:
         raise EzpzError(

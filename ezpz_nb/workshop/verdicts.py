@@ -3,21 +3,20 @@
 Kept apart from the exercises themselves so each checker there reads as the
 behaviour it expects, not as plumbing. Every checker module builds on the same
 few names: :func:`judge` runs a checker's body and prints its verdict once,
-:func:`wrong` and :func:`not_done` (a :class:`CheckStopped`) stop it at the first fault,
 :func:`run_job` runs a job on real ranks (a warm cluster or fresh ranks) and
 :func:`stopped_by` words what a failed or hung run says about the learner's code,
-:func:`run_learner` is :func:`run_job` for the learner's function, and
-:func:`fresh_seed`, :func:`each_returned` and :func:`as_text` are small helpers.
+:func:`run_learner` is :func:`run_job` for the learner's function. What stops a
+check (:func:`wrong`, :func:`not_done`: a :class:`CheckStopped`), :data:`CHECK_TIMEOUT`
+and the small helpers (:func:`fresh_seed`, :func:`each_returned`, :func:`as_text`) live
+in :mod:`.stops`, which a rank may import; they are re-exported here, so one import
+serves a checker.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-import torch
 
 from ezpz_nb.launcher import Cluster
 from ezpz_nb.launcher.errors import HangError, RankError, WorldSizeError
@@ -25,6 +24,15 @@ from ezpz_nb.launcher.failures import RankFailure, describe_location, fill_line
 from ezpz_nb.launcher.kernel import shell
 from ezpz_nb.launcher.on_ranks import run_on_ranks as on_ranks
 from ezpz_nb.verify.verdict import BaseReport, Judgement, Verdict
+from ezpz_nb.workshop.stops import (
+    CHECK_TIMEOUT,
+    CheckStopped,
+    as_text,
+    each_returned,
+    fresh_seed,
+    not_done,
+    wrong,
+)
 from ezpz_nb.wrapping import wrap_message
 
 __all__ = [
@@ -43,12 +51,6 @@ __all__ = [
     "stopped_by",
     "wrong",
 ]
-
-#: Seconds a learner's code may run before the checker calls it a hang. A right
-#: answer takes well under a second; the margin is for busy machines (a shared CI
-#: runner), where starting ranks and first imports can take several seconds.
-CHECK_TIMEOUT = 15.0
-
 
 #: A checker's words for the package's one outcome type.
 OUTCOMES = {"correct": Verdict.PASS, "wrong": Verdict.FAIL, "not done": Verdict.NOT_JUDGED}
@@ -104,28 +106,6 @@ class CheckResult(BaseReport):
 def _cell_count() -> int | None:
     """The execution count of the IPython cell running now, or None outside IPython."""
     return getattr(shell(), "execution_count", None)
-
-
-class CheckStopped(Exception):
-    """Raised inside a checker to stop it at the first thing found (``status``, ``message``).
-
-    Not a verdict itself: :func:`judge` turns it into the :class:`CheckResult` it prints.
-    """
-
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def wrong(message: str) -> CheckStopped:
-    """A "wrong" :class:`CheckStopped` saying ``message``, to raise."""
-    return CheckStopped("wrong", message)
-
-
-def not_done(message: str) -> CheckStopped:
-    """A "not done" :class:`CheckStopped` saying ``message``, to raise."""
-    return CheckStopped("not done", message)
 
 
 def judge(exercise: str, body: Callable[[], str]) -> CheckResult:
@@ -248,25 +228,3 @@ def run_learner(
             "(and return the result), run its cell, then this one."
         )
     return results
-
-
-def each_returned(got: list[Any], what: str) -> None:
-    """Raise unless every rank's job got something back from the learner's function."""
-    for r, out in enumerate(got):
-        if out is None:
-            raise wrong(
-                f"rank {r} returned None (the others did not): return {what} on every rank."
-            )
-
-
-def fresh_seed() -> int:
-    """A seed drawn anew for each check, so a learner cannot fit a fixed answer to it.
-
-    Drawn from a private generator: a notebook's ``random.seed(...)`` does not fix it.
-    """
-    return random.Random().randrange(1, 2**31)
-
-
-def as_text(t: Any) -> str:
-    """A tensor as its list of values, anything else as its repr: how verdicts quote values."""
-    return str(t.tolist()) if isinstance(t, torch.Tensor) else repr(t)

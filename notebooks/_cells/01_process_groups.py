@@ -9,8 +9,8 @@
 # %% [markdown]
 # # 01 · Process groups
 #
-# **Time:** 35 to 45 minutes with the predictions, then exercises 1 and 2 of `05_workshop`
-# (about 10 minutes). Running the cells alone takes under a minute.
+# **Time:** 45 to 55 minutes with the predictions, then exercises 1 and 2 of `05_workshop`
+# (15 to 20 minutes). Running the cells alone takes under a minute.
 #
 # Distributed data loading is built from a handful of collective calls. This notebook runs each
 # one on 4 real gloo ranks, so you can see what every rank holds before and after. Before each

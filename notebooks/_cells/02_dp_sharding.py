@@ -10,7 +10,7 @@
 # # 02 · Data-parallel sharding
 #
 # **Time:** 30 to 35 minutes with the predictions, then exercises 3 and 4 of `05_workshop`
-# (10 to 15 minutes). Running the cells alone takes under a minute.
+# (20 to 25 minutes). Running the cells alone takes under a minute.
 #
 # In data parallelism (DP) every replica trains on **different** samples and the gradients are
 # averaged. Who gets which sample is decided by `torch.utils.data.DistributedSampler`. This

@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 03 · Tensor parallelism and the leader broadcast
 #
-# **Time:** 30 to 35 minutes with the predictions, then exercise 5 of `05_workshop` (about 5
+# **Time:** 35 to 40 minutes with the predictions, then exercise 5 of `05_workshop` (about 10
 # minutes). Running the cells alone takes under a minute.
 #
 # With tensor parallelism (TP) several ranks split **one** model replica between them, so they

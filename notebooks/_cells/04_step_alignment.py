@@ -10,7 +10,7 @@
 # # 04 · Step alignment
 #
 # **Time:** 40 to 50 minutes with the predictions, then exercises 6 and 7 of `05_workshop`
-# (15 to 20 minutes). Running the cells alone takes under a minute.
+# (25 to 30 minutes). Running the cells alone takes under a minute.
 #
 # Every collective pairs up with the same-numbered call on the other ranks (notebook 01). So
 # all ranks of a group must take **the same number of steps**, or the ranks with more steps wait

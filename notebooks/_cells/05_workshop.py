@@ -9,7 +9,7 @@
 # %% [markdown] tags=["workshop"]
 # # 05 · Workshop
 #
-# **Time:** 40 to 50 minutes for all seven exercises, or 5 to 20 minutes after each of
+# **Time:** 70 to 85 minutes for all seven exercises, or 10 to 30 minutes after each of
 # notebooks 01 to 04 (the table below says which exercises go with which notebook).
 #
 # Seven exercises on the ideas of notebooks 01 to 04. In each you fill in one function; the

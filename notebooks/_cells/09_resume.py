@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 09 · Resume mid-epoch, exactly
 #
-# **Time:** 30 to 35 minutes with the predictions (advanced track). Running the cells alone
+# **Time:** 35 to 45 minutes with the predictions (advanced track). Running the cells alone
 # takes under a minute.
 #
 # Long jobs get stopped: a preemption, a time limit, a crash. The model and optimizer go into a

@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 11 · Real text on real ranks
 #
-# **Time:** 70 to 80 minutes with the predictions and the two exercises (advanced track).
+# **Time:** 75 to 90 minutes with the predictions and the two exercises (advanced track).
 # Running the cells alone takes under a minute.
 #
 # Every notebook so far fed tokens of one fixed length. Real pretraining and fine-tuning data is
@@ -647,7 +647,7 @@ print(
 # one row of padding, and every token of every document is in exactly one row over the epoch.
 
 # %% tags=["workshop"]
-import ezpz_nb.workshop.packing_exercises as ex
+import ezpz_nb.workshop.exercises as ex
 
 
 def pack(docs, row_len):
@@ -658,7 +658,7 @@ def pack(docs, row_len):
 ex.check_pack(pack)
 
 # %% tags=["solutions"]
-import ezpz_nb.workshop.packing_exercises as ex
+import ezpz_nb.workshop.exercises as ex
 
 
 def pack(docs, row_len):

@@ -25,7 +25,7 @@
 # | the global batch keeps its size | the effective learning rate changes |
 # | the order changes between epochs | every epoch repeats the first one's order |
 #
-# **Time:** 35 to 40 minutes with the predictions (advanced track). Every check starts real
+# **Time:** 40 to 50 minutes with the predictions (advanced track). Every check starts real
 # ranks (a resume check starts fresh ones for each way of stopping), so running it takes
 # longer than the core notebooks: 88 s measured on a 2-core machine under heavy load.
 #

@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 14 · From the notebook to a cluster, by hand: torchrun, two nodes, an elastic restart
 #
-# **Time:** 45 to 55 minutes reading the worker's cells as given (advanced track); writing them
+# **Time:** 50 to 60 minutes reading the worker's cells as given (advanced track); writing them
 # yourself from the text takes 60 to 90. Running it top to bottom takes about a minute on an
 # idle 2-core machine: six real torchrun jobs, and every rank of each pays a fresh
 # `import torch`. On a machine busy with other work allow up to 3 minutes.

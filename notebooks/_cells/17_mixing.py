@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 17 · Mixing data sources by weight, the same on every rank
 #
-# **Time:** about 50 to 70 minutes with the predictions and the exercise (advanced track), the
+# **Time:** about 55 to 70 minutes with the predictions and the exercise (advanced track), the
 # exercise alone 20 to 30 of them. Running the cells alone takes under a minute.
 #
 # Every pretraining run mixes sources (web, code, books...) by weight, and the mixture is where
@@ -372,14 +372,18 @@ assert after[2] / after.sum() > 1.5 * WEIGHTS[2] and after[0] / after.sum() < 0.
 # Write `mix_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed)`: this DP rank's
 # part of global batch `step`, a list of `global_batch // dp_size` pairs `(source, index)` with
 # `0 <= index < sizes[source]`, rank `r` holding slots `r * m` to `(r + 1) * m - 1`. The checker
-# calls it on 4 real ranks inside real DataLoader workers, at dp=1, dp=2 and dp=4 with 2 workers
-# a rank, with sizes, weights, seed, the global batch and the number of global batches (16 to
-# 24) drawn anew. It passes when the stream is the same at every layout, every source is within one sample of `weight * global_batch` in every global batch
-# and within one sample of its target over all batches so far (more than MosaicML's stratified
-# batching promises: the same rounding in every batch drifts), and a source hands out every one
-# of its samples once before any repeats. It turns down per-rank sampling, a round-robin that
-# ignores the weights, and a generator copied into every worker. Return a list (a generator
-# cannot leave a DataLoader worker). You may use numpy.
+# calls it on 4 real ranks inside real DataLoader workers, at dp=1, dp=2 and dp=4 with 2 workers a
+# rank, with the number of sources (2 to 5), their sizes and weights, the seed, the global batch
+# and the number of global batches (32 to 64) drawn anew, and once more at dp=1 with a second,
+# different global batch and number of sources (use the arguments: a batch size or a number of
+# sources of your own fits neither the one nor the other). It passes when the stream is the
+# same at every layout, every source is within one sample of `weight * global_batch` in every
+# global batch and within one sample of its target over all batches so far (more than MosaicML's
+# stratified batching promises: the same rounding in every batch drifts), a source hands out
+# every one of its samples once before any repeats, and another seed gives other samples (a
+# seed that changes nothing gives every epoch the same order). It turns down per-rank sampling,
+# a round-robin that ignores the weights, a generator copied into every worker, and an ignored
+# seed. Return a list (a generator cannot leave a DataLoader worker). You may use numpy.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.mixture as ex

@@ -39,6 +39,7 @@ import ezpz_nb as ez
 from ezpz_nb import viz
 from ezpz_nb.data import get_random_dataset_fsdp_tp
 from ezpz_nb.data.groups import make_layout
+from ezpz_nb.launcher.failures import format_for_learner
 from ezpz_nb.ledger import Ledger, record
 from ezpz_nb.slurm import LocalSlurm, SlurmError, SlurmInterrupted
 from ezpz_nb.slurm.commands import find_conf
@@ -176,11 +177,16 @@ if SLURM:
     print("ez.launch on this machine:          ", sample_hash(here))
     assert sample_hash(there) == sample_hash(here)
     assert there.ok
-    nodes = job.nodes()
+    where = ", ".join(f"rank {r} on {n}" for r, n in job.nodes().items())
     fig = viz.heatmap(there)
-    fig.suptitle("  ".join(f"rank {r} on {n}" for r, n in nodes.items()), fontsize=9)
+    fig.suptitle(
+        f"ez.submit on 2 nodes: {where}\n"
+        f"the same sample ids as ez.launch on this machine (hash {sample_hash(there)})",
+        fontsize=9,
+    )
 else:
     fig = viz.heatmap(here)
+    fig.suptitle("ez.launch on this machine (no Slurm here)", fontsize=9)
 fig
 
 # %% [markdown]
@@ -206,7 +212,8 @@ if SLURM:
     try:
         bad.result()
     except ez.RankError as err:
-        print(f"{type(err).__name__}: {err}".split("\n--- ")[0])  # the summary, not tracebacks
+        print(f"{type(err).__name__}: {err}".split("\n--- ")[0])  # the summary first
+        print(format_for_learner(err.failures[1]))  # rank 1's traceback: your frames only
         assert err.ranks == [1]
 else:
     print(SKIPPED)

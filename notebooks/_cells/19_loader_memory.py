@@ -42,8 +42,8 @@ from ezpz_nb import viz
 from ezpz_nb.ledger import Ledger
 from ezpz_nb.ledger.memory import MIB, read_memory
 from ezpz_nb.shm import plan_shm, predict_peak, shm_size
-from ezpz_nb.workshop.memory_jobs import STORAGES, measure_workers
-from ezpz_nb.workshop.shm_jobs import ShmConfig, namespace_refusal, small_shm
+from ezpz_nb.workshop.shm_fill import ShmConfig, namespace_refusal, small_shm
+from ezpz_nb.workshop.storages import STORAGES, measure_workers
 from ezpz_nb.wrapping import wrap_message
 
 N, LENGTH = 4096, 256  # samples x tokens: 8 MiB of int64 tokens
@@ -72,8 +72,11 @@ for name in ("rss", "pss", "uss", "private", "shared"):
 # Every storage yields the same samples, `{"index", "input_ids", "labels"}`, from the same
 # tokens: a list of dicts of Python ints (what `json.load` gives), one numpy array, an Arrow
 # table saved by HF `datasets` and memory-mapped back, and a raw memory-mapped file. Each rank
-# iterates one epoch with 2 forked workers; `record(loader, memory=1.0)` reads every worker's
-# memory at every step (the default, `memory=True`, spends at most 1% of the wall time).
+# iterates one epoch with 2 forked workers; `record(loader, memory=1.0)` reads the rank's and
+# every worker's memory at every step, however long the readings take on a loaded machine
+# (`memory=True` reads less often, within 1% of the wall time). A worker's growth counts from
+# the first step, when it has made at most its first few (`prefetch_factor`) of its 32
+# batches, to the last.
 #
 # **Predict first.** Which workers' private memory grows through the epoch, and by about how
 # much? (Each worker reads half the samples; a Python int takes 32 bytes plus an 8-byte
@@ -89,10 +92,12 @@ for storage in STORAGES:
 viz.memory_growth(runs)
 
 # %% [markdown]
-# The list-of-dicts workers climb step after step; the others stay flat. Slicing a Python list
-# (`row[:-1]`) writes a new reference into each int it copies: the reference count lives in the
-# int itself, so the page holding it is written, and the kernel copies that page for the worker.
-# Reading numpy, Arrow or a memory map writes nothing. The same table per rank and worker:
+# The list-of-dicts workers climb step after step; the others stay flat. (The grey dashed line
+# is the rank itself: it looks alike in every storage, so it is not where storages differ.)
+# Slicing a Python list (`row[:-1]`) writes a new reference into each int it copies: the
+# reference count lives in the int itself, so the page holding it is written, and the kernel
+# copies that page for the worker. Reading numpy, Arrow or a memory map writes nothing. The
+# same table per rank and worker:
 
 # %%
 print(runs["dicts"].memory_report())
@@ -231,13 +236,14 @@ else:
 # [int, ...]}`), return a dataset that yields exactly what `DictsDataset` yields (every sample,
 # same keys, int64, same order) and whose forked workers each grow by less than a quarter of
 # the data's size over an epoch. The checker builds fresh tokens on 2 real ranks and hands the
-# rows to your dataset alone; before anything reads it, it measures each worker with loader
-# settings of its own, from just before the worker's first read, against a worker reading one
-# flat array of its own (building an array at some read is counted). Then it compares every
-# sample: the batches the workers yielded, and each one read in the rank.
+# rows to your dataset alone; before anything reads it, it runs an epoch with loader settings of
+# its own and, at the epoch's end, reads each worker's private memory from the notebook's
+# process (where your code never runs), against a worker that read one flat array of the
+# checker's (building an array at some read is counted). Then it compares every sample: the
+# batches the workers yielded, and each one read in the rank.
 
 # %% tags=["workshop"]
-import ezpz_nb.workshop.memory_exercises as ex
+import ezpz_nb.workshop.exercises as ex
 
 
 class FlatTokens(Dataset):
@@ -255,7 +261,7 @@ class FlatTokens(Dataset):
 ex.check_flat(FlatTokens, cluster=cluster)
 
 # %% tags=["solutions"]
-import ezpz_nb.workshop.memory_exercises as ex
+import ezpz_nb.workshop.exercises as ex
 
 
 class FlatTokens(Dataset):

@@ -12,7 +12,7 @@ mounted outside the namespace, and it ends with the command. It needs root (or
 unprivileged user namespaces: ``unshare -r``); :func:`namespace_refusal` says
 why not when it cannot.
 
-``python -m ezpz_nb.workshop.shm_jobs CONFIG_JSON`` is what runs inside.
+``python -m ezpz_nb.workshop.shm_fill CONFIG_JSON`` is what runs inside.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,15 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ShmConfig", "ShmResult", "namespace_refusal", "shm_run", "small_shm"]
+__all__ = [
+    "SHARING",
+    "ShmConfig",
+    "ShmResult",
+    "last_error_line",
+    "namespace_refusal",
+    "shm_run",
+    "small_shm",
+]
 
 SHM_PATH = "/dev/shm"
 
@@ -59,6 +68,20 @@ class ShmConfig:
     steps: int = 8
     step_s: float = 0.2
     shm_mib: int = 64
+
+    def __post_init__(self) -> None:
+        # Here, in the notebook: inside the namespace a wrong value would come back as a
+        # rank's failure nested in the namespace's own traceback.
+        if self.sharing not in SHARING:
+            raise ValueError(
+                f"sharing={self.sharing!r} is not one of torch's sharing strategies: use "
+                f"{' or '.join(repr(s) for s in SHARING)} (torch.multiprocessing."
+                "get_all_sharing_strategies() lists this machine's)"
+            )
+
+
+#: torch's sharing strategies on Linux (``torch.multiprocessing.get_all_sharing_strategies``).
+SHARING = ("file_descriptor", "file_system")
 
 
 @dataclass(frozen=True)
@@ -126,8 +149,7 @@ def shm_run(
             # the next arrives (a plain ``for``) holds one batch more for a moment.
             del batch
     except RuntimeError as exc:  # a worker's failure, relayed: the result, rank by rank
-        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-        error = f"{type(exc).__name__}: {lines[-1] if lines else ''}"
+        error = last_error_line(exc)
         # The other workers are blocked on a full /dev/shm, and torch's shutdown waits
         # for each (5 s, MP_STATUS_CHECK_INTERVAL) before it terminates it: ~9 s of a
         # 12 s failed run here. The result is known: stop them now.
@@ -138,6 +160,20 @@ def shm_run(
     del batches, loader, data
     gc.collect()
     return taken, error
+
+
+def last_error_line(exc: BaseException) -> str:
+    """``Type: message`` of the error at the bottom of ``exc``, in one line.
+
+    A worker's failure reaches the rank as torch's RuntimeError whose text ends with
+    the worker's own traceback, its last line already ``RuntimeError: unable to
+    allocate...``: that line is the error, and naming the relay's type before it
+    would say the type twice.
+    """
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    named = re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?", last)
+    return last if named else f"{type(exc).__name__}: {last}"
 
 
 def _inside(configs: list[ShmConfig]) -> list[dict[str, Any]]:
@@ -221,7 +257,7 @@ def small_shm(configs: list[ShmConfig], timeout: float = 300) -> list[ShmResult]
         raise RuntimeError(f"cannot make a small /dev/shm here: {why}")
     inner = (
         f"mount -t tmpfs -o size={int(configs[0].shm_mib)}m ezpz-shm {SHM_PATH} && "
-        f'exec {sys.executable} -m ezpz_nb.workshop.shm_jobs "$0"'
+        f'exec {sys.executable} -m ezpz_nb.workshop.shm_fill "$0"'
     )
     # unshare -m makes mounts private by default: the tmpfs exists only for this tree.
     cmd = [

@@ -1,0 +1,286 @@
+"""Notebook 19's exercise: make a list-of-dicts dataset flat, same samples, workers that stay small.
+
+The learner writes ``make_flat(rows)``: given the rows of a
+:class:`~ezpz_nb.workshop.storages.DictsDataset` (``{"index": i, "tokens":
+[int, ...]}``), return a dataset that yields exactly what ``DictsDataset`` yields
+(``{"index", "input_ids", "labels"}``, int64, in index order) and whose forked
+DataLoader workers' private memory grows by less than :data:`BOUND` of the data
+over an epoch. Any storage that holds no Python object per token passes: one
+numpy array, one tensor, a memory-mapped file, one ``bytes`` blob.
+
+What it checks, on 2 real ranks with fresh tokens (a new seed each check):
+
+* first, an epoch of the checker's own flat array, then one of the learner's
+  dataset (built from rows the rank alone holds, before anything read them),
+  each with 2 forked workers; at each epoch's end, its workers alive and idle,
+  the notebook's process reads their private memory (:mod:`.witness`). A forked
+  worker's private memory counts from zero (every page is shared with the rank
+  until written), so a learner's worker's reading, less the checker's worker's,
+  is what reading the learner's storage wrote: a dataset that still reads the rows
+  (wrapping them, converting per sample, building a private array at some read, in
+  the rank or in each worker) grows, and ``gc.freeze()`` does not stop it. The
+  readings are taken where the learner's code never runs: no slot, frame or memory
+  reader in the rank decides them, and an ask from another process than the rank
+  (a worker) is refused;
+* every batch the workers yield against the tokens, and every index once;
+* then every sample, all of them, read in the rank, against the list of dicts'
+  own (keys, dtype, values): a dataset right on the first few samples only, or
+  in another order, or of another length, is wrong.
+
+The loader's settings (workers, start method, batch size) are the checker's:
+the learner changes the storage, not the measurement.
+
+Margins, measured offline on 2 loaded cores (a warm 2-rank cluster, fresh tokens per
+draw): over 230 draws of the notebook's solution, a worker's reading beyond the
+checker's own worker's was at most 0.86 MiB (median 0.02 MiB) against the 2.0 MiB
+bound, the own worker's 7.6-8.3 MiB; the other right answers of the tests and the
+outside trial (tensor, bytes, memory map, int32 widened per read, an array per row)
+0-0.2 MiB; every dodge keeping the rows 16.6-17.5 MiB, 8x the bound.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ezpz_nb.ledger.memory import MIB
+from ezpz_nb.workshop.stops import fresh_seed, wrong
+from ezpz_nb.workshop.storages import ArrayDataset, DictsDataset, tokens
+from ezpz_nb.workshop.witness import Witness, ask_witness
+
+if TYPE_CHECKING:
+    from ezpz_nb.launcher import Cluster
+    from ezpz_nb.workshop.verdicts import CheckResult
+
+__all__ = ["BOUND", "EXERCISE", "check_flat", "flat_job"]
+
+EXERCISE = "Flat storage"
+#: Largest growth of a worker's private memory, as a share of the data's bytes.
+BOUND = 0.25
+#: The data: samples x tokens (8 MiB of int64 tokens, 16 MiB of Python ints and more).
+N, LENGTH = 4096, 256
+#: The loader's workers (forked), and its batch size (a divisor of N).
+WORKERS, BATCH = 2, 64
+
+
+def _differs(want: dict[str, Any], got: Any) -> str | None:
+    """How ``got`` differs from the list of dicts' sample ``want``, or None."""
+    if not isinstance(got, dict):
+        return f"a {type(got).__name__}, not a dict"
+    if set(got) != set(want):
+        return f"keys {sorted(got)}, not {sorted(want)}"
+    for key, value in want.items():
+        if key == "index":
+            if int(got[key]) != value:
+                return f"index {got[key]!r}"
+            continue
+        other = got[key]
+        if not torch.is_tensor(other):
+            return f"{key!r} is a {type(other).__name__}, not a tensor"
+        if other.dtype != value.dtype or other.shape != value.shape:
+            return f"{key!r} is {other.dtype} {tuple(other.shape)}, not {value.dtype} {tuple(value.shape)}"
+        if not torch.equal(other, value):
+            return f"{key!r} holds other tokens"
+    return None
+
+
+def _batch_differs(data: np.ndarray, batch: Any, seen: list[int]) -> str | None:
+    """How a loader batch differs from the rows of ``data`` it names, or None; notes its indices."""
+    if not isinstance(batch, dict) or set(batch) != {"index", "input_ids", "labels"}:
+        return "a batch without the keys index, input_ids, labels"
+    index = torch.as_tensor(batch["index"]).reshape(-1).tolist()
+    if any(not 0 <= int(i) < len(data) for i in index):
+        return "an index out of range"
+    seen.extend(int(i) for i in index)
+    rows = torch.from_numpy(data[[int(i) for i in index]])
+    for key, want in (("input_ids", rows[:, :-1]), ("labels", rows[:, 1:])):
+        got = batch[key]
+        if not torch.is_tensor(got) or got.dtype != want.dtype or not torch.equal(got, want):
+            return f"{key!r} holds other tokens"
+    return None
+
+
+def _epoch(
+    ds: Dataset,
+    compare: Callable[[Any], object],
+    ask: Callable[[str], None],
+    label: str,
+    *,
+    _loader: type[DataLoader] = DataLoader,
+    _collect: Callable[[], int] = gc.collect,
+) -> None:
+    """One epoch of ``ds`` through the checker's loader; the witness reads its workers at the end.
+
+    The last batch in, every worker has read all it will and waits, alive, for the
+    loader's next index: the witness reads them then (``ask``), before they exit. The
+    loader and the collector are bound here, at import, not looked up after the
+    learner's code ran in the rank (and :func:`flat_job` holds this function likewise).
+    """
+    _collect()  # every loader's workers fork from a rank collected alike
+    loader = _loader(
+        ds, batch_size=BATCH, num_workers=WORKERS, multiprocessing_context="fork", prefetch_factor=2
+    )
+    batches = iter(loader)
+    for _ in range(N // BATCH):
+        compare(next(batches))
+    ask(label)
+    for batch in batches:  # none left: the loop's end shuts the workers down
+        compare(batch)
+
+
+def flat_job(
+    make: Callable[[list[dict[str, Any]]], Any], seed: int, address: str
+) -> dict[str, Any]:
+    """On a rank: an epoch of the checker's flat array, then of ``make(rows)``, then every sample.
+
+    The notebook's witness (``address``) reads each loader's workers after its last
+    batch: the checker's own array first, before the learner's code runs in this job,
+    then the learner's dataset, built from rows no one else holds. What the workers
+    yield is compared too, so they cannot serve other samples than the rank.
+    """
+    import torch.distributed as dist
+
+    # Held in locals before the learner's code runs here: rebinding the module's names
+    # from make_flat changes nothing below (a second ask for a label is refused).
+    epoch, ask = _epoch, ask_witness(address, dist.get_rank() if dist.is_initialized() else 0)
+    ask("start")
+    data = tokens(N, LENGTH, seed)
+    epoch(ArrayDataset(data), lambda batch: _batch_differs(data, batch, []), ask, "own")
+    ds = make(DictsDataset(data).rows)  # no one else holds these rows
+    if ds is None:
+        return {"none": True}
+    try:
+        size = len(ds)
+    except TypeError:
+        return {"bad": "it has no len(): a map-style dataset needs __len__"}
+    if size != N:
+        return {"bad": f"it has {size} samples, the list of dicts {N}"}
+    seen: list[int] = []
+    batch_why: list[str] = []
+
+    def compare(batch: Any) -> None:
+        if not batch_why:
+            why = _batch_differs(data, batch, seen)
+            if why is not None:
+                batch_why.append(why)
+
+    failed: Exception | None = None
+    try:
+        epoch(ds, compare, ask, "yours")
+    except Exception as exc:  # noqa: BLE001  (a wrong sample's message, below, says more)
+        failed = exc
+    want = DictsDataset(data)
+    for i in range(size):
+        why = _differs(want[i], ds[i])
+        if why is not None:
+            return {"bad": f"sample {i} differs: {why}"}
+    if failed is not None:
+        raise failed
+    if not batch_why and sorted(seen) != list(range(N)):
+        batch_why.append("an epoch did not read every index once")
+    if batch_why:
+        return {"bad": f"the workers' batches differ from the rank's samples: {batch_why[0]}"}
+    return {"data": N * LENGTH * 8}
+
+
+def _growth(witness: Witness, ranks: list[int]) -> dict[int, dict[int, int]]:
+    """Each rank's learner-loader workers' private memory beyond the checker's own workers'.
+
+    Read in the notebook's process, from fork to the epoch's end (a forked worker's
+    private memory starts at zero: every page is shared with the rank until written),
+    less the most a worker of the checker's flat array reached on that rank (its loader
+    loop, first collate and puts, and the pages the rank wrote since the fork: 7.6-8.6 MiB
+    here, whatever the storage).
+    """
+    out: dict[int, dict[int, int]] = {}
+    for rank in ranks:
+        own, yours = witness.readings(rank, "own"), witness.readings(rank, "yours")
+        if len(own) < WORKERS or len(yours) < WORKERS:
+            raise wrong(
+                f"rank {rank}'s loader workers could not be read from the notebook "
+                f"({len(own)} of the checker's, {len(yours)} of yours; {WORKERS} each): the "
+                "loader and its measurement are the checker's; your dataset holds the tokens."
+            )
+        base = max(m.private for m in own.values())
+        out[rank] = {pid: max(0, m.private - base) for pid, m in yours.items()}
+    return out
+
+
+def check_flat(
+    make_flat: Callable[[list[dict[str, Any]]], Any],
+    *,
+    cluster: Cluster | None = None,
+    timeout: float = 90.0,
+) -> CheckResult:
+    """Notebook 19's exercise: same samples as the list of dicts, workers that do not grow.
+
+    Args:
+        make_flat: The learner's function (or class) from the rows to a dataset.
+        cluster: A warm 2-rank :class:`~ezpz_nb.Cluster`; fresh ranks when None.
+        timeout: Seconds for the run (building, comparing, one epoch).
+    """
+    # Here, not at the top: a rank imports this module for flat_job (see stops.py).
+    from ezpz_nb.launcher.torchrun import in_torchrun_env
+    from ezpz_nb.workshop.verdicts import judge, run_learner
+
+    def body() -> str:
+        if not callable(make_flat):  # an instance: FlatTokens(rows) instead of FlatTokens
+            name = type(make_flat).__name__
+            raise wrong(
+                f"got an instance of {name}: pass the class itself, check_flat({name}), not "
+                f"an instance (check_flat({name}(rows))); the checker builds it from rows of "
+                "its own."
+            )
+        with Witness(
+            labels=("own", "yours")
+        ) as witness:  # in this process: the learner's code never runs here
+            got = run_learner(
+                flat_job, make_flat, fresh_seed(), witness.address,
+                world_size=2, timeout=timeout, cluster=cluster,
+            )  # fmt: skip
+        outs = [out if isinstance(out, dict) else {} for out in got]
+        for rank, out in enumerate(outs):  # every rank: each builds its own dataset
+            if out.get("none"):
+                raise wrong(
+                    f"make_flat returned None on rank {rank}: return the dataset you built."
+                )
+        for rank, out in enumerate(outs):
+            if "bad" in out:
+                raise wrong(
+                    f"On rank {rank}, {out['bad']}. It must yield what the list of dicts yields."
+                )
+        if witness.faults:
+            raise wrong(
+                f"the checker's memory readings were asked for by another process than the "
+                f"rank, or twice, or the workers started processes ({witness.faults[0]}): the "
+                "loader and its measurement are the checker's; your dataset holds the tokens, "
+                "nothing more."
+            )
+        bound = BOUND * N * LENGTH * 8
+        # Under torchrun every process is a rank and its own notebook: it reads its own rank.
+        ranks = [int(os.environ["RANK"])] if in_torchrun_env() else list(range(len(outs)))
+        growth = _growth(witness, ranks)
+        for rank, grown in growth.items():
+            for worker, grew in enumerate(grown[pid] for pid in sorted(grown)):
+                if grew >= bound:
+                    raise wrong(
+                        f"rank {rank}'s worker {worker} grew by {grew / MIB:.1f} MiB over an "
+                        "epoch more than a worker reading one flat array (the bound is "
+                        f"{bound / MIB:.1f} MiB, {BOUND:.0%} of the data): its samples are still "
+                        "read from Python objects, whose reference counts the worker writes. "
+                        "Hold the tokens in one array."
+                    )
+        worst = max(g for grown in growth.values() for g in grown.values())
+        return (
+            f"Same {N} samples, and no worker grew by more than {worst / MIB:.1f} MiB over an "
+            f"epoch beyond a flat array's worker (bound {bound / MIB:.1f} MiB): nothing in "
+            "your storage is written by reading."
+        )
+
+    return judge(EXERCISE, body)
