@@ -234,7 +234,9 @@ class SlurmJob:
     def _collect(self, info: JobInfo) -> list[Any]:
         replies = outcome.read_replies(self.dir)
         ranks = outcome.read_ranks(self.dir)
-        exits = outcome.exit_codes(self.dir, self.job_id)
+        # Exit codes only name ranks that never replied: read Slurm's output only then.
+        silent = len(replies) < self.spec.world_size
+        exits = outcome.exit_codes(self.dir, self.job_id) if silent else None
         error = outcome.rank_error(self.job_id, self.spec.world_size, replies, ranks, exits)
         # Slurm ended it (time limit, node failure...): that is the cause, unless a rank's
         # own exception is among the failures.

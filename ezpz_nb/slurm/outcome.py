@@ -35,10 +35,10 @@ __all__ = [
     "where_note",
 ]
 
-#: What a rank says when a peer it waited for in a collective went away: under torchrun
-#: it notices (ez.launch stops such ranks first), but it is a consequence, not a cause.
 #: torchrun's report of a failed rank: ``rank : 1 (local_rank: 0)`` then ``exitcode : 3``.
 _EXIT = re.compile(r"rank\s*:\s*(\d+) \(local_rank[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+#: What a rank says when a peer it waited for in a collective went away: under torchrun
+#: it notices (ez.launch stops such ranks first), but it is a consequence, not a cause.
 _PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe")
 
 
@@ -140,11 +140,15 @@ def _died(job_id: str, rank: int) -> RankFailure:
 
 def exit_codes(job_dir: Path, job_id: str) -> dict[int, int]:
     """``{rank: exit code}`` from torchrun's failure reports in Slurm's output file."""
+    return {int(r): int(c) for r, c in _EXIT.findall(_slurm_out(job_dir, job_id))}
+
+
+def _slurm_out(job_dir: Path, job_id: str) -> str:
+    """Slurm's own output file for the job, or "" while it does not exist."""
     try:
-        text = (job_dir / f"slurm-{job_id}.out").read_text(errors="replace")
+        return (job_dir / f"slurm-{job_id}.out").read_text(errors="replace")
     except OSError:
-        return {}
-    return {int(r): int(c) for r, c in _EXIT.findall(text)}
+        return ""
 
 
 def dumped(job_dir: Path, rank: int) -> bool:
@@ -185,8 +189,4 @@ def hang_error(job_dir: Path, world_size: int, timeout: float, finished: set[int
 
 def failure_tail(job_dir: Path, job_id: str, lines: int = 15) -> str:
     """The end of Slurm's own output file for the job (torchrun's and srun's messages)."""
-    try:
-        text = (job_dir / f"slurm-{job_id}.out").read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.rstrip().splitlines()[-lines:])
+    return "\n".join(_slurm_out(job_dir, job_id).rstrip().splitlines()[-lines:])

@@ -75,7 +75,8 @@ def memory_growth(runs: Ledger | Mapping[str, Ledger], *, rank: int = 0) -> Figu
     if not any(panels.values()):
         return _no_samples()
     n = len(panels)
-    fig = new_figure(min(2.6 * n, 9.3), 2.9)
+    width = min(2.6 * n, 9.3)
+    fig = new_figure(width, 2.9)
     axes = fig.subplots(1, n, sharey=True, squeeze=False)[0]
     growth: dict[str, float] = {}
     for ax, (panel, lines) in zip(axes, panels.items(), strict=False):
@@ -93,7 +94,7 @@ def memory_growth(runs: Ledger | Mapping[str, Ledger], *, rank: int = 0) -> Figu
         ax.tick_params(labelsize=FONT)
     axes[0].set_ylabel("private memory (MiB)", fontsize=FONT)
     axes[0].legend(fontsize=FONT, loc="upper left")
-    fig.suptitle(wrap(title, min(2.6 * n, 9.3) - 0.2, FONT + 1), fontsize=FONT + 1)
+    fig.suptitle(wrap(title, width - 0.2, FONT + 1), fontsize=FONT + 1)
     fig.ezpz_data = {"lines": panels, "growth": growth}
     return fig
 

@@ -169,8 +169,9 @@ def _diagnose(point: _Point, resumed: list[Any]) -> str:
     case, stop = point.case, point.stop
     straight = _straight(case, point.seed)
     found: dict[int, str] = {}  # severity -> the first rank's diagnosis
+    layout = layout_table(WORLD, case.tp)
     for rank, got in enumerate(resumed):
-        dp_rank = layout_table(WORLD, case.tp)[rank][1]
+        dp_rank = layout[rank][1]
         want = straight[dp_rank][stop:]
         if got == want:
             continue

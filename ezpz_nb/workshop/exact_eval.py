@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ezpz_nb.launcher.settings import LOOPBACK
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, CheckStopped, not_done, wrong
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class LossServer:
         self.refused = 0
         self._lock, self._stop = threading.Lock(), threading.Event()
         self._conns: list[socket.socket] = []
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server((LOOPBACK, 0))
         self._listener.settimeout(0.05)  # accept() wakes to see the stop: close() never waits long
         self.port: int = self._listener.getsockname()[1]
         self._threads = [threading.Thread(target=self._accept, daemon=True)]
@@ -138,7 +139,7 @@ class _Served:
 
     def __init__(self, n: int, port: int, rank: int) -> None:
         self._n, self._pid = n, os.getpid()
-        self._file = socket.create_connection(("127.0.0.1", port)).makefile(
+        self._file = socket.create_connection((LOOPBACK, port)).makefile(
             "rw", encoding="ascii", newline="\n"
         )
         self._file.write(f"hello {rank}\n")

@@ -22,7 +22,6 @@ what reading memory cost.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter, sleep
@@ -194,7 +193,6 @@ def measure_workers(
     freeze: bool = False,
     budget: float = 1.0,
     step_s: float = 0.0,
-    on_batch: Callable[[Any], None] | None = None,
 ) -> Measured:
     """On a rank: build ``storage`` and iterate ``epochs`` with memory sampled.
 
@@ -215,7 +213,6 @@ def measure_workers(
             collector never writes to the dataset's objects.
         budget: The sampler's share of wall time (1.0: a sample at every step).
         step_s: Seconds of work per step (a sleep), as a training step would take.
-        on_batch: Called in the rank with each batch (a checker comparing what workers yield).
     """
     import torch.distributed as dist
 
@@ -245,9 +242,7 @@ def measure_workers(
     t0 = perf_counter()
     for epoch in range(epochs):
         rec.set_epoch(epoch)
-        for batch in rec:
-            if on_batch is not None:
-                on_batch(batch)
+        for _batch in rec:
             if step_s:
                 sleep(step_s)
     loop_s = perf_counter() - t0
