@@ -61,7 +61,9 @@ def test_without_marks_the_loop_is_compute_and_timings_off_records_none(tmp_path
     ds = TokenizingDataset(6, words=10)
     rec = record(DataLoader(ds, batch_size=2), publish=False)
     for _ in rec:
-        spin(3000)
+        # ~130 ms of compute a step: one scheduler slice lost by the loader (~15 ms with
+        # three test workers on two cores) once flipped the 5x below when it was ~13 ms.
+        spin(30000)
     timed = [r.times for r in rec.records if r.times is not None]
     assert len(timed) == 3 and sum(t.compute_s for t in timed) > 5 * sum(t.data_s for t in timed)
     assert all(
