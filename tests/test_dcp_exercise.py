@@ -1,12 +1,14 @@
 """Notebook 15's exercise checker on real ranks: right answers, dodges, a learner's typo.
 
-Each check draws its layouts' order, the dataset's size, two loader seeds and the two save
-steps, so every answer here is judged over several draws: the saves on one warm cluster, the
-loads on fresh ranks (the checker's own choice, so a save cannot reach them).
+Each check draws its layouts' order, the dataset's size, two loader seeds, the two save
+steps and the seeds and sizes of the twins it saves at each place, so every answer here is
+judged over several draws: the saves on one warm cluster, the loads on fresh ranks (the
+checker's own choice, so a save cannot reach them), from checkpoints rebuilt from what DCP holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -78,7 +80,10 @@ def load_by_rank_halved(loader, layout, state):
     loader.load_state_dict(state[f"dp_rank_{dist.get_rank() // 2}"])
 
 
-_SIDE = os.path.join(tempfile.gettempdir(), f"ezpz-nb15-side-{os.getpid()}")
+# One prefix for the test and its ranks (a rank imports this module anew: a pid here would be
+# the rank's, and the cleanup below would miss its files). Another run's files under it only
+# make a dodge's restore more wrong.
+_SIDE = os.path.join(tempfile.gettempdir(), "ezpz-nb15-side")
 
 
 def side_file(loader, layout):
@@ -153,8 +158,12 @@ def patches_the_load_job(loader, layout):
     mod = sys.modules["ezpz_nb.workshop.dcp_state"]
     import inspect
 
-    plan = next(f.frame.f_locals["plan"] for f in inspect.stack() if "plan" in f.frame.f_locals)
-    stops = [stop for _, stop in plan[0][1]]  # the first seed's (path, step) saves
+    plan = next(
+        (f.frame.f_locals["plan"] for f in inspect.stack() if "plan" in f.frame.f_locals), None
+    )
+    if plan is None:  # dcp.load asks for the template too: no plan there
+        return {}
+    stops = [states[0]["offset"] // 2 for states, _ in plan]  # each place's step, from its states
 
     def fake_load(items, save, load):
         out = []
@@ -208,6 +217,85 @@ def load_side_by_path(loader, layout, state):
 
     path = _in_frames(lambda v: isinstance(v, str) and "ezpz-nb15-" in v)[0]
     loader.load_state_dict(torch.load(f"{path}.{dist.get_rank()}.side"))
+
+
+def side_by_token(loader, layout):
+    """Dodge (issue 45, found by the fixers): the checkpoint holds a random token that names
+    a side file holding the state."""
+    import uuid
+
+    import torch
+
+    token = uuid.uuid4().hex
+    torch.save(loader.state_dict(), f"{_SIDE}-token-{token}.pt")
+    return {f"dp_rank_{layout.dp_rank}": {"token": token}}
+
+
+def load_side_by_token(loader, layout, state):
+    import torch
+
+    token = state[f"dp_rank_{layout.dp_rank}"]["token"]
+    loader.load_state_dict(torch.load(f"{_SIDE}-token-{token}.pt"))
+
+
+def _named(loader, rank):
+    import hashlib
+
+    key = f"{loader.seed}-{loader.offset}-{len(loader.dataset)}-{rank}"
+    return f"{_SIDE}-named-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+
+
+def side_by_name(loader, layout):
+    """Dodge (issue 45): the checkpoint holds the offset only; the state goes to a side file
+    whose name is a hash of the loader's seed, its place, its dataset's size and the rank."""
+    import torch
+
+    torch.save(loader.state_dict(), _named(loader, dist.get_rank()))
+    return {f"dp_rank_{layout.dp_rank}": {"offset": torch.tensor(loader.offset)}}
+
+
+def load_side_by_name(loader, layout, state):
+    import torch
+
+    loader.offset = int(state[f"dp_rank_{layout.dp_rank}"]["offset"])
+    loader.load_state_dict(torch.load(_named(loader, dist.get_rank())))
+
+
+def side_in_checkpoint_folder(loader, layout):
+    """Dodge (issue 45, trial 3): the state torch.save'd into the checkpoint's own folder
+    (its path read from the checker's frame), a dummy in what DCP writes."""
+    import torch
+
+    path = _in_frames(lambda v: isinstance(v, str) and v.endswith("/checkpoint"))[0]
+    os.makedirs(path, exist_ok=True)
+    torch.save(loader.state_dict(), os.path.join(path, f"side{dist.get_rank()}.pt"))
+    return {"v": torch.zeros(1)}
+
+
+def load_side_in_checkpoint_folder(loader, layout, state):
+    import torch
+
+    path = _in_frames(lambda v: isinstance(v, str) and v.endswith("/checkpoint"))[0]
+    loader.load_state_dict(torch.load(os.path.join(path, f"side{dist.get_rank()}.pt")))
+
+
+def place_object(loader, layout):
+    """Right (unusual): per DP rank an object holding the place as tensors (DCP pickles it)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    s = loader.state_dict()
+    return {
+        f"dp_rank_{layout.dp_rank}": SimpleNamespace(
+            shard=torch.tensor(s["shard"]), offset=torch.tensor(s["offset"]), rng=s["generator"]
+        )
+    }
+
+
+def load_place_object(loader, layout, state):
+    s = state[f"dp_rank_{layout.dp_rank}"]
+    loader.load_state_dict({"shard": s.shard, "offset": s.offset, "generator": s.rng})
 
 
 def replay_from_offset(loader, layout):
@@ -270,18 +358,24 @@ def load_keyed(loader, layout, state):
         (patches_the_load_job, load_patched),
         (side_by_step, load_side_by_step),
         (side_by_path, load_side_by_path),
+        (side_by_token, load_side_by_token),
+        (side_by_name, load_side_by_name),
+        (side_in_checkpoint_folder, load_side_in_checkpoint_folder),
     ],
     ids=[
         "skip_fixed_steps", "rank_halved", "side_file", "in_memory", "offset_only",
-        "frames", "patch_load_job", "side_by_step", "side_by_path",
+        "frames", "patch_load_job", "side_by_step", "side_by_path", "side_by_token",
+        "side_by_name", "side_in_checkpoint_folder",
     ],
 )  # fmt: skip
 def test_dodges_of_every_class_are_rejected(cluster, save, load):
     """Guards issue 45's dodges of 15: a fixed step skipped instead of a state loaded,
     the DP rank hard-coded as ``rank // 2``, the state kept outside the checkpoint (a file,
-    the rank's memory, keyed by rank, by step or by the checkpoint's path), a state without
-    the RNG, the save step read from the checker's frames, the checker's load job rebound by
-    the save on the warm ranks; each over several draws (steps, sizes, seeds, layout order)."""
+    the rank's memory, keyed by rank, by step or by the checkpoint's path; a file named by
+    a random token the checkpoint holds, or by a hash of the loader's seed and place; a file
+    in the checkpoint's own folder), a state without the RNG, the save step read from the
+    checker's frames, the checker's load job rebound by the save on the warm ranks; each
+    over several draws (steps, sizes, seeds, layout order)."""
     try:
         for _ in range(DRAWS):
             result = check_loader_state(save, load, cluster=cluster)
@@ -290,7 +384,8 @@ def test_dodges_of_every_class_are_rejected(cluster, save, load):
         for path in glob.glob(f"{_SIDE}-*") + glob.glob(
             f"{tempfile.gettempdir()}/ezpz-nb15-*.side"
         ):
-            os.remove(path)
+            with contextlib.suppress(FileNotFoundError):  # another run's cleanup took it
+                os.remove(path)
 
 
 @pytest.mark.parametrize(
@@ -298,12 +393,14 @@ def test_dodges_of_every_class_are_rejected(cluster, save, load):
     [
         (replay_from_offset, load_replay_from_offset),
         (numpy_rng_keyed_by_replica, load_numpy_rng_keyed_by_replica),
+        (place_object, load_place_object),
     ],
-    ids=["replay_from_offset", "numpy_rng_by_replica"],
+    ids=["replay_from_offset", "numpy_rng_by_replica", "place_object"],
 )
 def test_unusual_right_answers_pass(cluster, save, load):
-    """Guards a false failure of right answers the trial wrote: one key with the offset and a
-    replay, and per-replica keys with the RNG as numpy; over several draws."""
+    """Guards a false failure of right answers the trials wrote: one key with the offset and a
+    replay, per-replica keys with the RNG as numpy, and an object holding the place as
+    tensors (DCP pickles it); over several draws, each through the checker's twins."""
     for _ in range(DRAWS):
         result = check_loader_state(save, load, cluster=cluster)
         assert result.status == "correct", result.message

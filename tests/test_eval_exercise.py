@@ -15,14 +15,18 @@ import math
 import os
 import random
 import struct
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed import all_gather_object as gather_objects
 from torch.utils.data import DistributedSampler
 
+import ezpz_nb as ez
 from ezpz_nb.data import WeightedShard, global_mean
 from ezpz_nb.workshop.exact_eval import check_exact_mean, dodge_means, draw_case
 
@@ -112,26 +116,25 @@ def scans_the_heap(ds, rank, world):
     return 0.0
 
 
-def _checker_port(ds):
-    """The port of the checker's evaluation set: the peer of a Python socket in this rank."""
+def _checker_connection(ds):
+    """A new connection to the checker's evaluation set: to the peer of a Python socket in
+    this rank whose listener still accepts (warm ranks hold closed ones of earlier checks)."""
     import socket
 
     for o in gc.get_objects():
         if isinstance(o, socket.socket) and o.fileno() >= 0:
             try:
-                return o.getpeername()[1]
+                return socket.create_connection(("127.0.0.1", o.getpeername()[1]))
             except OSError:
-                continue  # a listener, or not connected
+                continue  # a listener, not connected, or an earlier check's closed server
     raise LookupError("no connection found")
 
 
 def claims_another_rank(ds, rank, world):
     """Opens a second connection to the checker as another rank and reads everything there,
     so its own connection's log shows its share only (the old record-rewrite dodge)."""
-    import socket
 
-    port = _checker_port(ds)
-    f = socket.create_connection(("127.0.0.1", port)).makefile("rw", newline="\n")
+    f = _checker_connection(ds).makefile("rw", newline="\n")
     f.write(f"hello {(rank + 1) % world}\n")
     f.flush()
     if f.readline().strip() == "ok":
@@ -157,6 +160,86 @@ def finds_closure_or_frame_losses(ds, rank, world):
     return 0.0
 
 
+def swaps_through_the_store(ds, rank, world):
+    """No collective: partial sums exchanged through the process group's key-value store
+    (issue 45's third trial)."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    part = math.fsum(ds[i]["loss"] for i in range(rank, len(ds), world))
+    store.set(f"part_{rank}", repr(part))
+    return math.fsum(float(store.get(f"part_{r}")) for r in range(world)) / len(ds)
+
+
+def dummy_collective_then_store(ds, rank, world):
+    """An all_reduce of zeros for show, the sums through the store held by the c10d module's
+    own name (not the public one)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    dist.all_reduce(torch.zeros(2))
+    store = c10d._get_default_store()
+    part = math.fsum(ds[i]["loss"] for i in range(rank, len(ds), world))
+    store.add("parts_done", 0)
+    store.set(f"p_{rank}", repr(part))
+    return math.fsum(float(store.get(f"p_{r}")) for r in range(world)) / len(ds)
+
+
+def gathers_every_loss(ds, rank, world):
+    """Every rank's raw losses gathered as objects (N values over the wire, not a pair)."""
+    mine = [ds[i]["loss"] for i in range(rank, len(ds), world)]
+    parts: list = [None] * world
+    dist.all_gather_object(parts, mine)
+    every = [v for part in parts for v in part]
+    return math.fsum(every) / len(every)
+
+
+def every_loss_in_a_vector(ds, rank, world):
+    """Each rank's losses in its slots of a length-N tensor, all-reduced: N values sent."""
+    t = torch.zeros(len(ds), dtype=torch.float64)
+    for i in range(rank, len(ds), world):
+        t[i] = ds[i]["loss"]
+    dist.all_reduce(t)
+    return float(t.mean())
+
+
+def sums_through_files(ds, rank, world):
+    """A collective that carries no sum (the counts), the sums through files (removed after)."""
+    idx = range(rank, len(ds), world)
+    name = os.path.join(tempfile.gettempdir(), f"ezpz-test16-{os.getppid()}-{{}}")
+    with open(name.format(rank), "w") as f:
+        f.write(repr(math.fsum(ds[i]["loss"] for i in idx)))
+    count = torch.tensor([float(len(idx))])
+    dist.all_reduce(count)  # every file is written once every rank is here
+    total = 0.0
+    for r in range(world):
+        with open(name.format(r)) as f:
+            total += float(f.read())
+    dist.barrier()
+    os.remove(name.format(rank))
+    return total / float(count)
+
+
+def unwraps_the_recorder(ds, rank, world):
+    """Puts back torch's own store methods (found in the recorder's closure), then swaps sums."""
+    from torch._C import _distributed_c10d as cpp
+
+    for name in ("set", "get"):
+        fn = cpp.Store.__dict__[name]
+        for cell in getattr(fn, "__closure__", None) or ():
+            if type(cell.cell_contents).__name__ == "instancemethod":
+                setattr(cpp.Store, name, cell.cell_contents)
+    return swaps_through_the_store(ds, rank, world)
+
+
+def every_loss_packed(ds, rank, world):
+    """Every loss gathered as packed doubles (bytes), so no list of floats is seen."""
+    mine = [ds[i]["loss"] for i in range(rank, len(ds), world)]
+    parts: list = [None] * world
+    dist.all_gather_object(parts, struct.pack(f"<{len(mine)}d", *mine))
+    every = [v for p in parts for v in struct.unpack(f"<{len(p) // 8}d", p)]
+    return math.fsum(every) / len(every)
+
+
 def not_done(ds, rank, world):
     raise NotImplementedError
 
@@ -174,6 +257,13 @@ DODGES = [
     scans_the_heap,
     claims_another_rank,
     finds_closure_or_frame_losses,
+    swaps_through_the_store,
+    dummy_collective_then_store,
+    gathers_every_loss,
+    every_loss_in_a_vector,
+    sums_through_files,
+    unwraps_the_recorder,
+    every_loss_packed,
 ]
 
 
@@ -190,12 +280,51 @@ def weighted_shard(ds, rank, world):
 
 
 def contiguous_blocks_gathered(ds, rank, world):
-    """Unusual: contiguous blocks, (sum, count) gathered as objects, combined with fsum."""
+    """Unusual: contiguous blocks, (sum, count) pairs gathered as objects, added with fsum."""
     bounds = [round(r * len(ds) / world) for r in range(world + 1)]
     mine = [ds[i]["loss"] for i in range(bounds[rank], bounds[rank + 1])]
     parts: list = [None] * world
-    dist.all_gather_object(parts, (mine, len(mine)))
-    return math.fsum(v for vals, _ in parts for v in vals) / sum(c for _, c in parts)
+    dist.all_gather_object(parts, (math.fsum(mine), len(mine)))
+    return math.fsum(s for s, _ in parts) / sum(c for _, c in parts)
+
+
+def two_all_reduces_0d(ds, rank, world):
+    """Unusual: the sum and the count in two float64 0-d tensors, two all_reduces."""
+    idx = range(rank, len(ds), world)
+    total = torch.tensor(math.fsum(ds[i]["loss"] for i in idx), dtype=torch.float64)
+    count = torch.tensor(float(len(idx)), dtype=torch.float64)
+    dist.all_reduce(total)
+    dist.all_reduce(count)
+    return (total / count).item()
+
+
+def reduce_then_broadcast(ds, rank, world):
+    """Unusual: reduce the pair to rank 0, which divides and broadcasts the mean."""
+    idx = range(rank, len(ds), world)
+    pair = torch.tensor([sum(ds[i]["loss"] for i in idx), len(idx)], dtype=torch.float64)
+    dist.reduce(pair, dst=0)
+    mean = torch.tensor([float(pair[0] / pair[1]) if rank == 0 else 0.0], dtype=torch.float64)
+    dist.broadcast(mean, src=0)
+    return float(mean)
+
+
+def share_of_the_mean(ds, rank, world):
+    """Unusual: each rank knows N, so it all-reduces its sum / N: one number, the mean."""
+    idx = range(rank, len(ds), world)
+    part = torch.tensor(math.fsum(ds[i]["loss"] for i in idx) / len(ds), dtype=torch.float64)
+    dist.all_reduce(part)
+    return float(part)
+
+
+def process_group_called_directly(ds, rank, world):
+    """Unusual: the default process group's own allreduce, and an object gather imported
+    by name before the check (``gather_objects``) for the counts."""
+    idx = range(rank, len(ds), world)
+    pair = torch.tensor([math.fsum(ds[i]["loss"] for i in idx), len(idx)], dtype=torch.float64)
+    dist.group.WORLD.allreduce([pair]).wait()
+    counts: list = [None] * world
+    gather_objects(counts, len(idx))
+    return float(pair[0]) / sum(counts)
 
 
 def padding_masked(ds, rank, world):
@@ -230,6 +359,36 @@ def numpy_indices_read_twice(ds, rank, world):
     return np.float64(total[0] / total[1])
 
 
+def point_to_point_root(ds, rank, world):
+    """Unusual: every rank sends rank 0 its pair (packed doubles in an object); rank 0 adds
+    them up and broadcasts the mean, never sending its own pair."""
+    idx = range(rank, len(ds), world)
+    mine = struct.pack("<2d", math.fsum(ds[i]["loss"] for i in idx), len(idx))
+    if rank:
+        dist.send_object_list([mine], dst=0)
+        mean = [None]
+    else:
+        pairs = [struct.unpack("<2d", mine)]
+        for src in range(1, world):
+            got: list = [None]
+            dist.recv_object_list(got, src=src)
+            pairs.append(struct.unpack("<2d", got[0]))
+        mean = [math.fsum(s for s, _ in pairs) / sum(c for _, c in pairs)]
+    dist.broadcast_object_list(mean, src=0)
+    return mean[0]
+
+
+def json_pairs_gathered(ds, rank, world):
+    """Unusual: each rank's (sum, count) written as JSON, gathered as objects."""
+    import json
+
+    idx = range(rank, len(ds), world)
+    parts: list = [None] * world
+    dist.all_gather_object(parts, json.dumps([math.fsum(ds[i]["loss"] for i in idx), len(idx)]))
+    pairs = [json.loads(p) for p in parts]
+    return math.fsum(s for s, _ in pairs) / sum(c for _, c in pairs)
+
+
 RIGHTS = [
     strided_sum_count,
     weighted_shard,
@@ -237,6 +396,12 @@ RIGHTS = [
     padding_masked,
     float32_sums,
     numpy_indices_read_twice,
+    two_all_reduces_0d,
+    reduce_then_broadcast,
+    share_of_the_mean,
+    process_group_called_directly,
+    point_to_point_root,
+    json_pairs_gathered,
 ]
 
 
@@ -265,28 +430,59 @@ def test_draws_cover_every_degree_and_separate_every_dodge():
     assert degrees == {2, 3, 4}
 
 
-# One test per drawn case: 21 checks on fresh ranks (one a 6 s hang) each, so 20 draws
+#: What the verdict must say for a dodge (the rest: "wrong" is enough).
+SAYS = {
+    padding: "padding",
+    drop_last: "drop_last",
+    mean_of_means: "per-rank means",
+    # No loss is in a rank's process to find: the checker serves each one on request.
+    scans_caller_frames: "rank 0 returned",
+    scans_the_heap: "rank 0 returned",
+    finds_closure_or_frame_losses: "rank 0 returned",
+    claims_another_rank: "other than the ranks' own",
+    swaps_through_the_store: "never combined with a collective",
+    dummy_collective_then_store: "never combined with a collective",
+    unwraps_the_recorder: "put back",
+    gathers_every_loss: "you sent every loss",
+    every_loss_in_a_vector: "you sent every loss",
+    every_loss_packed: "you sent every loss",
+    sums_through_files: "did not carry the sum",
+}
+
+
+@pytest.fixture(scope="module")
+def warm() -> Iterator[Callable[[int], ez.Cluster]]:
+    """Warm ranks of one degree at a time (the cases come ordered by degree)."""
+    held: dict[int, ez.Cluster] = {}
+
+    def of(dp: int) -> ez.Cluster:
+        for other in [k for k in held if k != dp]:
+            held.pop(other).close()
+        if dp not in held:
+            held[dp] = ez.Cluster(dp, timeout=120)
+        return held[dp]
+
+    yield of
+    for c in held.values():
+        c.close()
+
+
+# One test per drawn case: 29 checks on warm ranks (the hang on fresh ones) each, so 20 draws
 # (`make stress`) are 20 tests within the per-test timeout, not one test of 20 times the work.
 @pytest.mark.parametrize(("dp", "seed"), [(dp, s) for dp in (2, 3, 4) for s in SEEDS[dp]])
-def test_checker_rejects_every_dodge_and_accepts_every_right_answer(dp, seed, capsys):
+def test_checker_rejects_every_dodge_and_accepts_every_right_answer(dp, seed, warm, capsys):
     """Guards 0 false passes and 0 false failures over the corpus at each DP degree (``seed``
-    draws ``dp``), and that the verdict names the dodge a wrong mean equals."""
+    draws ``dp``), and that the verdict names what is wrong (the dodge a wrong mean equals,
+    the store, every loss sent)."""
     for fn in DODGES:
-        # The hanging dodge is stopped after 6 s (a right answer takes well under one).
-        result = check_exact_mean(
-            fn, seed=seed, timeout=6.0 if fn is collective_in_the_loop else 15.0
-        )
+        if fn is collective_in_the_loop:  # hangs: stopped after 6 s, on ranks of its own
+            result = check_exact_mean(fn, seed=seed, timeout=6.0)
+        else:
+            result = check_exact_mean(fn, seed=seed, timeout=15.0, cluster=warm(dp))
         assert result.status == "wrong", (fn.__name__, result.message)
-        if fn in (scans_caller_frames, scans_the_heap, finds_closure_or_frame_losses):
-            # No loss is in a rank's process to find: the checker serves each one on request.
-            assert "rank 0 returned" in result.message, (fn.__name__, result.message)
-        if fn is claims_another_rank:
-            assert "other than the ranks' own" in result.message, result.message
-    assert "padding" in check_exact_mean(padding, seed=seed).message
-    assert "drop_last" in check_exact_mean(drop_last, seed=seed).message
-    assert "per-rank means" in check_exact_mean(mean_of_means, seed=seed).message
+        assert SAYS.get(fn, "") in result.message, (fn.__name__, result.message)
     for fn in RIGHTS:
-        result = check_exact_mean(fn, seed=seed)
+        result = check_exact_mean(fn, seed=seed, cluster=warm(dp))
         assert result.status == "correct", (fn.__name__, result.message)
 
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
+import signal
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -307,6 +310,100 @@ def rebinds_the_checkers_epoch(rows):
     return RowsLiftingBaseline(rows)
 
 
+class ServedByARankThread(RowsLiftingBaseline):
+    """Dodge (third outside trial): the rows kept in the rank, a thread there serving them to
+    the workers over a socket: the workers never read a row, the rank's own pages do not grow."""
+
+    def __init__(self, rows):
+        from multiprocessing.connection import Listener
+
+        super().__init__(rows)
+        # An abstract socket (Linux): no file left behind.
+        self.listener = Listener(f"\0ezpz-test-{os.getpid()}-{id(self)}", "AF_UNIX")
+        self.conns = {}
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        for _ in range(2):  # one connection per worker; each ends when its worker does
+            conn = self.listener.accept()
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+        self.listener.close()
+
+    def _answer(self, conn):
+        with conn:
+            while True:
+                try:
+                    i = conn.recv()
+                except (EOFError, OSError):
+                    return
+                conn.send(self.rows[i]["tokens"])
+
+    def __getitem__(self, i):
+        if get_worker_info() is None:
+            return super().__getitem__(i)
+        if os.getpid() not in self.conns:
+            from multiprocessing.connection import Client
+
+            self.conns[os.getpid()] = Client(self.listener.address, "AF_UNIX")
+        self.conns[os.getpid()].send(i)
+        return _row_sample(i, self.conns[os.getpid()].recv())
+
+
+class ReadInAThrowawayChild(RowsLiftingBaseline):
+    """Dodge (third outside trial): the rows; each worker read done in a child forked for it
+    (its writes go with it), the tokens piped back. ``ignore`` lets the kernel reap the
+    children (SIGCHLD ignored), ``setsid`` moves them to a session of their own."""
+
+    ignore, setsid = False, False
+
+    def __getitem__(self, i):
+        if get_worker_info() is None or i % 256:  # a fork per read is slow: one in 256 here
+            return super().__getitem__(i)
+        if self.ignore:
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        r, w = os.pipe()
+        if os.fork() == 0:
+            if self.setsid:
+                os.setsid()
+            os.write(w, np.array(self.rows[i]["tokens"], dtype=np.int64).tobytes())
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as fh:
+            got = np.frombuffer(fh.read(), dtype=np.int64)
+        if not self.ignore:
+            os.wait()
+        return _row_sample(i, got)
+
+
+class ReadInAnIgnoredChild(ReadInAThrowawayChild):
+    ignore, setsid = True, True
+
+
+class ServedByAManager(RowsLiftingBaseline):
+    """Dodge (third outside trial): the rows moved into a ``multiprocessing`` manager's
+    process, which the workers ask for each row."""
+
+    def __init__(self, rows):
+        import multiprocessing
+
+        self.manager = multiprocessing.get_context("fork").Manager()
+        super().__init__(self.manager.list(rows))
+
+
+class PickledPerRow(Dataset):
+    """Dodge (third outside trial, where it passed on some draws): one pickled ``bytes`` per
+    row: each row a Python object whose count sits on the pages of its tokens."""
+
+    def __init__(self, rows):
+        self.blobs = [pickle.dumps(r["tokens"]) for r in rows]
+
+    def __len__(self):
+        return len(self.blobs)
+
+    def __getitem__(self, i):
+        return _row_sample(i, np.array(pickle.loads(self.blobs[i]), dtype=np.int64))
+
+
 def not_started(rows):
     raise NotImplementedError
 
@@ -377,8 +474,9 @@ def test_an_instance_is_told_to_pass_the_class():
 
 @pytest.mark.parametrize("answer", [Int32PerRead, pytest.param(ArrayPerRow, marks=SLOW)])
 def test_unusual_right_answers_pass_on_every_draw(answer, cluster):
-    """Guards the outside trial's right variants: int32 widened per read (the checker asks
-    for int64 samples, not int64 storage) and an array per row (no object per token)."""
+    """Guards the outside trials' right variants: int32 widened per read (the checker asks
+    for int64 samples, not int64 storage) and an array per row (its tokens apart from the
+    object: reading writes its header only)."""
     for _ in range(DRAWS):
         got = check_flat(answer, cluster=cluster)
         assert got.status == "correct", got.message
@@ -393,6 +491,11 @@ def test_unusual_right_answers_pass_on_every_draw(answer, cluster):
         (asks_from_its_workers, "readings were asked for by another process"),
         (asks_early_from_the_rank, "twice, or out of turn"),
         (ForksAtItsLastRead, "started processes of their own"),
+        (ServedByARankThread, "a thread in the rank that serves the rows"),
+        pytest.param(ReadInAThrowawayChild, "started processes of their own", marks=SLOW),
+        pytest.param(ReadInAnIgnoredChild, "started processes of their own", marks=SLOW),
+        pytest.param(ServedByAManager, "new processes at its ask 'built'", marks=SLOW),
+        pytest.param(PickledPerRow, "grew by", marks=SLOW),
     ],
 )
 def test_what_the_checker_trusts_is_out_of_reach(dodge, says, cluster):
@@ -400,7 +503,11 @@ def test_what_the_checker_trusts_is_out_of_reach(dodge, says, cluster):
     notebook's process, where no learner code runs, from fork to the epoch's end: no slot in
     the rank to lift, no reader in the rank to replace, no ask from a worker taken for the
     rank's, no worker's child left to share its copied pages; and a wrong answer on rank 1
-    only is a verdict, not a KeyError."""
+    only is a verdict, not a KeyError. The third trial's: the rows served by a thread in the
+    rank or by another process, or read in a throwaway child per read (reaped, in a session
+    of its own, or with SIGCHLD ignored): the workers must read the storage themselves; and a
+    pickle per row, which passed on some draws, fails on every one (each worker reads every
+    sample)."""
     for _ in range(DRAWS):
         got = check_flat(dodge, cluster=cluster)
         assert got.status == "wrong" and says in got.message, got.message

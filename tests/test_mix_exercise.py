@@ -6,16 +6,28 @@ corpus below is the checker's specification: 0 false passes, 0 false failures.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import ezpz_nb as ez
 from ezpz_nb.data.mixture import Mixture
-from ezpz_nb.workshop.mixture import GLOBALS, SOURCES, STEPS, check_mix_batch, draw_setup
+from ezpz_nb.workshop.mix_streams import (
+    COVER,
+    GLOBALS,
+    RUN,
+    SEEDS,
+    SOURCES,
+    STEPS,
+    draw_setup,
+    far_steps,
+)
+from ezpz_nb.workshop.mixture import check_mix_batch
 
 #: Checks per answer: each draws its own sizes, weights and seed (`make stress`: 20).
 DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "4"))
@@ -72,7 +84,8 @@ def quotas_in_order(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
     each source, the rest to the sources furthest behind over all batches so far; the
     sources' blocks side by side, the samples of a source in plain order 0, 1, 2... (a numpy
     array). Every rule of a stream holds, but the seed changes nothing: every epoch and
-    every run gets the same order. Judged right before issue 45's seed rule."""
+    every run gets the same order. Judged right before issue 45's seed rule; since its
+    third trial, every pass in the same order shows first."""
     w = np.asarray(weights, dtype=float) / sum(weights)
     done = np.zeros(len(w), dtype=int)
     for b in range(step + 1):
@@ -129,6 +142,87 @@ def grouped_by_source(sizes, weights, global_batch, step, dp_rank, dp_size, seed
             out.append((s, int(perm[n % sizes[s]])))
     m = global_batch // dp_size
     return tuple(out[dp_rank * m : (dp_rank + 1) * m])
+
+
+def _reordered(order):
+    """An answer with the library's source in every slot, the ``k``-th draw of source ``s``
+    taken as ``order(seed, s, pass, size)[k % size]`` (``pass = k // size``)."""
+
+    def answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+        plan = Mixture(tuple(sizes), tuple(weights), global_batch, "stratified", seed)
+        src = plan.plan(step + 1)[:, 0]
+        m = global_batch // dp_size
+        lo = step * global_batch + dp_rank * m
+        out = []
+        for j in range(lo, lo + m):
+            s, n = int(src[j]), sizes[int(src[j])]
+            k = int(np.count_nonzero(src[:j] == s))
+            out.append((s, int(order(seed, s, k // n, n)[k % n])))
+        return out
+
+    return answer
+
+
+def _fresh(seed, s, p, n):
+    return np.random.default_rng([seed, 1 + s, p]).permutation(n)
+
+
+def _torch_randperm(seed, s, p, n):
+    g = torch.Generator().manual_seed(hash((seed, s, p)) % 2**62)
+    return torch.randperm(n, generator=g).tolist()
+
+
+#: Right, unusually (issue 45's brief): a fresh torch.randperm per (seed, source, pass).
+torch_randperm_per_pass = _reordered(_torch_randperm)
+#: Dodge (third trial): no shuffle, each source's samples in index order rotated by the seed.
+rotated_by_the_seed = _reordered(lambda seed, s, p, n: np.roll(np.arange(n), -(seed % n)))
+#: Dodge (third trial): one permutation per source, the same in every pass.
+same_order_every_pass = _reordered(lambda seed, s, p, n: _fresh(seed, s, 0, n))
+#: Dodge (third trial): two orders per source, alternating pass by pass.
+two_orders_alternating = _reordered(lambda seed, s, p, n: _fresh(seed, s, 0, n)[:: 1 - 2 * (p % 2)])
+#: Dodge: one permutation per source, shifted by one place each pass (every pass differs).
+one_order_shifted = _reordered(lambda seed, s, p, n: np.roll(_fresh(seed, s, 0, n), p))
+#: Dodge: small sources shuffled per pass, the others in index order rotated per pass.
+big_sources_rotated = _reordered(
+    lambda seed, s, p, n: (
+        _fresh(seed, s, p, n) if n < 10 else np.roll(np.arange(n), -(seed + 7 * p))
+    )
+)
+
+
+def one_bit_of_the_seed(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge (third trial): the seed hashed to one bit, which picks one of two streams."""
+    bit = hashlib.sha256(str(seed).encode()).digest()[0] & 1
+    return notebook_solution(sizes, weights, global_batch, step, dp_rank, dp_size, 1 + bit)
+
+
+def replays_80_batches(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge (third trial's open class): a table of 80 global batches replayed, longer than
+    any horizon (32 to 64): the far steps hold the table's batches again."""
+    return notebook_solution(sizes, weights, global_batch, step % 80, dp_rank, dp_size, seed)
+
+
+def _cached_epoch():
+    """Right, unusually (third trial, rejected before): the stream of a case built once and
+    kept in a ``functools.lru_cache`` helper of the notebook's ``__main__``, lists of lists.
+    Defined as a notebook cell defines it, so both functions travel by value."""
+    ns: dict = {"__name__": "__main__", "solution": notebook_solution}
+    src = (
+        "from functools import lru_cache\n"
+        "@lru_cache(maxsize=None)\n"
+        "def _epoch(sizes, weights, global_batch, seed, steps):\n"
+        "    return [solution(sizes, weights, global_batch, b, 0, 1, seed) for b in range(steps)]\n"
+        "def mix_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed):\n"
+        "    steps = max(80, step + 1)  # the cache grows with the step when needed\n"
+        "    batch = _epoch(tuple(sizes), tuple(weights), global_batch, seed, steps)[step]\n"
+        "    m = global_batch // dp_size\n"
+        "    return [list(p) for p in batch[dp_rank * m : (dp_rank + 1) * m]]\n"
+    )
+    exec(compile(src, "<17 cached epoch cell>", "exec"), ns)
+    return ns["mix_batch"]
+
+
+cached_epoch = _cached_epoch()
 
 
 def yields_pairs(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
@@ -235,12 +329,23 @@ def cluster():
 
 
 @pytest.mark.parametrize(
-    "fn", [library_answer, notebook_solution, numpy_array_answer, grouped_by_source]
+    "fn",
+    [
+        library_answer,
+        notebook_solution,
+        numpy_array_answer,
+        grouped_by_source,
+        torch_randperm_per_pass,
+        cached_epoch,
+    ],
+    ids=["library", "notebook", "numpy", "grouped", "torch_randperm", "lru_cache_epoch"],
 )
 def test_right_answers_pass(cluster, fn):
     """Guards against false failures: the library's stratified plan, the notebook's own
-    solution, the solution as a numpy array, and the sources' blocks side by side as a tuple
-    of tuples all pass, with both of each check's cases and seeds."""
+    solution, the solution as a numpy array, the sources' blocks side by side as a tuple
+    of tuples, a torch.randperm per source and pass, and the stream cached by an lru_cache
+    helper of the notebook's ``__main__`` (issue 45's third trial: it could not reach the
+    ranks) all pass, with both of each check's cases and every seed."""
     for _ in range(DRAWS):
         got = check_mix_batch(fn, cluster=cluster)
         assert got.status == "correct", got.message
@@ -257,7 +362,11 @@ def test_right_answers_pass(cluster, fn):
         (right_for_eight_steps, "drifts"),
         (returns_an_iterator, "cannot leave a DataLoader worker"),
         (seed_ignored, "the seed changes nothing"),
-        (quotas_in_order, "the seed changes nothing"),
+        # No shuffle at all: every pass of a source is the same order (issue 45's third trial).
+        (
+            quotas_in_order,
+            ("the seed changes nothing", "a new order for each pass", "arithmetic order"),
+        ),
         (three_sources_assumed, "ValueError"),
     ],
 )
@@ -270,7 +379,34 @@ def test_dodges_are_rejected_by_the_rule_they_break(cluster, fn, says):
     one breaks."""
     for _ in range(DRAWS):
         got = check_mix_batch(fn, cluster=cluster)
-        assert got.status == "wrong" and says in got.message, got.message
+        said = [says] if isinstance(says, str) else says
+        assert got.status == "wrong" and any(x in got.message for x in said), got.message
+
+
+@pytest.mark.parametrize(
+    ("fn", "says"),
+    [
+        (rotated_by_the_seed, "a new order for each pass"),
+        (same_order_every_pass, "a new order for each pass"),
+        (two_orders_alternating, "a new order for each pass"),
+        # Rotated by 7 a pass: arithmetic, and some source shows few orders on some draws.
+        (big_sources_rotated, ("arithmetic order", "a new order for each pass")),
+        (one_order_shifted, "a new order for each pass"),
+        (one_bit_of_the_seed, "the seed changes nothing"),
+        (replays_80_batches, "replays a table"),
+    ],
+    ids=["rotated", "same_order", "two_orders", "big_rotated", "shifted", "one_bit", "replay_80"],
+)
+def test_the_third_trials_dodges_are_rejected(cluster, fn, says):
+    """Guards issue 45's third trial: passes in the same order again (one order, a rotation
+    by the seed, two alternating), passes in an arithmetic order, a seed that picks one of
+    two streams and a table longer than the horizon replayed are each turned down, by the
+    rule each one breaks (offline, 500 draws each: the checker module's docstring).
+    Half the file's draws: every one of these rules holds on every draw."""
+    for _ in range(max(1, DRAWS // 2)):
+        got = check_mix_batch(fn, cluster=cluster)
+        said = [says] if isinstance(says, str) else says
+        assert got.status == "wrong" and any(x in got.message for x in said), got.message
 
 
 def test_a_replayed_table_of_batches_is_rejected(cluster):
@@ -304,11 +440,19 @@ def test_a_hard_coded_global_batch_is_rejected_on_every_draw(cluster, fn):
 
 def test_every_draw_has_two_different_cases_and_seeds():
     """Guards why a hard-coded batch or number of sources fails on every draw, and why the
-    seed rule can judge: each check's two cases differ in global batch and in number of
-    sources, all from the checker's ranges (the first batch also divisible by every DP size
-    checked), and its two seeds differ. Pure arithmetic, no ranks: 2000 seeds."""
+    seed and pass rules can judge: each check's two cases differ in global batch and in
+    number of sources, all from the checker's ranges (the first batch also divisible by every
+    DP size checked), its seeds all differ, its far steps start past the horizon and reach
+    COVER, and each case has a small source drawn in 6 passes or more and one of 12 samples
+    or more drawn in 2 passes or more. Pure arithmetic, no ranks: 2000 seeds."""
     for seed in range(2000):
-        main, other, steps, seeds = draw_setup(seed)
+        main, other, steps, seeds, far = draw_setup(seed)
+        assert len(set(seeds)) == SEEDS and steps <= far <= 2 * steps - RUN
+        assert far_steps(far, steps)[-RUN] >= COVER
+        for case in (main, other):
+            drawn = [w * case.global_batch * steps - 1 for w in case.weights]
+            assert min(d / n for n, d in zip(case.sizes, drawn, strict=True) if n < 10) >= 6
+            assert any(d >= 2 * n for n, d in zip(case.sizes, drawn, strict=True) if n >= 12)
         assert main.global_batch != other.global_batch and main.global_batch % 4 == 0
         assert {main.global_batch, other.global_batch} <= set(GLOBALS)
         assert len(main.sizes) != len(other.sizes)

@@ -54,6 +54,25 @@ def test_a_job_loads_into_the_rank_namespace_and_cycles_resolve():
     assert fn.__globals__ is rank_ns and rank_ns["odd"](3) is True
 
 
+def test_an_lru_cache_helper_of_the_notebook_travels_by_value():
+    """Guards issue 45's third trial: an ``functools.lru_cache`` (or ``cache``) helper of the
+    notebook's ``__main__`` pickled by name, and the rank's ``__main__`` has no such name
+    (AttributeError on the rank). It travels by value and gets an empty cache of its own."""
+    ns: dict = {"__name__": "__main__"}
+    src = (
+        "import functools\n"
+        "@functools.lru_cache(maxsize=8)\n"
+        "def sq(x): return x * x\n"
+        "@functools.cache\n"
+        "def cube(x): return x ** 3\n"
+        "def f(x): return sq(x) + cube(x), sq.cache_info().currsize, sq.cache_parameters()\n"
+    )
+    exec(src, ns)
+    ns["f"](5)  # the notebook's cache is not sent
+    fn = wire.loads_job(wire.dumps_job(ns["f"]), wire.new_namespace())
+    assert fn(3) == (36, 1, {"maxsize": 8, "typed": False})
+
+
 def test_an_unknown_persistent_id_is_refused():
     class Other(pickle.Pickler):
         def persistent_id(self, obj):

@@ -18,6 +18,7 @@ rank's persistent namespace (see :class:`_JobPickler`).
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import types
@@ -128,11 +129,28 @@ def _code_keep_filename(code: types.CodeType) -> tuple:
     return ctor, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
 
 
+def _lru_cache(fn: Any, maxsize: int | None, typed: bool) -> Any:
+    """Wrap ``fn`` in a new, empty ``functools.lru_cache`` (see :class:`_Pickler`)."""
+    return functools.lru_cache(maxsize=maxsize, typed=typed)(fn)
+
+
 class _Pickler(cloudpickle.Pickler):
     if hasattr(cloudpickle.cloudpickle, "_code_reduce"):
         dispatch_table = ChainMap(
             {types.CodeType: _code_keep_filename}, cloudpickle.Pickler.dispatch_table
         )
+
+    def reducer_override(self, obj: Any) -> Any:
+        # An lru_cache (or functools.cache) wrapper pickles by name, module and qualname:
+        # a notebook's __main__ has the name, a rank's __main__ does not (AttributeError
+        # on the rank). Send the function it wraps by value and wrap it again there.
+        if isinstance(obj, functools._lru_cache_wrapper):
+            fn = obj.__wrapped__
+            by_name = getattr(cloudpickle.cloudpickle, "_should_pickle_by_reference", None)
+            if isinstance(fn, types.FunctionType) and by_name is not None and not by_name(fn):
+                params = obj.cache_parameters()
+                return _lru_cache, (fn, params["maxsize"], params["typed"])
+        return super().reducer_override(obj)
 
     def _dynamic_function_reduce(self, func: types.FunctionType) -> Any:
         # cloudpickle lists the submodules a by-value function names, for the rank to

@@ -9,19 +9,27 @@ The learner writes two functions, called on every rank:
 
 :func:`check_loader_state` runs them on 4 real gloo ranks at two layouts, ``dp 2 x
 tp 2`` and ``dp 4 x tp 1``, with a dataset size, two loader seeds and two save steps
-drawn per check: each seed's loader saved at both steps (four checkpoints), then fresh
-loaders, on fresh ranks, that load each checkpoint and run the rest of the epoch. Each
+drawn per check: each seed's loader is run to both steps (four places), then fresh
+loaders, on fresh ranks, load each place's checkpoint and run the rest of the epoch. Each
 rank's resumed batches must equal the straight run's, samples and masked tokens.
 
 What the checker trusts stays where the learner's code never runs. The straight runs are
-computed in the checker's own process; the load job is never told a step; the
-checkpoints move to paths the saves never saw and are loaded in an order drawn on the
-checker's side; and the loads run on ranks the learner's save never ran in, so a rank job
-the save rebinds, or a state it keeps in a warm rank's memory, does not reach them. A
-state kept beside the checkpoint (a file keyed by rank, step or seed) holds the last of
-the four saves only, and a drawn step turns down an answer that skips a fixed count. What
-a right answer may keep is what the checkpoint holds: one key with the offset, replayed
-in a fresh loader, passes.
+computed in the checker's own process; the load job is never told a step; the loads run
+on ranks the learner's save never ran in (a rank job the save rebinds, or a state it keeps
+in a warm rank's memory, does not reach them), in an order drawn on the checker's side.
+Only what DCP holds reaches a load: each checkpoint is read through its own metadata and
+written anew under a path the save never saw, and every folder the save wrote is gone
+first (a file put beside or inside the checkpoint is not carried). At each place the save
+never sees the run's own loader: two *twins* (loaders built with other seeds and dataset
+sizes, set to the place) are saved, their checkpoints must hold the same (a random token
+or a counter naming a side file differs), and one of them is loaded into a loader of the
+run's own seed (a side file named from the loader's seed is not found). A state kept
+outside the checkpoint under the rank or the step holds the last of the saves only, and a
+drawn step turns down an answer that skips a fixed count. What a right answer may keep is
+what describes the place: one key with the offset, replayed in a fresh loader, passes.
+
+Not closed (it cannot be told from a right answer by what the checkpoint holds): a side
+file in a fixed folder named by a hash of the whole state, the loader's RNG included.
 
 The wrong answers it names are the ones that lose data in real jobs: one key for every
 rank (DCP keeps one rank's copy: the others replay that rank's shard), only rank 0
@@ -44,6 +52,7 @@ import torch.distributed as dist
 from ezpz_nb.data.groups import layout_table, make_layout
 from ezpz_nb.data.resumable import ShardStream
 from ezpz_nb.models import RuleTokenDataset
+from ezpz_nb.workshop.dcp_copy import rebuild_part
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, not_done, wrong
 
 if TYPE_CHECKING:
@@ -63,11 +72,14 @@ Seen = list[tuple[list[int], int]]
 
 @dataclass(frozen=True)
 class Case:
-    """One drawn layout: the dataset's size, two loader seeds, the two save steps.
+    """One drawn layout: the dataset's size, two loader seeds, the two save steps, and twins.
 
     Both seeds' loaders are saved at both steps before any checkpoint is loaded: a state
     kept outside the checkpoint under the step (or under the seed) holds the last save of
-    the four only.
+    the four only. What is saved at each place is never the loader itself but two *twins*:
+    loaders built with another seed and dataset size (``twins``, two per place), set to the
+    loader's place. Their states must come out the same, and the one loaded goes to a
+    loader built with the case's own seed.
     """
 
     dp: int
@@ -75,15 +87,19 @@ class Case:
     num_samples: int
     seeds: tuple[int, int]
     stops: tuple[int, int]
+    #: ``(seed, dataset size)`` of each twin, in the order seed, step, copy.
+    twins: tuple[tuple[int, int], ...] = ()
 
 
 def draw_case(rng: random.Random, dp: int, tp: int) -> Case:
-    """A dataset size, two seeds, and two distinct save steps inside the epoch (>= 4 steps)."""
+    """A dataset size, two seeds, two distinct save steps inside the epoch (>= 4 steps), and
+    two twins per place, each with its own seed and a larger dataset (all seeds distinct)."""
     num_samples = dp * BATCH * rng.randint(4, 7)
     steps = num_samples // (dp * BATCH)
     first, second = sorted(rng.sample(range(1, steps), 2))
-    seeds = rng.sample(range(1, 2**20), 2)
-    return Case(dp, tp, num_samples, (seeds[0], seeds[1]), (first, second))
+    seeds = rng.sample(range(1, 2**20), 2 + 2 * 2 * 2)
+    twins = tuple((s, num_samples + dp * BATCH * rng.randint(1, 3)) for s in seeds[2:])
+    return Case(dp, tp, num_samples, (seeds[0], seeds[1]), (first, second), twins)
 
 
 def stream(dp_rank: int, dp_size: int, num_samples: int, seed: int) -> ShardStream:
@@ -109,23 +125,34 @@ def _seen(batches: Any) -> Seen:
     return [(b["index"].tolist(), int(b["input_ids"].sum())) for b in batches]
 
 
-#: What the save job gets per seed: the seed, and (checkpoint path, step) for each save.
-Plan = list[tuple[int, list[tuple[str, int]]]]
+#: What the save job gets, per place: each DP rank's state there (computed by the checker)
+#: and the place's twins, each ``(checkpoint path, twin's seed, twin's dataset size)``.
+Plan = list[tuple[dict[int, dict[str, Any]], list[tuple[str, int, int]]]]
 
 
-def _save_part(tp: int, num_samples: int, plan: Plan, save: StateFn, load: LoadFn) -> None:
-    """Rank side: for each seed, one loader run on and saved at each of its steps."""
+def _save_part(tp: int, plan: Plan, save: StateFn, load: LoadFn) -> None:
+    """Rank side: at each place, each twin (a loader of another seed and size) set to this
+    DP rank's state there, and saved. The run's own loader, seed and size never come here."""
     import torch.distributed.checkpoint as dcp
 
     layout = make_layout(tp_size=tp)
-    for seed, saves in plan:
-        loader = stream(layout.dp_rank, layout.dp_size, num_samples, seed)
-        it, taken = iter(loader), 0
-        for path, stop in saves:
-            for _ in range(stop - taken):
-                next(it)
-            taken = stop
-            dcp.save({"data": _Learners(loader, layout, save, load)}, checkpoint_id=path)
+    for states, twins in plan:
+        for path, twin_seed, twin_size in twins:
+            twin = stream(layout.dp_rank, layout.dp_size, twin_size, twin_seed)
+            twin.load_state_dict(states[layout.dp_rank])
+            dcp.save({"data": _Learners(twin, layout, save, load)}, checkpoint_id=path)
+
+
+def _place(case: Case, seed: int, stop: int) -> dict[int, dict[str, Any]]:
+    """Each DP rank's loader state after ``stop`` steps of the seed's run, computed here."""
+    states = {}
+    for d in range(case.dp):
+        loader = stream(d, case.dp, case.num_samples, seed)
+        it = iter(loader)
+        for _ in range(stop):
+            next(it)
+        states[d] = loader.state_dict()
+    return states
 
 
 def _load_part(items: list[tuple[int, int, int, str]], save: StateFn, load: LoadFn) -> list[Seen]:
@@ -144,12 +171,12 @@ def _load_part(items: list[tuple[int, int, int, str]], save: StateFn, load: Load
 
 @dataclass(frozen=True)
 class _Point:
-    """One checkpoint as the checker knows it: its run, seed, step and path at save."""
+    """One place as the checker knows it: its run, seed, step and its twins' paths at save."""
 
     case: Case
     seed: int
     stop: int
-    path: str
+    twins: tuple[str, ...]
 
 
 def _straight(case: Case, seed: int) -> dict[int, Seen]:
@@ -225,53 +252,88 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
     """Save every case on ``cluster``, then load every checkpoint on fresh ranks; stop at a fault.
 
     What the checker trusts stays on this side: the straight runs are computed here, the
-    load job is told no step, the checkpoints move to paths the save never saw and are
-    loaded in an order drawn here, on ranks the learner's save never ran in (a rank job
-    the save rebinds, or a state it keeps in the rank's memory, does not reach them).
+    load job is told no step, and the loads run on ranks the learner's save never ran in (a
+    rank job the save rebinds, or a state it keeps in the rank's memory, does not reach
+    them). Only what DCP holds reaches a load: each checkpoint is read through its metadata
+    and written anew under a path the save never saw, and every folder the save wrote is
+    gone before the first load. The save job gets each place's states, never the run's
+    seed or size; the two twins of each place must hold the same (a random name or a
+    counter differs), and a name made of the loader's seed names the twin's, not the run's.
     """
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
+    from ezpz_nb.launcher import Cluster
     from ezpz_nb.workshop.verdicts import run_job
 
     rng, timeout = random.Random(), 4 * CHECK_TIMEOUT
     dirs: list[str] = []
     points: list[_Point] = []
+
+    def folder() -> str:
+        dirs.append(tempfile.mkdtemp(prefix="ezpz-nb15-"))
+        return os.path.join(dirs[-1], "checkpoint")
+
     try:
         for case in cases:
             plan: Plan = []
+            twins = iter(case.twins)
             for seed in case.seeds:
-                saves = [(tempfile.mkdtemp(prefix="ezpz-nb15-"), stop) for stop in case.stops]
-                dirs += [path for path, _ in saves]
-                points += [_Point(case, seed, stop, path) for path, stop in saves]
-                plan.append((seed, saves))
+                for stop in case.stops:
+                    made = [(folder(), *next(twins)) for _ in range(2)]
+                    plan.append((_place(case, seed, stop), made))
+                    points.append(_Point(case, seed, stop, tuple(path for path, _, _ in made)))
             run_job(
-                _save_part, case.tp, case.num_samples, plan, save, load,
+                _save_part, case.tp, plan, save, load,
                 world_size=WORLD, timeout=timeout, cluster=cluster,
             )  # fmt: skip
-        moved = []  # each checkpoint under a path its save never saw
-        for p in points:
-            dirs.append(tempfile.mkdtemp(prefix="ezpz-nb15-"))
-            moved.append(os.path.join(dirs[-1], "checkpoint"))
-            try:
-                os.rename(p.path, moved[-1])
-            except OSError:
+        saved = [path for p in points for path in p.twins]
+        for path in saved:
+            if not os.path.exists(os.path.join(path, ".metadata")):
                 raise wrong(
-                    f"dcp.save left no checkpoint at {p.path}: return the state from "
+                    f"dcp.save left no checkpoint at {path}: return the state from "
                     "loader_state and let dcp.save write it"
-                ) from None
+                )
+        # Which twin is loaded, and in what order: drawn here, after the saves.
+        firsts = [rng.randrange(2) for _ in points]
+        jobs = [
+            ([p.twins[f], p.twins[1 - f]], folder()) for p, f in zip(points, firsts, strict=True)
+        ]
         order = rng.sample(range(len(points)), len(points))
         items = [
-            (points[j].case.tp, points[j].case.num_samples, points[j].seed, moved[j]) for j in order
+            (points[j].case.tp, points[j].case.num_samples, points[j].seed, jobs[j][1])
+            for j in order
         ]
-        back = run_job(_load_part, items, save, load, world_size=WORLD, timeout=timeout)
+        with Cluster(world_size=WORLD, timeout=timeout) as fresh:
+            rebuilt = run_job(rebuild_part, jobs, world_size=WORLD, timeout=timeout, cluster=fresh)
+            for path in saved:  # nothing the saves wrote outlives the rebuild
+                shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+            back = run_job(
+                _load_part, items, save, load, world_size=WORLD, timeout=timeout, cluster=fresh
+            )
     finally:
         for path in dirs:
             shutil.rmtree(path, ignore_errors=True)
     at = {j: k for k, j in enumerate(order)}
+    digests = {j: twins for part in rebuilt for j, twins in part}
     for j, p in enumerate(points):  # judged in the order drawn: layout, seed, step
         resumed = [r[at[j]] if isinstance(r, list) and len(r) == len(order) else None for r in back]
-        why = _diagnose(p, resumed)
+        why = _diagnose(p, resumed) or _twins_differ(digests[j])
         if why:
             raise wrong(f"on dp {p.case.dp} x tp {p.case.tp}, saved after step {p.stop}: {why}")
+
+
+def _twins_differ(digests: list[dict[str, str]]) -> str:
+    """Why two loaders at one place gave different checkpoints; "" when they match."""
+    one, two = digests
+    keys = sorted(k for k in one.keys() | two.keys() if one.get(k) != two.get(k))
+    if not keys:
+        return ""
+    named = ", ".join(k.removeprefix("/data/") for k in keys[:3])
+    return (
+        f"two loaders at the same place (the same shard, offset and RNG, built with other seeds) "
+        f"gave checkpoints that differ under {named}. loader_state must return the loader's "
+        "place, the same for the same place (what loader.state_dict() holds), not a name, a "
+        "counter or a token that points to something kept outside the checkpoint"
+    )
 
 
 def check_loader_state(
@@ -305,7 +367,8 @@ def check_loader_state(
         return (
             f"every rank resumed from each checkpoint (two loader seeds per layout) with the "
             f"straight run's samples and masked tokens, through dcp.save and dcp.load in fresh "
-            f"loaders on fresh ranks ({runs})."
+            f"loaders on fresh ranks, and two loaders set to each place saved the same state "
+            f"({runs})."
         )
 
     return judge(EXERCISE, body)

@@ -11,7 +11,11 @@ learner's code never runs. Each check draws a fresh size and DP degree (2, 3 or 
 a size the degree does not divide) and fresh losses, so a fixed answer cannot fit, and
 the three dodges (``DistributedSampler``'s padding, ``drop_last``, the mean of per-rank
 means) each land measurably off; the checker names the one an answer matches. Reading
-every sample on every rank is exact but not distributed: refused too.
+every sample on every rank is exact but not distributed: refused too. How the ranks
+combined is judged as well (:mod:`.sent_log`): every collective and store use is recorded
+in the rank while the answer runs, and each rank must have sent its own partial sum (known
+here from the read log) through a collective: not through the store, a file or a socket,
+and not every loss it read.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ezpz_nb.launcher.settings import LOOPBACK
+from ezpz_nb.workshop.sent_log import Sent, judge_channel, judge_sent, recording
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, CheckStopped, not_done, wrong
 
 if TYPE_CHECKING:
@@ -54,6 +59,7 @@ class LossServer:
     def __init__(self, losses: list[float], dp: int) -> None:
         self.losses, self.dp = losses, dp
         self.reads: dict[int, list[int]] = {}  # rank -> every index it asked for, in order
+        self.sent: dict[int, Sent] = {}  # rank -> what it sent its peers (sent_log's stream)
         self.refused = 0
         self._lock, self._stop = threading.Lock(), threading.Event()
         self._conns: list[socket.socket] = []
@@ -103,7 +109,7 @@ class LossServer:
         rank = int(word[1]) if len(word) == 2 and word[0] == "hello" and _digits(word[1]) else -1
         with self._lock:
             if 0 <= rank < self.dp and rank not in self.reads:
-                self.reads[rank] = []
+                self.reads[rank], self.sent[rank] = [], Sent()
                 return rank
             self.refused += 1
             return None
@@ -116,7 +122,11 @@ class LossServer:
                 f.flush()
                 while rank is not None and (line := f.readline()):
                     i = int(line) if _digits(line.strip()) else -1
-                    if 0 <= i < len(self.losses):
+                    with self._lock:
+                        noted = self.sent[rank].take(line)
+                    if noted:  # answered, so the rank's next call waits until it is logged
+                        f.write("ok\n")
+                    elif 0 <= i < len(self.losses):
                         with self._lock:
                             self.reads[rank].append(i)
                         f.write(f"{self.losses[i]!r}\n")
@@ -135,10 +145,10 @@ class _Served:
     """``len(dataset)`` samples; ``dataset[i]`` is ``{"index": i, "loss": ...}``, asked of
     the checker over this rank's one connection (each read a logged request)."""
 
-    __slots__ = ("_file", "_n", "_pid")
+    __slots__ = ("_file", "_lock", "_n", "_pid")
 
     def __init__(self, n: int, port: int, rank: int) -> None:
-        self._n, self._pid = n, os.getpid()
+        self._n, self._pid, self._lock = n, os.getpid(), threading.Lock()
         self._file = socket.create_connection((LOOPBACK, port)).makefile(
             "rw", encoding="ascii", newline="\n"
         )
@@ -165,9 +175,18 @@ class _Served:
                 "read dataset[i] in the rank's own process (a DataLoader with num_workers=0): "
                 "each rank's reads go over its one connection to the checker"
             )
-        self._file.write(f"{i}\n")
-        self._file.flush()
-        return {"index": i, "loss": float(self._file.readline())}
+        return {"index": i, "loss": float(self._ask(f"{i}"))}
+
+    def note(self, line: str) -> None:
+        """Log one line of :func:`~.sent_log.recording`'s stream with the checker, answered."""
+        if os.getpid() == self._pid:
+            self._ask(line)
+
+    def _ask(self, line: str) -> str:
+        with self._lock:  # one line out, its answer back: threads never interleave
+            self._file.write(f"{line}\n")
+            self._file.flush()
+            return self._file.readline()
 
     def __repr__(self) -> str:
         return f"<evaluation set of {self._n} samples>"
@@ -202,7 +221,8 @@ def draw_case(rng: random.Random) -> tuple[int, list[float]]:
 
 
 def job_exact_mean(fn: Callable[..., Any], port: int, n: int) -> Any:
-    """On each rank: claim this rank's connection to the checker, then run the learner's answer.
+    """On each rank: claim this rank's connection to the checker, then run the learner's
+    answer, every collective and store use it makes streamed to the checker (:mod:`.sent_log`).
 
     The barrier holds the learner's code back until every rank holds its connection, so no
     rank's code can claim another's. The reads are judged from the checker's log, not here.
@@ -211,16 +231,19 @@ def job_exact_mean(fn: Callable[..., Any], port: int, n: int) -> Any:
 
     table = _Served(n, port, dist.get_rank())
     dist.barrier()
-    return fn(table, dist.get_rank(), dist.get_world_size())
+    with recording(table.note):
+        return fn(table, dist.get_rank(), dist.get_world_size())
 
 
 def _judge(got: list[Any], losses: list[float], dp: int) -> str:
     """What every rank's answer says, or a stop at the first rank that is off."""
     n, truth = len(losses), math.fsum(losses) / len(losses)
     case = f"(N={n}, dp={dp}, one process's mean {truth:.6f})"
-    if all(out is None for out, _ in got):
+    if all(out is None for out, _, _ in got):
         raise not_done("exact_mean returned None: return the mean.")
-    for rank, (out, reads) in enumerate(got):
+    for rank, (_, _, sent) in enumerate(got):
+        judge_channel(rank, sent, case)
+    for rank, (out, reads, _) in enumerate(got):
         if not isinstance(out, (int, float)) and not hasattr(out, "item"):
             raise wrong(f"rank {rank} returned {out!r}: return the mean, a float, on every rank.")
         value = float(out)
@@ -242,17 +265,26 @@ def _judge(got: list[Any], losses: list[float], dp: int) -> str:
     # The server's log is the evidence: with every rank at most its share, every index read by
     # some rank means the work was split, and a right value on every rank that the ranks
     # agreed on it (a rank that read only its share cannot know the others' sums alone).
-    missed = sorted(set(range(n)) - {i for _, reads in got for i in reads})
+    missed = sorted(set(range(n)) - {i for _, reads, _ in got for i in reads})
     if missed:
         raise wrong(
             f"no rank read sample(s) {missed[:5]} {case}: every sample must be evaluated "
             "once, on some rank, through dataset[i]."
         )
-    return f"every rank returned {truth:.6f} {case}, and each read only its share."
+    for rank in range(len(got)):
+        judge_sent(rank, got, losses, case)
+    return (
+        f"every rank returned {truth:.6f} {case}, each read only its share, and the ranks "
+        "combined their sums with a collective."
+    )
 
 
 def check_exact_mean(
-    fn: Callable[..., Any], *, timeout: float = CHECK_TIMEOUT, seed: int | None = None
+    fn: Callable[..., Any],
+    *,
+    timeout: float = CHECK_TIMEOUT,
+    seed: int | None = None,
+    cluster: Any = None,
 ) -> CheckResult:
     """Notebook 16's exercise: ``fn(dataset, dp_rank, dp_size)`` returns the exact mean loss.
 
@@ -260,19 +292,22 @@ def check_exact_mean(
         fn: The learner's function, run on every rank of a fresh group.
         timeout: Seconds before the ranks count as hung.
         seed: Fix the drawn case (tests, an instructor replaying one); by default fresh.
+        cluster: Warm ranks (an ``ez.Cluster`` of the drawn degree: tests) instead of fresh.
     """
     # Here, not at the top: a rank imports this module for job_exact_mean (see stops.py).
     from ezpz_nb.workshop.verdicts import judge
 
     def body() -> str:
         dp, losses = draw_case(random.Random(seed))
-        got = _answers(fn, losses, dp, timeout)
+        got = _answers(fn, losses, dp, timeout, cluster)
         return _judge(got, losses, dp)
 
     return judge(EXERCISE, body)
 
 
-def _answers(fn: Callable[..., Any], losses: list[float], dp: int, timeout: float) -> Any:
+def _answers(
+    fn: Callable[..., Any], losses: list[float], dp: int, timeout: float, cluster: Any
+) -> Any:
     """Each rank's answer with the indices it read (from the server's log, in this process).
 
     A hang is worded for this exercise (a collective per sample).
@@ -286,7 +321,13 @@ def _answers(fn: Callable[..., Any], losses: list[float], dp: int, timeout: floa
     with LossServer(losses, dp) as server:
         try:
             got = run_job(
-                job_exact_mean, fn, server.port, len(losses), world_size=dp, timeout=timeout
+                job_exact_mean,
+                fn,
+                server.port,
+                len(losses),
+                world_size=dp,
+                timeout=timeout,
+                cluster=cluster,
             )
         except CheckStopped as stop:
             if stop.status == "wrong" and stop.message.startswith("the ranks hung"):
@@ -300,4 +341,7 @@ def _answers(fn: Callable[..., Any], losses: list[float], dp: int, timeout: floa
             "a connection other than the ranks' own asked the checker for samples: read the "
             "evaluation set only through the dataset you are given (dataset[i])."
         )
-    return [(out, sorted(set(server.reads.get(rank, [])))) for rank, out in enumerate(got)]
+    return [
+        (out, sorted(set(server.reads.get(rank, []))), server.sent.get(rank, Sent()))
+        for rank, out in enumerate(got)
+    ]

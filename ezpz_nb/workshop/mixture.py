@@ -9,8 +9,9 @@ Judged on 4 real ranks, called inside real DataLoader workers (each worker makes
 other step, as workers share a loader's batches), at dp=1 (no workers), dp=2 and dp=4
 (2 workers a rank). Everything is drawn anew per check, here in the notebook, which
 judges (the ranks only get the arguments): the number of sources (2 to 5), their sizes
-and weights, two seeds, the global batch (8, 16, 20 or 24) and the number of global
-batches (32 to 64), so no fixed number of sources, batch, horizon or slot size fits:
+and weights, five seeds, the global batch (8, 16, 20 or 24), the number of global
+batches (32 to 64) and the far steps, so no fixed number of sources, batch, horizon or
+slot size fits:
 
 1. the same ``(source, index)`` stream at both layouts (``check_layout_invariance``): a
    rank that draws with a seed of its own changes the stream when the DP size changes;
@@ -19,12 +20,31 @@ batches (32 to 64), so no fixed number of sources, batch, horizon or slot size f
    round-robin that ignores the weights misses, and so does the same rounding in every
    batch (MosaicML's stratified batching promises the per-batch bound only; this
    exercise asks for both, as the notebook says);
-3. within each source, every sample once before any repeats (a pass over the source): a
-   seed that is the same for every step or worker hands out the same samples again, and
-   so does a table of fewer than 32 batches replayed (``step % 24``);
-4. the stream changes with the seed: a second run at dp=1 with the other seed must hold
-   other samples in some global batch. A seed that changes nothing (ignored, or no
-   randomness at all) gives every epoch and every run the same order.
+3. within each source, every sample once before any repeats (a pass over the source), in
+   a new order each pass (up to rotation), not an arithmetic one (:mod:`.mix_streams`,
+   bounds worked out so a fresh permutation per seed, source and pass fails with a chance
+   of at most 1e-6 per source): a seed that is the same for every step or worker hands
+   out the same samples again, and one order (or two, or one shifted) reused pass after
+   pass shows;
+   the draw holds a small source in 6 passes or more and one of 12 samples or more in 2;
+4. far steps: runs of 4 global batches from just past the horizon to step 128 or further
+   (:func:`~ezpz_nb.workshop.mix_streams.far_steps`), each batch mixed (rule 2) and no run
+   the same samples as a run of the horizon, so a table of batches replayed from step 0
+   (``step % 80``: longer than any horizon) shows, for any length up to 128. Not further:
+   an answer that rebuilds the stream from step 0 on each call costs the square of the step;
+5. the stream changes with the seed: 4 other seeds at dp=1 (spread over the ranks with
+   the far steps, in parallel), and every two of the 5 streams hold other samples in the first
+   half and in the second half of the horizon. A seed that changes nothing (ignored, or
+   no randomness at all), or one that picks one of 4 fixed streams or fewer (a bit or two
+   of it), always meets two streams that match.
+
+Offline (in-process streams at dp=1, the rules above, 500 draws each): a fresh numpy
+permutation, a torch.randperm and a random.Random shuffle per (seed, source, pass) passed
+500 of 500; one order every pass, two alternating, three cycling, a rotation by the seed,
+rotations or strides per pass, big sources rotated per pass, one source's order reused,
+one permutation shifted by a place each pass, one or two bits of the seed, ``seed % 3``,
+and ``step % T`` for T = 64, 65, 80, 96, 128 and 129 were turned down 500 of 500
+(``step % 200`` passes: past ``COVER``).
 
 Each check also runs dp=1 with a second case, another of the four global batches and
 another number of sources, and holds that stream to rules 2 and 3: an answer that assumes
@@ -39,107 +59,34 @@ worker, and the ranks would wait for the cluster's whole timeout.
 from __future__ import annotations
 
 import inspect
-import random
+import itertools
 from collections import Counter
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ezpz_nb.verify.mixture import check_layout_invariance, check_mixture, global_batches
 from ezpz_nb.verify.verdict import Judgement, Verdict
+from ezpz_nb.workshop import mix_streams
+from ezpz_nb.workshop.mix_streams import (
+    Case,
+    draw_setup,
+    first_repeat,
+    same_order_again,
+    unshuffled,
+)
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, fresh_seed, not_done, wrong
 
 if TYPE_CHECKING:
     from ezpz_nb.launcher import Cluster
     from ezpz_nb.workshop.verdicts import CheckResult
 
-__all__ = ["Case", "Draw", "check_mix_batch", "draw_setup", "job_mix"]
+__all__ = ["check_mix_batch", "job_mix", "job_streams"]
 
 EXERCISE = "mix_batch"
 WORLD = 4
-#: Global batches drawn from (every DP size checked, 1, 2 and 4, divides each one).
-GLOBALS = (8, 16, 20, 24)
-#: Numbers of sources drawn from; a check's two cases never have the same number.
-SOURCES = (2, 3, 4, 5)
-#: The number of global batches a check runs is drawn from this range (both ends
-#: included). Long enough that a replayed table of batches shows: over 500 draws each
-#: (offline, the rules above on in-process streams at dp=1), ``step % 16``, ``% 24`` and
-#: ``% 31`` were rejected 500 times (by rule 2 or 3), ``% 40`` passed on the 145 draws
-#: of 40 or fewer batches; the notebook's solution, the library's plan and the sources
-#: side by side passed 500 of 500. The solution replays its quotas from step 0, so its
-#: cost grows with the square of this number: a check took as long as the old 16 to 24.
-STEPS = (32, 64)
-
-
-class Case(NamedTuple):
-    """One stream the checker asks for: the sources' sizes and weights, the global batch."""
-
-    sizes: tuple[int, ...]
-    weights: tuple[float, ...]
-    global_batch: int
-
-
-class Draw(NamedTuple):
-    """One check's draw (:func:`draw_setup`).
-
-    Attributes:
-        main: The case judged at every layout and with both seeds.
-        other: The case judged at dp=1 only: another global batch, another number of sources.
-        steps: Global batches in every run.
-        seeds: The seed of every run, and the other seed of rule 4's second run.
-    """
-
-    main: Case
-    other: Case
-    steps: int
-    seeds: tuple[int, int]
-
-
-def draw_setup(seed: int) -> Draw:
-    """One check's cases, number of global batches and seeds, all from ``seed``.
-
-    The weights do not divide a case's batch evenly, and the number of batches is long
-    enough that any composition used in every batch from half-way on (the same rounding
-    each time) drifts past one sample over the second half alone.
-    """
-    rng = random.Random(seed)
-    steps = rng.randint(*STEPS)
-    k, k_other = rng.sample(SOURCES, 2)
-    g = rng.choice(GLOBALS)
-    main = _draw_case(rng, k, g, steps)
-    other = _draw_case(rng, k_other, rng.choice([x for x in GLOBALS if x != g]), steps)
-    second = seed
-    while second == seed:
-        second = rng.randrange(1, 2**31)
-    return Draw(main, other, steps, (seed, second))
-
-
-def _draw_case(rng: random.Random, k: int, g: int, steps: int) -> Case:
-    """``k`` sources (one small one, so that its passes end and repeat) at global batch ``g``."""
-    while True:
-        sizes = [rng.randint(4, 9)] + [rng.randint(10, 40) for _ in range(k - 1)]
-        rng.shuffle(sizes)
-        raw = [rng.randint(2, 9) for _ in range(k)]
-        w = tuple(x / sum(raw) for x in raw)
-        # A weight-blind round-robin (g/k each) must miss by more than one sample somewhere.
-        if max(abs(x * g - g / k) for x in w) > 1.2 and _fixed_error(w, g) * (steps // 2) > 1.2:
-            return Case(tuple(sizes), w, g)
-
-
-def _fixed_error(w: tuple[float, ...], g: int) -> float:
-    """The smallest per-batch error, in samples, of a composition used in every batch.
-
-    The best one rounds each ``w * g`` down and gives the leftover samples to the largest
-    remainders: any other composition is off by a larger remainder or by a whole sample.
-    """
-    exact = [x * g for x in w]
-    rest = sorted((e - int(e) for e in exact), reverse=True)
-    up = g - sum(int(e) for e in exact)
-    return max([1 - r for r in rest[:up]] + [r for r in rest[up:]] + [0.0])
-
-
 _NOT_A_LIST = (
     "mix_batch returned a {}, not a list: return a list of (source, index) pairs (a "
     "generator or iterator cannot leave a DataLoader worker; build the list and return it)"
@@ -150,7 +97,7 @@ class _Steps(IterableDataset):
     """The learner's function called in each DataLoader worker, every other step per worker."""
 
     def __init__(
-        self, fn: Callable, args: tuple[Any, ...], dp_rank: int, dp_size: int, steps: int
+        self, fn: Callable, args: tuple[Any, ...], dp_rank: int, dp_size: int, steps: list[int]
     ) -> None:
         self.fn, self.args, self.dp_rank, self.dp_size = fn, args, dp_rank, dp_size
         self.steps = steps
@@ -159,7 +106,7 @@ class _Steps(IterableDataset):
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         sizes, weights, g, seed = self.args
-        for step in range(wid, self.steps, nw):
+        for step in self.steps[wid::nw]:
             out = self.fn(sizes, weights, g, step, self.dp_rank, self.dp_size, seed)
             if isinstance(out, Iterator):
                 # A generator cannot be pickled out of a worker: say so, do not wait.
@@ -182,39 +129,33 @@ def _pairs(out: Any, g: int, dp: int, sizes: tuple[int, ...]) -> list[tuple[int,
     return pairs
 
 
-def job_mix(fn: Callable, args: tuple[Any, ...], dp: int, workers: int, steps: int) -> Any:
-    """Rank side: this DP rank's batches in step order (TP peers of a replica return None)."""
+def _batches(
+    fn: Callable, args: tuple[Any, ...], dp_rank: int, dp: int, workers: int, steps: list[int]
+) -> list[list[tuple[int, int]]]:
+    ds = _Steps(fn, args, dp_rank, dp, steps)
+    got = dict(DataLoader(ds, batch_size=None, num_workers=workers))
+    return [_pairs(got[b], args[2], dp, args[0]) for b in steps]
+
+
+def job_mix(fn: Callable, args: tuple[Any, ...], dp: int, workers: int, steps: list[int]) -> Any:
+    """Rank side: this DP rank's batches of ``steps`` (TP peers of a replica return None)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     tp = world // dp
-    if rank % tp:
-        return None
-    ds = _Steps(fn, args, rank // tp, dp, steps)
-    got = dict(DataLoader(ds, batch_size=None, num_workers=workers))
-    return [_pairs(got[b], args[2], dp, args[0]) for b in range(steps)]
+    return None if rank % tp else _batches(fn, args, rank // tp, dp, workers, steps)
 
 
-def _first_repeat(stream: list[list[tuple[int, int]]], sizes: tuple[int, ...]) -> str:
-    """Where a source first hands out a sample again before its pass is over; '' if nowhere."""
-    seen: dict[int, set[int]] = {s: set() for s in range(len(sizes))}
-    for b, batch in enumerate(stream):
-        for slot, (s, i) in enumerate(batch):
-            if len(seen[s]) == sizes[s]:
-                seen[s] = set()  # a pass over the source is complete: a new one starts
-            if i in seen[s]:
-                return (
-                    f"global batch {b}, slot {slot}: source {s} hands out sample {i} again while "
-                    f"{sizes[s] - len(seen[s])} of its {sizes[s]} samples were never drawn in this "
-                    "pass. Derive each pick from the step (or a count of draws so far), not from "
-                    "a seed that is the same for every call, worker or rank."
-                )
-            seen[s].add(i)
-    return ""
+def job_streams(
+    fn: Callable, case: tuple[Any, ...], tasks: Sequence[Sequence[tuple[int, list[int]]]]
+) -> Any:
+    """Rank side: the dp=1 batches of this rank's ``tasks[rank]``, ``(seed, steps)`` each."""
+    mine = tasks[dist.get_rank()]
+    return [_batches(fn, (*case, seed), 0, 1, 0, steps) for seed, steps in mine]
 
 
 def _stream(
-    fn: Callable, case: Case, seed: int, dp: int, workers: int, steps: int, **run: Any
+    fn: Callable, case: Case, seed: int, dp: int, workers: int, steps: list[int], **run: Any
 ) -> list[list[tuple[int, int]]]:
-    """The global batches of one run of ``fn`` at ``dp`` replicas, ``workers`` a rank."""
+    """The global batches of ``steps`` of ``fn`` at ``dp`` replicas, ``workers`` a rank."""
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import run_job
 
@@ -241,35 +182,73 @@ def _mixed_and_fresh(stream: list[list[tuple[int, int]]], case: Case, at: str) -
         f"Within one sample per batch is not enough here{where}: the same rounding in every batch "
         "drifts. Give the extra samples to the sources furthest behind over all batches so far.",
     )
-    repeat = _first_repeat(stream, case.sizes)
-    if repeat:
-        raise wrong(f"{at}: {repeat}" if at else repeat)
+    for rule in (first_repeat, same_order_again, unshuffled):
+        broken = rule(stream, case.sizes)
+        if broken:
+            raise wrong(f"{at}: {broken}" if at else broken)
     return share.reason, total.reason
 
 
-def _seed_changes_it(
-    a: list[list[tuple[int, int]]], b: list[list[tuple[int, int]]], seeds: tuple[int, int]
+def _more_streams(
+    fn: Callable, case: Case, seeds: tuple[int, ...], near: list[int], far: list[int], **run: Any
+) -> tuple[list[list[tuple[int, int]]], dict[int, list[list[tuple[int, int]]]]]:
+    """The far steps at the first seed and the horizon at every other seed, in one run, the
+    tasks spread over the ranks (a far run of 4 steps is one task): the far batches in
+    step order and each other seed's stream."""
+    # Here, not at the top: a rank imports this module for its jobs (see stops.py).
+    from ezpz_nb.workshop.verdicts import run_job
+
+    runs = [far[i : i + 4] for i in range(0, len(far), 4)]
+    items = [(seeds[0], r) for r in runs] + [(x, near) for x in seeds[1:]]
+    tasks = [items[r::WORLD] for r in range(WORLD)]
+    args = (case.sizes, case.weights, case.global_batch)
+    got = run_job(job_streams, fn, args, tasks, world_size=WORLD, **run)
+    out = [got[k % WORLD][k // WORLD] for k in range(len(items))]  # item k: rank k % WORLD
+    far_batches = [b for o in out[: len(runs)] for b in o]
+    return far_batches, {x: out[k] for k, (x, _) in enumerate(items) if k >= len(runs)}
+
+
+def _seeds_change_it(streams: dict[int, list[list[tuple[int, int]]]]) -> None:
+    """Rule 5: the streams of every two seeds differ in what some global batch holds (order
+    within a batch aside, as rule 1 compares batches), in the first half of the horizon and
+    in the second."""
+    half = len(next(iter(streams.values()))) // 2
+    for (x, a), (y, b) in itertools.combinations(streams.items(), 2):
+        for lo, hi in ((0, half), (half, len(a))):
+            if [Counter(z) for z in a[lo:hi]] == [Counter(z) for z in b[lo:hi]]:
+                raise wrong(
+                    f"seed={x} and seed={y} gave the same samples in global batches {lo} to "
+                    f"{hi - 1}: the seed changes nothing there. Draw the order of each "
+                    "source's samples from the whole seed (as np.random.default_rng([seed, "
+                    "...])): a new seed is how a run gets a new order, for each epoch or run."
+                )
+
+
+def _far_window(
+    a: list[list[tuple[int, int]]], far: list[list[tuple[int, int]]], case: Case, steps: list[int]
 ) -> None:
-    """Rule 4: runs at two seeds differ in what some global batch holds (order within a
-    batch aside, as rule 1 compares batches)."""
-    if [Counter(x) for x in a] == [Counter(x) for x in b]:
-        raise wrong(
-            f"seed={seeds[0]} and seed={seeds[1]} gave the same samples in all {len(a)} global "
-            "batches: the seed changes nothing. Draw the order of each source's samples from "
-            "the seed (as np.random.default_rng([seed, ...])): a new seed is how a run gets a "
-            "new order, for each epoch or each run."
-        )
+    """The far steps: each batch within one sample of its targets, no batches replayed."""
+    at = f"global batches {steps[0]} to {steps[-1]}"
+    _stop_unless(
+        check_mixture(far, case.weights, bound=1),
+        f"Give each source floor or ceil of weight * global_batch samples in every global "
+        f"batch ({at}: any step, however far, must hold the mixture).",
+    )
+    again = mix_streams.replayed(a, far, steps)
+    if again:
+        raise wrong(again)
 
 
 def _judge(fn: Callable, cluster: Cluster | None, timeout: float) -> str:
     if inspect.isgeneratorfunction(fn):
         raise wrong(_NOT_A_LIST.format("generator"))
     # Drawn here, in the notebook, fresh per check: the ranks see only the arguments.
-    main, other, steps, (seed, seed_b) = draw_setup(fresh_seed())
+    main, other, steps, seeds, far = draw_setup(fresh_seed())
     run = {"timeout": timeout, "cluster": cluster}
-    a = _stream(fn, main, seed, 1, 0, steps, **run)
+    near = list(range(steps))
+    a = _stream(fn, main, seeds[0], 1, 0, near, **run)
     for dp in (2, WORLD):
-        b = _stream(fn, main, seed, dp, 2, steps, **run)
+        b = _stream(fn, main, seeds[0], dp, 2, near, **run)
         same = check_layout_invariance(a, b, names=("dp=1", f"dp={dp} with 2 workers a rank"))
         _stop_unless(
             same,
@@ -277,17 +256,21 @@ def _judge(fn: Callable, cluster: Cluster | None, timeout: float) -> str:
             "(seed, step) alone, then take this rank's slots.",
         )
     share, total = _mixed_and_fresh(a, main, "")
-    _seed_changes_it(a, _stream(fn, main, seed_b, 1, 0, steps, **run), (seed, seed_b))
+    far_steps = mix_streams.far_steps(far, steps)
+    far_batches, others = _more_streams(fn, main, seeds, near, far_steps, **run)
+    _far_window(a, far_batches, main, far_steps)
+    _seeds_change_it({seeds[0]: a, **others})
     # A second case at dp=1 (the cheapest layout): an answer that assumes one of GLOBALS
     # or a number of sources instead of reading the arguments meets one it does not fit.
     k, g = len(main.sizes), main.global_batch
     at = f"{len(other.sizes)} sources at a global batch of {other.global_batch}, dp=1"
-    _mixed_and_fresh(_stream(fn, other, seed, 1, 0, steps, **run), other, at)
+    _mixed_and_fresh(_stream(fn, other, seeds[0], 1, 0, near, **run), other, at)
     return (
         f"the same {g * steps} (source, index) pairs ({steps} global batches of {g} from {k} "
         f"sources) at dp=1 and at dp=2 and 4 with 2 workers a rank; {share}; {total}; every "
-        "sample of a source once before any repeats; another seed gave other samples; the "
-        f"same rules hold with {at}."
+        f"sample of a source once before any repeats, in a new order each pass; global "
+        f"batches {far} to {far_steps[-1]} ({len(far_steps)}) mixed and not replayed; "
+        f"{len(seeds)} seeds gave {len(seeds)} other streams; the same rules hold with {at}."
     )
 
 

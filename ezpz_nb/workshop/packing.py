@@ -3,14 +3,15 @@
 ``check_pack(fn)``: ``fn(docs, row_len)`` packs a list of 1-D token tensors into rows of
 ``row_len`` and returns ``input_ids``, ``position_ids`` and ``mask`` (``rows x L x L``,
 True where a query may attend to a key), padding with :data:`PAD`. Judged on 4 real
-ranks, each packing its share of documents: no token attends to another document or to
-a later token; every earlier token of its own document in the row is visible; position
-ids count within each document's segment (from 0, or from the token's offset in the
-document when a document continues from the previous row: both are accepted); less
-than one row of padding per call; and, over the epoch, every token of every document in
-exactly one row on exactly one rank; a row holds nothing but the tokens of the documents
-its call was given and :data:`PAD` (so padding with another id, or with made-up
-documents, is turned down). The returned values may be tensors, numpy arrays or lists.
+ranks, each packing its share of documents, judged by document (a row may interleave
+pieces of its documents): no token attends to another document or to a later token;
+every earlier token of its own document in the row is visible; a document's tokens in a
+row are one piece of it, in order; position ids count from where that piece starts (from
+0, or from the piece's offset in the document when a document continues from another
+row: both are accepted); less than one row of padding per call; and, over the epoch,
+every token of every document in exactly one row on exactly one rank; a row holds
+nothing but the tokens of the documents its call was given and :data:`PAD` (so padding
+with another id, or with made-up documents, is turned down). The returned values may be tensors, numpy arrays or lists.
 
 Every token of a check is an id drawn at random for it, unique over the check, and the
 map from id to ``(document, offset)`` stays in the notebook process that judges: the
@@ -171,42 +172,50 @@ def _check_row(
 ) -> list[tuple[int, int]]:
     """Raise a verdict for the first thing wrong in one packed row; return its tokens.
 
-    ``toks`` holds each position's ``(document, offset)``, ``(-1, -1)`` for padding.
+    ``toks`` holds each position's ``(document, offset)``, ``(-1, -1)`` for padding. Judged
+    by document, not by run of neighbours (issue 45: pieces of documents interleaved, each
+    seeing only itself, passed a judge by runs, and the right interleaving failed it): a
+    document's tokens in a row must be one piece of it, in order (other documents' tokens
+    may sit between them); each token sees exactly the earlier tokens of its own document
+    in the row and itself; its position id counts from the piece's start, from 0 or from
+    the piece's offset in the document.
     """
-    seg = [0] * len(toks)  # a segment: a run of one document's consecutive tokens
-    for i in range(1, len(toks)):
-        a, b = toks[i - 1], toks[i]
-        same = a[0] >= 0 and a[0] == b[0]
-        if same and b[1] != a[1] + 1:
-            raise wrong(f"{place}: document {b[0]}'s tokens are not in order at position {i}.")
-        seg[i] = seg[i - 1] + (0 if a[0] == b[0] else 1)  # a run of padding: one segment too
-    for i, t in enumerate(toks):
-        if t[0] < 0:
+    first: dict[int, int] = {}  # document -> position of its first token in the row
+    last: dict[int, int] = {}  # document -> position of its latest token so far
+    for i, (d, o) in enumerate(toks):
+        if d < 0:
             continue
-        first = next(j for j in range(i + 1) if seg[j] == seg[i])
-        if pos[i] - pos[first] != i - first or pos[first] not in (0, toks[first][1]):
+        if d in last and o <= toks[last[d]][1] and (d, o) in toks[:i]:
+            raise wrong(f"{place}: token {o} of document {d} is in the row twice.")
+        if d in last and o != toks[last[d]][1] + 1:
             raise wrong(
-                f"{place}: token {i} (document {t[0]}) has position id {pos[i]}; position "
+                f"{place}: document {d}'s tokens are not in order, or not one piece (token {i} is "
+                f"its offset {o}, after offset {toks[last[d]][1]}): put a document's tokens "
+                "in a row in their order, without gaps."
+            )
+        first.setdefault(d, i)
+        last[d] = i
+    for i, (d, o) in enumerate(toks):
+        if d < 0:
+            continue
+        f = first[d]
+        if pos[i] - pos[f] != o - toks[f][1] or pos[f] not in (0, toks[f][1]):
+            raise wrong(
+                f"{place}: token {i} (document {d}) has position id {pos[i]}; position "
                 "ids count 0, 1, 2... from where each document starts in the row."
             )
-        for j in range(len(toks)):
+        for j, (e, _) in enumerate(toks):
             allowed = bool(mask[i][j])
-            want = j <= i and seg[j] == seg[i]
+            want = e == d and j <= i
             if allowed and not want:
-                what = (
-                    "padding"
-                    if toks[j][0] < 0
-                    else "a later token"
-                    if j > i
-                    else f"document {toks[j][0]}"
-                )
+                what = "padding" if e < 0 else "a later token" if j > i else f"document {e}"
                 raise wrong(
-                    f"{place}: token {i} (document {t[0]}) may attend to token {j}, {what}. "
+                    f"{place}: token {i} (document {d}) may attend to token {j}, {what}. "
                     "Each token may see only the earlier tokens of its own document."
                 )
             if want and not allowed:
                 raise wrong(
-                    f"{place}: token {i} (document {t[0]}) may not attend to token {j}, an "
+                    f"{place}: token {i} (document {d}) may not attend to token {j}, an "
                     "earlier token of its own document: the mask hides too much."
                 )
     return [t for t in toks if t[0] >= 0]

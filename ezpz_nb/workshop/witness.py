@@ -14,13 +14,20 @@ answered too (the checker's verdict names it, the rank does not hang on it).
 Who asks is known from the socket's peer credentials (``SO_PEERCRED``), not from what
 the asker says: a rank's first ask (``"start"``, before the learner's code runs in the
 job) ties the rank to its pid, and an ask from any other process (a worker, a process
-the learner started) is refused and noted in :attr:`Witness.faults`, and so is a
-process in the rank's group that is not its child (a worker's own child shares the
-pages the worker copied, so neither shows them as private). The children
-that rank already had at ``"start"`` (left from earlier runs) are never read, and each
-later ask reads only children no earlier ask read, so each label's readings are the
-workers of one loader. This module imports only the standard library and the ledger's
-reader: a rank imports it.
+the learner started) is refused and noted in :attr:`Witness.faults`. The asks come in
+the order of ``asks``, each once, and each names how many new children the rank must
+have by then (its loader's workers, or none); each later ask reads only children no
+earlier ask read, so each label's readings are the workers of one loader. The children
+that rank already had at ``"start"`` (left from earlier runs) are never read.
+
+What the learner's code could do instead of reading the storage in the workers is
+counted from ``/proc`` here too, and noted as a fault: the rank running a thread it did
+not have at its first ask (one that serves the rows to the workers), or catching a
+signal it did not catch then; a worker with children of its own, alive or reaped (a
+worker's child shares the pages the worker copied, and a throwaway child per read takes
+the reads' writes with it: reaped, its faults add to the worker's ``cminflt``), or one
+that ignores ``SIGCHLD`` (its children then go unaccounted). This module imports only
+the standard library and the ledger's reader: a rank imports it.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import contextlib
 import glob
 import os
 import shutil
+import signal
 import socket
 import struct
 import sys
@@ -40,7 +48,7 @@ from typing import Any
 
 from ezpz_nb.ledger.memory import ProcMemory, read_memory
 
-__all__ = ["Witness", "ask_witness", "children", "group"]
+__all__ = ["Witness", "ask_witness", "children", "descendants", "group"]
 
 
 def children(pid: int) -> set[int]:
@@ -76,6 +84,76 @@ def group(pid: int) -> set[int]:
     return found
 
 
+def descendants(pid: int) -> set[int]:
+    """Every live (or unreaped) process below ``pid``: its children, theirs, and so on."""
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        below = children(todo.pop()) - found
+        found |= below
+        todo.extend(below)
+    return found
+
+
+def _proc(pid: int, name: str) -> str:
+    try:
+        with open(f"/proc/{pid}/{name}", encoding="ascii", errors="replace") as fh:
+            return fh.read()
+    except OSError:  # gone, or not Linux: nothing to count
+        return ""
+
+
+def _reaped_faults(pid: int) -> int:
+    """The page faults of ``pid``'s reaped children (``cminflt`` + ``cmajflt``), 0 if unknown."""
+    fields = _proc(pid, "stat").rpartition(")")[2].split()
+    return int(fields[8]) + int(fields[10]) if len(fields) > 10 else 0
+
+
+def _mask(pid: int, key: str) -> int:
+    """A signal mask of ``/proc/<pid>/status`` (``SigCgt``, ``SigIgn``), 0 if unknown."""
+    for line in _proc(pid, "status").splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def _threads(pid: int) -> set[int]:
+    try:
+        return {int(tid) for tid in os.listdir(f"/proc/{pid}/task")}
+    except OSError:
+        return set()
+
+
+def _signals(mask: int) -> str:
+    return ", ".join(_signal_name(n) for n in range(1, 65) if mask >> (n - 1) & 1)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def _unlike_a_loader(rank: int, label: str, workers: set[int], want: int) -> list[str]:
+    """Why the rank's new children at ask ``label`` are not ``want`` plain loader workers."""
+    why = []
+    if len(workers) != want:
+        why.append(
+            f"rank {rank} had {len(workers)} new processes at its ask {label!r}, where the "
+            f"checker's loader has {want}: your code started processes of its own"
+        )
+    for pid in sorted(workers):
+        below, reaped = descendants(pid), _reaped_faults(pid)
+        if below or reaped or _mask(pid, "SigIgn") >> (signal.SIGCHLD - 1) & 1:
+            why.append(
+                f"rank {rank}'s worker {pid} started processes of their own by its ask "
+                f"{label!r} ({len(below)} alive, {reaped} page faults of reaped ones, or "
+                "SIGCHLD ignored): a child that reads for the worker takes its writes with it"
+            )
+    return why
+
+
 def ask_witness(address: str, rank: int) -> Callable[[str], None]:
     """On a rank: a function ``ask(label)`` that has the witness read this rank's new children.
 
@@ -107,17 +185,19 @@ class Witness:
     Use as a context manager around the run; :attr:`address` goes to the rank job.
 
     Args:
-        labels: The asks a rank makes after ``"start"``, each once (others are refused).
+        asks: The asks a rank makes after ``"start"``, in order, each once (others are
+            refused), each with the number of new children the rank has by then (the
+            workers of the loader it asks about; 0 where it runs none).
 
     Attributes:
         address: The Unix socket's path (in a private temporary folder).
         pids: Each rank's process, from the credentials of its ``"start"`` ask.
-        faults: Asks refused: from another process than the rank's, a label twice or
-            one not in ``labels``.
+        faults: Asks refused (from another process than the rank's, a label twice or out
+            of turn), and what the counts above say the learner's code did instead.
     """
 
-    def __init__(self, labels: tuple[str, ...]) -> None:
-        self.labels = labels
+    def __init__(self, asks: dict[str, int]) -> None:
+        self.asks = dict(asks)
         self._folder = tempfile.mkdtemp(prefix="ezpz-witness-")
         self.address = os.path.join(self._folder, "socket")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -127,6 +207,8 @@ class Witness:
         self.faults: list[str] = []
         self._read: dict[tuple[int, str], dict[int, ProcMemory]] = {}
         self._known: dict[int, set[int]] = {}  # per rank: children not to read again
+        self._done: dict[int, list[str]] = {}  # per rank: the asks answered, in order
+        self._first: dict[int, tuple[set[int], int]] = {}  # per rank: threads, caught signals
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name="ezpz-witness", daemon=True)
         self._thread.start()
@@ -175,16 +257,22 @@ class Witness:
             if label == "start" and rank not in self.pids:
                 self.pids[rank] = peer
                 self._known[rank] = children(peer) | group(peer)
+                self._done[rank] = []
                 return
             if self.pids.get(rank) != peer:
-                self.faults.append(f"process {peer} asked as rank {rank} ({label!r})")
+                self.faults.append(
+                    f"the checker's memory readings were asked for by another process than "
+                    f"the rank: process {peer} asked as rank {rank} ({label!r})"
+                )
                 return
-            if (rank, label) in self._read or label not in self.labels:
+            done = self._done[rank]
+            if len(done) == len(self.asks) or label != list(self.asks)[len(done)]:
                 self.faults.append(f"rank {rank} asked {label!r} twice, or out of turn")
                 return
+            done.append(label)
             new = children(peer) - self._known[rank]
             # Processes of the rank's group other than its children (a worker's own child,
-            # with which it would share the pages it copied, and look small): refused.
+            # double-forked, with which it would share the pages it copied): refused.
             stray = group(peer) - self._known[rank] - new - {peer}
             self._known[rank] |= new | stray
             if stray:
@@ -192,8 +280,35 @@ class Witness:
                     f"rank {rank}'s workers started processes of their own (pids "
                     f"{', '.join(map(str, sorted(stray)))}) by its ask {label!r}"
                 )
+            self.faults.extend(_unlike_a_loader(rank, label, new, self.asks[label]))
+            if peer != os.getpid():  # under torchrun the rank is this process, its threads ours
+                self._same_rank(rank, label, peer, self.asks[label])
             got = {pid: read_memory(pid) for pid in sorted(new)}
             self._read[rank, label] = {pid: mem for pid, mem in got.items() if mem is not None}
+
+    def _same_rank(self, rank: int, label: str, peer: int, workers: int) -> None:
+        """Note threads and caught signals the rank has now and had not at its first ask.
+
+        Between its asks the rank runs the learner's code (``make_flat``) and the
+        checker's loader, which starts one thread per worker there (the feeder of that
+        worker's index queue; the last loader's have ended): any other new thread, or a
+        new signal handler, is the learner's, doing the workers' reading for them.
+        """
+        now = (_threads(peer), _mask(peer, "SigCgt"))
+        first = self._first.setdefault(rank, now)
+        threads, caught = len(now[0] - first[0]), now[1] & ~first[1]
+        if threads > workers:
+            self.faults.append(
+                f"rank {rank} ran {threads - workers} thread(s) at its ask {label!r} that "
+                "neither it nor its loader ran at its first: a thread in the rank that serves "
+                "the rows reads them for the workers"
+            )
+        if caught:
+            self.faults.append(
+                f"rank {rank} caught signals at its ask {label!r} that it did not catch at "
+                f"its first ({_signals(caught)}): a handler in the rank that serves the rows "
+                "reads them for the workers"
+            )
 
 
 def _peer_pid(conn: socket.socket) -> int:

@@ -472,7 +472,9 @@ assert report.ok and report.judgement("balanced_coverage").passed
 # equal to one process's. The checker draws a fresh size and DP degree (2 to 4 ranks, a size
 # the degree does not divide) at each run, and says which dodge an answer matches: padding,
 # `drop_last`, or a mean of per-rank means. Reading every sample on every rank is refused too,
-# and so is a rank that reads nothing: every sample must be read once, on some rank.
+# and so is a rank that reads nothing: every sample must be read once, on some rank. The
+# checker also watches what each rank sends: its own (sum, count) through a collective, not its
+# losses, and not through the process group's key-value store or a file.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.exact_eval as ex
