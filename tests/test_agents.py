@@ -29,6 +29,7 @@ from ezpz_nb.agents.by_hand import (
     worker_from_notebook,
 )
 from ezpz_nb.ledger import StepRecord
+from ezpz_nb.wrapping import COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "14_torchrun_by_hand.ipynb"
@@ -150,6 +151,22 @@ def test_one_node_runs_relays_output_and_leaves_nothing(case, capsys):
     assert run.ok, run.output
     assert sorted(run.lines(r"^rank \d sum 2")) == ["rank 0 sum 2", "rank 1 sum 2"]
     assert "rank 1 sum 2" in capsys.readouterr().out
+
+
+@pytest.mark.system
+def test_a_line_wider_than_the_output_area_is_shown_broken_between_words(case, capsys):
+    """Guards: under load torch's agent printed a C++ trace line of 120 columns into
+    notebook 14's output (JupyterLab then breaks it inside a word); what the runner shows
+    is broken between words, and what it keeps (``run.output``) is the line as written."""
+    worker = case / "wide.py"
+    words = [f"w{i:02d}" for i in range(40)]
+    worker.write_text(f"print({' '.join(words)!r})\n")
+    run = torchrun(worker, nproc_per_node=1)
+    assert run.ok, run.output
+    shown = capsys.readouterr().out.splitlines()
+    assert max(map(len, shown)) <= COLUMNS
+    assert " ".join(w for line in shown for w in line.split() if w in words) == " ".join(words)
+    assert run.lines(" ".join(words))
 
 
 @pytest.mark.system

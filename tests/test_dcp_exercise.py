@@ -19,7 +19,7 @@ import pytest
 import torch.distributed as dist
 
 import ezpz_nb as ez
-from ezpz_nb.workshop.dcp_state import CORPUS, check_loader_state
+from ezpz_nb.workshop.dcp_state import BATCH, CORPUS, check_loader_state
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -405,6 +405,38 @@ def test_unusual_right_answers_pass(cluster, save, load):
     for _ in range(DRAWS):
         result = check_loader_state(save, load, cluster=cluster)
         assert result.status == "correct", result.message
+
+
+def keyed_by_rank_mod_dp(loader, layout):
+    """Wrong (issue 45's fourth trial): the global rank % dp taken for the DP rank."""
+    return {f"dp{dist.get_rank() % layout.dp_size}": loader.state_dict()}
+
+
+def load_keyed_by_rank_mod_dp(loader, layout, state):
+    loader.load_state_dict(state[f"dp{dist.get_rank() % layout.dp_size}"])
+
+
+def load_one_batch_back(loader, layout, state):
+    """Wrong (issue 45's fourth trial): "the step was saved after it ran", one batch back."""
+    s = dict(state[f"dp_rank_{layout.dp_rank}"])
+    s["offset"] = int(s["offset"]) - BATCH
+    loader.load_state_dict(s)
+
+
+@pytest.mark.parametrize(
+    "save,load,words",
+    [
+        (keyed_by_rank_mod_dp, load_keyed_by_rank_mod_dp, "layout.dp_rank (rank // tp"),
+        (CORPUS["keyed by DP rank"][0], load_one_batch_back, "one batch before the saved place"),
+    ],
+    ids=["rank_mod_dp", "one_batch_back"],
+)
+def test_honest_mistakes_are_named(cluster, save, load, words):
+    """Guards the verdict's words for issue 45's fourth trial's honest mistakes: the DP rank
+    taken as the global rank % dp (named: layout.dp_rank, TP innermost), and the offset moved
+    one batch back on load (named as such, not as state kept outside the checkpoint)."""
+    result = check_loader_state(save, load, cluster=cluster)
+    assert result.status == "wrong" and words in result.message, result.message
 
 
 def test_a_typo_shows_the_raising_rank_its_exception_and_the_learners_line(cluster, capsys):

@@ -2,9 +2,10 @@
 
 Dodges a learner tries (padding, drop_last, the mean of per-rank means, every rank reading
 everything; issue 45's: the losses looked for in the rank's closures, frames and heap, a second
-connection to the checker's evaluation set as another rank) must never pass; right answers, unusual ones included, must pass. Each answer is
-checked on seeds that draw dp = 2, 3 and 4 (found below, not hard-coded), so 0 false passes
-and 0 false failures are asserted on every degree.
+connection to the checker's evaluation set as another rank; its fourth trial's: a collective's
+record line forged over the dataset's connection) must never pass; right answers, unusual
+ones included, must pass. Each answer is checked on seeds that draw dp = 2, 3 and 4 (found
+below, not hard-coded), so 0 false passes and 0 false failures are asserted on every degree.
 """
 
 from __future__ import annotations
@@ -202,21 +203,57 @@ def every_loss_in_a_vector(ds, rank, world):
     return float(t.mean())
 
 
-def sums_through_files(ds, rank, world):
-    """A collective that carries no sum (the counts), the sums through files (removed after)."""
-    idx = range(rank, len(ds), world)
+def _sum_through_files(rank, world, part, meet):
+    """Every rank's ``part`` added up through files (removed after); ``meet()`` holds each
+    rank until every file is written."""
     name = os.path.join(tempfile.gettempdir(), f"ezpz-test16-{os.getppid()}-{{}}")
     with open(name.format(rank), "w") as f:
-        f.write(repr(math.fsum(ds[i]["loss"] for i in idx)))
-    count = torch.tensor([float(len(idx))])
-    dist.all_reduce(count)  # every file is written once every rank is here
+        f.write(repr(part))
+    meet()
     total = 0.0
     for r in range(world):
         with open(name.format(r)) as f:
             total += float(f.read())
     dist.barrier()
     os.remove(name.format(rank))
-    return total / float(count)
+    return total
+
+
+def sums_through_files(ds, rank, world):
+    """A collective that carries no sum (the counts), the sums through files (removed after)."""
+    idx = range(rank, len(ds), world)
+    count = torch.tensor([float(len(idx))])
+    part = math.fsum(ds[i]["loss"] for i in idx)
+    return _sum_through_files(rank, world, part, lambda: dist.all_reduce(count)) / float(count)
+
+
+def forges_the_record(ds, rank, world):
+    """No collective carries a sum (issue 45's fourth trial): each rank writes the line the
+    recorder would write for an all_reduce of its pair over the dataset's own connection to
+    the checker (its public ``note()`` then), and swaps the sums through files, meeting at a
+    barrier (which sends nothing)."""
+    idx = range(rank, len(ds), world)
+    part = math.fsum(ds[i]["loss"] for i in idx)
+    forge = getattr(ds, "note", None) or ds._ask
+    forge(f"sent allreduce 2 {part!r} {float(len(idx))!r}")
+    return _sum_through_files(rank, world, part, dist.barrier) / len(ds)
+
+
+def stops_one_early(ds, rank, world):
+    """Wrong (issue 45's fourth trial): the loop stops one sample short of the end."""
+    idx = range(rank, len(ds) - 1, world)
+    return _pair_mean(sum(ds[i]["loss"] for i in idx), len(idx))
+
+
+def bfloat16_sums(ds, rank, world):
+    """Wrong (issue 45's fourth trial: float16): the pair summed in a 16-bit dtype, close to
+    the mean but not exact (bfloat16: never within the tolerance over 3000 draws)."""
+    pair = torch.zeros(2, dtype=torch.bfloat16)
+    for i in range(rank, len(ds), world):
+        pair += torch.tensor([ds[i]["loss"], 1.0], dtype=torch.bfloat16)
+    total = pair.float()
+    dist.all_reduce(total)
+    return float(total[0] / total[1])
 
 
 def unwraps_the_recorder(ds, rank, world):
@@ -264,6 +301,9 @@ DODGES = [
     sums_through_files,
     unwraps_the_recorder,
     every_loss_packed,
+    forges_the_record,
+    stops_one_early,
+    bfloat16_sums,
 ]
 
 
@@ -436,8 +476,8 @@ SAYS = {
     drop_last: "drop_last",
     mean_of_means: "per-rank means",
     # No loss is in a rank's process to find: the checker serves each one on request.
-    scans_caller_frames: "rank 0 returned",
-    scans_the_heap: "rank 0 returned",
+    scans_caller_frames: "no rank read sample",
+    scans_the_heap: "no rank read sample",
     finds_closure_or_frame_losses: "rank 0 returned",
     claims_another_rank: "other than the ranks' own",
     swaps_through_the_store: "never combined with a collective",
@@ -447,7 +487,12 @@ SAYS = {
     every_loss_in_a_vector: "you sent every loss",
     every_loss_packed: "you sent every loss",
     sums_through_files: "did not carry the sum",
+    forges_the_record: "sent nothing through torch.distributed",
+    stops_one_early: "no rank read sample(s) [",
+    bfloat16_sums: "Sum in float64",
 }
+#: What the verdict must not say: a loop that stops early is named as such, not as a dtype.
+NOT_SAYS = {stops_one_early: "float16"}
 
 
 @pytest.fixture(scope="module")
@@ -481,6 +526,7 @@ def test_checker_rejects_every_dodge_and_accepts_every_right_answer(dp, seed, wa
             result = check_exact_mean(fn, seed=seed, timeout=15.0, cluster=warm(dp))
         assert result.status == "wrong", (fn.__name__, result.message)
         assert SAYS.get(fn, "") in result.message, (fn.__name__, result.message)
+        assert NOT_SAYS.get(fn, "\0") not in result.message, (fn.__name__, result.message)
     for fn in RIGHTS:
         result = check_exact_mean(fn, seed=seed, cluster=warm(dp))
         assert result.status == "correct", (fn.__name__, result.message)

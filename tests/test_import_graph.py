@@ -305,6 +305,7 @@ NOTEBOOK_SIDE = frozenset(
         "children",
         "pool",
         "run",
+        "plain",
         "policy",
         "session",
         "startup",

@@ -404,6 +404,38 @@ class PickledPerRow(Dataset):
         return _row_sample(i, np.array(pickle.loads(self.blobs[i]), dtype=np.int64))
 
 
+#: Run in a rank when it unpickles a class holding a :class:`PatchesAtUnpickling`: each
+#: worker of the checker's own flat array then writes 48 MiB once (the fourth outside
+#: trial's dodge, raising the baseline the learner's workers are measured against).
+PATCH = """
+from torch.utils.data import get_worker_info
+import ezpz_nb.workshop.storages as storages
+real, held = storages.ArrayDataset.__getitem__, []
+def getitem(self, i):
+    if get_worker_info() is not None and not held:
+        held.append(bytearray(48 << 20))
+        for k in range(0, 48 << 20, 4096):
+            held[0][k] = 1
+    return real(self, i)
+storages.ArrayDataset.__getitem__ = getitem
+"""
+
+
+class PatchesAtUnpickling:
+    def __reduce__(self):
+        return (exec, (PATCH, {}))
+
+
+def rows_patching_the_checker():
+    """Dodge (fourth outside trial): the rows, and a class attribute whose ``__reduce__``
+    patches the checker's own flat array in the rank as the class is unpickled there."""
+
+    class RowsAndPatch(RowsLiftingBaseline):  # local: cloudpickle sends it by value
+        patch = PatchesAtUnpickling()
+
+    return RowsAndPatch
+
+
 def not_started(rows):
     raise NotImplementedError
 
@@ -437,14 +469,14 @@ def test_right_answers_of_every_shape_pass(answer, cluster):
 @pytest.mark.parametrize(
     ("dodge", "says"),
     [
-        (keep_rows, "grew by"),
+        (keep_rows, "still read from Python objects, whose reference counts"),
         pytest.param(frozen_rows, "grew by", marks=SLOW),
         pytest.param(Int32Flat, "int32", marks=SLOW),
         (RightAtFirst, "sample 100 differs"),
         pytest.param(Shorter, "4032 samples", marks=SLOW),
         pytest.param(NoLabels, "keys", marks=SLOW),
-        (FlattenedInEachWorker, "grew by"),
-        pytest.param(ListsFlattenedAtFirstRead, "grew by", marks=SLOW),
+        pytest.param(FlattenedInEachWorker, "grew by", marks=SLOW),
+        (ListsFlattenedAtFirstRead, "Build the array in make_flat (before the workers fork)"),
         pytest.param(ListsUntilRankReadAll, "grew by", marks=SLOW),
         pytest.param(WorkersServeOthers, "workers' batches differ", marks=SLOW),
     ],
@@ -520,3 +552,18 @@ def test_rebinding_the_checkers_names_in_the_rank_changes_nothing():
     readings. Fresh ranks: the rebinding stays in the ranks it ran in."""
     got = check_flat(rebinds_the_checkers_epoch)
     assert got.status == "wrong" and "grew by" in got.message, got.message
+
+
+def test_code_run_at_unpickling_does_not_move_the_baseline():
+    """Guards the fourth outside trial: code that runs as the rank unpickles the learner's
+    class comes after the checker's own epoch (a job of its own), so the rows still fail;
+    left in a warm cluster it reaches the next check's own epoch, whose baseline is then
+    refused (above what the checker's array can cost), not used. Its own cluster: the
+    patch stays in the ranks."""
+    dodge = rows_patching_the_checker()
+    with ez.Cluster(2, timeout=120) as ranks:
+        got = check_flat(dodge, cluster=ranks)
+        assert got.status == "wrong" and "grew by" in got.message, got.message
+        got = check_flat(dodge, cluster=ranks)
+        assert got.status == "wrong", got.message
+        assert "the checker's own epoch was disturbed" in got.message, got.message

@@ -91,6 +91,13 @@ def pack_diagonal_mask(docs, row_len):
     return out
 
 
+def pack_no_diagonal(docs, row_len):
+    """Wrong (issue 45's fourth trial): the mask hides the diagonal, no token sees itself."""
+    out = pack(docs, row_len)
+    out["mask"] = ~torch.eye(row_len, dtype=torch.bool).expand_as(out["mask"]) & out["mask"]
+    return out
+
+
 def _doc_of(docs, ids):
     """Each position's document index (-1: padding), from the documents the call was given."""
     owner = {t: d for d, doc in enumerate(docs) for t in doc.tolist()}
@@ -297,7 +304,8 @@ def test_pack_checker_accepts_right_answers(fn):
     [
         (pack_causal_only, "may attend to token"),
         (pack_no_restart, "position id"),
-        (pack_diagonal_mask, "hides too much"),
+        (pack_diagonal_mask, "an earlier token of its own document"),
+        (pack_no_diagonal, "itself (the diagonal)"),
         (pack_block_not_causal, "a later token"),
         (pack_one_doc_per_row, "padding tokens"),
         (pack_drop_short_row, "never made it"),
@@ -582,7 +590,7 @@ def test_budget_plan_checker_accepts_right_answers(fn):
     "fn, words",
     [
         (plan_local, "would wait"),
-        (plan_one_per_batch, "of the budget"),
+        (plan_one_per_batch, "sort the documents by length over the whole shard"),
         (plan_over_budget, "> budget"),
         (plan_same_on_every_rank, "times in one epoch"),
         (plan_little, "tokens are planned"),
@@ -592,7 +600,7 @@ def test_budget_plan_checker_accepts_right_answers(fn):
         (plan_unsorted_fixed_size, "sorted by length over the same documents"),
         (plan_agree_then_drop_more, "no replica kept all"),
         (plan_lopsided_shards, ("on a random sharding", "longest documents")),
-        (plan_sorted_fixed_size, "of the budget"),
+        (plan_sorted_fixed_size, "sort the documents by length over the whole shard"),
         # Issue 45's third trial and its class: documents picked by length, or at random.
         (plan_drop_longest_blocks, "no replica kept all"),
         (plan_drop_longest_one_shard, ("no replica kept all", "longest documents")),

@@ -43,6 +43,7 @@ from ezpz_nb.agents.torchrun_args import (
     refuse_bad_input,
     torchrun_argv,
 )
+from ezpz_nb.wrapping import wrap_message
 
 __all__ = [
     "AgentError",
@@ -200,7 +201,11 @@ def run_agents(
                 continue
             outputs[node].append(line)
             if echo:
-                print(f"[node {node}] {line}" if len(commands) > 1 else line, end="", flush=True)
+                # torch's own lines can be wider than the output area (a C++ trace that
+                # a rendezvous store closing at teardown prints, under load): broken
+                # between words, as every message of ours is, never inside one.
+                shown = f"[node {node}] {line}" if len(commands) > 1 else line
+                print(wrap_message(shown.rstrip("\n")), flush=True)
     except KeyboardInterrupt:
         run.stopped = "interrupt"
         raise

@@ -16,6 +16,7 @@ from typing import Any
 from ezpz_nb.events import RelayedWarning
 from ezpz_nb.launcher import wire
 from ezpz_nb.launcher.failures import RankFailure, decode
+from ezpz_nb.launcher.plain import loads_reply
 from ezpz_nb.launcher.procs import RankProcesses
 from ezpz_nb.launcher.wire import RankEvent
 
@@ -167,7 +168,7 @@ def _receive(
 ) -> Any:
     """Take one message from rank ``r``: its value, a RankFailure, _Event or _Closed."""
     try:
-        msg = wire.loads(conn.recv_bytes())
+        msg = loads_reply(conn.recv_bytes())
     except (EOFError, OSError):
         return _Closed()
     if isinstance(msg, wire.Event) and isinstance(msg.item, RelayedWarning):

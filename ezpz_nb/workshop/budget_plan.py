@@ -284,8 +284,9 @@ def _judge_plan(
     if fill < FILL * sorted_fill:
         raise wrong(
             f"{case}: the batches use {fill:.0%} of the budget on average, where batches sorted "
-            f"by length over the same documents use {sorted_fill:.0%}: put as many documents in "
-            "a batch as the budget allows."
+            f"by length over the same documents use {sorted_fill:.0%}: sort the documents by "
+            "length over the whole shard (longest first), then put as many in a batch as the "
+            "budget allows."
         )
     if pad > sorted_pad + EXCESS_PAD:
         raise wrong(

@@ -215,7 +215,17 @@ def _diagnose(point: _Point, resumed: list[Any]) -> str:
                     f"rank {rank} (DP rank {dp_rank}) resumed DP rank {other}'s place and "
                     f"replays its samples {flat[:6]}; its own {own_flat[:6]} are never seen. Every "
                     "rank wrote the same keys, and DCP kept one copy of each (not always from one "
-                    "rank): key the state by DP rank"
+                    "rank): key the state by DP rank, layout.dp_rank (rank // tp: TP is "
+                    "innermost), not the global rank or rank % dp"
+                ),
+            )
+        elif ids and stop >= 2 and ids == [b for b, _ in straight[dp_rank][stop - 1 :]][: len(ids)]:
+            found.setdefault(
+                1,
+                (
+                    f"rank {rank} (DP rank {dp_rank}) resumed one batch before the saved place "
+                    f"({flat[:6]}, where the straight run went on with {own_flat[:6]}): the "
+                    "state after step k already counts batch k; restore the offset as saved"
                 ),
             )
         elif ids and ids == [b for b, _ in straight[dp_rank][: len(ids)]]:
@@ -224,7 +234,9 @@ def _diagnose(point: _Point, resumed: list[Any]) -> str:
                 (
                     f"rank {rank} (DP rank {dp_rank}) started its shard over ({flat[:6]}, "
                     "already trained on): its own state was not in the checkpoint (only rank 0 "
-                    "saving?). Every DP rank must save its own place"
+                    "saving?)"
+                    + (", or it resumed one batch before the saved place" if stop == 1 else "")
+                    + ". Every DP rank must save its own place"
                 ),
             )
         elif ids == own:

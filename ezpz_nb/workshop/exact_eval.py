@@ -5,10 +5,11 @@ returns the mean of ``dataset[i]["loss"]`` over all ``len(dataset)`` samples, eq
 what one process computes, while reading at least one and at most
 ``ceil(len / dp_size)`` samples itself, every sample read by some rank. The losses never
 enter a rank: the checker serves ``dataset[i]`` from its own process (a server on
-127.0.0.1, one connection per rank, claimed before the learner's code runs), so every
-loss a rank holds it asked for, and the record of what each rank read is kept where the
-learner's code never runs. Each check draws a fresh size and DP degree (2, 3 or 4 ranks;
-a size the degree does not divide) and fresh losses, so a fixed answer cannot fit, and
+127.0.0.1, two connections per rank, one for its reads and one for its record of
+collectives, claimed before the learner's code runs), so every loss a rank holds it asked
+for, and the record of what each rank read is kept where the learner's code never runs.
+Each check draws a fresh size and DP degree (2, 3 or 4 ranks; a size the degree does not
+divide) and fresh losses, so a fixed answer cannot fit, and
 the three dodges (``DistributedSampler``'s padding, ``drop_last``, the mean of per-rank
 means) each land measurably off; the checker names the one an answer matches. Reading
 every sample on every rank is exact but not distributed: refused too. How the ranks
@@ -43,17 +44,24 @@ EXERCISE = "exact_mean"
 TOLERANCE = 1e-6
 #: A dodge must land at least this far off (relative) for a case to be drawn.
 SEPARATION = 1e-3
+#: A wrong mean this close (relative), no dodge's, is a sum in too few digits: over 2000
+#: drawn cases float16 sums landed up to 1.3e-3 off, bfloat16 up to 7.9e-3. The verdict
+#: then names the dtype.
+ROUNDED = 2e-2
 
 
 class LossServer:
     """The evaluation set, served from the checker's process: the losses and the read log.
 
-    Each rank's job opens one connection and claims its rank (``hello <r>``) before the
-    learner's function runs; a second claim of a rank, or any later connection, is refused
-    and counted in :attr:`refused`. A request ``<i>`` is logged under the connection's rank,
-    then answered with the loss. Nothing of this lives in a rank, so no frame, closure or
-    ``gc`` scan there finds the losses or rewrites the log. Use as a context manager: on
-    exit the listener and every connection are closed and their threads joined.
+    Each rank's job opens two connections and claims its rank on each before the learner's
+    function runs: ``hello <r>`` for the dataset's reads, ``record <r>`` for
+    :func:`~.sent_log.recording`'s stream. A second claim, or any later connection, is
+    refused and counted in :attr:`refused`. On the read connection only a request ``<i>`` is
+    taken (logged under the rank, answered with the loss): a ``sent`` line written there, as
+    the learner holds that connection, is answered ``bad`` and recorded nowhere. Nothing of
+    this lives in a rank, so no frame, closure or ``gc`` scan there finds the losses or
+    rewrites the log. Use as a context manager: on exit the listener and every connection
+    are closed and their threads joined.
     """
 
     def __init__(self, losses: list[float], dp: int) -> None:
@@ -61,6 +69,7 @@ class LossServer:
         self.reads: dict[int, list[int]] = {}  # rank -> every index it asked for, in order
         self.sent: dict[int, Sent] = {}  # rank -> what it sent its peers (sent_log's stream)
         self.refused = 0
+        self._claimed: set[tuple[str, int]] = set()  # (hello or record, rank)
         self._lock, self._stop = threading.Lock(), threading.Event()
         self._conns: list[socket.socket] = []
         self._listener = socket.create_server((LOOPBACK, 0))
@@ -104,28 +113,32 @@ class LossServer:
                 self._threads.append(t)
             t.start()
 
-    def _claim(self, line: str) -> int | None:
+    def _claim(self, line: str) -> tuple[str, int | None]:
         word = line.split()
-        rank = int(word[1]) if len(word) == 2 and word[0] == "hello" and _digits(word[1]) else -1
+        ok = len(word) == 2 and word[0] in ("hello", "record") and _digits(word[1])
+        kind, rank = (word[0], int(word[1])) if ok else ("", -1)
         with self._lock:
-            if 0 <= rank < self.dp and rank not in self.reads:
-                self.reads[rank], self.sent[rank] = [], Sent()
-                return rank
+            if 0 <= rank < self.dp and (kind, rank) not in self._claimed:
+                self._claimed.add((kind, rank))
+                self.reads.setdefault(rank, [])
+                self.sent.setdefault(rank, Sent())
+                return kind, rank
             self.refused += 1
-            return None
+            return kind, None
 
     def _answer(self, conn: socket.socket) -> None:
         with conn, conn.makefile("rw", encoding="ascii", newline="\n") as f:
             try:
-                rank = self._claim(f.readline())
+                kind, rank = self._claim(f.readline())
                 f.write("no\n" if rank is None else "ok\n")
                 f.flush()
                 while rank is not None and (line := f.readline()):
-                    i = int(line) if _digits(line.strip()) else -1
-                    with self._lock:
-                        noted = self.sent[rank].take(line)
-                    if noted:  # answered, so the rank's next call waits until it is logged
-                        f.write("ok\n")
+                    i = int(line) if kind == "hello" and _digits(line.strip()) else -1
+                    if kind == "record":
+                        with self._lock:
+                            noted = self.sent[rank].take(line)
+                        # Answered, so the rank's next call waits until it is logged.
+                        f.write("ok\n" if noted else "bad\n")
                     elif 0 <= i < len(self.losses):
                         with self._lock:
                             self.reads[rank].append(i)
@@ -149,16 +162,7 @@ class _Served:
 
     def __init__(self, n: int, port: int, rank: int) -> None:
         self._n, self._pid, self._lock = n, os.getpid(), threading.Lock()
-        self._file = socket.create_connection((LOOPBACK, port)).makefile(
-            "rw", encoding="ascii", newline="\n"
-        )
-        self._file.write(f"hello {rank}\n")
-        self._file.flush()
-        if self._file.readline().strip() != "ok":
-            raise RuntimeError(
-                f"the checker's evaluation set refused rank {rank}: another connection claimed "
-                "it first. Read the evaluation set only through dataset[i]."
-            )
+        self._file = _claimed(port, f"hello {rank}")
 
     def __len__(self) -> int:
         return self._n
@@ -177,19 +181,45 @@ class _Served:
             )
         return {"index": i, "loss": float(self._ask(f"{i}"))}
 
-    def note(self, line: str) -> None:
-        """Log one line of :func:`~.sent_log.recording`'s stream with the checker, answered."""
-        if os.getpid() == self._pid:
-            self._ask(line)
-
     def _ask(self, line: str) -> str:
-        with self._lock:  # one line out, its answer back: threads never interleave
-            self._file.write(f"{line}\n")
-            self._file.flush()
-            return self._file.readline()
+        return _ask(self._file, self._lock, line)
 
     def __repr__(self) -> str:
         return f"<evaluation set of {self._n} samples>"
+
+
+def _claimed(port: int, hello: str) -> Any:
+    """A connection to the checker's server that has claimed ``hello`` (``hello <rank>`` or
+    ``record <rank>``), as a text file; raise if another connection claimed it first."""
+    f = socket.create_connection((LOOPBACK, port)).makefile("rw", encoding="ascii", newline="\n")
+    f.write(f"{hello}\n")
+    f.flush()
+    if f.readline().strip() != "ok":
+        raise RuntimeError(
+            f"the checker's evaluation set refused {hello!r}: another connection claimed it "
+            "first. Read the evaluation set only through dataset[i]."
+        )
+    return f
+
+
+def _ask(f: Any, lock: threading.Lock, line: str) -> str:
+    with lock:  # one line out, its answer back: threads never interleave
+        f.write(f"{line}\n")
+        f.flush()
+        return str(f.readline())
+
+
+def _recorder(port: int, rank: int) -> Callable[[str], None]:
+    """The ``note`` of :func:`~.sent_log.recording`: each line over this rank's own record
+    connection, claimed before the learner's code runs and not on the dataset (whose
+    connection takes reads only), so a line written through the dataset records nothing."""
+    f, lock, pid = _claimed(port, f"record {rank}"), threading.Lock(), os.getpid()
+
+    def note(line: str) -> None:
+        if os.getpid() == pid:  # a forked DataLoader worker's calls are not this rank's
+            _ask(f, lock, line)
+
+    return note
 
 
 def dodge_means(losses: list[float], dp: int) -> dict[str, float]:
@@ -221,17 +251,18 @@ def draw_case(rng: random.Random) -> tuple[int, list[float]]:
 
 
 def job_exact_mean(fn: Callable[..., Any], port: int, n: int) -> Any:
-    """On each rank: claim this rank's connection to the checker, then run the learner's
-    answer, every collective and store use it makes streamed to the checker (:mod:`.sent_log`).
+    """On each rank: claim this rank's two connections to the checker (the reads, the record),
+    then run the learner's answer, every collective and store use it makes streamed to the
+    checker over the record connection (:mod:`.sent_log`).
 
-    The barrier holds the learner's code back until every rank holds its connection, so no
+    The barrier holds the learner's code back until every rank holds its connections, so no
     rank's code can claim another's. The reads are judged from the checker's log, not here.
     """
     import torch.distributed as dist
 
-    table = _Served(n, port, dist.get_rank())
+    table, note = _Served(n, port, dist.get_rank()), _recorder(port, dist.get_rank())
     dist.barrier()
-    with recording(table.note):
+    with recording(note):
         return fn(table, dist.get_rank(), dist.get_world_size())
 
 
@@ -243,14 +274,26 @@ def _judge(got: list[Any], losses: list[float], dp: int) -> str:
         raise not_done("exact_mean returned None: return the mean.")
     for rank, (_, _, sent) in enumerate(got):
         judge_channel(rank, sent, case)
-    for rank, (out, reads, _) in enumerate(got):
+    values = []
+    for rank, (out, _, _) in enumerate(got):
         if not isinstance(out, (int, float)) and not hasattr(out, "item"):
             raise wrong(f"rank {rank} returned {out!r}: return the mean, a float, on every rank.")
-        value = float(out)
+        values.append(float(out))
+    # The server's log is the evidence: with every rank at most its share (checked below),
+    # every index read by some rank means the work was split, and a right value on every
+    # rank that the ranks agreed on it (a rank that read only its share cannot know the
+    # others' sums alone).
+    # Judged before the value: a loop that stops early is named as such, not as the dodge
+    # (drop_last) its mean may equal.
+    missed = sorted(set(range(n)) - {i for _, reads, _ in got for i in reads})
+    if missed:
+        raise wrong(
+            f"no rank read sample(s) {missed[:5]} {case}: every sample must be evaluated "
+            f"once, on some rank, through dataset[i].{_why(values[0], losses, dp, rounded=False)}"
+        )
+    for rank, ((_, reads, _), value) in enumerate(zip(got, values, strict=True)):
         if not abs(value - truth) <= TOLERANCE * abs(truth):
-            same = [k for k, v in dodge_means(losses, dp).items() if abs(v - value) <= 1e-9 * truth]
-            why = f" That is what {same[0]} gives." if same else ""
-            raise wrong(f"rank {rank} returned {value:.6f} {case}.{why}")
+            raise wrong(f"rank {rank} returned {value:.6f} {case}.{_why(value, losses, dp)}")
         share = math.ceil(n / dp)
         if len(reads) > share:
             raise wrong(
@@ -262,21 +305,27 @@ def _judge(got: list[Any], losses: list[float], dp: int) -> str:
                 f"rank {rank} read no sample {case}, yet returned the mean: each rank must "
                 "evaluate its share through dataset[i] and combine the sums with one collective."
             )
-    # The server's log is the evidence: with every rank at most its share, every index read by
-    # some rank means the work was split, and a right value on every rank that the ranks
-    # agreed on it (a rank that read only its share cannot know the others' sums alone).
-    missed = sorted(set(range(n)) - {i for _, reads, _ in got for i in reads})
-    if missed:
-        raise wrong(
-            f"no rank read sample(s) {missed[:5]} {case}: every sample must be evaluated "
-            "once, on some rank, through dataset[i]."
-        )
     for rank in range(len(got)):
         judge_sent(rank, got, losses, case)
     return (
         f"every rank returned {truth:.6f} {case}, each read only its share, and the ranks "
         "combined their sums with a collective."
     )
+
+
+def _why(value: float, losses: list[float], dp: int, *, rounded: bool = True) -> str:
+    """What a wrong mean says: the dodge it equals, or (``rounded``: every sample was read)
+    a sum kept in too few digits."""
+    truth = math.fsum(losses) / len(losses)
+    same = [k for k, v in dodge_means(losses, dp).items() if abs(v - value) <= 1e-9 * truth]
+    if same:
+        return f" That is what {same[0]} gives."
+    if rounded and abs(value - truth) <= ROUNDED * truth:
+        return (
+            f" That is {abs(value - truth) / truth:.1e} off: close, not exact, as a sum kept "
+            "in float16 or bfloat16 (a few digits) ends up. Sum in float64."
+        )
+    return ""
 
 
 def check_exact_mean(

@@ -214,9 +214,10 @@ def _check_row(
                     "Each token may see only the earlier tokens of its own document."
                 )
             if want and not allowed:
+                what = "itself (the diagonal)" if i == j else "an earlier token of its own document"
                 raise wrong(
-                    f"{place}: token {i} (document {d}) may not attend to token {j}, an "
-                    "earlier token of its own document: the mask hides too much."
+                    f"{place}: token {i} (document {d}) may not attend to token {j}, {what}: "
+                    "the mask hides too much."
                 )
     return [t for t in toks if t[0] >= 0]
 

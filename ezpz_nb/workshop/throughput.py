@@ -364,7 +364,9 @@ def check_faster_loader(
         # apart in CPU time, and laptops mix fast and slow cores; a balanced loader's
         # ranks measured up to 1.7x apart, so a timing rule failed right answers.
         work = _words_per_rank(yours, last)
-        most, least = max(work, key=lambda r: work[r]), min(work, key=lambda r: work[r])
+        # Sorted by words, then rank: two different ranks named even when the counts tie.
+        order = sorted(work, key=lambda r: (work[r], r))
+        least, most = order[0], order[-1]
         balance = (
             f"In the last epoch rank {most} loaded {work[most]:,} words, "
             f"rank {least} {work[least]:,}."

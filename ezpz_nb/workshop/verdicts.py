@@ -23,6 +23,7 @@ from ezpz_nb.launcher.errors import HangError, RankError, WorldSizeError
 from ezpz_nb.launcher.failures import RankFailure, describe_location, fill_line
 from ezpz_nb.launcher.kernel import shell
 from ezpz_nb.launcher.on_ranks import run_on_ranks as on_ranks
+from ezpz_nb.launcher.plain import plain_replies
 from ezpz_nb.verify.verdict import BaseReport, Judgement, Verdict
 from ezpz_nb.workshop.stops import (
     CHECK_TIMEOUT,
@@ -195,7 +196,10 @@ def run_job(
         raise wrong(f"pass a cluster of {world_size} ranks (ez.Cluster({world_size})), or none")
     live = cluster if cluster is not None and not cluster.closed else None
     try:
-        return on_ranks(job, args, world_size=world_size, timeout=timeout, cluster=live)
+        # Replies as plain data only: a value the learner's code returns (or slips into
+        # the job's reply) must not run code in the notebook, where the verdict is made.
+        with plain_replies():
+            return on_ranks(job, args, world_size=world_size, timeout=timeout, cluster=live)
     except (RankError, HangError) as err:
         raise stopped_by(err) from None
     except WorldSizeError as err:  # under torchrun, with another number of ranks
