@@ -23,6 +23,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from ezpz_nb.workshop.mix_seeds import CHANCE, Stream, draw_seeds
+
 __all__ = [
     "CHANCE",
     "COVER",
@@ -41,12 +43,6 @@ __all__ = [
     "unshuffled",
 ]
 
-Stream = Sequence[Sequence[tuple[int, int]]]
-
-#: The most a right answer may fail one of these rules on one source of one stream.
-#: With at most 5 sources and 2 streams judged, a check turns a right answer down at most
-#: once in 10**5 checks; offline, 0 of 500 draws (module docstring of :mod:`.mixture`).
-CHANCE = 1e-6
 #: Passes shorter than this are not judged by :func:`unshuffled`: a random order of
 #: ``n >= 12`` samples is arithmetic with a chance of at most 1 / 10! (2.8e-7).
 SHUFFLED_FROM = 12
@@ -75,7 +71,8 @@ STEPS = (32, 64)
 COVER = 128
 #: Seeds run at dp=1, spread over the ranks with the far steps: every two of them must give
 #: other streams, so a seed that picks one of a few fixed streams (4 or fewer: one or two
-#: bits of it) always meets two that match.
+#: bits of it) always meets two that match; the first three after the check's own are its
+#: twins (:func:`~.mix_seeds.draw_seeds`), so a seed cut to a part of it meets one too.
 SEEDS = 5
 
 
@@ -118,17 +115,15 @@ def draw_setup(seed: int) -> Draw:
     g = rng.choice(GLOBALS)
     main = _draw_case(rng, k, g, steps)
     other = _draw_case(rng, k_other, rng.choice([x for x in GLOBALS if x != g]), steps)
-    seeds = [seed]
-    while len(seeds) < SEEDS:
-        more = rng.randrange(1, 2**31)
-        seeds += [more] if more not in seeds else []
-    return Draw(main, other, steps, tuple(seeds), steps + rng.randrange(steps - RUN + 1))
+    seeds = draw_seeds(rng, seed, SEEDS)
+    return Draw(main, other, steps, seeds, steps + rng.randrange(steps - RUN + 1))
 
 
 def _draw_case(rng: random.Random, k: int, g: int, steps: int) -> Case:
     """``k`` sources at global batch ``g``: a small one (4 to 9 samples) drawn in 6 passes
     or more, and one of 12 samples or more drawn in 2 passes or more, so that the pass
-    rules (:mod:`.mix_streams`) judge both kinds."""
+    rules (:mod:`.mix_streams`) judge both kinds; weights the notebook's rule keeps within
+    the cumulative bound (:func:`_drift`)."""
     while True:
         sizes = [rng.randint(4, 9)] + [rng.randint(10, 40) for _ in range(k - 1)]
         rng.shuffle(sizes)
@@ -141,8 +136,31 @@ def _draw_case(rng: random.Random, k: int, g: int, steps: int) -> Case:
             n >= 12 and d >= 2 * n for n, d in zip(sizes, drawn, strict=True)
         )
         blind = max(abs(x * g - g / k) for x in w) > 1.2
-        if passes and blind and _fixed_error(w, g) * (steps // 2) > 1.2:
+        if (
+            passes
+            and blind
+            and _fixed_error(w, g) * (steps // 2) > 1.2
+            and _drift(w, g, steps) < 0.9
+        ):
             return Case(tuple(sizes), w, g)
+
+
+def _drift(w: tuple[float, ...], g: int, steps: int) -> float:
+    """How far, in samples, the notebook's rule takes a source from its target over all
+    batches so far (floor of ``w * g`` each batch, the rest to the sources furthest behind,
+    ties to the first source or to the last). It passes 1 on some weights (equal ones of 5
+    sources): those are not drawn, so that a right answer is held to a bound it can keep."""
+    worst = 0.0
+    for tie in (1, -1):
+        done = [0] * len(w)
+        for b in range(1, steps + 1):
+            quota = [int(x * g) for x in w]
+            behind = [x * b * g - d - q for x, d, q in zip(w, done, quota, strict=True)]
+            for s in sorted(range(len(w)), key=lambda s: (-behind[s], tie * s))[: g - sum(quota)]:
+                quota[s] += 1
+            done = [d + q for d, q in zip(done, quota, strict=True)]
+            worst = max([worst] + [abs(d - x * b * g) for x, d in zip(w, done, strict=True)])
+    return worst
 
 
 def _fixed_error(w: tuple[float, ...], g: int) -> float:
@@ -177,8 +195,10 @@ def first_repeat(stream: Stream, sizes: Sequence[int]) -> str:
                 return (
                     f"global batch {b}, slot {slot}: source {s} hands out sample {i} again while "
                     f"{sizes[s] - len(seen[s])} of its {sizes[s]} samples were never drawn in this "
-                    "pass. Derive each pick from the step (or a count of draws so far), not from "
-                    "a seed that is the same for every call, worker or rank."
+                    "pass. Draw without replacement: one permutation per pass over a source, from "
+                    "the seed, the source and the pass (its k-th draw is item k % size of pass k "
+                    "// size), with k counted from the step, not from a generator that calls, "
+                    "workers or ranks share."
                 )
             seen[s].add(i)
     return ""
