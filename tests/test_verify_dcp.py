@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import glob
-import os
 import tempfile
 from typing import Any
 
@@ -33,21 +31,21 @@ def masked(layout: Any) -> GlobalOrderLoader:
     return GlobalOrderLoader(ds, 2, layout.dp_rank, layout.dp_size, seed=1, mask_rate=0.25)
 
 
-def _leftovers() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "ezpz-dcp-*")))
-
-
-def test_a_sound_loader_resumes_through_dcp_on_dp2_tp2_in_every_scenario(four):
+def test_a_sound_loader_resumes_through_dcp_on_dp2_tp2_in_every_scenario(
+    four, tmp_path, monkeypatch
+):
     """Per-DP-rank keys in a real dcp.save / dcp.load, on 4 ranks, and the folder is removed.
 
     Guards: the DCP path losing a rank's place (one key for all: every rank would
-    replay one rank's shard) and checkpoint folders outliving the check.
+    replay one rank's shard) and checkpoint folders outliving the check. The check's
+    temporary folder goes in this test's own (another run's checks, in the shared /tmp
+    at the same moment, made a before/after comparison there fail).
     """
-    before = _leftovers()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     report = check_resume(masked, "dp=2,tp=2", epochs=2, via="dcp", cluster=four)
     assert not report.failed, report.table()
     assert report.rule_verdicts()["resume"] == "pass"
-    assert _leftovers() == before
+    assert not list(tmp_path.glob("ezpz-dcp-*"))
 
 
 def test_another_dp_size_through_dcp_is_the_checkpoints_refusal():
