@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import socket
+import sysconfig
 import tempfile
 import threading
 from pathlib import Path
@@ -160,13 +161,15 @@ def test_a_line_wider_than_the_output_area_is_shown_broken_between_words(case, c
     is broken between words, and what it keeps (``run.output``) is the line as written."""
     worker = case / "wide.py"
     words = [f"w{i:02d}" for i in range(40)]
-    worker.write_text(f"print({' '.join(words)!r})\n")
+    site = sysconfig.get_paths()["purelib"]
+    worker.write_text(f"print({' '.join(words)!r})\nprint('  File ' + repr({site!r} + '/t.py'))\n")
     run = torchrun(worker, nproc_per_node=1)
     assert run.ok, run.output
     shown = capsys.readouterr().out.splitlines()
     assert max(map(len, shown)) <= COLUMNS
     assert " ".join(w for line in shown for w in line.split() if w in words) == " ".join(words)
-    assert run.lines(" ".join(words))
+    assert run.lines(" ".join(words)) and run.lines(re.escape(site))
+    assert "  File '.../site-packages/t.py'" in shown
 
 
 @pytest.mark.system

@@ -27,6 +27,7 @@ import queue
 import select
 import shutil
 import subprocess
+import sysconfig
 import tempfile
 import threading
 import time
@@ -44,6 +45,8 @@ from ezpz_nb.agents.torchrun_args import (
     torchrun_argv,
 )
 from ezpz_nb.wrapping import wrap_message
+
+_SITE = sysconfig.get_paths()["purelib"]
 
 __all__ = [
     "AgentError",
@@ -75,6 +78,17 @@ _RANK_VARS = (
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_RESTART_COUNT",
 )
+
+
+def _fit(line: str) -> str:
+    """``line`` as a cell shows it: within the output area, broken between words.
+
+    torch's agents print lines wider than a notebook's output (a C++ trace, or a Python
+    traceback of its own, when a rendezvous store closes as the other agent leaves), and
+    a traceback's file path is one word longer than a line: the site-packages folder is
+    shown as ``.../site-packages`` (``run.output`` keeps the line as written).
+    """
+    return wrap_message(line.rstrip("\n").replace(_SITE, ".../site-packages"))
 
 
 def _relay(
@@ -201,11 +215,9 @@ def run_agents(
                 continue
             outputs[node].append(line)
             if echo:
-                # torch's own lines can be wider than the output area (a C++ trace that
-                # a rendezvous store closing at teardown prints, under load): broken
-                # between words, as every message of ours is, never inside one.
+                # torch's own lines can be wider than the output area: see _fit.
                 shown = f"[node {node}] {line}" if len(commands) > 1 else line
-                print(wrap_message(shown.rstrip("\n")), flush=True)
+                print(_fit(shown), flush=True)
     except KeyboardInterrupt:
         run.stopped = "interrupt"
         raise
