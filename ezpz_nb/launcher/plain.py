@@ -107,9 +107,7 @@ def _allowed(module: str, name: str) -> bool:
             obj, (numpy.ndarray, numpy.dtype, numpy.generic)
         )
     # ezpz_nb's records: data, whose construction runs no code of a learner's
-    return (
-        issubclass(obj, (tuple, enum.Enum, Exception)) or dataclasses.is_dataclass(obj)
-    ) and not getattr(obj, "__module__", "").startswith("__")
+    return issubclass(obj, (tuple, enum.Enum, Exception)) or dataclasses.is_dataclass(obj)
 
 
 class _PlainUnpickler(pickle.Unpickler):
