@@ -31,7 +31,9 @@ a reused buffer, each as loops of ``--loop-batches`` steps interleaved loop by l
 per batch the p50, the p90 and the mean (a loop's wall time over its batches, the
 median over ``--loops`` loops, slowest rank), the mean's ratio to raw paired loop by
 loop, and, during the loader's loops, the garbage collector's runs and the receive
-buffers allocated (counts: they hold on a loaded machine, where times do not).
+buffers allocated (counts: they hold on a loaded machine, where times do not). These
+loops run unpinned, as training does; one more run pinned shows where the tail came
+from (see ``broadcast_loop.loop_rank``).
 
 Then a per-step profile of ours at TP 2: the median time of each piece of the
 steady step, on the leader (check the batch against the spec, pack it, start
@@ -147,11 +149,28 @@ def _print_agreement(rows: list) -> None:
         )
 
 
+def _loop_means(res: list[dict], loops: int, batches: int) -> tuple[dict, dict]:
+    """Per method, a loop's wall and CPU time per batch, the slowest rank's, loop by loop."""
+    wall, cpu = (
+        {
+            m: [max(r[f"{m}_{kind}"][i] for r in res) / batches for i in range(loops)]
+            for m in LOOP_METHODS
+        }
+        for kind in ("wall", "cpu")
+    )
+    return wall, cpu
+
+
+def _paired(per_loop: dict, m: str) -> float:
+    """The median over loops of ``m``'s ratio to the raw loop next to it."""
+    return statistics.median(x / y for x, y in zip(per_loop[m], per_loop["raw"], strict=True))
+
+
 def _loop_table(shapes: list[tuple[int, int]], loops: int, batches: int) -> None:
     """The loop section at tp 2: per-batch p50/p90/mean of each method, ratios to raw."""
     print(
         f"\nwhat a loop pays at tp 2 ({loops} loops of {batches} batches per method, "
-        "interleaved; slowest rank):"
+        "interleaved; slowest rank; threads not pinned, as a training loop runs):"
     )
     head = (
         f"{'batch':>8} {'method':<7} {'p50 ms':>8} {'p90 ms':>8} {'mean ms':>8} {'mean/raw':>9} "
@@ -161,24 +180,14 @@ def _loop_table(shapes: list[tuple[int, int]], loops: int, batches: int) -> None
     print("-" * len(head))
     for b, s in shapes:
         res = ez.launch(loop_rank, (b, s), loops, batches, world_size=2, timeout=900, threads=1)
-        # A loop's wall time per batch, the slowest rank's, loop by loop.
-        wall, cpu = (
-            {
-                m: [max(r[f"{m}_{kind}"][i] for r in res) / batches for i in range(loops)]
-                for m in LOOP_METHODS
-            }
-            for kind in ("wall", "cpu")
-        )
+        wall, cpu = _loop_means(res, loops, batches)
         for m in LOOP_METHODS:
             p50 = max(_quantile(r[m], 0.5) for r in res)
             p90 = max(_quantile(r[m], 0.9) for r in res)
-            mean = statistics.median(wall[m])
-            ratio = statistics.median(x / y for x, y in zip(wall[m], wall["raw"], strict=True))
-            c = statistics.median(cpu[m])
-            c_ratio = statistics.median(x / y for x, y in zip(cpu[m], cpu["raw"], strict=True))
             print(
-                f"{b}x{s:<6} {m:<7} {p50 * 1e3:>8.3f} {p90 * 1e3:>8.3f} {mean * 1e3:>8.3f} "
-                f"{ratio:>8.2f}x {c * 1e3:>7.3f} {c_ratio:>7.2f}x"
+                f"{b}x{s:<6} {m:<7} {p50 * 1e3:>8.3f} {p90 * 1e3:>8.3f} "
+                f"{statistics.median(wall[m]) * 1e3:>8.3f} {_paired(wall, m):>8.2f}x "
+                f"{statistics.median(cpu[m]) * 1e3:>7.3f} {_paired(cpu, m):>7.2f}x"
             )
         gcs = [r["gc"] for r in res]
         print(
@@ -189,6 +198,17 @@ def _loop_table(shapes: list[tuple[int, int]], loops: int, batches: int) -> None
         "(mean: a loop's wall time over its batches, the end of the epoch included, median "
         "over loops; mean/raw: the median over loops of the ratio of neighbouring loops; "
         "cpu: the CPU time the rank's process spent per batch, gloo's threads included)"
+    )
+    # What made the tail before: every thread of a rank pinned to one core.
+    b, s = shapes[-1]
+    res = ez.launch(loop_rank, (b, s), loops, batches, True, world_size=2, timeout=900, threads=1)
+    wall, _ = _loop_means(res, loops, batches)
+    p50 = max(_quantile(r["raw"], 0.5) for r in res)
+    print(
+        f"the same at {b}x{s} with every thread of a rank pinned to one core: raw's mean "
+        f"{statistics.median(wall['raw']) * 1e3:.3f} ms (p50 {p50 * 1e3:.3f}), loader/raw "
+        f"{_paired(wall, 'loader'):.2f}x: a hand-off between a rank's threads waits for the "
+        "core, whole milliseconds that fall hardest on raw's tight loop"
     )
 
 
@@ -217,7 +237,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=60, help="timed blocks per figure")
     parser.add_argument("--per-block", type=int, default=20, help="iterations per block")
     parser.add_argument("--tp", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--loops", type=int, default=7, help="loops per method (0: none)")
+    parser.add_argument("--loops", type=int, default=60, help="loops per method (0: none)")
     parser.add_argument("--loop-batches", type=int, default=50, help="batches per loop")
     args = parser.parse_args()
 
