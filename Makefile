@@ -80,7 +80,7 @@ BROWSER_RUNS := $(if $(wildcard /usr/bin/chromium),$(shell grep -v '^\#' tests/b
 # the others with Linux's forkserver, all in one run on NB_WORKERS workers. None by
 # default: a spawned rank imports torch (about 2 s of CPU) where a forked one imports
 # nothing: 01, 07 and 10 took 146 CPU-s spawned, 25 forked (01 alone: 81 and 6).
-# Their launch paths run spawned in `make unit` instead, in a real kernel
+# Their launch paths run spawned in `make system` instead, in a real kernel
 # (tests/test_cell_shapes.py's kernel tests, once per start method): ez.launch, Cluster
 # and %%ranks with the cell shapes (code by value into fresh interpreters), a DeviceMesh,
 # DataLoader workers forked from a spawned rank, a rank's error, a hang. Before a

@@ -233,8 +233,13 @@ except ez.HangError as err:
 # The kernel tests run twice: with the platform's ranks (Linux: forked from a
 # forkserver) and with spawned ones, as on macOS and Windows (EZPZ_NB_START_METHOD, the
 # variable conftest.py's --spawn-notebook sets for a notebook): every cell's code then
-# travels by value into fresh interpreters.
-@pytest.fixture(scope="module", params=["forked", "spawned"])
+# travels by value into fresh interpreters. The spawned run is a system test (`make
+# system`): each of its ~18 ranks imports torch afresh (19 of the file's 26 CPU-s, measured
+# on 2 cores); the quick run keeps the forked one, which runs the same cell code by value,
+# and test_pool.py's spawned kernel, which launches from the standby pool.
+@pytest.fixture(
+    scope="module", params=["forked", pytest.param("spawned", marks=pytest.mark.system)]
+)
 def kernel(request):
     from jupyter_client import KernelManager
 

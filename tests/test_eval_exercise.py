@@ -3,7 +3,9 @@
 Dodges a learner tries (padding, drop_last, the mean of per-rank means, every rank reading
 everything; issue 45's: the losses looked for in the rank's closures, frames and heap, a second
 connection to the checker's evaluation set as another rank; its fourth trial's: a collective's
-record line forged over the dataset's connection) must never pass; right answers, unusual
+record line forged over the dataset's connection; every loss sent past the recorder, with
+torch's own allgather from its closure, a gloo backend of a group made for it, or a socket of
+its own, each seen by the kernel's byte counters) must never pass; right answers, unusual
 ones included, must pass. Each answer is checked on seeds that draw dp = 2, 3 and 4 (found
 below, not hard-coded), so 0 false passes and 0 false failures are asserted on every degree.
 """
@@ -24,10 +26,12 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch.distributed import all_gather_object as gather_objects
 from torch.utils.data import DistributedSampler
 
 import ezpz_nb as ez
+from ezpz_nb._tcp_bytes import unavailable as wire_unavailable
 from ezpz_nb.data import WeightedShard, global_mean
 from ezpz_nb.workshop.exact_eval import check_exact_mean, dodge_means, draw_case
 
@@ -277,6 +281,104 @@ def every_loss_packed(ds, rank, world):
     return math.fsum(every) / len(every)
 
 
+def _losses_gathered(ds, rank, world, gather):
+    """Every rank's losses in a NaN-padded row, all-gathered by ``gather(rows, row)``: their
+    mean, and this rank's own losses."""
+    mine = [ds[i]["loss"] for i in range(rank, len(ds), world)]
+    row = torch.full((math.ceil(len(ds) / world),), math.nan, dtype=torch.float64)
+    row[: len(mine)] = torch.tensor(mine, dtype=torch.float64)
+    rows = [torch.zeros_like(row) for _ in range(world)]
+    gather(rows, row)
+    every = torch.cat(rows)
+    return float(every[~every.isnan()].mean()), mine
+
+
+def gathers_with_the_original_from_the_closure(ds, rank, world):
+    """Issue 45's fourth trial: every loss all-gathered by torch's own ``allgather``, taken
+    from the recorder's closure (its wrapper left in place, so nothing is recorded), then the
+    right (sum, count) all_reduce, recorded, for show."""
+    from torch._C import _distributed_c10d as cpp
+
+    cells = cpp.ProcessGroup.__dict__["allgather"].__closure__
+    torchs = next(
+        c.cell_contents for c in cells if type(c.cell_contents).__name__ == "instancemethod"
+    )
+    mean, mine = _losses_gathered(
+        ds, rank, world, lambda rows, row: torchs(dist.group.WORLD, [rows], [row]).wait()
+    )
+    _pair_mean(math.fsum(mine), len(mine))
+    return mean
+
+
+def gathers_on_a_group_of_its_own(ds, rank, world):
+    """Every loss all-gathered on a process group made for it (``dist.new_group``) through its
+    gloo backend's own ``allgather`` (a backend's method, no process group's), the group
+    destroyed after; then the right pair all_reduce for show."""
+    group = dist.new_group(list(range(world)))
+    backend = group._get_backend(torch.device("cpu"))
+    mean, mine = _losses_gathered(
+        ds, rank, world, lambda rows, row: backend.allgather([rows], [row]).wait()
+    )
+    dist.destroy_process_group(group)
+    _pair_mean(math.fsum(mine), len(mine))
+    return mean
+
+
+def pads_the_replay(ds, rank, world):
+    """The closure's original allgather as above, and the same call appended to the list of
+    calls the checker replays (found in the wrapper's closure), so the replay carries as many
+    bytes as the hidden gather did."""
+    from torch._C import _distributed_c10d as cpp
+
+    cells = [c.cell_contents for c in cpp.ProcessGroup.__dict__["allgather"].__closure__]
+    torchs = next(v for v in cells if type(v).__name__ == "instancemethod")
+    replayed = next(v for v in cells if isinstance(v, list))
+
+    def gather(rows, row):
+        torchs(dist.group.WORLD, [rows], [row]).wait()
+        replayed.append(("allgather", torchs, (dist.group.WORLD, [rows], [row]), {}))
+
+    mean, mine = _losses_gathered(ds, rank, world, gather)
+    _pair_mean(math.fsum(mine), len(mine))
+    return mean
+
+
+#: The learner's own connections, kept for its next call (one listener per rank process).
+_KEPT: dict = {}
+
+
+def sends_through_its_own_socket(ds, rank, world):
+    """Every loss sent to rank 0 over TCP connections of the learner's own (rank 0's port told
+    by a recorded broadcast of one number, the connections kept open for a next call); rank 0
+    adds them up and sends the mean back; then the right pair all_reduce for show."""
+    import socket
+
+    mine = [ds[i]["loss"] for i in range(rank, len(ds), world)]
+    if "server" not in _KEPT and rank == 0:
+        _KEPT["server"] = socket.create_server(("127.0.0.1", 0))
+    port = torch.tensor([_KEPT["server"].getsockname()[1] if rank == 0 else 0])
+    dist.broadcast(port, src=0)
+    if rank == 0:
+        every = list(mine)
+        peers = [_KEPT["server"].accept()[0] for _ in range(world - 1)]
+        for peer in peers:
+            got = b""
+            while not got.endswith(b"\n"):
+                got += peer.recv(4096)
+            every += [float(v) for v in got.split()]
+        mean = math.fsum(every) / len(every)
+        for peer in peers:
+            peer.sendall(f"{mean!r}\n".encode())
+        _KEPT.setdefault("conns", []).extend(peers)
+    else:
+        conn = socket.create_connection(("127.0.0.1", int(port)))
+        conn.sendall((" ".join(map(repr, mine)) + "\n").encode())
+        mean = float(conn.makefile().readline())
+        _KEPT.setdefault("conns", []).append(conn)
+    _pair_mean(math.fsum(mine), len(mine))
+    return mean
+
+
 def not_done(ds, rank, world):
     raise NotImplementedError
 
@@ -304,6 +406,10 @@ DODGES = [
     forges_the_record,
     stops_one_early,
     bfloat16_sums,
+    gathers_with_the_original_from_the_closure,
+    gathers_on_a_group_of_its_own,
+    sends_through_its_own_socket,
+    pads_the_replay,
 ]
 
 
@@ -429,7 +535,60 @@ def json_pairs_gathered(ds, rank, world):
     return math.fsum(s for s, _ in pairs) / sum(c for _, c in pairs)
 
 
+def blocks_reduce_broadcast_numpy(ds, rank, world):
+    """Unusual (issue 45's fourth trial): contiguous blocks summed in numpy, the pair reduced
+    to rank 0 and broadcast back whole, an ``np.float64`` returned."""
+    import numpy as np
+
+    per = math.ceil(len(ds) / world)
+    block = np.array([ds[i]["loss"] for i in range(rank * per, min(len(ds), (rank + 1) * per))])
+    pair = torch.tensor([block.sum(), float(len(block))], dtype=torch.float64)
+    dist.reduce(pair, dst=0)
+    dist.broadcast(pair, src=0)
+    return np.float64(pair[0].item() / pair[1].item())
+
+
+class PairsGatheredInFloat32:
+    """Unusual (issue 45's fourth trial): a class instance; each rank's float32 (sum, count)
+    all-gathered, added in float64, a 0-d float32 tensor returned."""
+
+    def __call__(self, ds, rank, world):
+        total = torch.zeros((), dtype=torch.float32)
+        count = 0
+        for i in range(rank, len(ds), world):
+            total += ds[i]["loss"]
+            count += 1
+        pairs = [torch.zeros(2) for _ in range(world)]
+        dist.all_gather(pairs, torch.stack([total, torch.tensor(float(count))]))
+        summed = torch.stack(pairs).double().sum(0)
+        return (summed[0] / summed[1]).float()
+
+
+def functional_all_reduce(ds, rank, world):
+    """Unusual: the pair all-reduced by a functional collective (its own C++ path; imported
+    at the top, as a notebook does, so the rank has it before the check records)."""
+    idx = range(rank, len(ds), world)
+    pair = torch.tensor([math.fsum(ds[i]["loss"] for i in idx), len(idx)], dtype=torch.float64)
+    total = funcol.all_reduce(pair, "sum", dist.group.WORLD)
+    return float(total[0] / total[1])
+
+
+def async_all_reduce_waited_later(ds, rank, world):
+    """Unusual: the sum and the count all-reduced asynchronously, both waited for after."""
+    idx = range(rank, len(ds), world)
+    total = torch.tensor([math.fsum(ds[i]["loss"] for i in idx)], dtype=torch.float64)
+    count = torch.tensor([float(len(idx))], dtype=torch.float64)
+    works = [dist.all_reduce(total, async_op=True), dist.all_reduce(count, async_op=True)]
+    for work in works:
+        work.wait()
+    return float(total / count)
+
+
 RIGHTS = [
+    blocks_reduce_broadcast_numpy,
+    PairsGatheredInFloat32(),
+    functional_all_reduce,
+    async_all_reduce_waited_later,
     strided_sum_count,
     weighted_shard,
     contiguous_blocks_gathered,
@@ -488,6 +647,10 @@ SAYS = {
     every_loss_packed: "you sent every loss",
     sums_through_files: "did not carry the sum",
     forges_the_record: "sent nothing through torch.distributed",
+    gathers_with_the_original_from_the_closure: "bytes crossed between your ranks beyond",
+    gathers_on_a_group_of_its_own: "wrote",
+    sends_through_its_own_socket: "connection(s) opened during it",
+    pads_the_replay: "replay of its recorded collectives differs",
     stops_one_early: "no rank read sample(s) [",
     bfloat16_sums: "Sum in float64",
 }
@@ -569,3 +732,47 @@ def test_the_checkers_server_stops_with_the_check_whatever_the_answer_did():
     assert "hung" in check_exact_mean(_hangs_after_a_read, seed=seed, timeout=4.0).message
     assert threading.active_count() == threads, threading.enumerate()
     assert sockets() == socks
+
+
+def test_where_the_kernel_counts_no_bytes_that_rule_is_not_judged_and_the_rest_stands(
+    warm, monkeypatch
+):
+    """Guards issue 45's "not judged" for the bytes on the wire: where the kernel's
+    per-connection counters cannot be read (not Linux, a kernel that refuses), a right answer
+    is still correct and its verdict says the byte rule was not judged and why; a dodge the
+    other rules see is still wrong."""
+    import ezpz_nb.workshop.wire_bytes as wire
+
+    monkeypatch.setattr(wire, "unavailable", lambda: "no counters on this test's machine")
+    seed = SEEDS[2][0]
+    right = check_exact_mean(strided_sum_count, seed=seed, cluster=warm(2))
+    assert right.status == "correct", right.message
+    assert "not judged: no counters on this test's machine" in right.message
+    assert check_exact_mean(gathers_every_loss, seed=seed, cluster=warm(2)).status == "wrong"
+
+
+@pytest.mark.skipif(wire_unavailable() is not None, reason="no per-connection byte counters here")
+def test_the_kernel_counts_what_crossed_a_connection_at_both_ends():
+    """Guards the byte counter the wire rule stands on (``ezpz_nb._tcp_bytes``): for a
+    connection this process holds at both ends, the kernel's counters read from outside the
+    socket say every byte sent was received, and ``crossed`` counts it once."""
+    import socket
+
+    from ezpz_nb._tcp_bytes import read_conns, socket_inodes
+    from ezpz_nb.workshop.wire_bytes import crossed
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        with socket.create_connection(server.getsockname()) as a, server.accept()[0] as b:
+            before = read_conns(socket_inodes(os.getpid()))
+            a.sendall(b"x" * 1000)
+            got = b""
+            while len(got) < 1000:
+                got += b.recv(4096)
+            b.sendall(b"y" * 24)
+            a.recv(24)
+            after = read_conns(socket_inodes(os.getpid()))
+            ends = {(c.local_port, c.remote_port): c for c in after.values()}
+            here, there = a.getsockname()[1], b.getsockname()[1]
+            was = next(c for c in before.values() if (c.local_port, c.remote_port) == (there, here))
+            assert ends[(there, here)].received - was.received == 1000
+            assert crossed(before, after) == (1024, 0)

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+pytest_plugins = ["pytester"]
 
 
 def _run(tmp_path: Path, fake_smi: str | None) -> subprocess.CompletedProcess:
@@ -53,7 +54,9 @@ def test_gpu_check_fails_when_the_driver_sees_gpus_that_torch_does_not(tmp_path)
     assert "SKIP" not in done.stdout
 
 
-def test_gpu_check_runs_the_cuda_test_of_global_mean_and_the_rng_capture():
+def test_gpu_check_runs_the_cuda_test_of_global_mean_and_the_rng_capture(
+    pytester: pytest.Pytester,
+):
     """Guards issue 46: the CUDA half of global_mean and the RNG capture runs where a GPU is,
     through `make gpu-check`: the script's own file selection and `-k` expression pick it."""
     import re
@@ -66,10 +69,12 @@ def test_gpu_check_runs_the_cuda_test_of_global_mean_and_the_rng_capture():
         f"grep -l {grep[1]} tests/test_*.py", shell=True, cwd=ROOT, capture_output=True, text=True
     ).stdout.split()
     assert "tests/test_checkpoint.py" in chosen
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         "tests/test_checkpoint.py", "-k", keyword[1]],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    # Collected in this process (pytest's own -k and collection, without a second
+    # interpreter importing torch: ~4 CPU-s on 2 cores).
+    run = pytester.inline_run(
+        "--collect-only", "-p", "no:cacheprovider",
+        str(ROOT / "tests" / "test_checkpoint.py"), "-k", keyword[1],
     )  # fmt: skip
-    assert "test_global_mean_and_rng_capture_on_cuda" in done.stdout, done.stdout + done.stderr
-    assert "test_global_mean_and_rng_capture_on_cpu" not in done.stdout
+    names = [item.name for item in run.getcall("pytest_collection_finish").session.items]
+    assert "test_global_mean_and_rng_capture_on_cuda" in names, names
+    assert "test_global_mean_and_rng_capture_on_cpu" not in names

@@ -102,10 +102,15 @@ def test_wrong_plans_are_explained(cluster, plan, phrases):
         assert phrase in result.message, result.message
 
 
-def test_fresh_ranks_give_the_same_verdicts():
-    """Guards the path without a cluster (fresh ranks, hang and error handling)."""
-    assert check_tp_plan(mlp_only).passed
-    assert check_tp_plan(w2_colwise).status == "wrong"
+def test_fresh_ranks_give_the_same_verdict():
+    """Guards the path without a cluster: fresh ranks run the whole check to a pass.
+
+    One fresh run: a wrong plan's verdict is made from the same results, whichever ranks
+    ran it (a second fresh run of 4 ranks importing DTensor cost ~3 s on 2 cores).
+    """
+    result = check_tp_plan(mlp_only)
+    assert result.passed, result.message
+    assert "w2.weight" in result.message
 
 
 def test_a_cluster_of_another_size_is_refused_before_anything_runs():

@@ -83,13 +83,16 @@ class TokenizingDataset(Dataset):
         heavy = self.heavy_rank is not None and index % self.world == self.heavy_rank
         return self.words * (self.heavy_factor if heavy else 1)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def document(self, index: int) -> str:
+        """Document ``index``'s text, made from its index (notebook 12's checker serves it)."""
         rng = random.Random(index)
-        text = " ".join(
+        return " ".join(
             "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4)))
             for _ in range(self.words_of(index))
         )
-        ids = tokenize(text)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        ids = tokenize(self.document(index))
         length = len(ids)
         ids = ids[: self.seq_length] + [0] * (self.seq_length - length)
         return {"input_ids": torch.tensor(ids), "length": length, "index": index}

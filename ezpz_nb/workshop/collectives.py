@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, as_text, fresh_seed, wrong
 
 if TYPE_CHECKING:
+    from ezpz_nb.launcher import Cluster
     from ezpz_nb.workshop.verdicts import CheckResult
 
 __all__ = ["check_global_sum", "check_share_from_leader"]
@@ -54,7 +55,10 @@ def job_global_sum(fn: Callable, seed: int) -> Any:
 
 
 def check_global_sum(
-    fn: Callable[[torch.Tensor], torch.Tensor], *, timeout: float = CHECK_TIMEOUT
+    fn: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    timeout: float = CHECK_TIMEOUT,
+    cluster: Cluster | None = None,
 ) -> CheckResult:
     """Exercise 1: ``fn(x)`` returns the element-wise sum of ``x`` over all ranks.
 
@@ -68,7 +72,7 @@ def check_global_sum(
     seed = fresh_seed()
 
     def body() -> str:
-        got = run_learner(job_global_sum, fn, seed, timeout=timeout)
+        got = run_learner(job_global_sum, fn, seed, timeout=timeout, cluster=cluster)
         world = len(got)
         for k, s in enumerate((None, seed)):
             again = " (second call, other inputs)" if k else ""
@@ -146,7 +150,10 @@ def _layout_words(groups: tuple[tuple[int, ...], ...], sort_ranks: bool) -> str:
 
 
 def check_share_from_leader(
-    fn: Callable[[torch.Tensor, Any], torch.Tensor], *, timeout: float = CHECK_TIMEOUT
+    fn: Callable[[torch.Tensor, Any], torch.Tensor],
+    *,
+    timeout: float = CHECK_TIMEOUT,
+    cluster: Cluster | None = None,
 ) -> CheckResult:
     """Exercise 2: ``fn(x, group)`` gives every rank of ``group`` the group leader's ``x``.
 
@@ -163,7 +170,7 @@ def check_share_from_leader(
     seed = fresh_seed()
 
     def body() -> str:
-        got = run_learner(job_share, fn, seed, timeout=timeout)
+        got = run_learner(job_share, fn, seed, timeout=timeout, cluster=cluster)
         world = len(got)
         for k, (groups, sort_ranks) in enumerate(SHARE_LAYOUTS):
             inputs = share_inputs(world, seed + k)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, each_returned, fresh_seed, wrong
 
 if TYPE_CHECKING:
+    from ezpz_nb.launcher import Cluster
     from ezpz_nb.workshop.verdicts import CheckResult
 
 __all__ = ["check_make_sampler"]
@@ -146,7 +147,10 @@ def _check_shuffle(shards: list[list[list[int]]]) -> None:
 
 
 def check_make_sampler(
-    fn: Callable[[Any, Any, int], Iterable[int]], *, timeout: float = CHECK_TIMEOUT
+    fn: Callable[[Any, Any, int], Iterable[int]],
+    *,
+    timeout: float = CHECK_TIMEOUT,
+    cluster: Cluster | None = None,
 ) -> CheckResult:
     """Exercise 3: ``fn(dataset, layout, seed)`` returns a sampler that shards over DP replicas.
 
@@ -167,7 +171,9 @@ def check_make_sampler(
     seed_a, seed_b = random.Random(check_seed).sample(range(1, 2**20), 2)
 
     def body() -> str:
-        got = run_learner(job_sampler, fn, n, (seed_a, seed_b, seed_a), timeout=timeout)
+        got = run_learner(
+            job_sampler, fn, n, (seed_a, seed_b, seed_a), timeout=timeout, cluster=cluster
+        )
         each_returned(got, "a sampler")
         for r, (_dp, _tp, passes) in enumerate(got):
             bad = [p for p in passes if isinstance(p, str)]

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Sampler
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, each_returned, fresh_seed, wrong
 
 if TYPE_CHECKING:
+    from ezpz_nb.launcher import Cluster
     from ezpz_nb.workshop.verdicts import CheckResult
 
 __all__ = ["check_run_epochs"]
@@ -89,7 +90,10 @@ def job_epochs(fn: Callable, epochs: int, seed: int) -> Any:
 
 
 def check_run_epochs(
-    fn: Callable[[Any, int], list[list[int]]], *, timeout: float = CHECK_TIMEOUT
+    fn: Callable[[Any, int], list[list[int]]],
+    *,
+    timeout: float = CHECK_TIMEOUT,
+    cluster: Cluster | None = None,
 ) -> CheckResult:
     """Exercise 4: ``fn(loader, num_epochs)`` returns each epoch's sample ids, reshuffled.
 
@@ -106,7 +110,7 @@ def check_run_epochs(
     epochs, seed = 3, fresh_seed()
 
     def body() -> str:
-        got = run_learner(job_epochs, fn, epochs, seed, timeout=timeout)
+        got = run_learner(job_epochs, fn, epochs, seed, timeout=timeout, cluster=cluster)
         each_returned(got, "one list of sample ids per epoch")
         for r, (_dp, _tp, out, passes) in enumerate(got):
             if isinstance(out, str):

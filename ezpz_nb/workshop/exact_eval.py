@@ -4,10 +4,10 @@ The learner writes ``exact_mean(dataset, dp_rank, dp_size) -> float``: every ran
 returns the mean of ``dataset[i]["loss"]`` over all ``len(dataset)`` samples, equal to
 what one process computes, while reading at least one and at most
 ``ceil(len / dp_size)`` samples itself, every sample read by some rank. The losses never
-enter a rank: the checker serves ``dataset[i]`` from its own process (a server on
-127.0.0.1, two connections per rank, one for its reads and one for its record of
-collectives, claimed before the learner's code runs), so every loss a rank holds it asked
-for, and the record of what each rank read is kept where the learner's code never runs.
+enter a rank: the checker serves ``dataset[i]`` from its own process
+(:mod:`.loss_server`: two connections per rank, one for its reads and one for its record
+of collectives, claimed before the learner's code runs), so every loss a rank holds it
+asked for, and the record of what each rank read is kept where the learner's code never runs.
 Each check draws a fresh size and DP degree (2, 3 or 4 ranks; a size the degree does not
 divide) and fresh losses, so a fixed answer cannot fit, and
 the three dodges (``DistributedSampler``'s padding, ``drop_last``, the mean of per-rank
@@ -16,28 +16,30 @@ every sample on every rank is exact but not distributed: refused too. How the ra
 combined is judged as well (:mod:`.sent_log`): every collective and store use is recorded
 in the rank while the answer runs, and each rank must have sent its own partial sum (known
 here from the read log) through a collective: not through the store, a file or a socket,
-and not every loss it read.
+and not every loss it read. Code in a rank can go past any recorder, so the bytes that
+crossed between the ranks are counted from outside them too, by the kernel
+(:mod:`.wire_bytes`): beyond what the recorded collectives carry when replayed, data went
+around them.
 """
 
 from __future__ import annotations
 
 import math
-import operator
 import os
 import random
-import socket
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ezpz_nb.launcher.settings import LOOPBACK
-from ezpz_nb.workshop.sent_log import Sent, judge_channel, judge_sent, recording
+from ezpz_nb.workshop.loss_server import LossServer, ServedLosses, record_note
+from ezpz_nb.workshop.sent_log import Sent, recording
+from ezpz_nb.workshop.sent_rules import FIX, judge_channel, judge_sent
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, CheckStopped, not_done, wrong
+from ezpz_nb.workshop.wire_bytes import WireCounter, judge_wire, replay, store_file
 
 if TYPE_CHECKING:
     from ezpz_nb.workshop.verdicts import CheckResult
 
-__all__ = ["LossServer", "check_exact_mean", "dodge_means", "draw_case"]
+__all__ = ["check_exact_mean", "dodge_means", "draw_case"]
 
 EXERCISE = "exact_mean"
 #: Relative error an answer may have: float32 sums pass, every dodge lands far outside.
@@ -48,178 +50,6 @@ SEPARATION = 1e-3
 #: drawn cases float16 sums landed up to 1.3e-3 off, bfloat16 up to 7.9e-3. The verdict
 #: then names the dtype.
 ROUNDED = 2e-2
-
-
-class LossServer:
-    """The evaluation set, served from the checker's process: the losses and the read log.
-
-    Each rank's job opens two connections and claims its rank on each before the learner's
-    function runs: ``hello <r>`` for the dataset's reads, ``record <r>`` for
-    :func:`~.sent_log.recording`'s stream. A second claim, or any later connection, is
-    refused and counted in :attr:`refused`. On the read connection only a request ``<i>`` is
-    taken (logged under the rank, answered with the loss): a ``sent`` line written there, as
-    the learner holds that connection, is answered ``bad`` and recorded nowhere. Nothing of
-    this lives in a rank, so no frame, closure or ``gc`` scan there finds the losses or
-    rewrites the log. Use as a context manager: on exit the listener and every connection
-    are closed and their threads joined.
-    """
-
-    def __init__(self, losses: list[float], dp: int) -> None:
-        self.losses, self.dp = losses, dp
-        self.reads: dict[int, list[int]] = {}  # rank -> every index it asked for, in order
-        self.sent: dict[int, Sent] = {}  # rank -> what it sent its peers (sent_log's stream)
-        self.refused = 0
-        self._claimed: set[tuple[str, int]] = set()  # (hello or record, rank)
-        self._lock, self._stop = threading.Lock(), threading.Event()
-        self._conns: list[socket.socket] = []
-        self._listener = socket.create_server((LOOPBACK, 0))
-        self._listener.settimeout(0.05)  # accept() wakes to see the stop: close() never waits long
-        self.port: int = self._listener.getsockname()[1]
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
-
-    def __enter__(self) -> LossServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop accepting, close every connection, join every thread."""
-        self._stop.set()
-        with self._lock:
-            conns = list(self._conns)
-        for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed by its rank
-        for t in list(self._threads):
-            t.join(timeout=5.0)
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            conn.settimeout(None)
-            t = threading.Thread(target=self._answer, args=(conn,), daemon=True)
-            with self._lock:
-                self._conns.append(conn)
-                self._threads.append(t)
-            t.start()
-
-    def _claim(self, line: str) -> tuple[str, int | None]:
-        word = line.split()
-        ok = len(word) == 2 and word[0] in ("hello", "record") and _digits(word[1])
-        kind, rank = (word[0], int(word[1])) if ok else ("", -1)
-        with self._lock:
-            if 0 <= rank < self.dp and (kind, rank) not in self._claimed:
-                self._claimed.add((kind, rank))
-                self.reads.setdefault(rank, [])
-                self.sent.setdefault(rank, Sent())
-                return kind, rank
-            self.refused += 1
-            return kind, None
-
-    def _answer(self, conn: socket.socket) -> None:
-        with conn, conn.makefile("rw", encoding="ascii", newline="\n") as f:
-            try:
-                kind, rank = self._claim(f.readline())
-                f.write("no\n" if rank is None else "ok\n")
-                f.flush()
-                while rank is not None and (line := f.readline()):
-                    i = int(line) if kind == "hello" and _digits(line.strip()) else -1
-                    if kind == "record":
-                        with self._lock:
-                            noted = self.sent[rank].take(line)
-                        # Answered, so the rank's next call waits until it is logged.
-                        f.write("ok\n" if noted else "bad\n")
-                    elif 0 <= i < len(self.losses):
-                        with self._lock:
-                            self.reads[rank].append(i)
-                        f.write(f"{self.losses[i]!r}\n")
-                    else:
-                        f.write("bad\n")
-                    f.flush()
-            except (OSError, ValueError, UnicodeError):
-                return  # the rank went away (or sent what no job sends): its log stays
-
-
-def _digits(word: str) -> bool:
-    return word.isascii() and word.isdigit()
-
-
-class _Served:
-    """``len(dataset)`` samples; ``dataset[i]`` is ``{"index": i, "loss": ...}``, asked of
-    the checker over this rank's one connection (each read a logged request)."""
-
-    __slots__ = ("_file", "_lock", "_n", "_pid")
-
-    def __init__(self, n: int, port: int, rank: int) -> None:
-        self._n, self._pid, self._lock = n, os.getpid(), threading.Lock()
-        self._file = _claimed(port, f"hello {rank}")
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, i: Any) -> dict[str, Any]:
-        try:
-            i = operator.index(i)
-        except TypeError:
-            raise IndexError(f"index {i!r} is not an integer") from None
-        if not 0 <= i < self._n:
-            raise IndexError(f"index {i!r} outside 0..{self._n - 1}")
-        if os.getpid() != self._pid:
-            raise RuntimeError(
-                "read dataset[i] in the rank's own process (a DataLoader with num_workers=0): "
-                "each rank's reads go over its one connection to the checker"
-            )
-        return {"index": i, "loss": float(self._ask(f"{i}"))}
-
-    def _ask(self, line: str) -> str:
-        return _ask(self._file, self._lock, line)
-
-    def __repr__(self) -> str:
-        return f"<evaluation set of {self._n} samples>"
-
-
-def _claimed(port: int, hello: str) -> Any:
-    """A connection to the checker's server that has claimed ``hello`` (``hello <rank>`` or
-    ``record <rank>``), as a text file; raise if another connection claimed it first."""
-    f = socket.create_connection((LOOPBACK, port)).makefile("rw", encoding="ascii", newline="\n")
-    f.write(f"{hello}\n")
-    f.flush()
-    if f.readline().strip() != "ok":
-        raise RuntimeError(
-            f"the checker's evaluation set refused {hello!r}: another connection claimed it "
-            "first. Read the evaluation set only through dataset[i]."
-        )
-    return f
-
-
-def _ask(f: Any, lock: threading.Lock, line: str) -> str:
-    with lock:  # one line out, its answer back: threads never interleave
-        f.write(f"{line}\n")
-        f.flush()
-        return str(f.readline())
-
-
-def _recorder(port: int, rank: int) -> Callable[[str], None]:
-    """The ``note`` of :func:`~.sent_log.recording`: each line over this rank's own record
-    connection, claimed before the learner's code runs and not on the dataset (whose
-    connection takes reads only), so a line written through the dataset records nothing."""
-    f, lock, pid = _claimed(port, f"record {rank}"), threading.Lock(), os.getpid()
-
-    def note(line: str) -> None:
-        if os.getpid() == pid:  # a forked DataLoader worker's calls are not this rank's
-            _ask(f, lock, line)
-
-    return note
 
 
 def dodge_means(losses: list[float], dp: int) -> dict[str, float]:
@@ -257,16 +87,25 @@ def job_exact_mean(fn: Callable[..., Any], port: int, n: int) -> Any:
 
     The barrier holds the learner's code back until every rank holds its connections, so no
     rank's code can claim another's. The reads are judged from the checker's log, not here.
+    The checker reads the bytes between the ranks before and after the answer, and after
+    the recorded calls are replayed (:mod:`.wire_bytes`); each ask waits for every rank.
     """
     import torch.distributed as dist
 
-    table, note = _Served(n, port, dist.get_rank()), _recorder(port, dist.get_rank())
+    table, note = ServedLosses(n, port, dist.get_rank()), record_note(port, dist.get_rank())
     dist.barrier()
-    with recording(note):
-        return fn(table, dist.get_rank(), dist.get_world_size())
+    calls: list[Any] = []
+    counted = note(f"snap before {os.getpid()} {store_file()}") == "ok"
+    with recording(note, calls):
+        out = fn(table, dist.get_rank(), dist.get_world_size())
+    if counted:
+        note("snap after")
+        replay(calls, note)
+        note("snap replayed")
+    return out
 
 
-def _judge(got: list[Any], losses: list[float], dp: int) -> str:
+def _judge(got: list[Any], losses: list[float], dp: int, counter: WireCounter) -> str:
     """What every rank's answer says, or a stop at the first rank that is off."""
     n, truth = len(losses), math.fsum(losses) / len(losses)
     case = f"(N={n}, dp={dp}, one process's mean {truth:.6f})"
@@ -307,9 +146,16 @@ def _judge(got: list[Any], losses: list[float], dp: int) -> str:
             )
     for rank in range(len(got)):
         judge_sent(rank, got, losses, case)
+    around, note = judge_wire(
+        counter,
+        {r: s.wire for r, (_, _, s) in enumerate(got)},
+        {r: s.replayed for r, (_, _, s) in enumerate(got)},
+    )
+    if around:
+        raise wrong(f"{around} {case}: send only through torch.distributed's collectives; {FIX}")
     return (
         f"every rank returned {truth:.6f} {case}, each read only its share, and the ranks "
-        "combined their sums with a collective."
+        f"combined their sums with a collective.{note}"
     )
 
 
@@ -348,8 +194,8 @@ def check_exact_mean(
 
     def body() -> str:
         dp, losses = draw_case(random.Random(seed))
-        got = _answers(fn, losses, dp, timeout, cluster)
-        return _judge(got, losses, dp)
+        got, counter = _answers(fn, losses, dp, timeout, cluster)
+        return _judge(got, losses, dp, counter)
 
     return judge(EXERCISE, body)
 
@@ -393,4 +239,4 @@ def _answers(
     return [
         (out, sorted(set(server.reads.get(rank, []))), server.sent.get(rank, Sent()))
         for rank, out in enumerate(got)
-    ]
+    ], server.counter

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, CheckStopped, each_returned, fresh_seed, wrong
 
 if TYPE_CHECKING:
+    from ezpz_nb.launcher import Cluster
     from ezpz_nb.workshop.verdicts import CheckResult
 
 __all__ = ["check_leader_batches"]
@@ -170,7 +171,10 @@ def _loop_round(got: list[Any], actual: int, setting: str) -> None:
 
 
 def check_leader_batches(
-    fn: Callable[[Any, Any], Iterable[Any]], *, timeout: float = CHECK_TIMEOUT
+    fn: Callable[[Any, Any], Iterable[Any]],
+    *,
+    timeout: float = CHECK_TIMEOUT,
+    cluster: Cluster | None = None,
 ) -> CheckResult:
     """Exercise 6: ``fn(loader, group)`` yields the leader's batches on every rank of ``group``.
 
@@ -192,7 +196,9 @@ def check_leader_batches(
         for k, (actual, claimed, workers) in enumerate(rounds):
             setting = _round_setting(k, actual, claimed, workers)
             try:  # one launch per round, so that a hang says which lie caused it
-                got = run_learner(job_leader_loop, fn, actual, claimed, workers, timeout=timeout)
+                got = run_learner(
+                    job_leader_loop, fn, actual, claimed, workers, timeout=timeout, cluster=cluster
+                )
             except CheckStopped as v:
                 if v.status != "wrong":
                     raise

@@ -16,6 +16,7 @@ import torch
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, fresh_seed, wrong
 
 if TYPE_CHECKING:
+    from ezpz_nb.launcher import Cluster
     from ezpz_nb.workshop.verdicts import CheckResult
 
 __all__ = ["check_send_batch"]
@@ -78,7 +79,10 @@ def job_send(fn: Callable, seed: int) -> Any:
 
 
 def check_send_batch(
-    fn: Callable[[Any, Any], dict], *, timeout: float = CHECK_TIMEOUT
+    fn: Callable[[Any, Any], dict],
+    *,
+    timeout: float = CHECK_TIMEOUT,
+    cluster: Cluster | None = None,
 ) -> CheckResult:
     """Exercise 5: ``fn(batch, group)``: the leader's dict of tensors reaches its peers.
 
@@ -95,7 +99,7 @@ def check_send_batch(
     seed = fresh_seed()
 
     def body() -> str:
-        got = run_learner(job_send, fn, seed, timeout=timeout)
+        got = run_learner(job_send, fn, seed, timeout=timeout, cluster=cluster)
         for k in range(2):
             again = " on the second call (other keys and shapes)" if k else ""
             for r, (tp_rank, rounds) in enumerate(got):

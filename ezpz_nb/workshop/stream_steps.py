@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, each_returned, fresh_seed, wrong
 
 if TYPE_CHECKING:
+    from ezpz_nb.launcher import Cluster
     from ezpz_nb.workshop.verdicts import CheckResult
 
 __all__ = ["check_steps_over_stream"]
@@ -95,7 +96,10 @@ def job_stream(fn: Callable, counts: list[int | None]) -> Any:
 
 
 def check_steps_over_stream(
-    fn: Callable[[Any, Callable[[Any], None]], int], *, timeout: float = CHECK_TIMEOUT
+    fn: Callable[[Any, Callable[[Any], None]], int],
+    *,
+    timeout: float = CHECK_TIMEOUT,
+    cluster: Cluster | None = None,
 ) -> CheckResult:
     """Exercise 7: ``fn(stream, train_step)`` steps every rank the same number of times.
 
@@ -113,7 +117,7 @@ def check_steps_over_stream(
 
     def body() -> str:
         counts = stream_counts(seed, 4)
-        got = run_learner(job_stream, fn, counts, timeout=timeout)
+        got = run_learner(job_stream, fn, counts, timeout=timeout, cluster=cluster)
         each_returned(got, "the number of steps taken")
         want = min(c for c in counts if c is not None)
         plan = ", ".join(f"rank {r} {'endless' if c is None else c}" for r, c in enumerate(counts))

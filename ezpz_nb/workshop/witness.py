@@ -48,7 +48,7 @@ from typing import Any
 
 from ezpz_nb.ledger.memory import ProcMemory, read_memory
 
-__all__ = ["Witness", "ask_witness", "children", "descendants", "group"]
+__all__ = ["Witness", "ask_witness", "children", "descendants", "group", "peer_pid"]
 
 
 def children(pid: int) -> set[int]:
@@ -243,7 +243,7 @@ class Witness:
     def _answer(self, conn: socket.socket) -> None:
         with conn:
             try:
-                peer = _peer_pid(conn)
+                peer = peer_pid(conn)
                 rank_s, _, label = conn.makefile("rb").readline().decode().strip().partition(" ")
                 rank = int(rank_s)
                 self._note(rank, label, peer)
@@ -311,7 +311,7 @@ class Witness:
             )
 
 
-def _peer_pid(conn: socket.socket) -> int:
+def peer_pid(conn: socket.socket) -> int:
     """The pid of the process at the other end of a Unix socket, from the kernel."""
     if hasattr(socket, "SO_PEERCRED"):
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))

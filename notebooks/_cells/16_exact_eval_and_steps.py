@@ -474,7 +474,10 @@ assert report.ok and report.judgement("balanced_coverage").passed
 # `drop_last`, or a mean of per-rank means. Reading every sample on every rank is refused too,
 # and so is a rank that reads nothing: every sample must be read once, on some rank. The
 # checker also watches what each rank sends: its own (sum, count) through a collective, not its
-# losses, and not through the process group's key-value store or a file.
+# losses, and not through the process group's key-value store or a file. It counts, from
+# outside the ranks, the bytes that crossed between them (the kernel's per-connection counters,
+# on Linux) against what the collectives it saw carry: data sent around them (a process group
+# or a socket of your own) is seen too.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.exact_eval as ex

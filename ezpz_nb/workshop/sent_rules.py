@@ -1,0 +1,121 @@
+"""How notebook 16's ranks combined, judged from their record (:mod:`.sent_log`) and the read log.
+
+A rank's sent values must hold the partial sum of what that rank read, which the checker
+knows from outside the rank (its server's read log), and not the losses themselves; and no
+rank may go through the process group's key-value store or put back the recorder's
+wrappers. Run in the notebook's process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from ezpz_nb.workshop.sent_log import Sent
+from ezpz_nb.workshop.stops import wrong
+
+__all__ = ["FIX", "judge_channel", "judge_sent"]
+
+#: A sent value equal to a loss the rank read (float32 keeps 7 digits): two such, raw losses.
+LOSS_MATCH = 1e-6
+#: A sent value that is the rank's part: float32 sums of up to 40 losses stay within 2e-6.
+PART_MATCH = 1e-5
+#: Numbers one rank may send: a pair (2), a reduce then a broadcast (4), a one-hot
+#: (dp, 2) table all-reduced (8 at dp 4), and a margin; the losses of a shard (up to 20) not.
+MAX_SENT = 12
+# Measured over 1000 draws of exact_eval.draw_case x 3 layouts (strided, blocks, padded with
+# weight 0) x float32/float64 pairs: 0 right answers refused, every raw-loss send refused;
+# the worst float32 partial sum is 2.1e-7 off (PART_MATCH 1e-5: 47x margin), and the closest
+# a pair's sum or count came to a single loss is 1.9e-5 relative (LOSS_MATCH 1e-6: 19x; one
+# such match is never enough, it takes two).
+
+
+def _partials(mine: set[int], others: set[int], losses: list[float]) -> list[float]:
+    """What a rank's collectives may carry as its part: the sum of the losses only it read,
+    plus any of those another rank read too (padding it weighed 0 or counted), as a sum, a
+    mean over its samples, or divided by N (each rank's share of the mean)."""
+    own, shared = sorted(mine - others), sorted(mine & others)
+    n, out = len(losses), []
+    # At most dp - 1 indices are read twice (each rank reads at most its share, and every
+    # index is read): a handful of subsets.
+    for pick in itertools.product((False, True), repeat=len(shared)):
+        idx = own + [i for i, p in zip(shared, pick, strict=True) if p]
+        if idx:
+            total = math.fsum(losses[i] for i in idx)
+            out += [total, total / len(idx), total / n]
+    return out
+
+
+def _near(a: float, b: float, rel: float) -> bool:
+    return abs(a - b) <= rel * max(abs(b), 1e-12)
+
+
+#: What to do instead, the end of every verdict on how the ranks combined.
+FIX = "each rank sums what it read, then one all_reduce of the (sum, count) pair."
+
+
+def judge_channel(rank: int, sent: Sent, case: str) -> None:
+    """Stop if ``rank`` went around the collectives: the store used, or the record broken.
+
+    Judged before the value: whatever a rank returned, this is what is wrong with it.
+    ``case`` names the drawn case in the verdict.
+    """
+    fix = FIX
+    if not sent.intact:
+        raise wrong(
+            f"rank {rank} put back or replaced torch.distributed's functions (its collectives, "
+            f"the store) the checker watches, so it cannot see how the ranks combined {case}: "
+            f"leave them as they are; {fix}"
+        )
+    if sent.store:
+        raise wrong(
+            f"your ranks never combined with a collective {case}: rank {rank} went through the "
+            f"process group's key-value store ({', '.join(sorted(set(sent.store)))}), which "
+            f"is rendezvous plumbing, not a collective: {fix}"
+        )
+
+
+def judge_sent(rank: int, got: list[Any], losses: list[float], case: str) -> None:
+    """Stop unless ``rank`` combined through collectives that carried its part, not every loss.
+
+    ``got`` holds each rank's (answer, indices it read, :class:`Sent`), the indices from the
+    checker's read log: the rank's partial sum is known from outside the rank, and checked
+    against what its record says it sent. ``case`` names the drawn case in the verdict.
+    """
+    _, reads, sent = got[rank]
+    fix = FIX
+    values = [v for _, _, kept in sent.calls for v in kept]
+    numbers = sum(count for _, count, _ in sent.calls)
+    if not numbers:
+        raise wrong(
+            f"your ranks never combined with a collective {case}: rank {rank} sent nothing "
+            f"through torch.distributed (a file, a socket or the store does not count): {fix}"
+        )
+    mine = [losses[i] for i in reads]
+    raw = sum(any(_near(v, loss, LOSS_MATCH) for v in values) for loss in mine)
+    if raw >= 2 or numbers > MAX_SENT:
+        raise wrong(
+            f"you sent every loss {case}: rank {rank} sent {numbers} values over the wire, "
+            f"where a (sum, count) pair per rank gives the same exact mean: {fix}"
+        )
+    if not _carries(rank, got, losses):
+        # The root of a combine by hand (the others send it their parts point to point, it
+        # sends back what it added up) never sends its own part: it sends the total.
+        total = math.fsum(losses)
+        root = any(_near(v, t, PART_MATCH) for v in values for t in (total, total / len(losses)))
+        if not (root and all(_carries(r, got, losses) for r in range(len(got)) if r != rank)):
+            raise wrong(
+                f"rank {rank}'s collectives did not carry the sum of the losses it read {case} "
+                f"(it sent {values[:4]}): the mean must come from what the ranks sent: {fix}"
+            )
+
+
+def _carries(rank: int, got: list[Any], losses: list[float]) -> bool:
+    """Whether ``rank`` sent, in some collective, its part of what the ranks read."""
+    _, reads, sent = got[rank]
+    others = {i for r, (_, rd, _) in enumerate(got) if r != rank for i in rd}
+    values = [v for _, _, kept in sent.calls for v in kept]
+    return any(
+        _near(v, p, PART_MATCH) for p in _partials(set(reads), others, losses) for v in values
+    )
