@@ -178,3 +178,33 @@ def test_a_stack_caught_in_torchs_decorator_names_the_call_from_the_users_line()
         wire.Frame(TORCH, 1, "wrapper", ""),
     ]
     assert stack_from_frames(0, user).call == "all_reduce"
+
+
+def test_a_forked_ranks_inherited_cell_frame_is_not_where_it_hung():
+    """Guards the fifth trial's "still in its own code" on a busy machine: a rank forked
+    from a cell carries the cell's frames above its loop (``check_pack()`` at the cell's
+    line); a rank still in the checker's own work below the loop was blamed on that line.
+    Only frames below the loop are where a rank is; with none of the learner's there, the
+    verdict says the check had not reached their function."""
+    import pickle as pickle_mod
+
+    from ezpz_nb.launcher import rank as rank_mod
+    from ezpz_nb.launcher.errors import HangError
+    from ezpz_nb.launcher.stacks import stack_from_frames
+    from ezpz_nb.workshop.verdicts import stopped_by
+
+    inherited = [wire.Frame(CELL, 3, "<module>", "ex.check_pack(pack)")]
+    loop = [
+        wire.Frame(rank_mod.__file__, 10, "main", ""),
+        wire.Frame(rank_mod.__file__, 20, "_serve_forever", ""),
+    ]
+    checker = [wire.Frame(pickle_mod.__file__, 1, "load", "")]
+    starting = stack_from_frames(0, inherited + loop + checker)
+    assert starting.state == "blocked" and starting.where is None, starting
+    verdict = stopped_by(HangError({0: starting, 1: starting}, 15.0)).message
+    assert "had not reached your function yet" in verdict and "line 3" not in verdict, verdict
+    # A learner's line below the loop is still where the rank was, and is blamed.
+    own = stack_from_frames(0, inherited + loop + [wire.Frame(CELL, 9, "pack", "while True:")])
+    assert own.where is not None and "9" in own.where
+    verdict = stopped_by(HangError({0: own, 1: starting}, 15.0)).message
+    assert "never reached a collective: still in its own code" in verdict, verdict

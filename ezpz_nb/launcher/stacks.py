@@ -138,9 +138,13 @@ def stack_from_frames(rank: int, frames: list[Frame]) -> RankStack:
         # Back in the rank loop, waiting for the next job: it finished its function
         # (its reply was sent but not yet read when the run was interrupted).
         return RankStack(rank, "finished", frames=tuple(frames))
+    # Only frames below the rank loop are the run's: those above it are the launching
+    # process's own calls, inherited through fork (a notebook cell calling a checker),
+    # never where this rank is working.
+    loop = max((i for i, f in enumerate(frames) if f.name == RANK_LOOP), default=-1)
     user_idx = None
     for i, f in enumerate(frames):
-        if not is_library(f.filename):
+        if i > loop and not is_library(f.filename):
             user_idx = i
     call = None
     start = (user_idx + 1) if user_idx is not None else 0

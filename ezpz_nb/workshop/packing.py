@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PAD", "check_pack", "job_pack", "pack_docs"]
 
-DOCS, PER_CALL = 24, 3
+DOCS, PER_CALL, WORLD = 24, 3, 4
 #: Row lengths a packing check draws from: an answer cannot fit a fixed one.
 ROW_LENS = (8, 12, 16, 20, 24)
 
@@ -50,10 +50,13 @@ VOCAB = 2**16
 
 
 def pack_docs(
-    seed: int, n: int, row_len: int
+    seed: int, n: int, row_len: int, *, fill: tuple[tuple[list[int], int], ...] = ()
 ) -> tuple[list[list[int]], dict[int, tuple[int, int]]]:
     """``n`` documents of 1 to ``3 * row_len`` tokens (some longer than a row), drawn per check.
 
+    Each ``(documents, length)`` of ``fill`` is one call of the check: its last document
+    is lengthened until the call's tokens fill whole rows of ``length`` exactly (where
+    ``n // length + 1`` rows, one of nothing but padding, differs from the ceiling).
     Returns the documents (lists of token ids, each id used once in the check) and the
     map ``id -> (document, offset)`` that only the judging process keeps.
     """
@@ -61,6 +64,8 @@ def pack_docs(
     lengths = [
         rng.choice((rng.randint(1, row_len // 2), rng.randint(1, 3 * row_len))) for _ in range(n)
     ]
+    for call, length in fill:
+        lengths[call[-1]] += -sum(lengths[d] for d in call) % length
     ids = rng.sample(range(PAD + 1, VOCAB), sum(lengths))
     docs, where, k = [], {}, 0
     for d, m in enumerate(lengths):
@@ -68,6 +73,16 @@ def pack_docs(
         where.update({t: (d, o) for o, t in enumerate(docs[-1])})
         k += m
     return docs, where
+
+
+def _calls(world: int, row_lens: list[int]) -> list[tuple[list[int], int]]:
+    """Each call of a check as ``job_pack`` makes it: its documents and its row length."""
+    out = []
+    for rank in range(world):
+        mine = list(range(DOCS))[rank::world]
+        for c, k in enumerate(range(0, len(mine), PER_CALL)):
+            out.append((mine[k : k + PER_CALL], row_lens[c % len(row_lens)]))
+    return out
 
 
 def _plain(x: Any, name: str) -> list[Any] | str:
@@ -229,7 +244,8 @@ def check_pack(
 
     24 documents of fresh random lengths (some three rows long) are dealt over 4
     ranks; each rank packs its own 3 at a time with ``fn``, at two row lengths drawn anew
-    (one per call, in turn).
+    (one per call, in turn, the shorter first); half the calls, drawn, hold tokens that
+    fill whole rows exactly.
     """
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge, run_learner
@@ -238,9 +254,14 @@ def check_pack(
 
     def body() -> str:
         # Two row lengths, call by call: a length written into the answer fits neither.
-        row_lens = random.Random(seed).sample(ROW_LENS, 2)
-        docs, where = pack_docs(seed, DOCS, max(row_lens))
-        got = run_learner(job_pack, fn, docs, row_lens, PER_CALL, timeout=timeout)
+        # The shorter first: what an answer kept from its first call meets a longer row.
+        rng = random.Random(seed)
+        row_lens = sorted(rng.sample(ROW_LENS, 2))
+        # Half the calls, drawn, fill their rows exactly: one row more is all padding.
+        calls = _calls(WORLD, row_lens)
+        fill = tuple(rng.sample(calls, len(calls) // 2))
+        docs, where = pack_docs(seed, DOCS, max(row_lens), fill=fill)
+        got = run_learner(job_pack, fn, docs, row_lens, PER_CALL, world_size=WORLD, timeout=timeout)
         each_returned(got, "the packed rows of every call")
         seen: Counter[tuple[int, int]] = Counter()
         rows = 0

@@ -140,6 +140,14 @@ def _why_hung(err: HangError) -> str:
     if not busy:
         return "they did not all make the same collective calls"
     who = f"rank {busy[0]}" if len(busy) == 1 else "ranks " + ", ".join(map(str, busy))
+    if all(err.stacks[r].where is None for r in busy):
+        # No line of the learner's below the rank loop: the check's own work (starting,
+        # reading its inputs) had not reached their function when the time ran out.
+        return (
+            f"{who} had not reached your function yet, still in the checker's own code: "
+            "the machine was too busy to start the check in time (other programs or "
+            "notebooks running?). Close what you can and run this cell again"
+        )
     waiting = any(s.in_collective for s in stacks)
     return (
         f"{who} never reached a collective: still in its own code (a loop that never ends, "
