@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import pickle
 import struct
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -187,10 +186,11 @@ def _targets() -> list[_Target]:
     for n, i in _OBJECT_SENDS.items():  # one function under two names
         out += [(c10d, n, arg(i, 0), "")]
         out += [(dist, n, arg(i, 0), "")] if hasattr(dist, n) else []
-    # Wrapped when loaded (importing it costs a second a rank): a learner's function that
-    # uses it brings it in when the notebook sends the function, before any recording.
-    if (funcol := sys.modules.get("torch.distributed._functional_collectives")) is not None:
-        out += [(funcol, n, arg(0, 0), "outer") for n in _FUNCTIONAL]
+    # Imported here (10 ms quiet): a learner's function that imports it in its own body
+    # would otherwise call functions no wrapper replaced, and a right answer sends "nothing".
+    import torch.distributed._functional_collectives as funcol
+
+    out += [(funcol, n, arg(0, 0), "outer") for n in _FUNCTIONAL]
     stores = (cpp.Store, *cpp.Store.__subclasses__())
     out += [(c, n, None, "") for c in stores for n in _STORE_METHODS if n in c.__dict__]
     return [t for t in out if _get(t[0], t[1]) is not None]
