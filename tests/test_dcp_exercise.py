@@ -2,8 +2,9 @@
 
 Each check draws its layouts' order, the dataset's size, two loader seeds, the two save
 steps and the seeds and sizes of the twins it saves at each place, so every answer here is
-judged over several draws: the saves on one warm cluster, the loads on fresh ranks (the
-checker's own choice, so a save cannot reach them), from checkpoints rebuilt from what DCP holds.
+judged over several draws: the saves on one warm cluster, confined to their checkpoints, the
+loads on ranks of the checker's own (shared by the module's checks: nothing of a save reaches
+them but its checkpoint), from checkpoints rebuilt from what DCP holds.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import glob
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 
@@ -19,19 +21,21 @@ import pytest
 import torch.distributed as dist
 
 import ezpz_nb as ez
-from ezpz_nb.workshop.dcp_state import BATCH, CORPUS, check_loader_state
+from ezpz_nb.workshop import confine
+from ezpz_nb.workshop.dcp_state import BATCH, CORPUS, check_loader_state, shared_load_ranks
 
 pytestmark = pytest.mark.timeout(400)
 
 #: Checks per answer: each draws its own steps, sizes and layout order. One in `make unit`
-#: (each run draws afresh; a check is ~4 s of 4 fresh ranks), 20 in `make stress`.
+#: (each run draws afresh), 20 in `make stress`.
 DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "1"))
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[ez.Cluster]:
-    """Four warm ranks for the whole corpus."""
-    with ez.Cluster(world_size=4, timeout=120) as c:
+    """Four warm ranks for the whole corpus's saves; the loads share four ranks of the
+    checker's own (their imports of DCP paid once for the module, not once a check)."""
+    with ez.Cluster(world_size=4, timeout=120) as c, shared_load_ranks():
         yield c
 
 
@@ -170,7 +174,7 @@ def patches_the_load_job(loader, layout):
         out = []
         for tp, n, seed, _ in items:
             lay = mod.make_layout(tp_size=tp)
-            out.append(mod._seen(mod.stream(lay.dp_rank, lay.dp_size, n, seed))[stops[0] :])
+            out.append(mod.seen(mod.stream(lay.dp_rank, lay.dp_size, n, seed))[stops[0] :])
         return out
 
     mod._load_part = fake_load
@@ -387,6 +391,244 @@ def test_dodges_of_every_class_are_rejected(cluster, save, load):
         ):
             with contextlib.suppress(FileNotFoundError):  # another run's cleanup took it
                 os.remove(path)
+
+
+# ---------------------------------------------------------------- outside the checkpoint
+# Issue 45's fourth trial: the checkpoint holds a digest of the place, the place itself is
+# kept elsewhere. Each place below is one a learner's process can write to or start.
+_DIGEST_DIR = os.path.join(tempfile.gettempdir(), "ezpz-nb15-digests")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _digest(s):
+    import hashlib
+
+    raw = repr((int(s["shard"]), int(s["offset"]))).encode() + bytes(s["generator"].tolist())
+    return hashlib.sha256(raw).hexdigest()[:15]
+
+
+def _digest_saver(keep):
+    """A dodge's loader_state: ``keep(digest, state)`` stores the place, the checkpoint
+    holds the digest only (the same for two loaders at one place: the twins agree)."""
+
+    def save(loader, layout):
+        import torch
+
+        s = loader.state_dict()
+        h = _digest(s)
+        keep(h, s)
+        return {f"dp{layout.dp_rank}": torch.tensor([int(h, 16)])}
+
+    return save
+
+
+def _digest_loader(fetch):
+    def load(loader, layout, state):
+        h = format(int(state[f"dp{layout.dp_rank}"].item()), "x").zfill(15)
+        loader.load_state_dict(fetch(h))
+
+    return load
+
+
+def _in_folder(folder):
+    def keep(h, s):
+        import torch
+
+        os.makedirs(folder, exist_ok=True)
+        torch.save(s, os.path.join(folder, f"{h}.pt"))
+
+    def fetch(h):
+        import torch
+
+        return torch.load(os.path.join(folder, f"{h}.pt"))
+
+    return _digest_saver(keep), _digest_loader(fetch)
+
+
+def _in_a_child(daemon):
+    """The place held by a child process the save forks (``daemon``: it forks again and
+    leaves a new session, as a daemon does), served on an abstract unix socket."""
+
+    def keep(h, s):
+        import pickle
+        import socket
+
+        if os.fork() == 0:  # the child serves; the rank goes on
+            try:
+                if daemon:
+                    os.setsid()
+                    if os.fork():
+                        os._exit(0)
+                srv = socket.socket(socket.AF_UNIX)
+                srv.bind(f"\0ezpz-nb15-{h}")
+                srv.listen()
+                while True:
+                    conn, _ = srv.accept()
+                    conn.sendall(pickle.dumps(s))
+                    conn.close()
+            finally:
+                os._exit(0)
+
+    def fetch(h):
+        import pickle
+        import socket
+
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(f"\0ezpz-nb15-{h}")
+        return pickle.loads(c.makefile("rb").read())
+
+    return _digest_saver(keep), _digest_loader(fetch)
+
+
+def _in_a_program_env():
+    """The place in the environment of a program the save starts (read from /proc)."""
+
+    def keep(h, s):
+        import subprocess
+        import sys
+
+        env = {"EZPZ_NB15": json.dumps({**s, "generator": s["generator"].tolist()}), "H": h}
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+
+    def fetch(h):
+        raise LookupError(f"the program holding {h} was never started")
+
+    return _digest_saver(keep), _digest_loader(fetch)
+
+
+def _on_tcp():
+    """The place served over TCP by a thread the save starts in the rank."""
+
+    def keep(h, s):
+        import socket
+
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+
+    return _digest_saver(keep), _digest_loader(lambda h: {})
+
+
+def _in_sysv_shm():
+    """The place in System V shared memory under a key from the digest (no file, no socket)."""
+    import ctypes
+
+    def seg(h, size, flags):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.shmat.restype = ctypes.c_void_p
+        ident = libc.shmget(ctypes.c_int(int(h[:7], 16)), ctypes.c_size_t(size), flags)
+        return libc.shmat(ident, None, 0)
+
+    def keep(h, s):
+        raw = json.dumps({**s, "generator": s["generator"].tolist()}).encode()
+        ctypes.memmove(seg(h, 1 << 16, 0o1600), raw + b"\0", len(raw) + 1)
+
+    def fetch(h):
+        import torch
+
+        got = json.loads(ctypes.string_at(seg(h, 1 << 16, 0o600)).decode())
+        return {**got, "generator": torch.tensor(got["generator"], dtype=torch.uint8)}
+
+    return _digest_saver(keep), _digest_loader(fetch)
+
+
+_OUTSIDE = {
+    "tmp_folder": _in_folder(_DIGEST_DIR),
+    "dev_shm": _in_folder("/dev/shm/ezpz-nb15-digests"),
+    "notebook_folder": _in_folder(os.path.join(_HERE, ".ezpz-nb15-digests")),
+    "child_process": _in_a_child(daemon=False),
+    "daemon": _in_a_child(daemon=True),
+    "program_env": _in_a_program_env(),
+    "tcp_server": _on_tcp(),
+    "sysv_shm": _in_sysv_shm(),
+}
+
+
+@pytest.mark.skipif(not confine.landlock_abi(), reason="needs Linux with Landlock")
+@pytest.mark.parametrize("where", list(_OUTSIDE))
+def test_a_state_kept_outside_the_checkpoint_is_refused(cluster, where):
+    """Guards issue 45's fourth trial's "checkpoint holds a digest only, the state in a side
+    folder" and its variants: a fixed folder in /tmp, /dev/shm, the notebook's folder, a child
+    process (or a daemon that forked again) serving it on a socket, a program's environment,
+    a TCP server, System V shared memory. Each is refused or found, named, and ended; nothing
+    of it is left behind; the saves' ranks still write files after."""
+    save, load = _OUTSIDE[where]
+    try:
+        result = check_loader_state(save, load, cluster=cluster)
+        assert result.status == "wrong", result.message
+        assert "the state must be in the checkpoint" in result.message.lower(), result.message
+    finally:
+        folders = (_DIGEST_DIR, "/dev/shm/ezpz-nb15-digests", f"{_HERE}/.ezpz-nb15-digests")
+        written = [f for f in folders if os.path.exists(f)]
+        for folder in written:
+            shutil.rmtree(folder, ignore_errors=True)
+    assert not written, f"{written} written"
+    # Nothing below the warm ranks, and they write as before (only the saves' thread was held).
+    pids = cluster.run(os.getpid)
+    assert confine.processes_below(pids) == {}
+    assert cluster.run(lambda: tempfile.TemporaryFile().close() or "wrote") == ["wrote"] * 4
+
+
+def _start_writer():
+    """In a warm rank, before the check: a thread of the learner's that writes whatever a save
+    leaves in ``builtins`` to a file (it runs outside the saves' confinement)."""
+    import builtins
+    import threading
+    import time
+
+    def run():
+        while not getattr(builtins, "_ezpz_nb15_stop", False):
+            for h, s in dict(getattr(builtins, "_ezpz_nb15_out", {})).items():
+                import torch
+
+                os.makedirs(_DIGEST_DIR, exist_ok=True)
+                torch.save(s, os.path.join(_DIGEST_DIR, f"{h}.pt"))
+            time.sleep(0.005)
+
+    builtins._ezpz_nb15_stop = False
+    threading.Thread(target=run, name="learners-writer", daemon=True).start()
+
+
+def _stop_writer():
+    import builtins
+    import threading
+
+    builtins._ezpz_nb15_stop = True
+    for t in threading.enumerate():
+        if t.name == "learners-writer":
+            t.join()
+
+
+def _to_writer(h, s):
+    import builtins
+
+    builtins.__dict__.setdefault("_ezpz_nb15_out", {})[h] = s
+
+
+@pytest.mark.skipif(not confine.landlock_abi(), reason="needs Linux with Landlock")
+def test_a_thread_started_before_the_check_never_sees_the_saves(cluster):
+    """Guards the one way around the saves' confinement on a warm cluster: a thread the
+    learner started there earlier, unconfined, writing what a save leaves in memory. The
+    checker sees the thread and saves on ranks of its own; the thread writes nothing."""
+    cluster.run(_start_writer)
+    try:
+        save, load = _digest_saver(_to_writer), _in_folder(_DIGEST_DIR)[1]
+        result = check_loader_state(save, load, cluster=cluster)
+        assert result.status == "wrong", result.message
+    finally:
+        cluster.run(_stop_writer)
+        wrote = os.path.exists(_DIGEST_DIR)
+        shutil.rmtree(_DIGEST_DIR, ignore_errors=True)
+    assert not wrote, "the learner's thread wrote a save's state"
+
+
+def test_rules_that_cannot_run_are_named():
+    """Guards a silent pass where Landlock is missing: each rule that did not run is named."""
+    assert confine.confinement(7) == []
+    assert "writes outside the checkpoint" in confine.confinement(0)[0]
+    assert [m.split(" (")[0] for m in confine.confinement(3)] == [
+        "TCP sockets",
+        "abstract unix sockets",
+    ]
 
 
 @pytest.mark.parametrize(

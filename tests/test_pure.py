@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 from collections import namedtuple
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 
 from ezpz_nb.data.broadcast import ALIGN, _slots
 from ezpz_nb.data.tree import flatten_batch, unflatten_batch
+from ezpz_nb.launcher import rank as ez_rank
 from ezpz_nb.launcher import wire
 from ezpz_nb.launcher.stacks import parse_faulthandler, stack_from_frames
 
@@ -142,3 +144,30 @@ def test_flatten_unflatten_round_trip_keeps_structure_and_tensor_identity():
     assert back["nested"][1] == (c, "label") and isinstance(back["nested"][1], tuple)
     assert isinstance(back["pair"], Pair) and back["pair"].y is a
     assert list(back) == ["ids", "nested", "pair", 7] and back[7] is None
+
+
+RANK_FILE = ez_rank.__file__
+THREADED = f"""\
+Thread 0x00007f0000000003 (most recent call first):
+  File "{CELL}", line 4 in loader_state
+  File "{RANK_FILE.replace("launcher/rank.py", "workshop/confine.py")}", line 90 in _run
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "{threading.__file__}", line 1100 in join
+  File "{RANK_FILE.replace("launcher/rank.py", "workshop/confine.py")}", line 120 in call_confined
+  File "{RANK_FILE}", line 240 in _serve_forever
+  File "{RANK_FILE}", line 200 in main
+"""
+
+
+def test_a_learner_function_run_in_a_thread_is_where_the_rank_is():
+    """Guards hangs in checkers that run the learner's function in a thread of its own
+    (notebook 15's confined saves): the main thread only waits in library code, so the
+    report named no line of theirs (and a busy-machine message blamed the checker)."""
+    stack = stack_from_frames(0, parse_faulthandler(THREADED, "_serve_forever"))
+    assert stack.where is not None and "4" in stack.where, stack
+    # A later dump wins: once the thread is gone, the main thread alone is shown.
+    later = THREADED.split("\n\n", 1)[1]
+    frames = parse_faulthandler(THREADED + later, "_serve_forever")
+    assert [f.name for f in frames][-1] == "join"
+    assert stack_from_frames(0, frames).where is None

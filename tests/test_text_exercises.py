@@ -187,6 +187,52 @@ def pack_docs_from_ids(docs, row_len):
     return out
 
 
+def pack_extra_padding_row(docs, row_len):
+    """Honest but wrong (issue 45's fifth trial): ``n // row_len + 1`` rows, so a call whose
+    tokens fill whole rows gets one row of nothing but padding."""
+    out = pack(docs, row_len)
+    if sum(len(d) for d in docs) % row_len:
+        return out
+    blank = torch.zeros(1, row_len, dtype=torch.int64)
+    return {
+        "input_ids": torch.cat([out["input_ids"], blank]),
+        "position_ids": torch.cat([out["position_ids"], blank]),
+        "mask": torch.cat([out["mask"], torch.zeros(1, row_len, row_len, dtype=torch.bool)]),
+    }
+
+
+def _first_call_template():
+    cache = {}
+
+    def pack_template_of_the_first_call(docs, row_len):
+        """Honest but wrong (issue 45's fifth trial): the causal template built once, at the
+        first call's row length, and cut to size after: a longer row finds it too small."""
+        tril = cache.setdefault("tril", torch.ones(row_len, row_len, dtype=torch.bool).tril())
+        out = pack(docs, row_len)
+        n = min(row_len, tril.shape[0])
+        keep = torch.zeros(row_len, row_len, dtype=torch.bool)
+        keep[:n, :n] = tril[:n, :n]
+        return {**out, "mask": out["mask"] & keep}
+
+    return pack_template_of_the_first_call
+
+
+pack_template_of_the_first_call = _first_call_template()
+
+
+def pack_library_mask(docs, row_len):
+    """Unusual, right: the packing by hand, the mask from the document ids by the library's
+    ``document_mask`` (shown in the notebook), padding masked out."""
+    from ezpz_nb.text import document_mask
+
+    seg = torch.cat([torch.full((len(d),), i) for i, d in enumerate(docs)])
+    out = pack(docs, row_len)
+    rows = out["input_ids"].shape[0]
+    seg = torch.nn.functional.pad(seg, (0, rows * row_len - len(seg)), value=-1)
+    seg = seg.view(rows, row_len)
+    return {**out, "mask": document_mask(seg) & (seg >= 0).unsqueeze(-1)}
+
+
 def pack_ragged(docs, row_len):
     """Not a grid: each row a list as long as what it holds (no padding at all)."""
     out = pack(docs, row_len)
@@ -286,6 +332,7 @@ def pack_not_done(docs, row_len):
         pack_interleaved,
         pack_round_robin_restart,
         pack_rows_reversed,
+        pack_library_mask,
     ],
 )
 def test_pack_checker_accepts_right_answers(fn):
@@ -324,6 +371,9 @@ def test_pack_checker_accepts_right_answers(fn):
         (pack_pieces_offsets_see_themselves, "hides too much"),
         (pack_round_robin_identity, ("position id", "hides too much")),
         (pack_column_major, "not one piece"),
+        # Its fifth trial: right on most draws, so each check makes the draws that show it.
+        (pack_extra_padding_row, "padding tokens"),
+        (pack_template_of_the_first_call, ("hides too much", "may not attend")),
     ],
 )
 def test_pack_checker_rejects_dodges(fn, words):
@@ -520,6 +570,28 @@ def plan_sorted_fixed_size(lengths, dp_rank, dp_size, budget):
     return batches[: len(batches) // dp_size * dp_size][dp_rank::dp_size]
 
 
+def _pools_sorted(pool):
+    def plan(lengths, dp_rank, dp_size, budget):
+        """Dodge (issue 45's fourth trial): sorted only within pools of ``pool`` documents in
+        index order, batched to the budget, one global plan dealt whole."""
+        batches = []
+        for k in range(0, len(lengths), pool):
+            batches += _budget_batches(lengths, list(range(k, min(k + pool, len(lengths)))), budget)
+        return batches[: len(batches) // dp_size * dp_size][dp_rank::dp_size]
+
+    plan.__name__ = f"plan_pools_of_{pool}_sorted"
+    return plan
+
+
+plan_pools_of_16_sorted, plan_pools_of_32_sorted = _pools_sorted(16), _pools_sorted(32)
+
+
+def plan_global_no_drop(lengths, dp_rank, dp_size, budget):
+    """Wrong (issue 45's fourth trial): the global plan dealt whole, the leftover batches kept
+    (right only on a draw whose batches divide evenly over DP, which the checker never makes)."""
+    return _budget_batches(lengths, range(len(lengths)), budget)[dp_rank::dp_size]
+
+
 def plan_constant_count(lengths, dp_rank, dp_size, budget):
     """Dodge: each replica's own plan cut to a count fixed in advance (no agreement)."""
     return plan_local(lengths, dp_rank, dp_size, budget)[:8]
@@ -607,6 +679,10 @@ def test_budget_plan_checker_accepts_right_answers(fn):
         (plan_drop_random_fifth, "no replica kept all"),
         (plan_drop_shortest, "no replica kept all"),
         (plan_drop_last_shard, "no replica kept all"),
+        # Its fourth trial: sorted within pools only (16 passed 4 checks in 12, 32 most).
+        (plan_pools_of_16_sorted, ("sorted as a whole", "over the whole shard")),
+        (plan_pools_of_32_sorted, ("sorted as a whole", "over the whole shard")),
+        (plan_global_no_drop, "would wait"),
     ],
 )
 def test_budget_plan_checker_rejects_dodges(fn, words):
@@ -617,7 +693,8 @@ def test_budget_plan_checker_rejects_dodges(fn, words):
     batches of a fixed size; and shards so lopsided that the agreed count drops most of the
     corpus; and its third trial's: the longest documents left out (dealt in blocks, or with
     one replica given a shard's count), a random fifth, the shortest documents, or one
-    replica's whole shard; each over several draws."""
+    replica's whole shard; and its fourth trial's: documents sorted only within pools of 16
+    or 32, and the global plan's leftover batches kept; each over several draws."""
     for _ in range(DRAWS):
         result = check_budget_plan(fn)
         said = (words,) if isinstance(words, str) else words

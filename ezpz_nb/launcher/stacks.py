@@ -93,7 +93,7 @@ class RankStack:
         return f"rank {self.rank}: {call}{where}{src}"
 
 
-_THREAD_RE = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
+_THREAD_RE = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME_RE = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 _PLUMBING = {"wrapper", "inner", "_fn", "fn", "decorate_context"}
 _CALLED = re.compile(r"(\w+)\s*\(")
@@ -103,20 +103,45 @@ def parse_faulthandler(text: str, marker: str) -> list[Frame]:
     """The stack of the thread whose frames include ``marker`` (a function name).
 
     faulthandler prints most recent call first; we return outermost first, like
-    tracebacks, with the source line left blank for :func:`fill_line`.
+    tracebacks, with the source line left blank for :func:`fill_line`. Where that
+    thread waits in library code only below ``marker`` (a checker that runs the
+    learner's function in a thread of its own, as notebook 15's confined saves do), the
+    frames of the same dump's thread that runs code of the learner's follow its own.
     """
-    blocks: list[list[Frame]] = []
+    dumps: list[list[list[Frame]]] = []  # each SIGUSR1 prints every thread once
+    seen: set[str] = set()
     for raw in text.splitlines():
-        if _THREAD_RE.match(raw):
-            blocks.append([])
+        head = _THREAD_RE.match(raw)
+        if head:
+            ident = head.group(1)
+            if not dumps or ident in seen:
+                dumps.append([])
+                seen = set()
+            seen.add(ident)
+            dumps[-1].append([])
             continue
         m = _FRAME_RE.match(raw)
-        if m and blocks:
-            blocks[-1].append(Frame(m.group(1), int(m.group(2)), m.group(3), ""))
-    for frames in reversed(blocks):  # the latest dump wins
-        if any(f.name == marker for f in frames):
-            return list(reversed(frames))
+        if m and dumps:
+            dumps[-1][-1].append(Frame(m.group(1), int(m.group(2)), m.group(3), ""))
+    for dump in reversed(dumps):  # the latest dump wins
+        for block in dump:
+            if any(f.name == marker for f in block):
+                return _with_learner_thread(list(reversed(block)), dump, marker)
     return []
+
+
+def _with_learner_thread(main: list[Frame], dump: list[list[Frame]], marker: str) -> list[Frame]:
+    """``main``, or ``main`` followed by the thread of ``dump`` that runs the learner's code
+    when ``main`` itself waits in library code only below ``marker``."""
+    loop = max(i for i, f in enumerate(main) if f.name == marker)
+    if any(not is_library(f.filename) for f in main[loop + 1 :]):
+        return main
+    for block in dump:
+        if any(not is_library(f.filename) for f in block) and not any(
+            f.name == marker for f in block
+        ):
+            return main + list(reversed(block))
+    return main
 
 
 def _is_torch(filename: str) -> bool:

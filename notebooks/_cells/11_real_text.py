@@ -645,6 +645,8 @@ print(
 # its own document is visible, position ids count from where each document starts in the row
 # (or go on counting for a document continued from the previous row), each call has less than
 # one row of padding, and every token of every document is in exactly one row over the epoch.
+# Building the mask from document ids with `document_mask` (used above) is fine: the packing and
+# the positions are the exercise.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.exercises as ex
@@ -690,7 +692,8 @@ assert ex.check_pack(pack).passed
 # size, the budget, 160 to 720 documents), runs each on real ranks, and each step of your plan
 # ends in an all-reduce. It passes when every replica has the same number of batches, no
 # document is planned twice, no more is left out than equal counts need, and the batches are
-# about as full, and as little padded, as batches sorted by length over the same documents.
+# about as full, and as little padded, as batches sorted by length over the same documents,
+# and sorted the same way: sort the whole shard (or corpus) by length, not small pools of it.
 # Either fix of section 2 passes (a count fixed in advance does not); you may call collectives
 # inside.
 

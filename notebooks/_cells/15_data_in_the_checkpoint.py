@@ -362,9 +362,10 @@ for design in ("refuse", "reshard"):
 # filled in (its template is `loader_state` of a fresh loader). The checker draws the dataset,
 # two loader seeds and two save steps on `dp 2 x tp 2` and on `dp 4 x tp 1`. At each place it
 # saves two loaders built with other seeds and set to that place (their checkpoints must
-# match), loads one into a fresh loader of the run's own seed on fresh ranks, then compares
-# samples and masked tokens with a straight run. So save the place, not the loader: read the
-# state dcp.load hands you, and key it by what the layout says.
+# match), loads one into a fresh loader of the run's own seed on other ranks, then compares
+# samples and masked tokens with a straight run. The saves may write nothing but their
+# checkpoint (no file of your own, no socket, no process left running). So save the place,
+# not the loader: read the state dcp.load hands you, and key it by what the layout says.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.dcp_state as ex
