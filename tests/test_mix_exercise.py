@@ -6,6 +6,7 @@ corpus below is the checker's specification: 0 false passes, 0 false failures.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -19,9 +20,17 @@ import torch
 import ezpz_nb as ez
 from ezpz_nb.data.mixture import Mixture
 from ezpz_nb.verify.mixture import check_mixture
-from ezpz_nb.workshop.mix_seeds import _log_match, seed_blind
+from ezpz_nb.workshop.mix_seeds import (
+    FEW_MOST,
+    MANY,
+    _few_below,
+    _log_match,
+    few_streams,
+    seed_blind,
+)
 from ezpz_nb.workshop.mix_streams import (
     COVER,
+    DEEP,
     GLOBALS,
     RUN,
     SEEDS,
@@ -30,6 +39,7 @@ from ezpz_nb.workshop.mix_streams import (
     _drift,
     draw_setup,
     far_steps,
+    quotas,
 )
 from ezpz_nb.workshop.mixture import check_mix_batch
 
@@ -38,9 +48,16 @@ from ezpz_nb.workshop.mixture import check_mix_batch
 DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "2"))
 
 
+@functools.lru_cache(maxsize=256)  # the few-streams rule's 128 seeds each have one
+def _plan(sizes, weights, global_batch, seed, steps):
+    return Mixture(sizes, weights, global_batch, "stratified", seed).plan(steps)
+
+
 def library_answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
-    """Right: the stratified Mixture's plan, this rank's slots of batch ``step``."""
-    plan = Mixture(tuple(sizes), tuple(weights), global_batch, "stratified", seed).plan(step + 1)
+    """Right: the stratified Mixture's plan, this rank's slots of batch ``step`` (the plan
+    kept for the next call, grown by doubling: the far steps reach 10**4)."""
+    steps = 1 << max(6, step.bit_length())  # more than step
+    plan = _plan(tuple(sizes), tuple(weights), global_batch, seed, steps)
     m = global_batch // dp_size
     lo = step * global_batch + dp_rank * m
     return [(int(s), int(i)) for s, i in plan[lo : lo + m]]
@@ -155,14 +172,16 @@ def _reordered(order, early=0):
     pass index counted ``early`` draws early is an off-by-one)."""
 
     def answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
-        plan = Mixture(tuple(sizes), tuple(weights), global_batch, "stratified", seed)
-        src = plan.plan(step + 1)[:, 0]
+        steps = 1 << max(6, step.bit_length())  # more than step
+        src = _plan(tuple(sizes), tuple(weights), global_batch, seed, steps)[:, 0]
         m = global_batch // dp_size
         lo = step * global_batch + dp_rank * m
+        done = np.bincount(src[:lo], minlength=len(sizes))  # each source's draws before
         out = []
         for j in range(lo, lo + m):
             s, n = int(src[j]), sizes[int(src[j])]
-            k = int(np.count_nonzero(src[:j] == s))
+            k = int(done[s])
+            done[s] += 1
             out.append((s, int(order(seed, s, (k + early) // n, n)[k % n])))
         return out
 
@@ -230,6 +249,49 @@ def one_bit_of_the_seed(sizes, weights, global_batch, step, dp_rank, dp_size, se
     return notebook_solution(sizes, weights, global_batch, step, dp_rank, dp_size, 1 + bit)
 
 
+def _hashed(seed, k):
+    return int.from_bytes(hashlib.sha256(str(seed).encode()).digest()[:8], "little") % k
+
+
+def seed_hashed_to(k):
+    """Dodge (issue 45's fifth brief): the seed hashed to one of ``k`` values, each one of
+    the solution's streams: no twin shares a hash, and 5 seeds fall in 5 streams with a
+    chance that grows with ``k`` (about 15% at 7)."""
+
+    def answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+        return notebook_solution(
+            sizes, weights, global_batch, step, dp_rank, dp_size, 1 + _hashed(seed, k)
+        )
+
+    answer.__name__ = f"seed_hashed_to_{k}"
+    return answer
+
+
+def largest_source_hashed_to_50(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge (fifth brief): the seed reaches the largest source through one of 50 values
+    only (the others get the whole seed)."""
+    big = max(range(len(sizes)), key=lambda s: sizes[s])
+    return _reordered(lambda x, s, p, n: _fresh(1 + _hashed(x, 50) if s == big else x, s, p, n))(
+        sizes, weights, global_batch, step, dp_rank, dp_size, seed
+    )
+
+
+def replays_from(t):
+    """Dodge (fifth brief): the stream right up to step ``t - 1``, then again from step 0
+    (a table of ``t`` batches), for ``t`` past the old checker's reach (128)."""
+
+    def answer(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+        return notebook_solution(sizes, weights, global_batch, step % t, dp_rank, dp_size, seed)
+
+    answer.__name__ = f"replays_{t}"
+    return answer
+
+
+def stops_at_128(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge (fifth brief): the stream right up to step 128, then that batch at every step."""
+    return notebook_solution(sizes, weights, global_batch, min(step, 128), dp_rank, dp_size, seed)
+
+
 def replays_80_batches(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
     """Dodge (third trial's open class): a table of 80 global batches replayed, longer than
     any horizon (32 to 64): the far steps hold the table's batches again."""
@@ -238,19 +300,40 @@ def replays_80_batches(sizes, weights, global_batch, step, dp_rank, dp_size, see
 
 def _cached_epoch():
     """Right, unusually (third trial, rejected before): the stream of a case built once and
-    kept in a ``functools.lru_cache`` helper of the notebook's ``__main__``, lists of lists.
-    Defined as a notebook cell defines it, so both functions travel by value."""
-    ns: dict = {"__name__": "__main__", "solution": notebook_solution}
+    kept in a ``functools.lru_cache`` helper of the notebook's ``__main__``, lists of lists,
+    pure Python (random.Random(str) shuffles), grown by doubling (the far steps reach 10**4:
+    each build costs its length, not its square). Defined as a notebook cell defines it, so
+    both functions travel by value."""
+    ns: dict = {"__name__": "__main__"}
     src = (
+        "import random\n"
         "from functools import lru_cache\n"
-        "@lru_cache(maxsize=None)\n"
-        "def _epoch(sizes, weights, global_batch, seed, steps):\n"
-        "    return [solution(sizes, weights, global_batch, b, 0, 1, seed) for b in range(steps)]\n"
+        "@lru_cache(maxsize=4)\n"
+        "def _epoch(sizes, weights, g, seed, steps):\n"
+        "    w = [x / sum(weights) for x in weights]\n"
+        "    done, out, perms = [0] * len(w), [], {}\n"
+        "    for b in range(steps):\n"
+        "        quota = [int(x * g) for x in w]\n"
+        "        behind = [x * (b + 1) * g - d - q for x, d, q in zip(w, done, quota)]\n"
+        "        for s in sorted(range(len(w)), key=lambda s: -behind[s])[: g - sum(quota)]:\n"
+        "            quota[s] += 1\n"
+        "        slots = [s for s in range(len(w)) for _ in range(quota[s])]\n"
+        "        random.Random(f'{seed}:{b}').shuffle(slots)\n"
+        "        batch = []\n"
+        "        for s in slots:\n"
+        "            n, size = done[s], sizes[s]\n"
+        "            if (s, n // size) not in perms:\n"
+        "                perms[s, n // size] = random.Random(f'{seed}:{s}:{n // size}').sample(\n"
+        "                    range(size), size)\n"
+        "            batch.append([s, perms[s, n // size][n % size]])\n"
+        "            done[s] += 1\n"
+        "        out.append(batch)\n"
+        "    return out\n"
         "def mix_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed):\n"
-        "    steps = max(80, step + 1)  # the cache grows with the step when needed\n"
+        "    steps = 1 << max(4, step.bit_length())  # the cache doubles when needed\n"
         "    batch = _epoch(tuple(sizes), tuple(weights), global_batch, seed, steps)[step]\n"
         "    m = global_batch // dp_size\n"
-        "    return [list(p) for p in batch[dp_rank * m : (dp_rank + 1) * m]]\n"
+        "    return batch[dp_rank * m : (dp_rank + 1) * m]\n"
     )
     exec(compile(src, "<17 cached epoch cell>", "exec"), ns)
     return ns["mix_batch"]
@@ -469,9 +552,10 @@ def test_the_fourth_trials_answers_are_rejected(cluster, fn, says):
 
 def _streams(fn, seed):
     """``fn``'s dp=1 streams of ``seed``'s draw over its horizon, in process, by seed."""
-    main, _, steps, seeds, _ = draw_setup(seed)
+    setup = draw_setup(seed)
+    main = setup.main
     args = (main.sizes, main.weights, main.global_batch)
-    return main, {x: [fn(*args, b, 0, 1, x) for b in range(steps)] for x in seeds}
+    return main, {x: [fn(*args, b, 0, 1, x) for b in range(setup.steps)] for x in setup.seeds}
 
 
 @pytest.mark.parametrize("seed", [3, 4])
@@ -503,8 +587,9 @@ def test_a_replayed_table_of_batches_is_rejected(cluster):
 @pytest.mark.parametrize("fn", [slot_size_for_four, global_batch_of_twelve])
 def test_fixed_sizes_are_rejected(cluster, fn):
     """Guards H11's dodges of a fixed layout: a slot size fitted to dp 4 and a global batch
-    fitted to 12 are turned down on every draw (the drawn DP size or batch differs)."""
-    for _ in range(DRAWS):
+    fitted to 12 are turned down on every draw (the drawn DP size or batch differs). Half
+    the file's draws: each fails by construction, whatever the draw."""
+    for _ in range(max(1, DRAWS // 2)):
         got = check_mix_batch(fn, cluster=cluster)
         assert got.status == "wrong", got.message
 
@@ -513,8 +598,9 @@ def test_fixed_sizes_are_rejected(cluster, fn):
 def test_a_hard_coded_global_batch_is_rejected_on_every_draw(cluster, fn):
     """Guards the outside trial's leftover: an answer assuming one of the drawn global
     batches (8, 16, 20, 24) passed on the draws of its own size. Each check now also runs a
-    second, different batch, so it fails on every draw, and says which batch it was given."""
-    for _ in range(DRAWS):
+    second, different batch, so it fails on every draw, and says which batch it was given.
+    Half the file's draws: the second case differs by construction (the next test)."""
+    for _ in range(max(1, DRAWS // 2)):
         got = check_mix_batch(fn, cluster=cluster)
         assert got.status == "wrong" and "use the argument" in got.message, got.message
 
@@ -524,12 +610,22 @@ def test_every_draw_has_two_different_cases_and_seeds():
     seed and pass rules can judge: each check's two cases differ in global batch and in
     number of sources, all from the checker's ranges (the first batch also divisible by every
     DP size checked), its seeds all differ, its far steps start past the horizon and reach
-    COVER, and each case has a small source drawn in 6 passes or more and one of 12 samples
-    or more drawn in 2 passes or more. Pure arithmetic, no ranks: 2000 seeds."""
+    COVER (one more run up to DEEP), its 128 more seeds are new and their window judges the
+    whole batches and the largest source (issue 45's fifth brief: the few-streams rule), and
+    each case has a small source drawn in 6 passes or more and one of 12 samples or more
+    drawn in 2 passes or more. Pure arithmetic, no ranks: 2000 seeds."""
     for seed in range(2000):
-        main, other, steps, seeds, far = draw_setup(seed)
+        setup = draw_setup(seed)
+        main, other, steps, seeds, far = setup[:5]
         assert len(set(seeds)) == SEEDS and steps <= far <= 2 * steps - RUN
-        assert far_steps(far, steps)[-RUN] >= COVER
+        assert far_steps(far, steps, setup.deep)[-2 * RUN] >= COVER <= setup.deep <= DEEP - RUN
+        assert len(set(setup.many)) == MANY and not set(setup.many) & set(seeds)
+        # The few-streams window judges the whole batches, and the largest source, always.
+        drawn = quotas(main.weights, main.global_batch, setup.window)
+        logs = [_log_match([b[s] for b in drawn], 0, n) for s, n in enumerate(main.sizes)]
+        below = _few_below(len(main.sizes))
+        assert setup.window <= FEW_MOST and sum(logs) <= below, (seed, setup.window)
+        assert logs[max(range(len(logs)), key=lambda s: main.sizes[s])] <= below, seed
         for case in (main, other):
             drawn = [w * case.global_batch * steps - 1 for w in case.weights]
             assert min(d / n for n, d in zip(case.sizes, drawn, strict=True) if n < 10) >= 6
@@ -555,7 +651,7 @@ def test_every_draw_holds_a_right_answer_to_a_bound_it_keeps():
     Pure arithmetic, no ranks."""
     assert _drift((9 / 31,) * 3 + (2 / 31,) * 2, 16, 64) > 1
     for seed in (754282858, *range(300)):
-        main, other, steps, _, _ = draw_setup(seed)
+        main, other, steps = draw_setup(seed)[:3]
         for case in (main, other):
             g = case.global_batch
             plan = Mixture(case.sizes, case.weights, g, "stratified", seed).plan(steps)
@@ -579,3 +675,41 @@ def test_not_done_and_bad_arguments():
     callable is refused before any rank starts."""
     assert check_mix_batch(not_done).status == "not done"
     assert check_mix_batch([(0, 0)]).status == "wrong"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [seed_hashed_to(1000), largest_source_hashed_to_50],
+    ids=["hashed_to_1000", "largest_source_50"],
+)
+def test_a_seed_that_reaches_few_streams_is_rejected(cluster, fn):
+    """Guards issue 45's fifth brief, item (a): a seed hashed to one of K values passed when
+    the check's 5 seeds fell in 5 streams (about 15% of checks at K = 7). 128 more seeds,
+    drawn at random, run the first global batches: any two alike, whole or for one source,
+    fail (a chance under 2.1e-4 to pass at K = 1000, less at any smaller K: the next
+    test)."""
+    _rejected(cluster, fn, ("the seed changes nothing", "two of 128 seeds"), max(1, DRAWS // 2))
+
+
+def test_the_few_streams_rule_is_bounded_both_ways():
+    """Guards the few-streams rule's arithmetic, in process (no ranks, no clock): any map of
+    the seed into K <= 1000 streams passes with a chance of at most prod(1 - i / K) over the
+    128 seeds (2.1e-4 at K = 1000), the library's plan passes and a seed hashed to 1000
+    values fails (the window is judged on every draw: the test of every draw above)."""
+    worst = math.exp(sum(math.log1p(-i / 1000) for i in range(MANY)))
+    assert MANY == 128 and worst < 2.1e-4
+    for seed, fn, says in ((5, library_answer, ""), (6, seed_hashed_to(1000), "two of 128")):
+        setup = draw_setup(seed)
+        args = (setup.main.sizes, setup.main.weights, setup.main.global_batch)
+        streams = {x: [fn(*args, b, 0, 1, x) for b in range(setup.window)] for x in setup.many}
+        got = few_streams(streams, setup.main.sizes)
+        assert (says in got) if says else got == "", got
+
+
+@pytest.mark.parametrize("fn", [replays_from(1000), stops_at_128], ids=["1000", "at_128"])
+def test_a_table_longer_than_128_batches_is_rejected(cluster, fn):
+    """Guards issue 45's fifth brief, item (b): the far steps reached step 128, so a table of
+    more batches replayed from step 0 (or the stream right up to step 128, then that batch
+    again) passed. The runs now cover every length up to 1024 (and one run is drawn up to
+    10**4), and a far run is compared with the earlier far runs too."""
+    _rejected(cluster, fn, "replays a table", max(1, DRAWS // 2))

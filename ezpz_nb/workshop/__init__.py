@@ -27,10 +27,10 @@ modules define.
 * :mod:`.dcp_state`: notebook 15: ``check_loader_state``;
 * :mod:`.exact_eval`: notebook 16: ``check_exact_mean``;
 * :mod:`.mixture`: notebook 17: ``check_mix_batch``;
-* :mod:`.flat_storage`: notebook 19: ``check_flat``; the lesson's storages and
-  their per-worker measurement are :mod:`.storages` (whose tokens ``check_flat`` also
-  uses), its loader that fills ``/dev/shm`` is :mod:`.shm_fill`, and :mod:`.witness`
-  reads ``check_flat``'s workers' memory from the notebook's process;
+* :mod:`.flat_storage`: notebook 19: ``check_flat`` (its epoch :mod:`.flat_epoch`); the
+  lesson's storages and their per-worker measurement are :mod:`.storages` (whose tokens
+  ``check_flat`` also uses), its loader that fills ``/dev/shm`` is :mod:`.shm_fill`, and
+  :mod:`.witness` reads ``check_flat``'s workers' memory from the notebook's process;
 * :mod:`.exercises`: the index: every checker above, re-exported;
 * :mod:`.stops` and :mod:`.verdicts`: what every checker shares: what stops a check
   (``wrong``, ``not_done``) and small helpers, importable on a rank; and running on

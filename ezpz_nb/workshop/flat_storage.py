@@ -10,69 +10,63 @@ one tensor, a memory-mapped file, one ``bytes`` blob, an array per row (its
 tokens apart from its header); one Python object per token does not, nor a
 ``bytes`` or a pickle per row (each row a Python object with a reference count,
 its tokens on the pages the count is written to: the loader has each worker read
-every sample, see :data:`ORDER`).
+every sample, see :data:`.flat_epoch.ORDER`).
 
-What it checks, on 2 real ranks with fresh tokens (a new seed each check):
+What it checks, on 2 real ranks of its own, started for the check and closed after it
+(never the notebook's warm ranks, where code an earlier cell left, a monkeypatch of torch's
+worker loop, of the checker's modules or of ``gc``, could raise the baseline or lower
+what is measured; under torchrun, the torchrun ranks), with fresh tokens (a new seed each
+check); its loader and comparisons are :mod:`.flat_epoch`:
 
-* first, an epoch of the checker's own flat array, in a job of its own that carries
-  none of the learner's code (a class attribute's ``__reduce__`` runs at unpickling,
-  before the job that receives it starts), then, in a second job, one of the learner's
-  dataset (built from rows the rank alone holds, before anything read them),
-  each with 2 forked workers; at each epoch's end, its workers alive and idle,
-  the notebook's process reads their private memory (:mod:`.witness`). A forked
-  worker's private memory counts from zero (every page is shared with the rank
-  until written), so a learner's worker's reading, less the checker's worker's,
-  is what reading the learner's storage wrote (the checker's worker's counted at most
-  :data:`OWN_MOST`: above it, code of the learner's left in warm ranks changed the
-  checker's epoch, and the verdict says so): a dataset that still reads the rows
-  (wrapping them, converting per sample, building a private array at some read, in
-  the rank or in each worker) grows, and ``gc.freeze()`` does not stop it. The
-  readings are taken where the learner's code never runs: no slot, frame or memory
-  reader in the rank decides them, and an ask from another process than the rank
-  (a worker) is refused;
-* that the workers read the storage themselves, from counts the witness reads in
-  ``/proc``: no thread in the rank besides the loader's (one serving the rows), no
-  new signal handler there, no process of the learner's (a manager of the rows), no
-  child of a worker, alive or reaped (a throwaway child per read takes its writes
-  with it; reaped, its page faults add to the worker's);
-* every batch the workers yield against the tokens, and every index once;
-* then every sample, all of them, read in the rank, against the list of dicts'
-  own (keys, dtype, values): a dataset right on the first few samples only, or
-  in another order, or of another length, is wrong.
+* an epoch of the checker's own flat array, in a job that carries none of the learner's
+  code (a class attribute's ``__reduce__`` runs at unpickling), then one of the learner's
+  dataset, built from rows the rank alone holds; 2 forked workers each. At each epoch's
+  end, its workers alive and idle, the notebook's process reads their private memory
+  (:mod:`.witness`), which counts from zero at the fork, so a learner's worker's reading
+  less the checker's worker's (at most :data:`OWN_MOST`) is what reading the learner's
+  storage wrote: a dataset that still reads the rows (wrapping them, converting per
+  sample, building a private array at some read) grows, ``gc.freeze()`` or not. No slot,
+  frame or memory reader in the rank decides the readings, and an ask from a worker is
+  refused;
+* that the workers read the storage themselves (counts the witness reads in ``/proc``):
+  no thread in the rank besides the loader's, no new signal handler, no process of the
+  learner's (a manager of the rows), no child of a worker, alive or reaped;
+* every batch the workers yield against the tokens, and every index once; then every
+  sample, read in the rank, against the list of dicts' own (keys, dtype, values).
 
-The loader's settings (workers, start method, batch size, order) are the checker's: the learner changes the storage, not the measurement.
-
-Margins, measured offline on 2 loaded cores (a warm 2-rank cluster, fresh tokens per
-draw; rows of 256 tokens then): over 230 draws of the notebook's solution, a worker's
-reading beyond the checker's own worker's was at most 0.86 MiB (median 0.02 MiB)
-against the 2.0 MiB bound, the own worker's 7.6-8.3 MiB; the other right answers of the
-tests and the outside trial (tensor, bytes, memory map, int32 widened per read, an array
-per row) 0-0.2 MiB; every dodge keeping the rows 16.6-17.5 MiB, 8x the bound. A pickled
-``bytes`` per row wrote the pages of every row a worker read, 1.6-2.4 MiB: either side
-of the bound by draw (issue 45, third trial). Since each worker reads every sample
-(:data:`ORDER`), over 14-15 draws each (time allowed no more; a full check is ~5 s
-here): the solution 0.0-0.4 MiB, a tensor in shared memory 0.0-0.2, a memory map
-0.0-0.5, an ``array.array`` 0.2-0.4, int32 widened per read 0.2-0.6, an array per row
-0.0; a pickle per row 3.4-3.7 MiB (1.7x the bound), a ``bytes`` per row 8.2-8.5, the
-rows kept 32.6-32.9, an array built in each worker 40.2-40.6: no verdict wrong. (Rows
-of 4096-8192 tokens, to make an object per row write one page per row, were tried and
-dropped: a right answer copying a 32-64 KiB row per read then grew 2-5 MiB on some
+Margins, measured offline on 2 loaded cores (fresh tokens per draw, rows of 256 tokens),
+a worker's reading beyond the checker's own worker's (7.6-8.3 MiB), against the 2.0 MiB
+bound: over 230 draws of the notebook's solution at most 0.86 MiB (median 0.02). Since
+each worker reads every sample (:data:`.flat_epoch.ORDER`), over 14-15 draws each: the
+solution 0.0-0.4 MiB, a tensor in shared memory 0.0-0.2, a memory map 0.0-0.5, an
+``array.array`` 0.2-0.4, int32 widened per read 0.2-0.6, an array per row 0.0; a pickle
+per row 3.4-3.7 MiB (1.7x the bound), a ``bytes`` per row 8.2-8.5, the rows kept
+32.6-32.9, an array built in each worker 40.2-40.6: no verdict wrong. (Rows of 4096-8192
+tokens were dropped: a right answer copying a 32-64 KiB row per read grew 2-5 MiB on some
 draws, its heap's doing.)
 """
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.signal_handling import _set_SIGCHLD_handler
 
 from ezpz_nb.ledger.memory import MIB, read_memory
+from ezpz_nb.workshop.flat_epoch import (
+    LENGTH,
+    ORDER,
+    WORKERS,
+    N,
+    Reads,
+    batch_differs,
+    differs,
+)
+from ezpz_nb.workshop.flat_epoch import run_epoch as _epoch  # flat_job holds it (see there)
 from ezpz_nb.workshop.stops import fresh_seed, wrong
 from ezpz_nb.workshop.storages import ArrayDataset, DictsDataset, tokens
 from ezpz_nb.workshop.witness import Witness, ask_witness
@@ -86,110 +80,14 @@ __all__ = ["BOUND", "EXERCISE", "OWN_MOST", "check_flat", "flat_job", "own_job"]
 EXERCISE = "Flat storage"
 #: Largest growth of a worker's private memory, as a share of the data's bytes.
 BOUND = 0.25
-#: The data: samples x tokens (8 MiB of int64 tokens, 16 MiB of Python ints and more).
-N, LENGTH = 4096, 256
 #: The most a worker of the checker's own flat array may reach (its loader loop, first
 #: collate and puts, the pages the rank wrote since the fork): measured 7.6-8.6 MiB on 2
 #: loaded cores whatever the storage (7.4-8.4 over 92 workers of 23 own epochs, warm and
-#: fresh ranks, issue 45's fourth trial), so 12 MiB leaves room for the heap's moods. A
-#: baseline above it was raised by code in the ranks (a learner's class from an earlier
-#: check on a warm cluster, patching the checker's dataset): it would hide a dataset
-#: that keeps the rows (~33 MiB a worker), so it is refused, not used.
+#: fresh ranks, issue 45's fourth trial), so 12 MiB leaves room for the heap's moods. The
+#: check's ranks are its own, so only code in them (under torchrun, where the ranks are
+#: the learner's processes) raises it: a raised baseline would hide a dataset that keeps
+#: the rows (~33 MiB a worker), so it is refused, not used.
 OWN_MOST = 12 * MIB
-#: The loader's workers (forked), and its batch size (a divisor of N).
-WORKERS, BATCH = 2, 64
-#: The loader's order: every sample twice, the second pass a batch on, so that each of the
-#: 2 workers (batches go to them in turn) reads every sample: a storage written by reading
-#: (Python objects, a ``bytes`` or a pickle per row) is then written all over in each.
-ORDER = (*range(N), *range(BATCH, N), *range(BATCH))
-
-
-class _Reads(Dataset):
-    """A dataset as the checker's loader sees it: the checker's length, each read passed on.
-
-    So the loader, in the rank, calls none of the learner's code during the epoch (its
-    ``__len__`` is asked before, once); the workers call its ``__getitem__``.
-    """
-
-    def __init__(self, ds: Any, size: int) -> None:
-        self.ds, self.size = ds, size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, i: int) -> Any:
-        return self.ds[i]
-
-
-def _differs(want: dict[str, Any], got: Any) -> str | None:
-    """How ``got`` differs from the list of dicts' sample ``want``, or None."""
-    if not isinstance(got, dict):
-        return f"a {type(got).__name__}, not a dict"
-    if set(got) != set(want):
-        return f"keys {sorted(got)}, not {sorted(want)}"
-    for key, value in want.items():
-        if key == "index":
-            if int(got[key]) != value:
-                return f"index {got[key]!r}"
-            continue
-        other = got[key]
-        if not torch.is_tensor(other):
-            return f"{key!r} is a {type(other).__name__}, not a tensor"
-        if other.dtype != value.dtype or other.shape != value.shape:
-            return f"{key!r} is {other.dtype} {tuple(other.shape)}, not {value.dtype} {tuple(value.shape)}"
-        if not torch.equal(other, value):
-            return f"{key!r} holds other tokens"
-    return None
-
-
-def _batch_differs(data: np.ndarray, batch: Any, seen: list[int]) -> str | None:
-    """How a loader batch differs from the rows of ``data`` it names, or None; notes its indices."""
-    if not isinstance(batch, dict) or set(batch) != {"index", "input_ids", "labels"}:
-        return "a batch without the keys index, input_ids, labels"
-    index = torch.as_tensor(batch["index"]).reshape(-1).tolist()
-    if any(not 0 <= int(i) < len(data) for i in index):
-        return "an index out of range"
-    seen.extend(int(i) for i in index)
-    rows = torch.from_numpy(data[[int(i) for i in index]])
-    for key, want in (("input_ids", rows[:, :-1]), ("labels", rows[:, 1:])):
-        got = batch[key]
-        if not torch.is_tensor(got) or got.dtype != want.dtype or not torch.equal(got, want):
-            return f"{key!r} holds other tokens"
-    return None
-
-
-def _epoch(
-    ds: _Reads,
-    compare: Callable[[Any], object],
-    ask: Callable[[str], None],
-    label: str,
-    *,
-    _loader: type[DataLoader] = DataLoader,
-    _collect: Callable[[], int] = gc.collect,
-    _order: tuple[int, ...] = ORDER,
-) -> None:
-    """One epoch of ``ds`` through the checker's loader; the witness reads its workers at the end.
-
-    The last batch in, every worker has read all it will and waits, alive, for the
-    loader's next index: the witness reads them then (``ask``), before they exit. The
-    loader, the collector and the order are bound here, at import, not looked up after the
-    learner's code ran in the rank (and :func:`flat_job` holds this function likewise).
-    """
-    _collect()  # every loader's workers fork from a rank collected alike
-    loader = _loader(
-        ds,
-        batch_size=BATCH,
-        sampler=_order,
-        num_workers=WORKERS,
-        multiprocessing_context="fork",
-        prefetch_factor=2,
-    )
-    batches = iter(loader)
-    for _ in range(len(_order) // BATCH):
-        compare(next(batches))
-    ask(label)
-    for batch in batches:  # none left: the loop's end shuts the workers down
-        compare(batch)
 
 
 def own_job(seed: int, address: str) -> None:
@@ -206,7 +104,7 @@ def own_job(seed: int, address: str) -> None:
     ask("start")
     data = tokens(N, LENGTH, seed)
     torch.ones(1 << 18).sum()  # torch's intra-op threads, as in flat_job
-    _epoch(_Reads(ArrayDataset(data), N), lambda b: _batch_differs(data, b, []), ask, "own")
+    _epoch(Reads(ArrayDataset(data), N), lambda b: batch_differs(data, b, []), ask, "own")
 
 
 def _private() -> int:
@@ -258,19 +156,19 @@ def flat_job(
 
     def compare(batch: Any) -> None:
         if not batch_why:
-            why = _batch_differs(data, batch, seen)
+            why = batch_differs(data, batch, seen)
             if why is not None:
                 batch_why.append(why)
 
     failed: Exception | None = None
     try:
-        epoch(_Reads(ds, size), compare, ask, "yours")
+        epoch(Reads(ds, size), compare, ask, "yours")
     except Exception as exc:  # noqa: BLE001  (a wrong sample's message, below, says more)
         failed = exc
     want = DictsDataset(data)
     before = private()
     for i in range(size):
-        why = _differs(want[i], ds[i])
+        why = differs(want[i], ds[i])
         if why is not None:
             return {"bad": f"sample {i} differs: {why}"}
     # Only the wording of a verdict already wrong: the rank's own reads grew it by about the
@@ -307,12 +205,41 @@ def _growth(own: Witness, witness: Witness, ranks: list[int]) -> dict[int, dict[
             raise wrong(
                 f"the checker's own epoch was disturbed: on rank {rank} a worker reading the "
                 f"checker's flat array grew by {base / MIB:.1f} MiB, more than such a worker "
-                f"can ({OWN_MOST / MIB:.0f} MiB). Code from an earlier check still runs in "
-                "these ranks: run the check on fresh ranks (without cluster=), with a "
-                "dataset that holds the tokens in one array and leaves the checker's alone."
+                f"can ({OWN_MOST / MIB:.0f} MiB). Code of yours ran in these ranks before the "
+                "check (under torchrun they are your processes): start them anew and check "
+                "a dataset that holds the tokens in one array and leaves the checker's alone."
             )
         out[rank] = {pid: max(0, m.private - base) for pid, m in yours.items()}
     return out
+
+
+def _measured(
+    make_flat: Callable[..., Any], seed: int, timeout: float
+) -> tuple[Witness, Witness, list[Any]]:
+    """Both epochs, on 2 ranks started for them and closed after (under torchrun, in place):
+    the witness of the checker's own, the witness of the learner's, and the ranks' replies.
+
+    Not the notebook's warm ranks: code of the learner's that ran there in an earlier cell
+    (a monkeypatch of torch's worker loop, of this package's modules, of ``gc``) would be
+    there still, and could raise the baseline or lower what is measured.
+    """
+    # Here, not at the top: a rank imports this module (see stops.py).
+    from ezpz_nb.launcher import Cluster
+    from ezpz_nb.launcher.torchrun import in_torchrun_env
+    from ezpz_nb.workshop.verdicts import run_job, run_learner
+
+    ranks = nullcontext(None) if in_torchrun_env() else Cluster(world_size=2, timeout=timeout)
+    with ranks as private:
+        # Two witnesses in this process (the learner's code never runs here): the checker's
+        # own epoch first, in a job that carries none of the learner's code, then theirs.
+        with Witness({"own": WORKERS}) as own:
+            run_job(own_job, seed, own.address, world_size=2, timeout=timeout, cluster=private)
+        with Witness({"ready": 0, "built": 0, "yours": WORKERS}) as witness:
+            got = run_learner(
+                flat_job, make_flat, seed, witness.address,
+                world_size=2, timeout=timeout, cluster=private,
+            )  # fmt: skip
+    return own, witness, got
 
 
 def check_flat(
@@ -325,12 +252,14 @@ def check_flat(
 
     Args:
         make_flat: The learner's function (or class) from the rows to a dataset.
-        cluster: A warm 2-rank :class:`~ezpz_nb.Cluster`; fresh ranks when None.
+        cluster: Taken as every checker takes one, and not used: the check runs on 2
+            ranks of its own, which no earlier cell reached (see the module); under
+            torchrun, on the torchrun ranks.
         timeout: Seconds for the run (building, comparing, one epoch).
     """
-    # Here, not at the top: a rank imports this module for flat_job (see stops.py).
+    # Here, not at the top: a rank imports this module (see stops.py).
     from ezpz_nb.launcher.torchrun import in_torchrun_env
-    from ezpz_nb.workshop.verdicts import judge, run_job, run_learner
+    from ezpz_nb.workshop.verdicts import judge
 
     def body() -> str:
         if not callable(make_flat):  # an instance: FlatTokens(rows) instead of FlatTokens
@@ -341,16 +270,7 @@ def check_flat(
                 "its own."
             )
         seed, n, length = fresh_seed(), N, LENGTH
-        # Two witnesses in this process (the learner's code never runs here): the checker's
-        # own epoch first, in a job that carries none of the learner's code, then theirs.
-        with Witness({"own": WORKERS}) as own:
-            run_job(own_job, seed, own.address, world_size=2, timeout=timeout, cluster=cluster)
-        asks = {"ready": 0, "built": 0, "yours": WORKERS}
-        with Witness(asks) as witness:
-            got = run_learner(
-                flat_job, make_flat, seed, witness.address,
-                world_size=2, timeout=timeout, cluster=cluster,
-            )  # fmt: skip
+        own, witness, got = _measured(make_flat, seed, timeout)
         outs = [out if isinstance(out, dict) else {} for out in got]
         for rank, out in enumerate(outs):  # every rank: each builds its own dataset
             if out.get("none"):

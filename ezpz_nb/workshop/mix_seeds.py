@@ -1,11 +1,12 @@
-"""Notebook 17's seeds: their draw, and the rule on the streams of several seeds (the
+"""Notebook 17's seeds: their draw, and the rules on the streams of several seeds (the
 checker is :mod:`.mixture`, the rest of its draw and rules :mod:`.mix_streams`).
 
-:func:`seed_blind` returns "" when every two seeds' streams differ, else the sentence saying
-where two match and what to do. Like the rules of :mod:`.mix_streams`, it turns a right
-answer (a fresh permutation per seed, source and pass) down with a chance of at most
-:data:`CHANCE` per source (the rules of :mod:`.mix_streams` too).
-:func:`draw_seeds` draws a check's seeds, twins of its own among them.
+:func:`seed_blind` and :func:`few_streams` return "" when the seeds' streams differ as
+fresh ones do, else the sentence saying where two match and what to do. Like the rules of
+:mod:`.mix_streams`, each turns a right answer (a fresh permutation per seed, source and
+pass) down with a chance of at most :data:`CHANCE` per source. :func:`draw_seeds` draws a
+check's seeds, twins of its own among them; :func:`draw_many` the :data:`MANY` seeds of
+:func:`few_streams`, and :func:`few_window` how many global batches each of them runs.
 
 Offline (in-process streams at dp=1, every rule of the check, 300 draws each): a numpy
 permutation, torch.randperm with a Generator and random.Random per (seed, source, pass)
@@ -24,8 +25,18 @@ import math
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-__all__ = ["CHANCE", "Stream", "draw_seeds", "seed_blind"]
+__all__ = [
+    "CHANCE",
+    "MANY",
+    "Stream",
+    "draw_many",
+    "draw_seeds",
+    "few_streams",
+    "few_window",
+    "seed_blind",
+]
 
 #: A stream: ``stream[step]`` is the global batch of that step, ``(source, index)`` pairs.
 Stream = Sequence[Sequence[tuple[int, int]]]
@@ -34,6 +45,17 @@ Stream = Sequence[Sequence[tuple[int, int]]]
 #: With at most 5 sources and 2 streams judged, a check turns a right answer down at most
 #: once in 10**5 checks; offline, 0 of 500 draws (module docstring of :mod:`.mixture`).
 CHANCE = 1e-6
+#: Seeds drawn at random for :func:`few_streams`, each run for the first
+#: :func:`few_window` global batches. An answer whose stream is one of ``K`` fixed ones
+#: (the seed hashed, or cut down in any way, to ``K`` values), for the whole stream or
+#: for one source the window judges (the largest always; a small source that holds most
+#: of a pass in each batch may not be), gives two of them one stream unless all 128 fall
+#: in different ones:
+#: a chance of at most ``prod(1 - i / K for i < 128)`` whatever the map (uniform is its
+#: best), 2.04e-4 at ``K = 1000``, 3.8e-3 at 1500, 1.6e-2 at 2000, 0 for K < 128.
+MANY = 128
+#: The most global batches :func:`few_window` asks each of the :data:`MANY` seeds for.
+FEW_MOST = 16
 
 
 def draw_seeds(rng: random.Random, seed: int, count: int) -> tuple[int, ...]:
@@ -53,6 +75,76 @@ def draw_seeds(rng: random.Random, seed: int, count: int) -> tuple[int, ...]:
             more = make()
         seeds.append(more)
     return tuple(seeds)
+
+
+def draw_many(rng: random.Random, taken: Sequence[int]) -> tuple[int, ...]:
+    """:data:`MANY` different seeds from 1 to 2**31 - 1, none of ``taken``."""
+    out: set[int] = set()
+    while len(out) < MANY:
+        x = rng.randrange(1, 2**31)
+        if x not in taken:
+            out.add(x)
+    return tuple(sorted(out))
+
+
+def _few_below(k: int) -> float:
+    """The log of the chance under which :func:`few_streams` judges one part (a source, or
+    all of them): :data:`CHANCE` shared by every pair of the :data:`MANY` seeds and the
+    ``k + 1`` parts."""
+    return math.log(CHANCE / (math.comb(MANY, 2) * (k + 1)))
+
+
+def few_window(drawn: Sequence[Sequence[int]], sizes: Sequence[int]) -> int:
+    """How many first global batches :func:`few_streams` compares, ``drawn[b][s]`` being
+    source ``s``'s samples in batch ``b``: the fewest (up to :data:`FEW_MOST`) where the
+    whole batches, and each source that can be judged within :data:`FEW_MOST`, are."""
+    below = _few_below(len(sizes))
+
+    def logs(w: int) -> list[float]:
+        return [_log_match([d[s] for d in drawn[:w]], 0, n) for s, n in enumerate(sizes)]
+
+    def enough(w: int) -> bool:
+        each = logs(w)
+        return sum(each) <= below and all(each[s] <= below for s in judged)
+
+    # A bound only falls as batches are added (each adds a -log C(.,.)): search by halves.
+    lo, hi = 1, min(FEW_MOST, len(drawn))
+    judged = [s for s, x in enumerate(logs(hi)) if x <= below]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
+    return hi
+
+
+def few_streams(streams: Mapping[int, Stream], sizes: Sequence[int]) -> str:
+    """Where two of many seeds' streams (their first global batches) hold the same samples,
+    order within a batch aside: the whole batches, or one source's samples in each; '' if
+    nowhere. A part is judged where fresh permutations match with a chance of at most
+    :data:`CHANCE` over all the pairs and parts (:func:`_log_match`); counted, no clock."""
+    k, below = len(sizes), _few_below(len(sizes))
+    picks = {x: _per_source(a, k) for x, a in streams.items()}
+    for part in (None, *range(k)):
+        seen: dict[tuple[frozenset[tuple[Any, int]], ...], int] = {}
+        for x, a in streams.items():
+            if part is None:
+                key = tuple(frozenset(Counter(b).items()) for b in a)
+            else:
+                key = tuple(frozenset(c.items()) for c in picks[x][part])
+            y = seen.setdefault(key, x)
+            if y == x:
+                continue
+            drawn = [[sum(c.values()) for c in picks[x][s]] for s in range(k)]
+            each = [_log_match(drawn[s], 0, n) for s, n in enumerate(sizes)]
+            if (sum(each) if part is None else each[part]) > below:
+                continue  # a match fresh streams make too often to judge
+            what = "the same samples" if part is None else f"source {part} the same samples"
+            return (
+                f"seed={y} and seed={x}, two of {len(streams)} seeds drawn at random, gave "
+                f"{what} in global batches 0 to {len(a) - 1}, where fresh permutations "
+                f"match with a chance under {CHANCE:.0e}: the stream is one of a few, "
+                f"whatever the seed (a seed hashed or cut down to a few values). {_WHOLE_SEED}"
+            )
+    return ""
 
 
 def seed_blind(streams: Mapping[int, Stream], sizes: Sequence[int]) -> str:

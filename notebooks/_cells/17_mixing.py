@@ -381,11 +381,13 @@ assert after[2] / after.sum() > 1.5 * WEIGHTS[2] and after[0] / after.sum() < 0.
 # global batch and within one sample of its target over all batches so far (more than MosaicML's
 # stratified batching promises: the same rounding in every batch drifts), a source hands out
 # every one of its samples once before any repeats, in a new shuffled order each pass, steps
-# past those batches (to 128 and on) hold the same rules (no table replayed), every seed gives
-# its own samples (a seed that changes nothing gives every epoch the same order). It turns down
+# past those batches (to 1024, and one up to 10**4) hold the same rules (no table replayed),
+# every seed gives its own samples (a seed that changes nothing gives every epoch the same
+# order; 128 more seeds drawn at random must give 128 different first batches). It turns down
 # per-rank sampling, a round-robin that ignores the weights, a generator copied into every
 # worker, one order reused pass after pass, and an ignored seed. Return a list (a generator
-# cannot leave a DataLoader worker). You may use numpy.
+# cannot leave a DataLoader worker), and let a call cost no more than its step (rebuilding
+# every batch from step 0 on each call does not finish in time). You may use numpy.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.mixture as ex

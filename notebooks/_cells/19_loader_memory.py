@@ -235,7 +235,8 @@ else:
 # Write `make_flat(rows)`: given the rows of a list-of-dicts dataset (`{"index": i, "tokens":
 # [int, ...]}`), return a dataset that yields exactly what `DictsDataset` yields (every sample,
 # same keys, int64, same order) and whose forked workers each grow by less than a quarter of
-# the data's size over an epoch. The checker builds fresh tokens on 2 real ranks and hands the
+# the data's size over an epoch. The checker builds fresh tokens on 2 real ranks of its own (not
+# the warm ones above: nothing an earlier cell left there reaches the measurement) and hands the
 # rows to your dataset alone; before anything reads it, it runs an epoch with loader settings of
 # its own and, at the epoch's end, reads each worker's private memory from the notebook's
 # process (where your code never runs), against a worker that read one flat array of the
