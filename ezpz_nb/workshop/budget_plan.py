@@ -326,8 +326,9 @@ def _judge_sorted(plans: list[list[list[int]]], lengths: list[int], case: str) -
                 raise wrong(
                     f"{case}, rank {rank}: one batch holds documents of {lo} to {hi} tokens "
                     f"and another of {nlo} to {nhi}: their lengths interleave, so the "
-                    "documents were not sorted as a whole (sorting within small pools "
-                    "leaves batches of mixed lengths side by side). Sort every document of "
+                    "documents were not sorted as a whole (sorting within small pools, or "
+                    "shuffling within buckets of similar lengths, leaves batches whose "
+                    "lengths overlap side by side). Sort every document of "
                     "the shard (or of the corpus) by length, then cut batches in that order."
                 )
 

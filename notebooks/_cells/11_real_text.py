@@ -693,9 +693,11 @@ assert ex.check_pack(pack).passed
 # ends in an all-reduce. It passes when every replica has the same number of batches, no
 # document is planned twice, no more is left out than equal counts need, and the batches are
 # about as full, and as little padded, as batches sorted by length over the same documents,
-# and sorted the same way: sort the whole shard (or corpus) by length, not small pools of it.
+# and sorted the same way: sort the whole shard (or corpus) by length, exactly (not small pools
+# of it, nor buckets of similar lengths shuffled within).
 # Either fix of section 2 passes (a count fixed in advance does not); you may call collectives
-# inside.
+# inside. Section 2's `plan_then_shard` and `shard_then_plan` are those fixes: calling one passes
+# (the checker judges the plan, not who wrote it), writing it yourself is the exercise.
 
 
 # %% tags=["workshop"]
