@@ -28,6 +28,12 @@ A cache is a real fix and passes, filled as the first epoch reads or with the wh
 shard at its first step: a read that feeds more than one epoch's step is a cache's fill,
 loaded once inside the steps, and counts against no epoch. The verdict names what it
 costs: the shard in memory and, filled at once, a first step waiting for all.
+
+Not judged: tokenizing, the work a read starts, runs in the rank, where nothing is
+counted from outside. A cache of the documents' text (not of their tokens) reads each
+document once and tokenizes it again every epoch: no faster, yet counted as a cache
+(issue 45's fifth trial). Serving tokens from the notebook's process would count that
+work too, and move it there.
 """
 
 from __future__ import annotations
