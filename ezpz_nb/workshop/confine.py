@@ -22,7 +22,11 @@ Where Landlock is missing (not Linux, a kernel before 5.13, or turned off) or ol
 rule needs, :func:`confinement` says which rules do not run, for the verdict to say "not
 judged". A thread the learner started earlier in a warm rank runs unconfined:
 :func:`learner_threads` names it, and the checker then saves on ranks of its own. Not
-covered: a server the learner started before the check, reached through a unix socket file.
+covered: a server the learner started before the check, reached through a unix socket file;
+and code that replaces a function the rank's own, unconfined main thread calls after the
+save (the reply it sends, issue 45's fifth trial): closing that needs the whole rank
+confined, which Landlock does only from a thread's start (no thread sync before its ABI 8),
+so saves on ranks of the check's own, confined from their first line.
 """
 
 from __future__ import annotations
