@@ -383,7 +383,19 @@ def not_done(ds, rank, world):
     raise NotImplementedError
 
 
+def reads_a_neighbours_sample_too(ds, rank, world):
+    """Wrong: each rank reads one sample of the next rank's too (weighed 0): more read twice
+    than a sampler's padding."""
+    idx = list(range(rank, len(ds), world))
+    extra = (rank + 1) % len(ds)
+    _ = ds[extra]["loss"]
+    pair = torch.tensor([math.fsum(ds[i]["loss"] for i in idx), len(idx)], dtype=torch.float64)
+    dist.all_reduce(pair)
+    return float(pair[0] / pair[1])
+
+
 DODGES = [
+    reads_a_neighbours_sample_too,
     padding,
     drop_last,
     mean_of_means,
@@ -584,7 +596,18 @@ def async_all_reduce_waited_later(ds, rank, world):
     return float(total / count)
 
 
+def floor_blocks_remainder_on_the_last(ds, rank, world):
+    """Unusual (issue 45's fifth trial, refused on some draws): blocks of ``N // world``, the
+    remainder all on the last rank, which reads more than ``ceil(N / world)``."""
+    n, k = len(ds), len(ds) // world
+    idx = range(rank * k, n if rank == world - 1 else (rank + 1) * k)
+    pair = torch.tensor([math.fsum(ds[i]["loss"] for i in idx), len(idx)], dtype=torch.float64)
+    dist.all_reduce(pair)
+    return float(pair[0] / pair[1])
+
+
 RIGHTS = [
+    floor_blocks_remainder_on_the_last,
     blocks_reduce_broadcast_numpy,
     PairsGatheredInFloat32(),
     functional_all_reduce,
@@ -693,6 +716,19 @@ def test_checker_rejects_every_dodge_and_accepts_every_right_answer(dp, seed, wa
     for fn in RIGHTS:
         result = check_exact_mean(fn, seed=seed, cluster=warm(dp))
         assert result.status == "correct", (fn.__name__, result.message)
+
+
+def test_the_remainder_on_one_rank_is_a_share(warm):
+    """Guards a right answer the fifth trial saw refused: floor blocks with the remainder on
+    the last rank read more than ``ceil(N / dp)`` there (a draw where ``N % dp`` is 3); reading
+    a neighbour's sample too on every rank is still refused."""
+    seed = next(
+        s for s in range(5000) if (c := draw_case(random.Random(s)))[0] == 4 and len(c[1]) % 4 == 3
+    )
+    result = check_exact_mean(floor_blocks_remainder_on_the_last, seed=seed, cluster=warm(4))
+    assert result.status == "correct", result.message
+    result = check_exact_mean(reads_a_neighbours_sample_too, seed=seed, cluster=warm(4))
+    assert result.status == "wrong" and "more than once" in result.message, result.message
 
 
 def test_not_done_and_not_a_function():

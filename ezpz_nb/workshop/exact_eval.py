@@ -3,8 +3,9 @@
 The learner writes ``exact_mean(dataset, dp_rank, dp_size) -> float``: every rank
 returns the mean of ``dataset[i]["loss"]`` over all ``len(dataset)`` samples, equal to
 what one process computes, while reading at least one and at most
-``ceil(len / dp_size)`` samples itself, every sample read by some rank. The losses never
-enter a rank: the checker serves ``dataset[i]`` from its own process
+``len // dp_size + len % dp_size`` samples itself (an equal split, or the remainder on
+one rank), every sample read by some rank, none read twice beyond a sampler's padding.
+The losses never enter a rank: the checker serves ``dataset[i]`` from its own process
 (:mod:`.loss_server`: two connections per rank, one for its reads and one for its record
 of collectives, claimed before the learner's code runs), so every loss a rank holds it
 asked for, and the record of what each rank read is kept where the learner's code never runs.
@@ -125,6 +126,14 @@ def _judge(got: list[Any], losses: list[float], dp: int, counter: WireCounter) -
     # Judged before the value: a loop that stops early is named as such, not as the dodge
     # (drop_last) its mean may equal.
     missed = sorted(set(range(n)) - {i for _, reads, _ in got for i in reads})
+    # Read more than once in all: no more than DistributedSampler's padding adds (dp - 1 at
+    # most), which judge_sent's partial sums count on.
+    again = sum(len(reads) for _, reads, _ in got) - n + len(missed)
+    if not missed and again > math.ceil(n / dp) * dp - n:
+        raise wrong(
+            f"the ranks read {again} samples more than once {case}: split the samples so each "
+            "is read once, on one rank (a sampler's padding, weighed 0, aside)."
+        )
     if missed:
         raise wrong(
             f"no rank read sample(s) {missed[:5]} {case}: every sample must be evaluated "
@@ -133,7 +142,8 @@ def _judge(got: list[Any], losses: list[float], dp: int, counter: WireCounter) -
     for rank, ((_, reads, _), value) in enumerate(zip(got, values, strict=True)):
         if not abs(value - truth) <= TOLERANCE * abs(truth):
             raise wrong(f"rank {rank} returned {value:.6f} {case}.{_why(value, losses, dp)}")
-        share = math.ceil(n / dp)
+        # A share: an equal split (ceil), or floor on every rank and the remainder on one.
+        share = n // dp + n % dp
         if len(reads) > share:
             raise wrong(
                 f"rank {rank} read {len(reads)} samples {case}: exact, but each rank should "
