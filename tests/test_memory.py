@@ -156,8 +156,14 @@ def test_a_workers_failure_is_told_with_its_type_once():
     loader = torch.utils.data.DataLoader(
         _FailsInWorker(), num_workers=1, multiprocessing_context="fork"
     )
-    with pytest.raises(RuntimeError) as err:
-        next(iter(loader))
+    it = iter(loader)
+    try:
+        with pytest.raises(RuntimeError) as err:
+            next(it)
+    finally:
+        # The traceback keeps the iterator, and with it its worker, alive until a garbage
+        # collection: a later test's "no process outlives it" found that worker.
+        it._shutdown_workers()
     line = last_error_line(err.value)
     assert line == "RuntimeError: unable to allocate shared memory(shm) for file", line
     assert last_error_line(ValueError("plain")) == "ValueError: plain"
