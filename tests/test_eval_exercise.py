@@ -394,7 +394,18 @@ def reads_a_neighbours_sample_too(ds, rank, world):
     return float(pair[0] / pair[1])
 
 
+def every_loss_as_text(ds, rank, world):
+    """Dodge (issue 45's fifth trial): every loss written into one string, all-gathered as an
+    object (no number in it was read as one before)."""
+    mine = ";".join(repr(ds[i]["loss"]) for i in range(rank, len(ds), world))
+    parts = [None] * world
+    dist.all_gather_object(parts, mine)
+    values = [float(v) for part in parts for v in part.split(";")]
+    return sum(values) / len(values)
+
+
 DODGES = [
+    every_loss_as_text,
     reads_a_neighbours_sample_too,
     padding,
     drop_last,
@@ -668,6 +679,7 @@ SAYS = {
     gathers_every_loss: "you sent every loss",
     every_loss_in_a_vector: "you sent every loss",
     every_loss_packed: "you sent every loss",
+    every_loss_as_text: "you sent every loss",
     sums_through_files: "did not carry the sum",
     forges_the_record: "sent nothing through torch.distributed",
     gathers_with_the_original_from_the_closure: "bytes crossed between your ranks beyond",
