@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ezpz_nb.workshop.loss_server import LossServer, ServedLosses, record_note
 from ezpz_nb.workshop.sent_log import Sent, recording
-from ezpz_nb.workshop.sent_rules import FIX, judge_channel, judge_sent
+from ezpz_nb.workshop.sent_rules import FIX, MAX_SENT, judge_channel, judge_sent
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, CheckStopped, not_done, wrong
 from ezpz_nb.workshop.wire_bytes import WireCounter, judge_wire, replay, store_file
 
@@ -47,6 +47,8 @@ EXERCISE = "exact_mean"
 TOLERANCE = 1e-6
 #: A dodge must land at least this far off (relative) for a case to be drawn.
 SEPARATION = 1e-3
+#: The fewest samples a rank's share holds in a drawn case: one more than MAX_SENT.
+MIN_SHARE = MAX_SENT + 1
 #: A wrong mean this close (relative), no dodge's, is a sum in too few digits: over 2000
 #: drawn cases float16 sums landed up to 1.3e-3 off, bfloat16 up to 7.9e-3. The verdict
 #: then names the dtype.
@@ -74,7 +76,9 @@ def draw_case(rng: random.Random) -> tuple[int, list[float]]:
     """A DP degree and losses whose size the degree does not divide, every dodge far off."""
     while True:
         dp = rng.choice((2, 3, 4))
-        n = rng.choice([k for k in range(2 * dp + 1, 41) if k % dp])
+        # At least MAX_SENT + 1 samples a rank: sending its losses, one number each however
+        # written (issue 45's fifth trial: each + 1000), is more numbers than a pair needs.
+        n = rng.choice([k for k in range(MIN_SHARE * dp + 1, MIN_SHARE * dp + 41) if k % dp])
         losses = [round(rng.uniform(0.0, 10.0), 6) for _ in range(n)]
         truth = math.fsum(losses) / n
         if all(abs(v - truth) > SEPARATION * truth for v in dodge_means(losses, dp).values()):

@@ -19,10 +19,12 @@ __all__ = ["FIX", "judge_channel", "judge_sent"]
 
 #: A sent value equal to a loss the rank read (float32 keeps 7 digits): two such, raw losses.
 LOSS_MATCH = 1e-6
-#: A sent value that is the rank's part: float32 sums of up to 40 losses stay within 2e-6.
+#: A sent value that is the rank's part: float32 sums of up to 40 losses stay within 2e-6
+#: (a drawn share holds 13 to 33).
 PART_MATCH = 1e-5
 #: Numbers one rank may send: a pair (2), a reduce then a broadcast (4), a one-hot
-#: (dp, 2) table all-reduced (8 at dp 4), and a margin; the losses of a shard (up to 20) not.
+#: (dp, 2) table all-reduced (8 at dp 4), and a margin; the losses of a shard (13 to 33, as
+#: exact_eval draws them: more than this, each loss one number however disguised) not.
 MAX_SENT = 12
 # Measured over 1000 draws of exact_eval.draw_case x 3 layouts (strided, blocks, padded with
 # weight 0) x float32/float64 pairs: 0 right answers refused, every raw-loss send refused;
