@@ -39,8 +39,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from ezpz_nb.workshop.stops import CheckStopped, wrong
 
 __all__ = [
     "call_confined",
@@ -269,3 +271,26 @@ def remove_ipc(kind: str, ident: int) -> None:
     libc = _libc()
     ctl = libc.shmctl if kind == "shm" else libc.msgctl
     ctl(ctypes.c_int(ident), ctypes.c_int(0), None)
+
+
+#: What a refused write or connection says, in a rank's failure (its message or type;
+#: gloo's, when a new process group may not bind its socket: "Cannot resolve ... address").
+_REFUSED = (
+    "Permission denied",
+    "Operation not permitted",
+    "cannot be opened",
+    "Errno 13",
+    "to a (local) address",
+)
+
+
+@contextlib.contextmanager
+def refusals_explained(why: str) -> Iterator[None]:
+    """Notebook side: a check that stopped because the confined call was refused something
+    (a file, a socket, the store's file) says ``why`` after the rank's own message."""
+    try:
+        yield
+    except CheckStopped as stop:
+        if any(m in stop.message for m in _REFUSED):
+            raise wrong(f"{stop.message}\n{why}") from None
+        raise

@@ -10,11 +10,11 @@ a save left running or shared (processes, System V objects), ends it and says so
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from ezpz_nb.workshop import confine
-from ezpz_nb.workshop.stops import CheckStopped, wrong
+from ezpz_nb.workshop.stops import wrong
 
 __all__ = ["confined_save", "left_behind", "packed", "savers"]
 
@@ -59,15 +59,9 @@ _ONLY_THE_CHECKPOINT = (
 )
 
 
-@contextlib.contextmanager
-def confined_save() -> Iterator[None]:
+def confined_save() -> contextlib.AbstractContextManager[None]:
     """Add what was refused, and why, to a save that raised on a refused write."""
-    try:
-        yield
-    except CheckStopped as stop:
-        if any(m in stop.message for m in ("Permission denied", "cannot be opened", "Errno 13")):
-            raise wrong(f"{stop.message}\n{_ONLY_THE_CHECKPOINT}") from None
-        raise
+    return confine.refusals_explained(_ONLY_THE_CHECKPOINT)
 
 
 def left_behind(

@@ -20,7 +20,10 @@ here from the read log) through a collective: not through the store, a file or a
 and not every loss it read. Code in a rank can go past any recorder, so the bytes that
 crossed between the ranks are counted from outside them too, by the kernel
 (:mod:`.wire_bytes`): beyond what the recorded collectives carry when replayed, data went
-around them.
+around them. And the answer runs confined (:mod:`.confine`, Linux's Landlock): no file
+written, no socket of its own bound or connected (TCP, or another rank's abstract unix
+socket), no program started. Not covered: UDP, which Landlock does not restrict and the
+kernel's TCP counters do not count.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ezpz_nb.workshop.confine import call_confined, refusals_explained
 from ezpz_nb.workshop.loss_server import LossServer, ServedLosses, record_note
 from ezpz_nb.workshop.sent_log import Sent, recording
 from ezpz_nb.workshop.sent_rules import FIX, MAX_SENT, judge_channel, judge_sent
@@ -85,6 +89,14 @@ def draw_case(rng: random.Random) -> tuple[int, list[float]]:
             return dp, losses
 
 
+#: Said after an answer that was refused a file, a socket or the store while it ran.
+_CONFINED = (
+    "exact_mean runs where it may write no file, open no socket of its own and not use the "
+    "process group's key-value store: what the ranks share goes through torch.distributed's "
+    f"collectives. {FIX}"
+)
+
+
 def job_exact_mean(fn: Callable[..., Any], port: int, n: int) -> Any:
     """On each rank: claim this rank's two connections to the checker (the reads, the record),
     then run the learner's answer, every collective and store use it makes streamed to the
@@ -102,7 +114,10 @@ def job_exact_mean(fn: Callable[..., Any], port: int, n: int) -> Any:
     calls: list[Any] = []
     counted = note(f"snap before {os.getpid()} {store_file()}") == "ok"
     with recording(note, calls):
-        out = fn(table, dist.get_rank(), dist.get_world_size())
+        # Confined (Landlock, where the kernel has it): no file written, no socket of its
+        # own bound or connected, no abstract unix socket of another rank reached, no program
+        # started: what crosses between the ranks goes through the process group.
+        out = call_confined(fn, None, [], table, dist.get_rank(), dist.get_world_size())
     if counted:
         note("snap after")
         replay(calls, note)
@@ -229,15 +244,16 @@ def _answers(
     # The server stops with the check, whether the ranks returned, raised or hung.
     with LossServer(losses, dp) as server:
         try:
-            got = run_job(
-                job_exact_mean,
-                fn,
-                server.port,
-                len(losses),
-                world_size=dp,
-                timeout=timeout,
-                cluster=cluster,
-            )
+            with refusals_explained(_CONFINED):
+                got = run_job(
+                    job_exact_mean,
+                    fn,
+                    server.port,
+                    len(losses),
+                    world_size=dp,
+                    timeout=timeout,
+                    cluster=cluster,
+                )
         except CheckStopped as stop:
             if stop.status == "wrong" and stop.message.startswith("the ranks hung"):
                 raise wrong(

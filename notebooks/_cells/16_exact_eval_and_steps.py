@@ -477,7 +477,8 @@ assert report.ok and report.judgement("balanced_coverage").passed
 # losses, and not through the process group's key-value store or a file. It counts, from
 # outside the ranks, the bytes that crossed between them (the kernel's per-connection counters,
 # on Linux) against what the collectives it saw carry: data sent around them (a process group
-# or a socket of your own) is seen too.
+# or a socket of your own) is seen too. And on Linux your function runs where it may write no
+# file and open no socket of its own (Landlock): what the ranks share goes through the collectives.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.exact_eval as ex
