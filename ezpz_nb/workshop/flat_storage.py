@@ -304,11 +304,12 @@ def check_flat(
                     )
                     if outs[rank].get("late", 0) >= data / 2:
                         raise wrong(
-                            f"{said}: your dataset builds its array at a first read (the "
-                            f"rank's own reads grew it by {outs[rank]['late'] / MIB:.1f} MiB, "
-                            "about the data's size), so each worker builds its own, from the "
-                            "rows' Python objects. Build the array in make_flat (before the "
-                            "workers fork), not in each worker."
+                            f"{said}: your dataset grows as it reads (the rank's own reads "
+                            f"grew it by {outs[rank]['late'] / MIB:.1f} MiB, about the data's "
+                            "size): an array built at a first read, or values kept as they are "
+                            "read (a cache), is built again in each worker, in its own memory. "
+                            "Build the array in make_flat (before the workers fork) and read "
+                            "from it, keeping nothing per read."
                         )
                     raise wrong(
                         f"{said}: its samples are still read from Python objects, whose "

@@ -127,7 +127,9 @@ def _pairs(out: Any, g: int, dp: int, sizes: tuple[int, ...]) -> list[tuple[int,
             f"mix_batch(global_batch={g}, dp_size={dp}) returned {len(pairs)} pairs "
             f"{pairs[:4]}...: give global_batch // dp_size = {m} pairs (source, index) with "
             f"0 <= source < {len(sizes)} and 0 <= index < sizes[source] (the checker draws "
-            "the global batch: use the argument, not a number of your own)"
+            "the global batch: use the argument; quotas rounded one source at a time can "
+            "sum to one more or less than the batch: floor each, then give the leftover "
+            "samples to the sources furthest behind, as the notebook's solution does)"
         )
     return pairs
 

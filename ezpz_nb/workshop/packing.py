@@ -171,9 +171,10 @@ def _judge_call(
     pad = sum(t == PAD for row in ids for t in row)
     if pad >= row_len:
         raise wrong(
-            f"{place}: {pad} padding tokens in {rows} rows. Pack: fill each row before "
-            "starting the next (split a document that does not fit), so only the last row "
-            "of a call is short."
+            f"{place}: {pad} padding tokens in {rows} rows, a whole row's worth or more. "
+            "Pack: fill each row before starting the next (split a document that does not "
+            "fit), so only the last row of a call is short, and make ceil(tokens / row_len) "
+            "rows, not one more."
         )
     toks = []
     for r in range(rows):
