@@ -26,6 +26,7 @@ from ezpz_nb.workshop.mix_seeds import (
     _few_below,
     _log_match,
     few_streams,
+    passes_shared,
     seed_blind,
 )
 from ezpz_nb.workshop.mix_streams import (
@@ -221,6 +222,13 @@ seed_for_source_zero_only = _reordered(lambda seed, s, p, n: _fresh(seed if s ==
 #: Mistake (fourth trial): the pass index off by one draw, so each pass's last sample comes
 #: from the next pass's order.
 pass_off_by_one = _reordered(_fresh, early=1)
+
+
+#: Mistake (fifth trial): each pass's order seeded with ``seed + source + pass``, so seed
+#: ``x + 1`` runs seed ``x``'s orders one pass later (the check's seeds include ``x ^ k``).
+seed_plus_pass = _reordered(
+    lambda seed, s, p, n: np.random.default_rng(seed + s + p).permutation(n)
+)
 
 
 def seed_mod_1000(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
@@ -548,6 +556,17 @@ def test_the_fourth_trials_answers_are_rejected(cluster, fn, says):
     by one: the message says to draw without replacement) are each turned down, by the
     rule each one breaks. Half the file's draws: each holds on every draw (offline, 300)."""
     _rejected(cluster, fn, says, max(1, DRAWS // 2))
+
+
+def test_seeds_a_little_apart_must_not_shift_the_same_orders(cluster):
+    """Guards issue 45's fifth trial: ``seed + source + pass`` as each pass's seed passed (the
+    streams of seeds ``x`` and ``x + 1`` differ position by position, one pass apart); and
+    the rule never fires on a right answer (in process, 40 draws, three right answers)."""
+    _rejected(cluster, seed_plus_pass, "Seeds a little apart shift", max(1, DRAWS // 2))
+    for seed in range(40):
+        for fn in (notebook_solution, torch_randperm_per_pass, library_answer):
+            main, streams = _streams(fn, seed)
+            assert passes_shared(streams, main.sizes) == "", (seed, fn)
 
 
 def _streams(fn, seed):

@@ -35,6 +35,7 @@ __all__ = [
     "draw_seeds",
     "few_streams",
     "few_window",
+    "passes_shared",
     "seed_blind",
 ]
 
@@ -61,12 +62,15 @@ FEW_MOST = 16
 def draw_seeds(rng: random.Random, seed: int, count: int) -> tuple[int, ...]:
     """``count`` different seeds from 1 to 2**31 - 1, ``seed`` first, then twins of it:
     one with its last 8 decimal digits, one with its low 24 bits, one with all but its
-    lowest 3 bits; the rest at random. An answer that keeps only a part of the seed
+    lowest bit (its neighbour); the rest at random. An answer that keeps only a part of the seed
     (``seed % 1000``, ``seed & 0xFFFF``, ``seed // 8``) meets two seeds with one stream."""
     twins = (
         lambda: seed % 10**8 + 10**8 * rng.randrange(21),
         lambda: seed % 2**24 + 2**24 * rng.randrange(128),
-        lambda: seed ^ rng.randrange(1, 8),
+        # Its neighbour (seed +- 1): all but the lowest bit shared, and one apart (an answer
+        # seeding each pass with seed + pass runs the same orders one pass later).
+        # (Where that one is taken or out of range, another low bit.)
+        lambda: seed ^ (1 if (seed ^ 1) not in seeds and seed ^ 1 else rng.randrange(2, 8)),
     )
     seeds = [seed]
     for make in twins + (lambda: rng.randrange(1, 2**31),) * (count - 1 - len(twins)):
@@ -182,6 +186,51 @@ def seed_blind(streams: Mapping[int, Stream], sizes: Sequence[int]) -> str:
                         f"there for that source. {_WHOLE_SEED}"
                     )
     return ""
+
+
+def passes_shared(streams: Mapping[int, Stream], sizes: Sequence[int]) -> str:
+    """Where two seeds' streams give a source one order in different passes (seeds that
+    differ a little shifting the same orders: ``seed + pass`` as the generator's seed);
+    '' if nowhere.
+
+    A source's draws, read in the stream's order, cut into passes of its size: where an
+    answer lists a source's samples within a batch in their pass's order (as the notebook's
+    does), each is that pass's permutation. Judged for a source only where two fresh
+    permutations would meet by a chance of at most :data:`CHANCE` over every pair of
+    passes compared (``pairs / n!``); an answer that lists them otherwise is not judged.
+    """
+    orders = {x: _pass_orders(stream, sizes) for x, stream in streams.items()}
+    seed_pairs = list(itertools.combinations(orders.items(), 2))
+    for (x, mine), (y, theirs) in seed_pairs:
+        for s, n in enumerate(sizes):
+            a, b = mine[s], theirs[s]
+            compared = len(a) * len(b) * len(seed_pairs) * len(sizes)
+            if not compared or math.log(compared) - math.lgamma(n + 1) > math.log(CHANCE):
+                continue
+            met = set(a) & set(b)
+            if met:
+                order = next(iter(met))
+                return (
+                    f"seed={x} and seed={y} gave source {s} ({n} samples) one order: its pass "
+                    f"{a.index(order)} under seed={x} is its pass {b.index(order)} under "
+                    f"seed={y}. Seeds a little apart shift the same orders (a seed added to "
+                    f"the source or the pass, as seed + pass, does). {_WHOLE_SEED}"
+                )
+    return ""
+
+
+def _pass_orders(stream: Stream, sizes: Sequence[int]) -> list[list[tuple[int, ...]]]:
+    """For each source, its whole passes in ``stream`` in the order drawn (those that are
+    permutations of its samples: a repeat is another rule's)."""
+    seqs: list[list[int]] = [[] for _ in sizes]
+    for batch in stream:
+        for s, i in batch:
+            seqs[s].append(i)
+    out = []
+    for seq, n in zip(seqs, sizes, strict=True):
+        passes = [tuple(seq[q * n : (q + 1) * n]) for q in range(len(seq) // n)]
+        out.append([p for p in passes if len(set(p)) == n])
+    return out
 
 
 _WHOLE_SEED = (

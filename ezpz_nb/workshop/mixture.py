@@ -78,7 +78,7 @@ from ezpz_nb.verify.mixture import check_layout_invariance, check_mixture, globa
 from ezpz_nb.verify.verdict import Judgement, Verdict
 from ezpz_nb.workshop import mix_streams
 from ezpz_nb.workshop.mix_passes import first_repeat, same_order_again, unshuffled
-from ezpz_nb.workshop.mix_seeds import few_streams, seed_blind
+from ezpz_nb.workshop.mix_seeds import few_streams, passes_shared, seed_blind
 from ezpz_nb.workshop.mix_streams import RUN, Case, Draw, draw_setup
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, fresh_seed, not_done, wrong
 
@@ -210,14 +210,20 @@ def _spread(
 
 def _seeds_change_it(fn: Callable, setup: Draw, a: list[list[tuple[int, int]]], **run: Any) -> None:
     """Rule 4: every two of the check's seeds give other streams, in each half of the
-    horizon and for each source (:func:`~ezpz_nb.workshop.mix_seeds.seed_blind`), and the
-    first global batches of many more seeds hold no two alike (``few_streams``)."""
+    horizon and for each source (:func:`~ezpz_nb.workshop.mix_seeds.seed_blind`), no source
+    has one order in two seeds' different passes (``passes_shared``), and the first global
+    batches of many more seeds hold no two alike (``few_streams``)."""
     near, first = list(range(setup.steps)), list(range(setup.window))
     items = [(x, near) for x in setup.seeds[1:]] + [(x, first) for x in setup.many]
     out = _spread(fn, setup.main, items, **run)
     others = dict(zip(setup.seeds[1:], out, strict=False))
-    same = seed_blind({setup.seeds[0]: a, **others}, setup.main.sizes) or few_streams(
-        dict(zip(setup.many, out[len(setup.seeds) - 1 :], strict=True)), setup.main.sizes
+    judged = {setup.seeds[0]: a, **others}
+    same = (
+        seed_blind(judged, setup.main.sizes)
+        or passes_shared(judged, setup.main.sizes)
+        or few_streams(
+            dict(zip(setup.many, out[len(setup.seeds) - 1 :], strict=True)), setup.main.sizes
+        )
     )
     if same:
         raise wrong(same)
