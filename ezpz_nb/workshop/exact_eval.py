@@ -145,24 +145,24 @@ def _judge(got: list[Any], losses: list[float], dp: int, counter: WireCounter) -
     # Judged before the value: a loop that stops early is named as such, not as the dodge
     # (drop_last) its mean may equal.
     missed = sorted(set(range(n)) - {i for _, reads, _ in got for i in reads})
-    # Read more than once in all: no more than DistributedSampler's padding adds (dp - 1 at
-    # most), which judge_sent's partial sums count on.
-    again = sum(len(reads) for _, reads, _ in got) - n + len(missed)
-    if not missed and again > math.ceil(n / dp) * dp - n:
-        raise wrong(
-            f"the ranks read {again} samples more than once {case}: split the samples so each "
-            "is read once, on one rank (a sampler's padding, weighed 0, aside)."
-        )
     if missed:
         raise wrong(
             f"no rank read sample(s) {missed[:5]} {case}: every sample must be evaluated "
             f"once, on some rank, through dataset[i].{_why(values[0], losses, dp, rounded=False)}"
         )
+    # Read more than once in all: no more than DistributedSampler's padding adds (dp - 1 at
+    # most), which judge_sent's partial sums count on.
+    again = sum(len(reads) for _, reads, _ in got) - n
+    if again > math.ceil(n / dp) * dp - n:
+        raise wrong(
+            f"the ranks read {again} samples more than once {case}: split the samples so each "
+            "is read once, on one rank (a sampler's padding, weighed 0, aside)."
+        )
+    # A share: an equal split (ceil), or floor on every rank and the remainder on one.
+    share = n // dp + n % dp
     for rank, ((_, reads, _), value) in enumerate(zip(got, values, strict=True)):
         if not abs(value - truth) <= TOLERANCE * abs(truth):
             raise wrong(f"rank {rank} returned {value:.6f} {case}.{_why(value, losses, dp)}")
-        # A share: an equal split (ceil), or floor on every rank and the remainder on one.
-        share = n // dp + n % dp
         if len(reads) > share:
             raise wrong(
                 f"rank {rank} read {len(reads)} samples {case}: exact, but each rank should "
