@@ -67,8 +67,9 @@ FEW_MOST = 16
 def draw_seeds(rng: random.Random, seed: int, count: int) -> tuple[int, ...]:
     """``count`` different seeds from 1 to 2**31 - 1, ``seed`` first, then twins of it:
     one with its last 8 decimal digits, one with its low 24 bits, one with all but its
-    lowest bit (its neighbour); the rest at random. An answer that keeps only a part of the seed
-    (``seed % 1000``, ``seed & 0xFFFF``, ``seed // 8``) meets two seeds with one stream."""
+    lowest bit (its neighbour); the rest at random. An answer that keeps only a part of the
+    seed (``seed % 1000``, ``seed & 0xFFFF``, ``seed // 8``) meets two seeds with one stream."""
+    seeds = [seed]
     twins = (
         lambda: seed % 10**8 + 10**8 * rng.randrange(21),
         lambda: seed % 2**24 + 2**24 * rng.randrange(128),
@@ -77,7 +78,6 @@ def draw_seeds(rng: random.Random, seed: int, count: int) -> tuple[int, ...]:
         # (Where that one is taken or out of range, another low bit.)
         lambda: seed ^ (1 if (seed ^ 1) not in seeds and seed ^ 1 else rng.randrange(2, 8)),
     )
-    seeds = [seed]
     for make in twins + (lambda: rng.randrange(1, 2**31),) * (count - 1 - len(twins)):
         more = make()
         while more in seeds or not 0 < more < 2**31:
