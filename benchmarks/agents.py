@@ -31,7 +31,7 @@ def _jobs(worker: Path, tmp: Path) -> dict[str, Callable[[], AgentRun]]:
             return exc.run
 
     return {
-        "1 node x 2 ranks, tp 2 (checker run 1)": lambda: torchrun(
+        "1 node x 2 ranks, tp 2 (checker run 1 under nccl, < 4 GPUs)": lambda: torchrun(
             worker, "--tp-size", "2", "--out", str(tmp / "a"), "--epochs", "1",
             nproc_per_node=2, echo=False,
         ),
@@ -39,7 +39,7 @@ def _jobs(worker: Path, tmp: Path) -> dict[str, Callable[[], AgentRun]]:
             worker, "--tp-size", "2", "--out", str(tmp / "b"), "--epochs", "1",
             nnodes=2, nproc_per_node=1, echo=False,
         ),
-        "2 nodes x 2 ranks, logs, tee, filter": lambda: torchrun(
+        "2 nodes x 2 ranks, logs, tee, filter (checker run 1)": lambda: torchrun(
             worker, "--tp-size", "2", "--out", str(tmp / "c"), "--epochs", "1",
             nnodes=2, nproc_per_node=2, log_dirs=[tmp / "l0", tmp / "l1"], tee="3",
             local_ranks_filter="0", echo=False,

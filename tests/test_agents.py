@@ -28,6 +28,7 @@ from ezpz_nb.agents.by_hand import (
     check_worker,
     load_attempts,
     worker_from_notebook,
+    worker_runs,
 )
 from ezpz_nb.ledger import StepRecord
 from ezpz_nb.wrapping import COLUMNS
@@ -293,7 +294,8 @@ def test_the_notebook_writes_the_worker_that_the_tests_extract(tmp_path):
     text = worker_from_notebook(NOTEBOOK)
     compile(text, WORKER_NAME, "exec")
     for needle in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "init_device_mesh", "set_device",
-                   "device_id=", 'new_group(backend="gloo")', "spans nodes", "timeout"):  # fmt: skip
+                   "device_id=", 'new_group(backend="gloo")', "spans nodes", "timeout",
+                   "gpu = LOCAL_RANK", "gpu {gpu}"):  # fmt: skip
         assert needle in text, needle
 
 
@@ -318,8 +320,52 @@ def test_the_checker_rejects_local_rank_taken_from_rank(case):
     worker = _solution(
         case, ('LOCAL_RANK = int(os.environ["LOCAL_RANK"])', 'LOCAL_RANK = int(os.environ["RANK"])')
     )
-    with pytest.raises(WorkerCheckError, match=r"2 node.*rank 1 says local_rank 1.*LOCAL_RANK"):
+    with pytest.raises(
+        WorkerCheckError, match=r"2 node.*rank [23] says local_rank [23].*LOCAL_RANK"
+    ):
         check_worker(worker)
+
+
+def test_the_checker_runs_dp_2_with_tp_groups_on_a_node_and_a_group_across_nodes():
+    """Guards issue 45's sixth trial (defect 13): the runs were all DP 1, where an unsharded
+    sampler is right and "spans nodes" is the same as "more than one node". The first gloo
+    run is now 2 nodes x 2 ranks at TP 2 (DP 2, each TP group on its node, no warning), the
+    second 2 nodes x 1 rank (the TP group across them, a warning)."""
+    runs = worker_runs("gloo")
+    assert runs == ((2, 2, False), (2, 1, True))
+
+
+@pytest.mark.system
+@pytest.mark.parametrize(
+    ("replace", "says"),
+    [
+        (
+            (
+                "if len(nodes) > 1 and layout.tp_rank == 0:",
+                "if WORLD_SIZE > LOCAL_WORLD_SIZE and layout.tp_rank == 0:",
+            ),
+            r"2 node.*2 rank.*every TP group is on one node",
+        ),
+        (
+            (
+                "num_replicas=layout.dp_size,\n        rank=layout.dp_rank,",
+                "num_replicas=1,\n        rank=0,",
+            ),
+            r"(?s)2 node.*data problem.*dp_duplicate",
+        ),
+        (("gpu = LOCAL_RANK", "gpu = RANK"), r"rank [23] would take GPU [23].*LOCAL_RANK"),
+    ],
+    ids=["warns_whenever_two_nodes", "replicas_unsharded", "gpu_by_rank"],
+)
+def test_the_checker_rejects_the_sixth_trials_workers(case, replace, says):
+    """Guards issue 45's sixth trial, defects 13 and 14, each of which passed: a worker
+    warning "spans nodes" whenever WORLD_SIZE > LOCAL_WORLD_SIZE (on 2 nodes x 2 ranks at
+    TP 2 no group spans nodes), a sampler with num_replicas=1 (every run had one DP
+    replica; at DP 2 both read every sample) and a GPU picked by RANK (only the nccl branch
+    used it; the startup line now shows the GPU each rank would take, under gloo too, and a
+    rank of node 1 must take its LOCAL_RANK)."""
+    with pytest.raises(WorkerCheckError, match=says):
+        check_worker(_solution(case, replace))
 
 
 @pytest.mark.system
@@ -337,7 +383,7 @@ def test_the_checker_rejects_a_sampler_sharded_over_the_world(case):
     pitfall) gives a TP-2 job's only replica half the data; the ledger check must say so."""
     worker = _solution(case, ("num_replicas=layout.dp_size,", "num_replicas=WORLD_SIZE,"))
     worker.write_text(worker.read_text().replace("rank=layout.dp_rank,", "rank=RANK,"))
-    with pytest.raises(WorkerCheckError, match=r"(?s)1 node.*data problem.*never_seen"):
+    with pytest.raises(WorkerCheckError, match=r"(?s)2 node.*data problem.*never_seen"):
         check_worker(worker)
 
 

@@ -4,7 +4,9 @@ Each check draws its layouts' order, the dataset's size, two loader seeds, the t
 steps and the seeds and sizes of the twins it saves at each place, so every answer here is
 judged over several draws: the saves on one warm cluster, confined to their checkpoints, the
 loads on ranks of the checker's own (shared by the module's checks: nothing of a save reaches
-them but its checkpoint), from checkpoints rebuilt from what DCP holds.
+them but its checkpoint), from checkpoints rebuilt from what DCP holds. The dodges that need
+the learner's own path (no cluster: saves and loads on sealed ranks of the check's own, every
+thread confined) run it: code a save leaves for the rank's other threads.
 """
 
 from __future__ import annotations
@@ -604,6 +606,7 @@ def _to_writer(h, s):
     builtins.__dict__.setdefault("_ezpz_nb15_out", {})[h] = s
 
 
+@pytest.mark.system  # a check of its own (saves and loads on sealed ranks): ~8 s
 @pytest.mark.skipif(not confine.landlock_abi(), reason="needs Linux with Landlock")
 def test_a_thread_started_before_the_check_never_sees_the_saves(cluster):
     """Guards the one way around the saves' confinement on a warm cluster: a thread the
@@ -619,6 +622,116 @@ def test_a_thread_started_before_the_check_never_sees_the_saves(cluster):
         wrote = os.path.exists(_DIGEST_DIR)
         shutil.rmtree(_DIGEST_DIR, ignore_errors=True)
     assert not wrote, "the learner's thread wrote a save's state"
+
+
+# Issue 45's fifth trial: the save confined in a thread, the learner's code rebinds what the
+# rank's other threads run after it, unconfined, and they write the place to a side folder.
+def _written_later(h, s):
+    """Keep the place for the rank's other threads to write (see :func:`_write_pending`)."""
+    import builtins
+
+    builtins.__dict__.setdefault("_ezpz_nb15_pending", {})[h] = s
+
+
+def _write_pending():
+    """Write every place kept so far; note which were written, or that a write was refused."""
+    import builtins
+
+    import torch
+
+    pending = dict(getattr(builtins, "_ezpz_nb15_pending", {}))
+    try:
+        os.makedirs(_DIGEST_DIR, exist_ok=True)
+        for h, s in pending.items():
+            torch.save(s, os.path.join(_DIGEST_DIR, f"{h}.pt"))
+    except OSError:
+        builtins._ezpz_nb15_refused = True
+        raise
+    builtins._ezpz_nb15_wrote = set(pending)
+
+
+def _by_the_reply(h, s):
+    """The rank's reply function rebound: its main thread writes the place after the save."""
+    import sys
+
+    _written_later(h, s)
+    rank = sys.modules["ezpz_nb.launcher.rank"]
+    if not hasattr(rank, "_ezpz_nb15_dumps"):
+        rank._ezpz_nb15_dumps = rank.dumps
+
+        def dumps(msg, *args, **kwargs):
+            _write_pending()
+            return rank._ezpz_nb15_dumps(msg, *args, **kwargs)
+
+        rank.dumps = dumps
+
+
+def _by_the_lifeline(h, s):
+    """``os.getppid`` rebound: the rank's lifeline watcher, which calls it every half second,
+    writes the place; the save waits for that write (or for its refusal)."""
+    import builtins
+    import time
+
+    _written_later(h, s)
+    if not hasattr(os, "_ezpz_nb15_getppid"):
+        os._ezpz_nb15_getppid = os.getppid
+
+        def getppid():
+            try:
+                _write_pending()
+            except Exception:  # noqa: BLE001 - the watcher must go on (the rank would exit)
+                pass
+            return os._ezpz_nb15_getppid()
+
+        os.getppid = getppid
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and not getattr(builtins, "_ezpz_nb15_refused", False):
+        if h in getattr(builtins, "_ezpz_nb15_wrote", ()):
+            break
+        time.sleep(0.01)
+
+
+def _by_a_gloo_callback(h, s):
+    """A callback on an asynchronous collective: gloo's worker thread runs it and writes the
+    place (a large tensor, so the callback is in before the collective ends)."""
+    import torch
+
+    _written_later(h, s)
+    work = dist.all_reduce(torch.zeros(1 << 20), async_op=True)
+    work.get_future().then(lambda _: _write_pending())
+
+
+_LATER = {
+    "reply": _by_the_reply,
+    "lifeline": _by_the_lifeline,
+    "gloo_callback": _by_a_gloo_callback,
+}
+
+
+@pytest.mark.skipif(not confine.landlock_abi(), reason="needs Linux with Landlock")
+@pytest.mark.parametrize(
+    "thread",
+    # The reply (the fifth trial's case) in `make unit`; the other threads, sealed by the
+    # same call, under `make system` (a check of its own: ~5 s each).
+    ["reply", *(pytest.param(t, marks=pytest.mark.system) for t in _LATER if t != "reply")],
+)
+def test_code_a_save_leaves_for_the_ranks_other_threads_writes_nothing(cluster, thread):
+    """Guards issue 45's fifth trial's dodge of 15 (its class, one case per thread a rank
+    runs): the save rebinds the function the rank's main thread replies with, or a function
+    the lifeline watcher calls, or hands a gloo worker a callback, and that thread, outside
+    a confined save thread, writes the place to a side folder the loads read. The check's
+    own path (no cluster) seals every thread of its save ranks first: nothing is written."""
+    save, load = _digest_saver(_LATER[thread]), _in_folder(_DIGEST_DIR)[1]
+    try:
+        result = check_loader_state(save, load)
+        assert result.status == "wrong", result.message
+    finally:
+        wrote = os.path.exists(_DIGEST_DIR)
+        shutil.rmtree(_DIGEST_DIR, ignore_errors=True)
+    assert not wrote, "a thread of the save ranks wrote the place outside the checkpoint"
+    if thread == "reply":
+        assert "could not reply" in result.message, result.message
+        assert "the state must be in the checkpoint" in result.message.lower(), result.message
 
 
 def test_rules_that_cannot_run_are_named():

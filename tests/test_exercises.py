@@ -690,11 +690,13 @@ def test_reading_ahead_in_chunks_fails_when_the_last_chunk_ends_one_past_the_las
     at 8k + 7 batches, chunks of 8 end exactly one batch past the last step, so the totals
     look like one batch read ahead; the read-ahead is counted at every step."""
     from ezpz_nb.workshop import stream_steps
+    from ezpz_nb.workshop.send_time import patched_on_purpose
 
     seed = 11  # streams of 215, 243, 299 batches and an endless one: 215 = 8 * 26 + 7
     counts = stream_steps.stream_counts(seed, 4)
     assert min(c for c in counts if c is not None) % 8 == 7
     monkeypatch.setattr(stream_steps, "fresh_seed", lambda: seed)
+    patched_on_purpose(stream_steps.__name__, "fresh_seed")  # else refused (send_time.py)
     result = ex.check_steps_over_stream(steps_in_chunks)
     assert result.status == "wrong", result.message
     assert "had pulled 8 batches from its stream when it took step 1" in result.message

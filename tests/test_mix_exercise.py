@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import types
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,9 @@ import torch
 
 import ezpz_nb as ez
 from ezpz_nb.data.mixture import Mixture
+from ezpz_nb.launcher.startup import pack_job
 from ezpz_nb.verify.mixture import check_mixture
+from ezpz_nb.workshop.mix_fresh import FreshStream, hash_seed
 from ezpz_nb.workshop.mix_seeds import (
     FEW_MOST,
     MANY,
@@ -732,3 +735,137 @@ def test_a_table_longer_than_128_batches_is_rejected(cluster, fn):
     again) passed. The runs now cover every length up to 1024 (and one run is drawn up to
     10**4), and a far run is compared with the earlier far runs too."""
     _rejected(cluster, fn, "replays a table", max(1, DRAWS // 2))
+
+
+def _defined_in_a_cell(src: str, name: str | None):
+    """``name`` from ``src`` (every name when None), defined as a notebook cell defines it
+    (``__main__``: it travels by value, so a new process imports numpy alone, as for a
+    learner's answer)."""
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(src, f"<17 {name} cell>", "exec"), ns)
+    return ns if name is None else ns[name]
+
+
+_SOLUTION_WITH = (
+    "import numpy as np\n"
+    "def _quotas(w, g, step):\n"
+    "    done = np.zeros(len(w))\n"
+    "    for b in range(step + 1):\n"
+    "        quota = np.floor(w * g)\n"
+    "        behind = w * (b + 1) * g - (done + quota)\n"
+    "        quota[np.argsort(-behind, kind='stable')[: g - int(quota.sum())]] += 1\n"
+    "        if b == step:\n"
+    "            return quota.astype(int), done.astype(int)\n"
+    "        done += quota\n"
+    "def mix_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed):\n"
+    "    w = np.asarray(weights) / sum(weights)\n"
+    "    quota, done = _quotas(w, global_batch, step)\n"
+    "    slots = np.repeat(np.arange(len(w)), quota)\n"
+    "    order = np.random.default_rng(SEED_OF(seed, step, -1)).permutation(slots)\n"
+    "    out = []\n"
+    "    for s in order:\n"
+    "        n, size = done[s], sizes[s]\n"
+    "        perm = np.random.default_rng(SEED_OF(seed, int(s), n // size)).permutation(size)\n"
+    "        out.append((int(s), int(perm[n % size])))\n"
+    "        done[s] += 1\n"
+    "    m = global_batch // dp_size\n"
+    "    return out[dp_rank * m : (dp_rank + 1) * m]\n"
+)
+
+#: Dodge (issue 45's sixth trial, defect 5): every generator seeded by hash() of a str, which
+#: Python salts per interpreter. Every rank of a check descends from one forkserver and
+#: shares its salt, so all layouts agree; a restarted job draws another stream.
+seeded_by_str_hash = _defined_in_a_cell(
+    "def SEED_OF(seed, a, b):\n    return hash(f'{seed}/{a}/{b}') & (2**63 - 1)\n" + _SOLUTION_WITH,
+    "mix_batch",
+)
+#: Dodge (sixth trial, defect 6): a salt an earlier cell planted in the warm cluster's ranks
+#: (:func:`_plant_salt`), mixed into every seed: the same on every rank and worker, another
+#: one in the next session.
+seeded_by_a_planted_salt = _defined_in_a_cell(
+    "import sys\n"
+    "def SEED_OF(seed, a, b):\n"
+    "    salt = getattr(sys.modules['ezpz_nb'], '_planted_salt', 0)\n"
+    "    return [seed, a + 1, b + 1, salt]\n" + _SOLUTION_WITH,
+    "mix_batch",
+)
+#: Right, unusually: the same answer seeded by sha256 of the same str (the same in every
+#: process), and random.Random(str) is in ``cached_epoch``.
+seeded_by_str_sha256 = _defined_in_a_cell(
+    "import hashlib\n"
+    "def SEED_OF(seed, a, b):\n"
+    "    return int.from_bytes(hashlib.sha256(f'{seed}/{a}/{b}'.encode()).digest()[:8], 'big')\n"
+    + _SOLUTION_WITH,
+    "mix_batch",
+)
+
+
+def _plant_salt(salt):
+    """An earlier cell's work on the warm ranks (the salt kept in a module they keep)."""
+    import sys
+
+    sys.modules["ezpz_nb"]._planted_salt = salt
+
+
+def test_a_stream_that_depends_on_the_process_is_rejected(cluster):
+    """Guards issue 45's sixth trial, defects 5 and 6: permutations seeded by hash() of a str
+    (salted per interpreter, shared by every rank of one forkserver) and a salt planted in the
+    warm ranks by an earlier cell both passed, as every layout ran on the same ranks. The
+    horizon and the far run, computed again in a new process with another PYTHONHASHSEED,
+    must be the ranks' batches; the same answer seeded by sha256 of the same str passes."""
+    for _ in range(max(1, DRAWS // 2)):
+        got = check_mix_batch(seeded_by_str_hash, cluster=cluster)
+        assert got.status == "wrong" and "in a new Python process" in got.message, got.message
+    cluster.run(_plant_salt, 2**40 + 12345)
+    try:
+        got = check_mix_batch(seeded_by_a_planted_salt, cluster=cluster)
+        assert got.status == "wrong" and "in a new Python process" in got.message, got.message
+    finally:
+        cluster.run(_plant_salt, 0)
+    got = check_mix_batch(seeded_by_str_sha256, cluster=cluster)
+    assert got.status == "correct", got.message
+
+
+#: Rule 6's probes, defined as cells define them (by value: a new process imports no test
+#: module): this process's hash of a str as one pair (its salt, seen from outside), a
+#: function that raises at step 1, and one that never returns.
+_PROBES = _defined_in_a_cell(
+    "import time\n"
+    "def _hash_of(sizes, weights, global_batch, step, dp_rank, dp_size, seed):\n"
+    "    return [(0, hash(f'ezpz_nb {seed}') & 0xFFFFFFFF)]\n"
+    "def _fails_at_step_1(sizes, weights, global_batch, step, dp_rank, dp_size, seed):\n"
+    "    if step == 1:\n"
+    "        raise KeyError('only the ranks have it')\n"
+    "    return [(0, 0)]\n"
+    "def _never_returns(sizes, weights, global_batch, step, dp_rank, dp_size, seed):\n"
+    "    time.sleep(60)\n",
+    None,
+)
+_hash_of, _fails_at_step_1, _never_returns = (
+    _PROBES[name] for name in ("_hash_of", "_fails_at_step_1", "_never_returns")
+)
+
+
+def _fresh_stream(fn, hash_seed, timeout=60.0):
+    return FreshStream(pack_job(fn, (), {}), ((3,), (1.0,), 1, 7), [0, 1], hash_seed, timeout)
+
+
+def test_the_new_process_has_its_own_hash_salt_and_says_what_went_wrong():
+    """Guards rule 6's own premise, in process (no ranks): the new process runs with the
+    drawn PYTHONHASHSEED (two seeds give two salts, one seed the same one), never the
+    kernel's setting; a function that raises there is
+    said with its exception and line, one that does not return is stopped at the timeout
+    (not judged, never wrong), and no process is left."""
+    with _fresh_stream(_hash_of, 1) as a, _fresh_stream(_hash_of, 2) as b:
+        with _fresh_stream(_hash_of, 1) as c:
+            one, two, again = a.batches(), b.batches(), c.batches()
+    assert one == again != two
+    with _fresh_stream(_fails_at_step_1, 3) as f, pytest.raises(RuntimeError) as err:
+        f.batches()
+    assert "KeyError" in str(err.value) and "only the ranks have it" in str(err.value)
+    stream = _fresh_stream(_never_returns, 4, timeout=0.5)
+    with pytest.raises(TimeoutError, match="did not return within"):
+        stream.batches()
+    assert stream._proc.poll() is not None  # stopped, not left running
+    picks = iter([5, 5, 6])
+    assert hash_seed(types.SimpleNamespace(randrange=lambda a, b: next(picks)), "5") == 6

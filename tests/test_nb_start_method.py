@@ -37,6 +37,9 @@ def _notebook(path: Path, expected: str | None) -> None:
     path.write_text(json.dumps(nb))
 
 
+# Two Jupyter kernels under nbmake (~10 s of a quiet 2-core machine): the CI runner's own
+# plumbing, run with the other kernel-starting tests in `make system`.
+@pytest.mark.system
 def test_spawn_notebook_reaches_that_kernel_only(pytester: pytest.Pytester, monkeypatch):
     """Guards: the named notebook's kernel gets spawn (a hook that set nothing, or set it
     too late for the kernel, fails the first notebook) and the next one in the same

@@ -7,12 +7,15 @@ the dodges a learner would try, with a verdict that names what is wrong.
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from ezpz_nb.workshop import budget_plan, packing
 from ezpz_nb.workshop.exercises import check_budget_plan, check_pack
+from ezpz_nb.workshop.stops import CheckStopped
 
 #: Checks per answer: each draws its own case (row lengths; sizes, budget and DP degree);
 #: one in `make unit` (each run draws afresh), 20 in `make stress`.
@@ -392,6 +395,85 @@ def test_pack_checker_rejects_dodges(fn, words):
         assert any(w in result.message for w in said), (fn.__name__, result.message)
 
 
+def _pack_by(docs, row_len, key):
+    """The notebook's vectorized packing, each token's document told by ``key(d, doc)`` (a
+    tensor of its tokens' keys); positions restart where the key changes in a row."""
+    tokens = torch.cat(docs)
+    keys = torch.cat([key(d, doc) for d, doc in enumerate(docs)])
+    rows = -(-len(tokens) // row_len)
+    pad = rows * row_len - len(tokens)
+    ids = torch.nn.functional.pad(tokens, (0, pad)).view(rows, row_len)
+    keys = torch.nn.functional.pad(keys, (0, pad), value=-1).view(rows, row_len)
+    start = torch.ones_like(keys, dtype=torch.bool)
+    start[:, 1:] = keys[:, 1:] != keys[:, :-1]
+    col = torch.arange(row_len).expand(rows, row_len)
+    pos = col - torch.cummax(torch.where(start, col, 0), dim=1).values
+    same = (keys.unsqueeze(-1) == keys.unsqueeze(-2)) & (keys >= 0).unsqueeze(-1)
+    # col[0] <= col[0].T: the causal triangle (tril is slow on a busy machine, and this runs
+    # for many draws).
+    return {"input_ids": ids, "position_ids": pos, "mask": same & (col[0] <= col[0, :, None])}
+
+
+def pack_docs_by_length(docs, row_len):
+    """Wrong (issue 45's sixth trial: passed 11 checks in 20): documents told apart by their
+    length in the mask, so two documents of one length in a row see each other."""
+    out = _pack_by(docs, row_len, lambda d, doc: torch.full((len(doc),), d))
+    by_length = _pack_by(docs, row_len, lambda d, doc: torch.full((len(doc),), len(doc)))
+    return {**out, "mask": by_length["mask"]}
+
+
+def pack_round_rows(docs, row_len):
+    """Wrong (issue 45's sixth trial: passed 2 checks in 17): round(tokens / row_len) rows, so
+    a last row less than half full is dropped."""
+    rows = max(1, round(sum(len(d) for d in docs) / row_len))
+    out = _pack_by(docs, row_len, lambda d, doc: torch.full((len(doc),), d))
+    return {k: v[:rows] for k, v in out.items()}
+
+
+def pack_continued_minus_one(docs, row_len):
+    """Wrong: a document continued from the previous row counts on from its offset minus one."""
+    out = _pack_by(docs, row_len, lambda d, doc: torch.full((len(doc),), d))
+    offsets = torch.cat([torch.arange(len(d)) for d in docs])
+    offsets = torch.nn.functional.pad(offsets, (0, out["input_ids"].numel() - len(offsets)))
+    # A piece that opens a row and continues its document: offset - 1 instead of the offset.
+    first = offsets.view(-1, row_len)[:, :1]
+    run = out["position_ids"] == torch.arange(row_len)  # still in the row's first piece
+    fix = (first > 0) & run.long().cumprod(1).bool()
+    out["position_ids"] = torch.where(fix, out["position_ids"] + first - 1, out["position_ids"])
+    return out
+
+
+def _judge_pack_offline(fn, seed):
+    """The checker's own draw and judge for ``seed``, each rank's calls made here: the judge is
+    pure, so many draws cost what one check on ranks costs."""
+    row_lens, docs, where = packing.draw_pack(seed)
+    world = packing.WORLD
+    got = [packing.pack_calls(fn, docs[r::world], row_lens, packing.PER_CALL) for r in range(world)]
+    return packing.judge_packs(got, docs, row_lens, where)
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (pack_docs_by_length, ("may attend to token",)),
+        (pack_round_rows, ("too few rows", "ceil(", "round() drops it")),
+        (pack_continued_minus_one, ("expected 0", "counting on from the document's start")),
+    ],
+)
+def test_pack_draws_catch_every_time(fn, words):
+    """Guards the packing draw (issue 45's sixth trial): at each row length one call has two
+    documents of one length in a row, and another ends in a row less than half full, so
+    documents told apart by their length, and round() rows, are turned down on every draw
+    (they passed 11 in 20 and 2 in 17); and the verdicts name the cause: too few rows (ceil),
+    the position id expected, with the offset in the document accepted too. Judged offline
+    over 20 draws (the rank path is the checks' above)."""
+    for seed in range(20):
+        with pytest.raises(CheckStopped) as stop:
+            _judge_pack_offline(fn, seed)
+        assert all(w in str(stop.value) for w in words), str(stop.value)
+    assert _judge_pack_offline(pack, 0).startswith("4 ranks packed")
+
+
 def test_pack_checker_says_not_done():
     """Guards the shipped blank: NotImplementedError reads as "not done", not as wrong."""
     assert check_pack(pack_not_done).status == "not done"
@@ -701,3 +783,41 @@ def test_budget_plan_checker_rejects_dodges(fn, words):
         said = (words,) if isinstance(words, str) else words
         assert result.status == "wrong", (fn.__name__, result.message)
         assert any(w in result.message for w in said), (fn.__name__, result.message)
+
+
+def _own_plans(lengths, dp, budget):
+    """Each replica's own plan, for the three shardings a learner would reach for: round-robin,
+    contiguous blocks, and the library's ``shard_then_plan``."""
+    from ezpz_nb.text.plan import shard_then_plan
+
+    block = len(lengths) // dp  # the checker draws a multiple of dp
+    return {
+        "round-robin": [plan_local(lengths, r, dp, budget) for r in range(dp)],
+        "blocks": [
+            _budget_batches(lengths, range(r * block, (r + 1) * block), budget) for r in range(dp)
+        ],
+        "shard_then_plan": [shard_then_plan(lengths, r, dp, budget) for r in range(dp)],
+    }
+
+
+def test_budget_plan_draws_catch_an_unagreed_share():
+    """Guards the plan draw (issue 45's sixth trial: passed 8 checks in 20): every case is drawn
+    so that replicas cutting their own plans (round-robin, in blocks, or the library's shards)
+    to the global plan's share, ``len(global plan) // dp``, without agreeing either plan unequal
+    counts or leave out more than a global plan would, so that answer is turned down on every
+    draw, while fix 2 (the same plans cut to the fewest) passes. Judged offline over 20 draws
+    (the answer calls no collective, so its plans are the same here as on ranks)."""
+    for seed in range(20):
+        dp, budget, lengths, cap_seed = budget_plan.draw_case(random.Random(seed), 1)
+        share = len(_budget_batches(lengths, range(len(lengths)), budget)) // dp
+        for how, own in _own_plans(lengths, dp, budget).items():
+            plans = [p[:share] for p in own]
+            # As job_budget_plan reports them: steps are taken only when the counts agree.
+            steps = len(plans[0]) if len({len(p) for p in plans}) == 1 else 0
+            with pytest.raises(CheckStopped, match="would wait|no replica kept all"):
+                budget_plan._judge_plan(
+                    [(p, steps) for p in plans], lengths, dp, budget, how, cap_seed
+                )
+            fewest = min(len(p) for p in own)
+            fix_2 = [(p[:fewest], fewest) for p in own]
+            budget_plan._judge_plan(fix_2, lengths, dp, budget, how, cap_seed)

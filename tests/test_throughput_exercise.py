@@ -609,6 +609,165 @@ def test_the_fourth_trials_dodges_fail_on_every_draw(check):
             assert result.status == "wrong" and reason in result.message, (fn.__name__, result)
 
 
+# Issue 45's fifth outside trial: three dodges passed. The loop's "asked" marks are sent
+# by code in the rank (one frame up from the learner's loader); a read was counted where
+# it started, not where its work (the tokenizing) ended.
+class _DefersAsks:
+    """Dodge (the trial's): the slow loader, reading in the rank's own thread; at its first
+    batch it finds the checker's loop wrapper one frame up and sends each "asked for step s"
+    mark just before "got step s", so every read lies beside the step before."""
+
+    def __init__(self, loader: DataLoader, depth: int = 1, resync: bool = False) -> None:
+        self.loader, self.sampler, self.depth, self.resync = loader, loader.sampler, depth, resync
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        import sys
+
+        for k, batch in enumerate(self.loader):
+            if k == 0:
+                marked: Any = sys._getframe(self.depth).f_locals.get("self")
+                if hasattr(marked, "_mark") and not hasattr(marked, "_held"):
+                    marked._held, send = [], marked._mark
+
+                    def mark(line: str, held: list = marked._held, send: Any = send) -> str:
+                        kind, *rest = line.split()
+                        if kind == "a" and rest[1] != "0":
+                            held.append(line)
+                            return "ok"
+                        if kind in ("g", "z") and held:
+                            send(held.pop())
+                        return send(line)
+
+                    marked._mark = mark
+                    if self.resync:  # both ranks: the count's calibration made again, empty
+                        send("sync 0")
+                        send("sync 1")
+            yield batch
+
+
+def defers_asks(dataset, rank, world_size):
+    return _DefersAsks(ex.slow_loader(dataset, rank, world_size))
+
+
+def text_cache(dataset, rank, world_size):
+    """Dodge (the trial's): the documents' text kept from the first epoch, tokenized again on
+    every read in the rank's own thread: the slow loader's work, every epoch."""
+    fetch, texts = dataset.document, {}
+
+    def document(index: int) -> str:
+        if int(index) not in texts:
+            texts[int(index)] = fetch(int(index))
+        return texts[int(index)]
+
+    dataset.document = document
+    return ex.slow_loader(dataset, rank, world_size)
+
+
+class _AllAtOnce:
+    """Dodge (the trial's): a thread per sample, all started at the epoch's first batch
+    (GIL-bound tokenizing: nothing runs beside the steps); each batch joins its threads."""
+
+    def __init__(self, dataset: Any, sampler: DistributedSampler) -> None:
+        self.dataset, self.sampler = dataset, sampler
+
+    def __len__(self) -> int:
+        return len(self.sampler) // ex.BATCH_SIZE
+
+    def __iter__(self) -> Iterator[Any]:
+        from torch.utils.data import default_collate
+
+        ids, b = list(self.sampler), ex.BATCH_SIZE
+        out: list[Any] = [None] * len(ids)
+
+        def read(k: int) -> None:
+            out[k] = self.dataset[ids[k]]
+
+        threads = [threading.Thread(target=read, args=(k,)) for k in range(len(ids))]
+        for t in threads:
+            t.start()
+        for k in range(len(self)):
+            for t in threads[k * b : (k + 1) * b]:
+                t.join()
+            yield default_collate(out[k * b : (k + 1) * b])
+
+
+def all_at_once(dataset, rank, world_size):
+    sampler = DistributedSampler(dataset, world_size, rank, shuffle=False, drop_last=True)
+    return _AllAtOnce(dataset, sampler)
+
+
+class _AllReducesPatched:
+    """The slow loader with torch.distributed.all_reduce replaced while it iterates (both
+    ranks alike, so nothing hangs); put back before the epoch ends."""
+
+    def __init__(self, loader: Any, held: bool) -> None:
+        self.loader, self.sampler, self.held, self.passes = loader, loader.sampler, held, 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        import torch.distributed as dist
+
+        real, kept = dist.all_reduce, []
+        self.passes += 1
+        try:
+            for k, batch in enumerate(self.loader):
+                if self.held:  # every all-reduce held back to the epoch's end
+                    dist.all_reduce = lambda t, *a, **kw: kept.append(t)
+                elif self.passes == ex.EPOCHS and k == len(self.loader) - 1:
+                    dist.all_reduce = lambda t, *a, **kw: None  # the last step's skipped
+                yield batch
+        finally:
+            dist.all_reduce = real
+            for t in kept:
+                real(t)
+
+
+def all_reduces_held_back(dataset, rank, world_size):
+    """Dodge: the "asked" marks held back as above, and the loop's all-reduces until the
+    epoch's end, so that the kernel's count of finished steps stays behind the reads."""
+    deferred = _DefersAsks(ex.slow_loader(dataset, rank, world_size), depth=2)
+    return _AllReducesPatched(deferred, held=True)
+
+
+def resyncs(dataset, rank, world_size):
+    """Dodge: the "asked" marks held back, and the checker's two calibration syncs asked for
+    again with nothing between, so that one step's bytes would measure 0."""
+    return _DefersAsks(ex.slow_loader(dataset, rank, world_size), resync=True)
+
+
+def last_all_reduce_skipped(dataset, rank, world_size):
+    """Wrong: a right loader (shuffled), but the loop's last all-reduce skipped."""
+    return _AllReducesPatched(shuffled(dataset, rank, world_size), held=False)
+
+
+def test_the_fifth_trials_dodges_fail_on_every_draw(check):
+    """Guards issue 45's fifth trial: the loop's "asked" marks held back from the loader's
+    frame (the kernel counts the loop's all-reduces: a read for step t once t of them had
+    finished was waited for), the documents' text cached and tokenized again every epoch
+    (a load counts where ``dataset[i]`` ends, not where its text was read), a thread per
+    sample started at the epoch's first batch (its loads end in that first wait); and the
+    all-reduces that count replaced in the rank: held back (a batch came before the kernel
+    counted the earlier steps) or one skipped (fewer steps' bytes than steps); and the
+    count's calibration made again from the loop (each sync is taken once)."""
+    expected = {
+        defers_asks: "Load beside the steps on every rank",
+        text_cache: "Load beside the steps on every rank",
+        all_at_once: "The wait moved to the epoch's start",
+        all_reduces_held_back: "steps before it",
+        last_all_reduce_skipped: "steps' all-reduces",
+        resyncs: "asked for the checker's sync '0' again",
+    }
+    for _ in range(DRAWS):
+        for fn, reason in expected.items():
+            result = check(fn)
+            assert result.status == "wrong" and reason in result.message, (fn.__name__, result)
+
+
 def patches_the_checker_in_the_rank(dataset, rank, world_size):
     """Dodge (c): the checker's modules' ``os`` and ``time`` replaced in the rank, so no read
     looks like the rank's own and every clock stands still; the slow loader."""
@@ -642,10 +801,14 @@ def test_what_the_checker_keeps_is_out_of_the_ranks_reach():
 
 def test_words_are_counted_from_the_logs_order_alone():
     """Guards the counting rules of :mod:`ezpz_nb.workshop.read_counts` without processes: a
-    read by the rank's own process inside a wait is waited for, one beside the step is not;
-    a worker's read counts when it began after its step asked; a read outside the epochs is
-    hidden; a read that feeds both epochs' steps is a cache's fill (counted as read only);
-    a sample trained on with no read before its batch came is unread."""
+    load by the rank's own process ending inside a wait is waited for, one beside the step is
+    not; a worker's load counts when it began after its step asked; any load of step t's
+    sample counts once the kernel counted t steps' all-reduces, wherever the marks are; a
+    load outside the epochs is hidden; a load that feeds both epochs' steps is a cache's
+    fill (counted as read only); a sample trained on with no read, or no load, before its
+    batch came is unread."""
+    from dataclasses import replace
+
     from ezpz_nb.ledger import Ledger, StepRecord
     from ezpz_nb.workshop.read_counts import unread, words_loaded
     from ezpz_nb.workshop.read_log import RankLog, Read
@@ -658,9 +821,10 @@ def test_words_are_counted_from_the_logs_order_alone():
         Read(3, 1, 10, worker=False),  # in step 0's wait, feeds epochs 0 and 1: a cache's fill
         Read(4, 2, 20, worker=False),  # in step 0's wait: waited for (and read again below)
         Read(6, 3, 40, worker=False),  # beside step 0, ahead of step 1: not waited for
-        Read(13, 2, 80, worker=True),  # a worker, after epoch 1's step 0 asked: waited for
+        Read(13, 2, 80, worker=True, began=13),  # a worker, after epoch 1's step 0 asked: waited
     ]
-    log = RankLog(pid=1, reads=reads, marks=marks, last=("z", 1, 0))
+    # Each read loaded at once (its done at the read's place in the order).
+    log = RankLog(pid=1, reads=reads, loads=reads, marks=marks, last=("z", 1, 0))
 
     def step(epoch: int, s: int, ids: tuple[int, ...]) -> StepRecord:
         return StepRecord(epoch, s, 0, 0, 1, 0, 1, ids, "loaded", "d")
@@ -674,3 +838,19 @@ def test_words_are_counted_from_the_logs_order_alone():
     assert unread(log, ledger, 0) == []
     late = Ledger([step(0, 0, (1, 2)), step(0, 1, (3, 4)), step(1, 0, (1, 2))])
     assert unread(log, late, 0) == [4]
+    # Issue 45's fifth trial: the "asked" marks held back, so sample 3's load (step 1's)
+    # lies beside step 0; the kernel had counted step 0's all-reduce: the loop was asking.
+    kernel = [replace(x, steps=1) if x.seq == 6 else x for x in reads]
+    moved = RankLog(pid=1, reads=reads, loads=kernel, marks=marks, last=("z", 1, 0))
+    assert words_loaded(moved, ledger, 0)["waited"] == {0: 60, 1: 80}
+    assert words_loaded(replace(moved, loads=[replace(x, steps=0) for x in kernel]), ledger, 0)[
+        "waited"
+    ] == {0: 20, 1: 80}
+    # A text cache: epoch 1 reads nothing, yet tokenizes sample 2 again (a load, no read).
+    again = [*reads[:4], Read(14, 2, 80, worker=False)]
+    text = RankLog(pid=1, reads=reads[:4], loads=again, marks=marks, last=("z", 1, 0))
+    assert words_loaded(text, ledger, 0)["waited"] == {0: 20, 1: 80}
+    assert unread(text, ledger, 0) == []
+    # Read, but never loaded through dataset[i] (tokenized past it): unread.
+    past = RankLog(pid=1, reads=reads, loads=reads[:3], marks=marks, last=("z", 1, 0))
+    assert unread(past, ledger, 0) == [3]

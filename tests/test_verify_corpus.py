@@ -4,19 +4,26 @@ The contract cases are in ``_verify_corpus.py``; the classes of issue 44 (a
 ``random_split`` part, drop_last wherever set, namedtuple batches, weights in float32,
 one identity of a batch across resume modes, epochs only where declared, layout
 invariance per global batch, saves at every boundary, "not asked") in
-``_verify_classes.py``, each through the check its row names. Two warm clusters (2 and
-4 ranks) serve every case, so the corpus costs seconds, not a launch per loader.
+``_verify_classes.py``, each through the check its row names; the loaders of issue 45
+(ids stamped over unsharded data, a ``__len__`` one short, a hand-made remainder batch,
+resume positions kept outside ``state_dict()``) in ``_verify_learners.py``. Warm clusters
+(1, 2 and 4 ranks) serve every case, so the corpus costs seconds, not a launch per loader.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import _verify_classes as K
 import _verify_corpus as C
+import _verify_learners as L
 import pytest
+from torch.utils.data import DataLoader
 
 import ezpz_nb as ez
+from ezpz_nb.data import SteppedLoader, WeightedShard
 from ezpz_nb.verify import (
     EvalReport,
     Judgement,
@@ -200,3 +207,132 @@ def test_a_collective_hang_in_eval_is_blamed_on_the_collective(clusters):
         check_eval(C.L.collective_uneven, "dp=2", timeout=8, cluster=clusters[2])
     said = " ".join(str(err.value).split())
     assert "blocked in a collective" in said and "endless loader" not in said, said
+
+
+# ------------------------------------------------------------------ issue 45: learners' loaders
+@pytest.mark.parametrize(
+    ("how", "words"),
+    [("twice", "sampling with replacement"), ("overlap", "take share perm[rank::world]")],
+)
+def test_steps_name_replacement_and_what_to_do(how, words, clusters):
+    """A rank's own repeat names sampling with replacement among its causes; shares that
+    overlap say what to do (one permutation of the epoch, cut per rank).
+
+    Guards: causes without sampling with replacement, and "overlap" with no what-to-do.
+    """
+    rep = check_steps(lambda layout: L.Dealt(layout, how), "dp=2", steps=4, num_samples=L.N,
+                      cluster=clusters[2])  # fmt: skip
+    got = rep.judgement("balanced_coverage")
+    assert got.verdict == "fail" and words in got.reason, rep.table()
+
+
+def test_a_subset_cutting_the_remainder_is_named(clusters):
+    """A ``Subset`` that cuts the last partial global batch: in training a remainder drop,
+    "expected" and named; in eval a failure (the metric misses samples) unless
+    num_samples declares the cut.
+
+    Guards: the universe taken as the Subset's indices, so the hidden drop read as PASS.
+    """
+    rep = check_contract(L.subset_cut, "dp=2", epochs=2, shuffle=True, cluster=clusters[2])
+    f = rep.first("exactly_once")
+    assert f is not None and "remainder drop" in f.expected, rep.table()
+    assert rep.rule_verdicts()["exactly_once"] == "expected", rep.table()
+
+    def shards(layout: Any) -> DataLoader:
+        return DataLoader(WeightedShard(L.cut(layout), layout.dp_rank, layout.dp_size),
+                          batch_size=L.B)  # fmt: skip
+
+    ev = check_eval(shards, "dp=2", cluster=clusters[2])
+    assert ev.judgement("counted_once").verdict == "fail", ev.table()
+    assert "never counted" in ev.judgement("counted_once").reason, ev.table()
+    meant = check_eval(shards, "dp=2", num_samples=12, cluster=clusters[2])
+    assert meant.judgement("counted_once").verdict == "pass", meant.table()
+
+
+def _by_hand(clusters: dict[int, ez.Cluster]) -> Report:
+    """The hand-made loader that reads the ids it stamps (checked once per module run)."""
+    if "by hand" not in _REPORTS:
+        _REPORTS["by hand"] = check_contract(
+            L.by_hand, "dp=2", epochs=2, shuffle=True, cluster=clusters[2]
+        )
+    return _REPORTS["by hand"]
+
+
+def test_ids_stamped_over_unsharded_data_fail_dp_disjoint(clusters):
+    """Every replica reads rows 0, 1, 2... under ids dealt as if sharded: dp_disjoint fails,
+    naming the two samples with one content; the same loader reading its ids passes.
+
+    Guards: content compared only between TP peers, so the stamped ids alone decided.
+    """
+    bad = check_contract(L.stamped, "dp=2", epochs=2, shuffle=True, cluster=clusters[2])
+    f = bad.first("dp_disjoint")
+    assert f is not None and f.violation and "same bytes under other ids" in f.message, bad.table()
+    good = _by_hand(clusters)
+    assert good.rule_verdicts()["dp_disjoint"] == "pass", good.table()
+
+
+def test_a_hand_made_remainder_batch_is_expected(clusters):
+    """A hand-made loader's short last batch (each replica's remainder) is "expected", as
+    from a DataLoader; a short batch first in the epoch still fails.
+
+    Guards: the remainder judged right only when a DataLoader's drop_last=False said so.
+    """
+    good = _by_hand(clusters)
+    assert good.rule_verdicts()["global_batch"] == "expected", good.table()
+    assert good.ok, good.table()
+    bad = check_contract(L.mid_short, "dp=2", epochs=2, shuffle=True, cluster=clusters[2])
+    assert bad.rule_verdicts()["global_batch"] == "fail", bad.table()
+
+
+def test_a_len_one_short_of_its_list_fails_every_check(clusters):
+    """``__len__`` one short of the rows it reads (``rows[len]`` answers, ``rows[2 len + 1]``
+    raises): the last sample is never read, and contract, eval and steps say so.
+
+    Guards: the universe taken from ``len(dataset)`` alone, so the unread tail passed.
+    """
+    rep = check_contract(L.short_len, "dp=2", epochs=2, cluster=clusters[2])
+    f = rep.first("exactly_once")
+    assert f is not None and f.violation and "more samples than __len__" in f.hint, rep.table()
+    ev = check_eval(lambda layout: DataLoader(WeightedShard(L.Rows(1), layout.dp_rank,
+                                                            layout.dp_size), batch_size=L.B),
+                    "dp=2", cluster=clusters[2])  # fmt: skip
+    assert ev.judgement("counted_once").verdict == "fail", ev.table()
+    assert "more samples than __len__" in ev.judgement("counted_once").reason, ev.table()
+    st = check_steps(lambda layout: SteppedLoader(L.Rows(1), L.B, layout.dp_rank, layout.dp_size,
+                                                  steps=10),
+                     "dp=2", steps=10, cluster=clusters[2])  # fmt: skip
+    assert st.judgement("balanced_coverage").verdict == "fail", st.table()
+    right = check_contract(L.sharded, "dp=2", epochs=2, cluster=clusters[2])
+    assert right.rule_verdicts()["exactly_once"] == "pass", right.table()
+
+
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [
+        (L.Resumable, ""),
+        (L.InProcess, "past the state it was given"),
+        (L.SideFile, "past the state it was given"),
+        (L.OneBack, "the state is 1 batch(es) behind"),
+    ],
+)
+def test_resume_from_the_stops_state_not_the_latest(kind, words, clusters):
+    """The resumed part loads the state taken at the stop, after the run went one step on:
+    a position kept in a file or in the warm rank's process reads the later step and
+    fails, an honest state passes, and each wrong one is said as behind or ahead.
+
+    Guards: the resume always from the latest state on warm ranks, so a position kept
+    outside state_dict() passed.
+    """
+    with tempfile.TemporaryDirectory() as d:
+
+        def factory(layout: Any) -> L.Resumable:
+            return kind(layout, d) if kind is L.SideFile else kind(layout)
+
+        rep = check_resume(factory, "dp=2", epochs=1, scenarios=("mid-epoch",), shuffle=True,
+                           cluster=clusters[2])  # fmt: skip
+    verdict = rep.rule_verdicts()["resume"]
+    if not words:
+        assert verdict == "pass", rep.table()
+        return
+    f = rep.first("resume")
+    assert verdict == "fail" and f is not None and words in f.hint, rep.table()

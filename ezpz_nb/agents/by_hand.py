@@ -8,13 +8,15 @@ torchrun agents (:mod:`ezpz_nb.agents.agents`):
   (``OUT/attempt{n}/rank{r}.jsonl``), with the steps that a restart redid marked
   ``source="replayed"`` and kept apart from the steps that count.
 * :func:`startup_lines`: each rank's startup line (``rank R local_rank L ...``).
-* :func:`check_worker`: run the learner's file as one node and as two simulated
-  nodes, and raise :class:`WorkerCheckError` saying what to look at when a rank's
-  identity, its DP x TP place, its data, or the spans-nodes warning is wrong.
+* :func:`check_worker`: run the learner's file as two simulated nodes of 2 ranks and of
+  1 rank, and raise :class:`WorkerCheckError` saying what to look at when a rank's
+  identity, the GPU it would take, its DP x TP place, its data, or the spans-nodes
+  warning is wrong.
 
 The worker's side of the contract (what the notebook's solution does): each rank
 prints ``rank R local_rank L world_size W local_world_size LW node N attempt A
-device D dp P tp T`` once, records its steps with :func:`ezpz_nb.ledger.record` into
+device D gpu G dp P tp T`` once (``G``: the GPU it takes under nccl, worked out under gloo
+too), records its steps with :func:`ezpz_nb.ledger.record` into
 ``OUT/attempt{A}/rank{R}.jsonl``, rank 0 writes ``OUT/attempt{A}/resumed.json``
 (``{"epoch": e, "steps": k}``, where the attempt started), and a TP leader whose
 group spans nodes warns with the words "spans nodes". The attempt ``A`` is one that
@@ -43,6 +45,7 @@ __all__ = [
     "load_attempts",
     "startup_lines",
     "worker_from_notebook",
+    "worker_runs",
 ]
 
 #: The file notebook 14's ``%%writefile`` cells write.
@@ -50,7 +53,7 @@ WORKER_NAME = "torchrun_worker.py"
 
 _STARTUP = re.compile(
     r"rank (\d+) local_rank (\d+) world_size (\d+) local_world_size (\d+) node (\d+) "
-    r"attempt (\d+) device (\S+) dp (\d+) tp (\d+)"
+    r"attempt (\d+) device (\S+) gpu (\d+) dp (\d+) tp (\d+)"
 )
 
 
@@ -177,7 +180,7 @@ def startup_lines(source: AgentRun | str) -> dict[int, dict[str, str]]:
             Lines torchrun prefixes (``[default0]:`` with ``--tee``) are read too.
     """
     names = ("rank", "local_rank", "world_size", "local_world_size", "node", "attempt",
-             "device", "dp", "tp")  # fmt: skip
+             "device", "gpu", "dp", "tp")  # fmt: skip
     text = source if isinstance(source, str) else "\n".join(source.output)
     found: dict[int, dict[str, str]] = {}
     for m in _STARTUP.finditer(text):
@@ -219,6 +222,14 @@ def _expect_identity(case: str, run: AgentRun, nnodes: int, nproc: int, backend:
                     f"({key.upper() if key != 'node' else 'GROUP_RANK'})",
                     run,
                 )
+        if got["gpu"] != got["local_rank"]:
+            raise _fail(
+                case,
+                f"rank {rank} would take GPU {got['gpu']}, but it is local rank "
+                f"{got['local_rank']} of node {got['node']}: pick the GPU with LOCAL_RANK (the "
+                "GPUs are numbered on each node; RANK counts every node's)",
+                run,
+            )
         device = "cpu" if backend == "gloo" else f"cuda:{got['local_rank']}"
         if got["device"] != device:
             raise _fail(
@@ -266,6 +277,22 @@ def _expect_ledger(case: str, out: Path, world: int, tp: int, run: AgentRun) -> 
         raise _fail(case, "TP peers held different batches at the same step", run)
 
 
+def worker_runs(backend: str) -> tuple[tuple[int, int, bool], ...]:
+    """:func:`check_worker`'s runs: ``(nodes, ranks per node, a TP group spans nodes)``.
+
+    Two nodes of 2 ranks first: DP 2, so a sampler that does not shard over the replicas
+    shows, and each TP group on its own node, so a warning given whenever there is more
+    than one node shows. Under nccl every simulated node takes GPUs of its own: with fewer
+    than 4 GPUs that run is one node of 2 ranks instead (DP 1).
+    """
+    if backend == "nccl":
+        import torch  # here: the gloo check on a laptop needs none of CUDA
+
+        if torch.cuda.device_count() < 4:
+            return ((1, 2, False), (2, 1, True))
+    return ((2, 2, False), (2, 1, True))
+
+
 def check_worker(
     path: str | Path = WORKER_NAME,
     *,
@@ -274,12 +301,13 @@ def check_worker(
 ) -> list[AgentRun]:
     """Run the learner's worker file under real torchrun agents and check what it did.
 
-    Two runs, both with TP 2: one node of 2 ranks (``--standalone``; the TP group
-    stays on the node, so no warning), then two simulated nodes of 1 rank each
-    (rank 1 has ``LOCAL_RANK`` 0, and the TP group spans both nodes, so its leader
-    must warn). Each run must exit 0; every rank must report the identity torchrun
-    gave it, hold the DP x TP place the mesh gives it, and leave a complete, sound
-    ledger in which TP peers hold the same batches.
+    Two runs, both with TP 2 (:func:`worker_runs`): two simulated nodes of 2 ranks each
+    (DP 2; each TP group stays on its node, so no warning, and the two replicas must read
+    disjoint shards), then two nodes of 1 rank each (rank 1 has ``LOCAL_RANK`` 0, and the
+    TP group spans both nodes, so its leader must warn). Each run must exit 0; every rank
+    must report the identity torchrun gave it and the GPU it would take (its
+    ``LOCAL_RANK``, under gloo too), hold the DP x TP place the mesh gives it, and leave
+    a complete, sound ledger in which TP peers hold the same batches.
 
     Args:
         path: The worker file.
@@ -289,7 +317,7 @@ def check_worker(
         timeout_s: Deadline of each run.
 
     Returns:
-        The two runs (their output is there to read).
+        The runs, in order (their output is there to read).
 
     Raises:
         WorkerCheckError: What is wrong, and the last lines of the run's output.
@@ -298,7 +326,7 @@ def check_worker(
     check_worker_file(path)
     path = Path(path).resolve()
     runs = []
-    for nnodes, nproc, spans in ((1, 2, False), (2, 1, True)):
+    for nnodes, nproc, spans in worker_runs(backend):
         case = f"{nnodes} node(s) x {nproc} rank(s), tp 2"
         with tempfile.TemporaryDirectory(prefix="ezpz-check-") as tmp:
             envs = None
@@ -346,10 +374,12 @@ def check_worker(
                 raise _fail(
                     case,
                     (
-                        "the TP group [0, 1] spans nodes 0 and 1 here, but no rank warned: work out "
-                        "each TP rank's node from LOCAL_WORLD_SIZE"
+                        "the TP group [0, 1] spans nodes 0 and 1 here, but no rank warned: "
+                        "work out each TP rank's node from LOCAL_WORLD_SIZE"
                         if spans
-                        else "a rank warned that its TP group spans nodes, but both ranks are on one node"
+                        else "a rank warned that its TP group spans nodes, but every TP group is "
+                        "on one node here: a group spans nodes when its ranks' nodes "
+                        "(RANK // LOCAL_WORLD_SIZE) differ, not whenever the job has two nodes"
                     ),
                     run,
                 )

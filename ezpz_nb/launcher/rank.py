@@ -91,6 +91,9 @@ def _send(conn: Any, msg: ToNotebook) -> None:
 # process has none yet). The lifeline watcher reads it when the notebook is gone.
 _CLEANUP_DIRS: tuple[str, ...] = ()
 _WATCHING = False
+#: Calls the lifeline watcher makes on its own thread at its next wake (within half a
+#: second), each once: how a check confines that thread too (workshop/seal.py).
+WATCHER_CALLS: list[Any] = []
 
 
 def _watch_parent(lifeline: Any, parent_pid: int) -> None:
@@ -103,6 +106,8 @@ def _watch_parent(lifeline: Any, parent_pid: int) -> None:
         return os.getppid() != parent_pid and not _parent_alive(parent_pid)
 
     while True:
+        while WATCHER_CALLS:
+            WATCHER_CALLS.pop(0)()
         try:
             if lifeline.poll(0.5):
                 lifeline.recv_bytes()  # EOF raises: the notebook end was closed

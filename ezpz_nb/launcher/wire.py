@@ -18,11 +18,13 @@ rank's persistent namespace (see :class:`_JobPickler`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import pickle
 import types
 from collections import ChainMap
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -134,6 +136,43 @@ def _lru_cache(fn: Any, maxsize: int | None, typed: bool) -> Any:
     return functools.lru_cache(maxsize=maxsize, typed=typed)(fn)
 
 
+#: Objects pickled once already, by id: ``(object, its pickle)`` (see :func:`sent_once`).
+_SENT_ONCE: dict[int, tuple[Any, bytes | Exception]] = {}
+#: The namespaces of the jobs :func:`loads_job` is loading now, innermost last.
+_LOADING: list[dict[str, Any]] = []
+
+
+@contextlib.contextmanager
+def sent_once(objs: Iterable[Any]) -> Iterator[None]:
+    """While inside, every pickle made here sends each of ``objs`` as its pickle made now.
+
+    Pickling runs code of the object's own (a ``__reduce__``, in a default argument or a
+    closure): a workshop check pickles the learner's function once, before it draws
+    anything, so that code never runs while the check's secrets exist in this process.
+    One that cannot be pickled fails the same way each time, without running it again.
+    """
+    made = {id(o): (o, _pickled(o)) for o in objs}
+    before = dict(_SENT_ONCE)
+    _SENT_ONCE.update(made)
+    try:
+        yield
+    finally:
+        _SENT_ONCE.clear()
+        _SENT_ONCE.update(before)
+
+
+def _pickled(obj: Any) -> bytes | Exception:
+    try:
+        return dumps_job(obj)
+    except Exception as exc:  # noqa: BLE001 - raised again wherever it is sent
+        return exc
+
+
+def _load_sent(data: bytes) -> Any:
+    """An object :func:`sent_once` pickled, loaded into the namespace of the job being loaded."""
+    return loads_job(data, _LOADING[-1] if _LOADING else None)
+
+
 class _Pickler(cloudpickle.Pickler):
     if hasattr(cloudpickle.cloudpickle, "_code_reduce"):
         dispatch_table = ChainMap(
@@ -141,6 +180,12 @@ class _Pickler(cloudpickle.Pickler):
         )
 
     def reducer_override(self, obj: Any) -> Any:
+        sent = _SENT_ONCE.get(id(obj))
+        if sent is not None and sent[0] is obj:
+            # Its bytes, made before: pickling it again would run its code again, now.
+            if isinstance(sent[1], Exception):
+                raise pickle.PicklingError(str(sent[1]))
+            return _load_sent, (sent[1],)
         # An lru_cache (or functools.cache) wrapper pickles by name, module and qualname:
         # a notebook's __main__ has the name, a rank's __main__ does not (AttributeError
         # on the rank). Send the function it wraps by value and wrap it again there.
@@ -239,7 +284,12 @@ def loads_job(data: bytes, namespace: dict[str, Any] | None = None) -> Any:
         namespace: The rank's namespace, which the job's by-value functions share
             (:attr:`ezpz_nb.launcher.runtime.RankRuntime.namespace`); a fresh one if None.
     """
-    return _JobUnpickler(data, new_namespace() if namespace is None else namespace).load()
+    namespace = new_namespace() if namespace is None else namespace
+    _LOADING.append(namespace)
+    try:
+        return _JobUnpickler(data, namespace).load()
+    finally:
+        _LOADING.pop()
 
 
 def unpicklable_part(named: list[tuple[str, Any]]) -> tuple[str, Any, Exception] | None:

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from ezpz_nb.ledger import Allowance, Problem
+from ezpz_nb.ledger import Allowance, Problem, StepRecord
 from ezpz_nb.verify.observe import Outcome
 
-__all__ = ["exact_allowance", "merged_allowance"]
+__all__ = ["exact_allowance", "merged_allowance", "remainder_batch"]
 
 
 def merged_allowance(outs: Sequence[Outcome]) -> Allowance | None:
@@ -68,3 +68,27 @@ def exact_allowance(p: Problem, outs: Sequence[Outcome], n: int | None) -> Probl
     if len(p.samples) <= loader + sampler:
         return p
     return replace(p, expected="")
+
+
+def remainder_batch(p: Problem, records: Sequence[StepRecord]) -> Problem:
+    """A ``batch_size`` finding made expected when each replica's only short batch is its last.
+
+    Every batch but the last full, on every replica: the last holds the remainder of the
+    replica's share, as ``DataLoader(drop_last=False)`` keeps it, whatever made the
+    batches (a hand-made loader has no ``drop_last`` to read). Samples dropped or
+    repeated are the exactly-once rule's to judge.
+    """
+    if p.kind != "batch_size" or p.expected:
+        return p
+    sizes: dict[int, list[int]] = {}
+    for r in sorted(records, key=lambda r: r.step):
+        if r.epoch == p.epoch and r.tp_rank == 0 and r.cp_rank == 0:
+            sizes.setdefault(r.dp_rank, []).append(len(r.sample_ids))
+    full = max((n for s in sizes.values() for n in s), default=0)
+    if not sizes or any(n != full for s in sizes.values() for n in s[:-1]):
+        return p
+    return replace(
+        p,
+        expected="each replica's last batch holds the remainder of its share, every other "
+        "batch is full (as DataLoader(drop_last=False) keeps it; drop_last=True drops it)",
+    )

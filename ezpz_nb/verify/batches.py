@@ -13,7 +13,7 @@ from typing import Any
 from ezpz_nb.data.tree import leaves, sample_values
 
 __all__ = ["KEYS", "METADATA", "NoSampleIds", "field_digests", "observe_batch", "resolve_key",
-           "structure"]  # fmt: skip
+           "sample_contents", "structure"]  # fmt: skip
 
 #: What ``key=`` accepts besides a field name: ``"auto"`` looks for ``index``
 #: then ``__key__``; ``"digest"`` tells samples apart by the bytes they hold.
@@ -34,6 +34,8 @@ def _leaf_bytes(x: Any) -> bytes:
         import torch
 
         t = x.detach().cpu().contiguous().reshape(-1)
+        if t.numel() and t.stride(0) != 1:  # one element from a strided numpy slice: stride 2
+            t = t.new_empty(t.shape).copy_(t)
         # Viewed as bytes in torch first: numpy has no bfloat16.
         return bytes(t.view(torch.uint8).numpy().data) if t.numel() else b""
     if hasattr(x, "tobytes"):  # numpy array or scalar
@@ -93,6 +95,34 @@ def _samples_by_digest(batch: Any) -> list[str]:
         h = hashlib.blake2b(digest_size=8)
         for v in sized:
             h.update(_leaf_bytes(v[i]))
+        out.append(h.hexdigest())
+    return out
+
+
+def sample_contents(batch: Any, field: str) -> list[str]:
+    """Per sample, a digest of the rows of integers it holds (tokens, pixels).
+
+    Only integer leaves of one row (or more) per sample count: floats and masks may be
+    noise an RNG drew alike on every rank, and one integer per sample is an id, a label
+    or a counter. The id ``field`` and the :data:`METADATA` tags are left out: two
+    samples with one digest hold the same data whatever ids they carry. ``[]`` when
+    the batch holds no such leaf.
+    """
+    rows = [
+        v for p, v in _content(batch)
+        if p.rsplit("/", 1)[-1] != field and "int" in str(getattr(v, "dtype", ""))
+        and len(getattr(v, "shape", ())) >= 2
+    ]  # fmt: skip
+    sizes = {int(v.shape[0]) for v in rows}
+    if len(sizes) != 1:
+        return []
+    # One numpy array per leaf, then a row each: indexing a tensor per sample costs 10x.
+    arrays = [v.detach().cpu().numpy() if hasattr(v, "detach") else v for v in rows]
+    out = []
+    for i in range(sizes.pop()):
+        h = hashlib.blake2b(digest_size=8)
+        for a in arrays:
+            h.update(a[i].tobytes())
         out.append(h.hexdigest())
     return out
 

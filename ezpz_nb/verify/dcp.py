@@ -50,6 +50,7 @@ class DcpLoader:
         self.loader, self.root = loader, root
         self.checkpoint = LoaderCheckpoint(loader, layout)
         self._part = 0  # which save this is: one folder per save, named in order
+        self._saves = 0  # saves of this part: a resume check saves at its stop and once later
         #: What the last load skipped, in words (empty when it skipped nothing).
         self.load_note = ""
 
@@ -69,7 +70,8 @@ class DcpLoader:
         """``dcp.save`` on every rank (collective), then ``{"dcp": folder}``."""
         import torch.distributed.checkpoint as dcp
 
-        path = os.path.join(self.root, f"save{self._part}")
+        path = os.path.join(self.root, f"save{self._part}.{self._saves}")
+        self._saves += 1
         with warnings.catch_warnings():
             # An earlier scenario of this check saved here: overwriting it is the point.
             warnings.filterwarnings("ignore", message="Detected an existing checkpoint")

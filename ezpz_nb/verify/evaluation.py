@@ -24,7 +24,7 @@ from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
 from ezpz_nb.verify.seen import Seen, run_seen, seen_report
-from ezpz_nb.verify.universe import universe_of
+from ezpz_nb.verify.universe import beyond_len, prefix_cut, universe_of
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
 __all__ = ["check_eval", "eps_of", "judge_counted_once", "judge_equal_steps"]
@@ -97,6 +97,21 @@ def judge_counted_once(seen: list[Seen], num_samples: int | None) -> Judgement:
             "counted_once", Verdict.NOT_JUDGED,
             f"no sample counted twice ({len(counted)} counted once, {within}), but the dataset's "
             "length is unknown, so a dropped sample cannot be seen: pass num_samples=",
+        )  # fmt: skip
+    beyond = "" if num_samples is not None else beyond_len([s.dataset for s in seen], known)
+    if beyond:
+        return Judgement("counted_once", Verdict.FAIL, f"{known.how} is short: {beyond}")
+    dp = sum(1 for s in seen if s.counts)
+    batch = max((len(ids) for s in seen for ids in s.ids), default=0)
+    m, n = prefix_cut([s.dataset for s in seen], dp * batch) if num_samples is None else (0, 0)
+    if m:
+        return Judgement(
+            "counted_once", Verdict.FAIL,
+            f"{known.how} are the first {m} of the dataset's {n} samples: the last {n - m} "
+            "(less than one global batch) are never counted, a drop_last done by a Subset, "
+            f"which biases the metric: evaluate all {n}, or pass num_samples={m} if the cut "
+            "is meant",
+            sample=str(m),
         )  # fmt: skip
     missing = sorted(known.ids - counted)
     if missing:

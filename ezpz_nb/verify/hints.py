@@ -291,6 +291,24 @@ def resume_hint(
             "loaded into a loader that considers that epoch done (start the next epoch "
             "with a fresh iterator, or save the state before the epoch ends)"
         )
+    got = resumed[at].sample_ids
+    near = [at + d for d in (-1, 1, -2, 2) if 0 <= at + d < len(straight)]
+    step = next((s for s in near if straight[s].sample_ids == got), None)
+    if step is not None and step < at:
+        return (
+            f"the resumed loader repeats the straight run's step {step}: the state is "
+            f"{at - step} batch(es) "
+            "behind where it stopped (a position counted before the last batch was taken, "
+            "or loaded minus one)"
+        )
+    if step is not None:
+        return (
+            f"the resumed loader skipped to the straight run's step {step}, {step - at} "
+            "batch(es) past the "
+            "state it was given. The check takes the state at the stop, runs on, then "
+            "resumes from the stop's state: a position kept outside state_dict() (a file, a "
+            "global of the rank's process) reads the later one. Keep all of it in the state"
+        )
     ours = sorted(i for r in resumed[at:] for i in r.sample_ids)
     theirs = sorted(i for r in straight[at:] for i in r.sample_ids)
     if ours == theirs:

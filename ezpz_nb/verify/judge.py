@@ -7,7 +7,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from ezpz_nb.ledger import Ledger, Problem, StepRecord, check_records
 from ezpz_nb.verify import hints
-from ezpz_nb.verify.allowances import exact_allowance, merged_allowance
+from ezpz_nb.verify.allowances import exact_allowance, merged_allowance, remainder_batch
+from ezpz_nb.verify.contents import content_findings, prefix_finding
 from ezpz_nb.verify.observe import Grid, Outcome
 from ezpz_nb.verify.ranks import Ranks
 from ezpz_nb.verify.report import Finding, Report
@@ -332,10 +333,14 @@ def judge(
     problems = check_records(
         records, n, universe=universe, allowance=allow, shuffle=shuffled, global_batch=True
     )
-    problems = [exact_allowance(p, outs, n) for p in problems]
+    problems = [remainder_batch(exact_allowance(p, outs, n), records) for p in problems]
     if ranks.hung:  # records arrive in 0.2 s bunches: what is absent is timing, not evidence
         problems = [p for p in problems if p.kind not in _COUNTED]
     findings = _stuck(ranks, records) + findings_from(problems, ledger, names, outs)
+    own = num_samples is None
+    findings += content_findings(outs, universe, n, how, ranged and own)
+    if own and allow is not None and allow.batch_size and records:
+        findings += prefix_finding(outs, allow.batch_size * grid.dp, records[0].epoch)
     steps = {
         o.rank: [
             sum(1 for r in o.records if r.epoch == e)

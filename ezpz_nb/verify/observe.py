@@ -24,10 +24,12 @@ from ezpz_nb.verify.batches import (
     field_digests,
     observe_batch,
     resolve_key,
+    sample_contents,
     structure,
 )
 from ezpz_nb.verify.epochs import loader_parts
 from ezpz_nb.verify.report import VerifyError
+from ezpz_nb.verify.stops import LATER, Stop
 from ezpz_nb.verify.universe import DatasetIds, dataset_ids, ordering_sampler
 
 __all__ = ["Grid", "Outcome", "rank_layout", "run_rank"]
@@ -90,6 +92,8 @@ class Outcome:
     load_note: str = ""  # what a DCP load skipped (keys missing from a fresh state_dict)
     fields: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)  # digests per field
     memory: list[Any] = field(default_factory=list)  # MemorySample of the rank and its workers
+    # Per (epoch, step), a digest of each sample's data (contents.same_bytes reads them).
+    contents: dict[tuple[int, int], list[str]] = field(default_factory=dict)
 
 
 class Ready:
@@ -216,7 +220,8 @@ def run_rank(
         budget_s: Stop iterating (phase ``"timeout"``) after this many seconds.
         start_epoch: The first epoch's label (a resumed run starts mid-way).
         stop: ``(epoch, steps)``: take ``loader.state_dict()`` after ``steps``
-            steps of ``epoch`` and stop there (a resume check).
+            steps of ``epoch``, go on :data:`~ezpz_nb.verify.stops.LATER` step(s), ask for the state again
+            and return the first (a resume check; :class:`~ezpz_nb.verify.stops.Stop`).
         states: One ``state_dict`` per rank, to load into this rank's new loader
             (after ``set_epoch``) before iterating.
         options: Keyword arguments for ``make_loader`` (e.g. ``num_workers``).
@@ -258,6 +263,7 @@ def run_rank(
     out.shufflers = [f"{type(o).__name__} at {p}" for p, o in parts.shufflers.items()]
     out.unreached = parts.unreached()
     published, published_at = 0, time.monotonic()
+    at = Stop()
     sampler = MemorySampler(memory_budget) if memory_budget is not None else None
     try:
         for epoch in range(start_epoch, start_epoch + epochs):
@@ -270,9 +276,10 @@ def run_rank(
             procs = worker_pids(it) if sampler is not None else []
             step = 0
             while True:
-                if stop is not None and (epoch, step) == stop:
-                    out.state = loader.state_dict()
-                    return out
+                if at.kept < 0 and (epoch, step) == stop:
+                    at.take(loader, out)
+                if at.kept >= 0 and at.later >= LATER:
+                    return at.finish(loader, out)
                 t0 = time.perf_counter()
                 try:
                     batch = next(it)
@@ -290,6 +297,8 @@ def run_rank(
                     dataset_ids=_sources(batch),
                 )  # fmt: skip
                 out.records.append(rec)
+                if key != "digest":  # with ids from the bytes, one content is one id
+                    out.contents[(epoch, step)] = sample_contents(batch, out.key)
                 out.names.update(names)
                 if keep_fields:
                     out.fields[(epoch, step)] = field_digests(batch)
@@ -304,12 +313,14 @@ def run_rank(
                 out.observe_s += time.perf_counter() - t1
                 out.loader_s += t1 - t0
                 step += 1
+                at.later += at.kept >= 0
                 if time.monotonic() > deadline:
                     out.phase = "timeout"
                     return out
-            if stop is not None and stop == (epoch + 1, 0):
-                out.state = loader.state_dict()
-                return out
+            if at.kept < 0 and stop == (epoch + 1, 0):
+                at.take(loader, out)
+        if at.kept >= 0:  # the epochs ended before the later step
+            return at.finish(loader, out)
     except NoSampleIds as exc:
         return _fail(out, "key", str(exc))
     except BaseException:  # noqa: BLE001 - the user's loader: reported, never raised here

@@ -25,6 +25,7 @@ from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
 from ezpz_nb.verify.seen import Seen, dataset_size, run_seen, seen_report
+from ezpz_nb.verify.universe import Universe, beyond_len
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
 __all__ = ["check_steps"]
@@ -98,15 +99,18 @@ def _coverage(seen: list[Seen], num_samples: int | None) -> Judgement:
                     return Judgement(
                         "balanced_coverage", Verdict.FAIL,
                         f"epoch {e}: rank {s.rank} took sample {i} twice: its own share of the "
-                        "epoch repeats a sample (a stream restarted within the epoch, or "
-                        "DataLoader workers that each yield the whole share)",
+                        "epoch repeats a sample (sampling with replacement, a stream restarted within "
+                        "the epoch, or DataLoader workers that each yield the whole share): deal "
+                        "each epoch as a permutation cut into one share per rank",
                         rank=s.rank, step=step, sample=str(i),
                     )  # fmt: skip
                 if (e, i) in owner:
                     return Judgement(
                         "balanced_coverage", Verdict.FAIL,
                         f"epoch {e}: sample {i} went to rank {owner[(e, i)]} and again to rank "
-                        f"{s.rank}: the ranks' shares of an epoch overlap",
+                        f"{s.rank}: the ranks' shares of an epoch overlap (sampling with replacement, or "
+                        "ranks that do not cut one permutation of the epoch): give every rank "
+                        "the same permutation (seed + epoch) and take share perm[rank::world]",
                         rank=s.rank, step=step, sample=str(i),
                     )  # fmt: skip
                 owner[(e, i)] = s.rank
@@ -180,8 +184,15 @@ def check_steps(
         raise VerifyError(f"steps must be a positive int, got {steps!r}")
     seen = run_seen(make_loader, grid, key, "weight", steps, timeout, cluster)
     dp_seen = [s for s in seen if s.counts]
+    size = dataset_size(seen, None)
+    beyond = (
+        beyond_len([s.dataset for s in seen], Universe(frozenset(range(size)), size, ""))
+        if num_samples is None and size is not None
+        else ""
+    )
     judged = [
         judge_steps(seen, steps),
-        judge_coverage(dp_seen, num_samples, dataset_size(seen, None)),
-    ]
+        Judgement("balanced_coverage", Verdict.FAIL, f"range({size}) (len(dataset)) is short: "
+                  f"{beyond}") if beyond else judge_coverage(dp_seen, num_samples, size),
+    ]  # fmt: skip
     return seen_report(make_loader, grid, f"{steps} steps", "steps", judged, seen)

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DatasetIds", "Universe", "dataset_ids", "ordering_sampler", "universe_of"]
+__all__ = ["DatasetIds", "Universe", "beyond_len", "dataset_ids", "ordering_sampler", "prefix_cut",
+           "probe_beyond", "universe_of"]  # fmt: skip
 
 # A wrapper chain deeper than this is not followed (a cycle of .dataset attributes).
 _DEPTH = 8
@@ -34,6 +35,8 @@ class DatasetIds:
         lengths: ``len`` of each dataset of the chain, outermost first (None: no length).
         raws: Each wrapper's own indices, in the numbering of the dataset under it.
         under: ``len`` of the dataset under each wrapper (None: no length).
+        beyond: What :func:`probe_beyond` found past the base dataset's ``__len__``
+            ("" when nothing).
     """
 
     maps: tuple[tuple[int, ...], ...] = ()
@@ -41,6 +44,7 @@ class DatasetIds:
     lengths: tuple[int | None, ...] = ()
     raws: tuple[tuple[int, ...], ...] = ()
     under: tuple[int | None, ...] = ()
+    beyond: str = ""
 
     def whole(self, level: int) -> frozenset[int] | None:
         """What the outermost wrapper is cut from, in ``maps[level]``'s numbering.
@@ -68,6 +72,35 @@ def _len(ds: Any) -> int | None:
         return len(ds)
     except Exception:  # noqa: BLE001 - no __len__, or an IterableDataset's TypeError: unknown
         return None
+
+
+def probe_beyond(ds: Any) -> str:
+    """Whether a map-style dataset holds more samples than its ``__len__`` says.
+
+    ``ds[len(ds)]`` answering alone proves nothing: a synthetic dataset computes a
+    sample from any index. But one that answers there and raises further on (at
+    ``2 * len + 1``) reads finite storage that ends past its ``__len__``: the samples
+    between are never read by any sampler (an off-by-one ``__len__``). "" otherwise.
+    """
+    from torch.utils.data import IterableDataset
+
+    n = _len(ds)
+    if n is None or isinstance(ds, IterableDataset) or not hasattr(ds, "__getitem__"):
+        return ""
+    far = 2 * n + 1
+    try:
+        ds[n]
+    except Exception:  # noqa: BLE001 - the expected end of the data (IndexError, KeyError...)
+        return ""
+    try:
+        ds[far]
+    except Exception:  # noqa: BLE001 - finite storage that ends between n and far
+        return (
+            f"{type(ds).__name__}[{n}] returns a sample though its __len__ is {n} (and "
+            f"[{far}] raises): the dataset holds more samples than __len__ says, and no "
+            "sampler reads those past it: make __len__ count every sample"
+        )
+    return ""
 
 
 def ordering_sampler(loader: Any) -> Any:
@@ -130,7 +163,9 @@ def dataset_ids(loader: Any) -> DatasetIds | None:
             under.append(_len(inner))
         ds = inner
         lengths.append(_len(ds))
-    return DatasetIds(tuple(maps), tuple(kinds), tuple(lengths), tuple(raws), tuple(under))
+    return DatasetIds(
+        tuple(maps), tuple(kinds), tuple(lengths), tuple(raws), tuple(under), probe_beyond(ds)
+    )
 
 
 @dataclass(frozen=True)
@@ -214,3 +249,31 @@ def _over_parts(known: Sequence[DatasetIds], level: int, ids: frozenset[int]) ->
             whole, len(whole), f"range({len(whole)}) (the dataset the ranks' {kind}s are cut from)"
         )
     return Universe(whole, len(whole), f"the {len(whole)} indices the ranks' {kind}s are cut from")
+
+
+def beyond_len(parts: Sequence[DatasetIds | None], universe: Universe) -> str:
+    """A rank's :attr:`DatasetIds.beyond`, when the universe is its base dataset's ``range(len)``.
+
+    A declared ``num_samples`` or a ``Subset``'s indices set another universe: there the
+    base's ``__len__`` is not what the epoch is judged against.
+    """
+    return next(
+        (p.beyond for p in parts
+         if p is not None and p.beyond and universe.is_range and p.length == universe.size),
+        "",
+    )  # fmt: skip
+
+
+def prefix_cut(parts: Sequence[DatasetIds | None], global_batch: int | None) -> tuple[int, int]:
+    """``(m, n)`` when the ranks' wrappers read the first ``m`` of the base's ``n`` samples
+    and the rest is less than one global batch: a ``Subset`` that drops the remainder as
+    ``drop_last`` would, without saying so. ``(0, 0)`` otherwise.
+    """
+    known = [p for p in parts if p is not None]
+    if not known or not global_batch or any(not p.maps or p.length is None for p in known):
+        return 0, 0
+    read = {i for p in known for i in p.maps[-1]}
+    n, m = known[0].length or 0, len(read)
+    if 0 < n - m < global_batch and m and read == set(range(m)):
+        return m, n
+    return 0, 0

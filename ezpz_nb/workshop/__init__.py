@@ -27,7 +27,8 @@ modules define.
 * :mod:`.dcp_state`: notebook 15: ``check_loader_state``;
 * :mod:`.exact_eval`: notebook 16: ``check_exact_mean``;
 * :mod:`.mixture`: notebook 17: ``check_mix_batch``;
-* :mod:`.flat_storage`: notebook 19: ``check_flat`` (its epoch :mod:`.flat_epoch`); the
+* :mod:`.flat_storage`: notebook 19: ``check_flat`` (its epoch :mod:`.flat_epoch`, its rows and
+  what a dataset holds of them :mod:`.flat_rows`); the
   lesson's storages and their per-worker measurement are :mod:`.storages` (whose tokens
   ``check_flat`` also uses), its loader that fills ``/dev/shm`` is :mod:`.shm_fill`, and
   :mod:`.witness` reads ``check_flat``'s workers' memory from the notebook's process;

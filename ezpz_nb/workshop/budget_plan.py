@@ -9,7 +9,9 @@ counts, no document twice, no more tokens left out than one of the two fixes dro
 :data:`EXCESS_PAD` of a plan sorted by length over the same documents (so one document
 per batch, and fixed-size batches, are turned down). A plan made globally and dealt over
 DP passes, and so does a per-replica plan that agrees on the count with
-``all_reduce(MIN)``; a count fixed in advance cannot fit both cases.
+``all_reduce(MIN)``; a count fixed in advance cannot fit both cases, and every case is
+drawn so that a count each replica works out alone (its own plan's, or the global plan's
+share) fails too (:mod:`.plan_draw`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ezpz_nb.text.plan import budget_batches, shard_then_plan
+from ezpz_nb.workshop.plan_draw import budget_lengths, draw_case
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, each_returned, fresh_seed, wrong
 
 if TYPE_CHECKING:
@@ -56,48 +59,6 @@ CAP = 0.35
 #: 20% of the tokens left out: over it in every check (by 0.50 budgets at least), 30%: by
 #: 4.5 budgets; 15%: 25 checks in 500 pass (less than fix 2's worst drop of all tokens).
 LONG_SIMS, LONG_FACTOR, LONG_SLACK = 48, 1.5, 2
-
-
-def budget_lengths(seed: int, n: int, longest: int, budget: int, world: int) -> list[int]:
-    """Notebook 11, exercise 2: ``n`` document lengths from 2 to ``longest``, drawn per check.
-
-    Drawn again until replicas that plan their own shard (dealt round-robin, or in
-    contiguous blocks) get unequal batch counts: about one draw in eight would give
-    equal counts by luck, and let a plan that does not keep counts equal pass. And until
-    the global plan's batches do not divide evenly over the replicas: dealing every batch
-    (the leftover ones kept) then gives unequal counts (issue 45's fourth trial: one draw
-    in ``world`` let it pass).
-    """
-    rng = random.Random(seed)
-    while True:
-        lengths = [rng.randint(2, longest) for _ in range(n)]
-        if len(budget_batches(lengths, list(range(n)), budget)) % world == 0:
-            continue
-        block = -(-n // world)
-        for shards in (
-            [range(r, n, world) for r in range(world)],
-            [range(r * block, min(n, (r + 1) * block)) for r in range(world)],
-        ):
-            if len({len(budget_batches(lengths, list(s), budget)) for s in shards}) == 1:
-                break
-        else:
-            return lengths
-
-
-def draw_case(rng: random.Random, scale: int) -> tuple[int, int, list[int], int]:
-    """One case of a check: ``(dp, budget, lengths, cap_seed)``, drawn from ``rng``.
-
-    The DP size (2 to 4), a budget (2 to 6 times the longest document) and ``scale``
-    times 160 to 240 documents, rounded up to a multiple of the DP size (equal shards:
-    see :func:`_judge_drop`); ``cap_seed`` seeds :func:`_drop_cap`'s random shardings.
-    """
-    dp = rng.choice((2, 3, 4))
-    longest = rng.choice((32, 48, 64))
-    budget = longest * rng.choice((2, 3, 4, 6))
-    n = scale * rng.randint(160, 240)
-    n += -n % dp
-    lengths = budget_lengths(rng.randrange(2**31), n, longest, budget, dp)
-    return dp, budget, lengths, rng.randrange(2**31)
 
 
 def job_budget_plan(fn: Callable, lengths: list[int], budget: int) -> Any:
@@ -346,10 +307,9 @@ def check_budget_plan(
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge, run_learner
 
-    seed = fresh_seed()
-
     def body() -> str:
-        rng = random.Random(seed)
+        # Drawn here, after judge() pickled the answer (see check_pack).
+        rng = random.Random(fresh_seed())
         said = []
         for scale in (1, 3):
             dp, budget, lengths, cap_seed = draw_case(rng, scale)

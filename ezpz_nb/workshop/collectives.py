@@ -69,9 +69,8 @@ def check_global_sum(
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge, run_learner
 
-    seed = fresh_seed()
-
     def body() -> str:
+        seed = fresh_seed()  # drawn after the answers were sent (see verdicts.judge)
         got = run_learner(job_global_sum, fn, seed, timeout=timeout, cluster=cluster)
         world = len(got)
         for k, s in enumerate((None, seed)):
@@ -167,9 +166,8 @@ def check_share_from_leader(
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge, run_learner
 
-    seed = fresh_seed()
-
     def body() -> str:
+        seed = fresh_seed()  # drawn after the answers were sent (see verdicts.judge)
         got = run_learner(job_share, fn, seed, timeout=timeout, cluster=cluster)
         world = len(got)
         for k, (groups, sort_ranks) in enumerate(SHARE_LAYOUTS):

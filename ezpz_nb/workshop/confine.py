@@ -9,10 +9,11 @@ Looking for such places afterwards cannot tell the learner's writes from everyon
 * :func:`call_confined` (rank side) runs the function in a thread that Linux's Landlock
   restricts: files may be written only under the folders named (the checkpoint's), no TCP
   socket may be bound or connected, no program started, and no abstract unix socket made
-  outside the thread's own restriction reached. Landlock restricts the calling thread and
-  what it starts, never the rest of the rank, so a warm cluster's rank is unchanged after.
-  The learner's function arrives pickled and is unpickled inside that thread, so code
-  that runs at unpickling is confined too.
+  outside the thread's own restriction reached; and no new socket of any family made
+  (:mod:`.no_sockets`, a seccomp filter: UDP, raw, packet, netlink, unix). Landlock
+  restricts the calling thread and what it starts, never the rest of the rank, so a warm
+  cluster's rank is unchanged after. The learner's function arrives pickled and is
+  unpickled inside that thread, so code that runs at unpickling is confined too.
 * :func:`processes_below` and :func:`ipc_objects` (notebook side, from ``/proc``) find what
   outlives the call in a process: a child it started (the rank is made a child subreaper
   first, so a child that forks again stays below it) and System V shared memory or message
@@ -20,13 +21,13 @@ Looking for such places afterwards cannot tell the learner's writes from everyon
 
 Where Landlock is missing (not Linux, a kernel before 5.13, or turned off) or older than a
 rule needs, :func:`confinement` says which rules do not run, for the verdict to say "not
-judged". A thread the learner started earlier in a warm rank runs unconfined:
-:func:`learner_threads` names it, and the checker then saves on ranks of its own. Not
-covered: a server the learner started before the check, reached through a unix socket file;
-and code that replaces a function the rank's own, unconfined main thread calls after the
-save (the reply it sends, issue 45's fifth trial): closing that needs the whole rank
-confined, which Landlock does only from a thread's start (no thread sync before its ABI 8),
-so saves on ranks of the check's own, confined from their first line.
+judged". Not covered by a confined thread: the rank's other threads. A thread the learner
+started earlier in a warm rank runs unconfined (:func:`learner_threads` names it), and so
+does code the learner's rebinds put in the rank's main thread (the reply it sends after the
+job, issue 45's fifth trial) or hands gloo's worker threads (a future's callback); Landlock
+has no thread sync before its ABI 8. The checks therefore run the learner's code on ranks of
+their own whose every thread is confined first (:mod:`.seal`), ended after; a warm cluster
+passed in (tests) gets the confined thread only, and the verdict says so.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import contextlib
 import ctypes
 import os
 import pickle
+import re
 import signal
 import sys
 import threading
@@ -42,6 +44,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ezpz_nb.workshop.no_sockets import available, refuse_sockets
 from ezpz_nb.workshop.stops import CheckStopped, wrong
 
 __all__ = [
@@ -53,6 +56,7 @@ __all__ = [
     "processes_below",
     "reap",
     "remove_ipc",
+    "restrict_this_thread",
     "subreaper",
 ]
 
@@ -93,6 +97,9 @@ def confinement(abi: int) -> list[str]:
         missing.append(f"TCP sockets (Landlock ABI {abi} < 4)")
     if abi < 6:
         missing.append(f"abstract unix sockets (Landlock ABI {abi} < 6)")
+    seccomp = available()
+    if seccomp is not None:
+        missing.append(f"sockets other than TCP: UDP, unix, raw ({seccomp})")
     return missing
 
 
@@ -105,7 +112,7 @@ class _Beneath(ctypes.Structure):
     _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def _restrict_this_thread(writable: list[str], abi: int) -> None:
+def restrict_this_thread(writable: list[str], abi: int) -> None:
     """Landlock on the calling thread: writes only under ``writable`` (and ``/dev/null``)."""
     libc = _libc()
     writes = _WRITE_FILE | _DIR_WRITES | (_REFER if abi >= 2 else 0)
@@ -151,7 +158,9 @@ def call_confined(
     def body() -> None:
         try:
             if abi >= 1:
-                _restrict_this_thread(writable, abi)
+                restrict_this_thread(writable, abi)
+                if available() is None:
+                    refuse_sockets()
             head = pickle.loads(learners) if learners is not None else ()
             out.append(job(*head, *args))
         except BaseException as e:  # noqa: BLE001 - raised again in the calling thread, as it was
@@ -284,6 +293,13 @@ _REFUSED = (
 )
 
 
+#: A reply that failed (``launcher/failures.py``'s wording): the rank, and what raised.
+_REPLY = re.compile(
+    r"rank (\d+) raised .*?could not be sent back to the notebook \((.*)\); return plain",
+    re.S,
+)
+
+
 @contextlib.contextmanager
 def refusals_explained(why: str) -> Iterator[None]:
     """Notebook side: a check that stopped because the confined call was refused something
@@ -291,6 +307,13 @@ def refusals_explained(why: str) -> Iterator[None]:
     try:
         yield
     except CheckStopped as stop:
-        if any(m in stop.message for m in _REFUSED):
-            raise wrong(f"{stop.message}\n{why}") from None
-        raise
+        if not any(m in stop.message for m in _REFUSED):
+            raise
+        said = _REPLY.search(stop.message)
+        if said:  # not the job's value: code it left behind ran as the rank replied
+            raise wrong(
+                f"rank {said[1]} could not reply: after your function returned, code it left "
+                f"in the rank (a function it rebound) ran as the rank replied, and was "
+                f"refused ({said[2]}).\n{why}"
+            ) from None
+        raise wrong(f"{stop.message}\n{why}") from None

@@ -1,9 +1,8 @@
 """Notebook 15's checker around the learner's saves: only the checkpoint may hold the state.
 
-:func:`packed` pickles the learner's functions for :func:`~ezpz_nb.workshop.confine.call_confined`
-to unpickle in a confined thread; :func:`savers` picks the ranks the saves run on (the warm
-cluster, unless it runs a thread the learner started) and makes each a child subreaper;
-:func:`confined_save` says why a refused write stopped a save; :func:`left_behind` finds what
+:func:`savers` picks the ranks the saves run on (ranks of the check's own, sealed; a warm
+cluster passed in, a confined thread) and makes each a child subreaper;
+:func:`confined_save` and :func:`confined_load` say why a refusal stopped a save or a load; :func:`left_behind` finds what
 a save left running or shared (processes, System V objects), ends it and says so.
 """
 
@@ -16,28 +15,19 @@ from typing import Any
 from ezpz_nb.workshop import confine
 from ezpz_nb.workshop.stops import wrong
 
-__all__ = ["confined_save", "left_behind", "packed", "savers"]
-
-
-def packed(save: Callable[..., Any], load: Callable[..., Any]) -> bytes:
-    """The learner's two functions pickled here, to be unpickled in the confined thread."""
-    from ezpz_nb.launcher.wire import dumps
-
-    try:
-        return dumps((save, load))
-    except Exception as e:  # noqa: BLE001 - anything that cannot be sent is the answer's
-        raise wrong(
-            f"loader_state or load_loader_state cannot be sent to the ranks ({e}): define them "
-            "at the top level of a cell, using nothing that holds a lock, a file or a socket"
-        ) from None
+__all__ = ["confined_load", "confined_save", "left_behind", "savers"]
 
 
 def savers(
     cluster: Any, world: int, timeout: float, own: contextlib.ExitStack
-) -> tuple[Any, list[int]]:
-    """The ranks the saves run on, and their pids: the warm ``cluster``, unless it is gone or
-    runs a thread the learner started earlier (it could write what the saves leave in
-    memory, unconfined); then a cluster of the checker's own, closed by ``own``."""
+) -> tuple[Any, list[int], bool]:
+    """The ranks the saves run on, their pids, and whether they are sealed (:mod:`.seal`).
+
+    By default a cluster of the checker's own, closed by ``own`` (its ranks sealed for the
+    saves, so ended with the check). A warm ``cluster`` passed in (tests: the verdicts
+    that need no seal) runs them in a confined thread, unless it is gone or runs a thread
+    the learner started earlier (it could write what the saves leave in memory).
+    """
     from ezpz_nb.launcher import Cluster
     from ezpz_nb.workshop.verdicts import run_job
 
@@ -45,16 +35,17 @@ def savers(
     if live is not None:
         ranks = run_job(confine.subreaper, world_size=world, timeout=timeout, cluster=live)
         if not any(threads for _, threads in ranks):
-            return live, [pid for pid, _ in ranks]
+            return live, [pid for pid, _ in ranks], False
     fresh = own.enter_context(Cluster(world_size=world, timeout=timeout))
     ranks = run_job(confine.subreaper, world_size=world, timeout=timeout, cluster=fresh)
-    return fresh, [pid for pid, _ in ranks]
+    return fresh, [pid for pid, _ in ranks], True
 
 
 #: Said after a save that raised where writes are refused (the learner's message first).
 _ONLY_THE_CHECKPOINT = (
     "loader_state ran where it may write only inside its checkpoint: a file of its own "
-    "(in /tmp, /dev/shm, the notebook's folder), a socket or a program is refused. The "
+    "(in /tmp, /dev/shm, the notebook's folder), a socket (TCP, UDP or unix) or a program "
+    "is refused, from the save and from any code it leaves the rank to run later. The "
     "state must be in the checkpoint: return it from loader_state"
 )
 
@@ -62,6 +53,19 @@ _ONLY_THE_CHECKPOINT = (
 def confined_save() -> contextlib.AbstractContextManager[None]:
     """Add what was refused, and why, to a save that raised on a refused write."""
     return confine.refusals_explained(_ONLY_THE_CHECKPOINT)
+
+
+#: Said after a load that raised where files and sockets are refused.
+_ONLY_FROM_THE_CHECKPOINT = (
+    "load_loader_state ran where it may write nothing and open no socket (TCP, UDP or unix): "
+    "a state kept outside the checkpoint cannot be fetched. The state must be in the "
+    "checkpoint: restore it from the state dcp.load hands you"
+)
+
+
+def confined_load() -> contextlib.AbstractContextManager[None]:
+    """Add what was refused, and why, to a load that raised on a refused file or socket."""
+    return confine.refusals_explained(_ONLY_FROM_THE_CHECKPOINT)
 
 
 def left_behind(

@@ -28,14 +28,21 @@ outside the checkpoint under the rank or the step holds the last of the saves on
 drawn step turns down an answer that skips a fixed count. What a right answer may keep is
 what describes the place: one key with the offset, replayed in a fresh loader, passes.
 
-The saves may write nothing but their checkpoints (:mod:`.confine`: a Landlock-restricted
-thread, on Linux): a state kept in a file of the learner's own (``/tmp``, ``/dev/shm``, the
-notebook's folder), sent over TCP or started in a program is refused, and what a save
-leaves running below the ranks (a child process serving it) or in System V shared memory
-is ended and named (:mod:`.dcp_guard`). The loads run confined too, with no writes at all.
-Where Landlock is missing the verdict says which of these were not judged. Not closed: a
-server the learner started in the notebook before the check, reached through a unix
-socket file.
+The saves may write nothing but their checkpoints (:mod:`.confine`'s Landlock rules and
+:mod:`.no_sockets`' seccomp filter, on Linux): a state kept in a file of the learner's own
+(``/tmp``, ``/dev/shm``, the notebook's folder), sent over any socket (TCP, UDP, unix: a
+server the learner started before the check included) or started in a program is refused,
+and what a save leaves running below the ranks (a child process serving it) or in System V
+shared memory is ended and named (:mod:`.dcp_guard`). They run on ranks of the check's
+own whose every thread is confined before the learner's code is unpickled (:mod:`.seal`),
+so code a save rebinds for the rank to run after it (the reply it sends, issue 45's fifth
+trial) or hands gloo's threads is refused alike; those ranks are ended after the saves.
+The loads (and the learner's ``loader_state``, which a load calls for its template) run
+on load ranks of the check's own, sealed alike (writes only into the check's folders, which
+the checker removes), in a thread with no writes at all. Where Landlock is missing the
+verdict says which of these were not judged. Not closed: a thread the learner started in
+the notebook's own process, copying what a save writes beside its checkpoint before the
+checker rebuilds it.
 
 The wrong answers it names are the ones that lose data in real jobs: one key for every
 rank (DCP keeps one rank's copy: the others replay that rank's shard), only rank 0
@@ -71,6 +78,7 @@ from ezpz_nb.workshop.dcp_places import (
     stream,
     twins_differ,
 )
+from ezpz_nb.workshop.seal import call_sealed, packed
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, not_done, wrong
 
 if TYPE_CHECKING:
@@ -113,31 +121,43 @@ class _Learners:
 Plan = list[tuple[dict[int, dict[str, Any]], list[tuple[str, int, int]]]]
 
 
-def _save_part(tp: int, plan: Plan, learners: bytes) -> None:
-    """Rank side: the saves, in a thread that may write only inside this plan's checkpoint
-    folders (see :mod:`.confine`); the learner's functions are unpickled there too."""
-    make_layout(tp_size=tp)  # the groups are made before the thread is confined
-    writable = sorted({os.path.dirname(path) for _, twins in plan for path, _, _ in twins})
-    call_confined(_save_places, learners, writable, tp, plan)
+def _save_part(plans: list[tuple[int, Plan]], learners: bytes, sealed: bool) -> None:
+    """Rank side: every layout's saves, where they may write only inside their checkpoint
+    folders: on a rank of the check's own, the whole rank sealed (:mod:`.seal`: its main
+    thread runs them, and no thread of it is free); on warm ranks, a confined thread
+    (:mod:`.confine`). The learner's functions are unpickled there too."""
+    for tp, _ in plans:  # every group is made before anything is confined
+        make_layout(tp_size=tp)
+    writable = sorted(
+        {os.path.dirname(path) for _, plan in plans for _, twins in plan for path, _, _ in twins}
+    )
+    (call_sealed if sealed else call_confined)(_save_places, learners, writable, plans)
 
 
-def _save_places(save: StateFn, load: LoadFn, tp: int, plan: Plan) -> None:
+def _save_places(save: StateFn, load: LoadFn, plans: list[tuple[int, Plan]]) -> None:
     """At each place, each twin (a loader of another seed and size) set to this DP rank's
     state there, and saved. The run's own loader, seed and size never come here."""
     import torch.distributed.checkpoint as dcp
 
-    layout = make_layout(tp_size=tp)
-    for states, twins in plan:
-        for path, twin_seed, twin_size in twins:
-            twin = stream(layout.dp_rank, layout.dp_size, twin_size, twin_seed)
-            twin.load_state_dict(states[layout.dp_rank])
-            dcp.save({"data": _Learners(twin, layout, save, load)}, checkpoint_id=path)
+    for tp, plan in plans:
+        layout = make_layout(tp_size=tp)
+        for states, twins in plan:
+            for path, twin_seed, twin_size in twins:
+                twin = stream(layout.dp_rank, layout.dp_size, twin_size, twin_seed)
+                twin.load_state_dict(states[layout.dp_rank])
+                dcp.save({"data": _Learners(twin, layout, save, load)}, checkpoint_id=path)
 
 
-def _rebuild_part(jobs: list[tuple[list[str], str]], dirs: list[str]) -> Any:
+def _rebuild_part(
+    jobs: list[tuple[list[str], str]], dirs: list[str], tps: list[int], sealed: bool
+) -> Any:
     """Rank side: :func:`~.dcp_copy.rebuild_part`, confined to this check's folders (what a
-    checkpoint's pickles run as they are read may write nowhere else)."""
-    return call_confined(rebuild_part, None, dirs, jobs)
+    checkpoint's pickles run as they are read may write nowhere else). ``sealed``: on load
+    ranks of the check's own, the whole rank is sealed (:mod:`.seal`), the groups of every
+    layout ``tps`` made first, so the loads after run sealed too."""
+    for tp in tps:
+        make_layout(tp_size=tp)
+    return (call_sealed if sealed else call_confined)(rebuild_part, None, dirs, jobs)
 
 
 #: The load ranks :func:`shared_load_ranks` keeps, while it runs.
@@ -146,8 +166,9 @@ _SHARED: list[Any] = []
 
 @contextlib.contextmanager
 def shared_load_ranks() -> Iterator[None]:
-    """Every check inside loads on one cluster of the checker's own (a test module's checks:
-    the ranks' imports of DCP, most of a check's time, paid once).
+    """Every check inside that saves on a warm cluster passed in loads on one cluster of the
+    checker's own (a test module's checks: the ranks' imports of DCP, most of a check's
+    time, paid once); a check of its own (no cluster) loads on sealed ranks of its own.
 
     Sound because nothing of a save reaches them but its checkpoint: the saves run
     elsewhere, confined, and what they leave running is ended; the loads run confined and
@@ -187,8 +208,9 @@ def _load_places(save: StateFn, load: LoadFn, items: list[tuple[int, int, int, s
     return resumed
 
 
-def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> None:
-    """Save every case, then load every checkpoint on other ranks; stop at a fault.
+def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> bool:
+    """Save every case, then load every checkpoint on other ranks; stop at a fault. Return
+    whether the saves ran on sealed ranks (:mod:`.seal`), not in a warm rank's thread.
 
     What the checker trusts stays on this side: the straight runs are computed here, the
     load job is told no step, and the loads run on ranks the learner's save never ran in (a
@@ -207,7 +229,7 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
     rng, timeout = random.Random(), 4 * CHECK_TIMEOUT
     dirs: list[str] = []
     points: list[Point] = []
-    learners = dcp_guard.packed(save, load)
+    learners = packed("loader_state or load_loader_state", save, load)
 
     def folder() -> str:
         dirs.append(tempfile.mkdtemp(prefix="ezpz-nb15-"))
@@ -215,8 +237,9 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
 
     try:
         with contextlib.ExitStack() as own:
-            savers, pids = dcp_guard.savers(cluster, WORLD, timeout, own)
+            savers, pids, sealed = dcp_guard.savers(cluster, WORLD, timeout, own)
             before = (confine.processes_below(pids), confine.ipc_objects())
+            plans: list[tuple[int, Plan]] = []
             for case in cases:
                 plan: Plan = []
                 twins = iter(case.twins)
@@ -225,11 +248,12 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
                         made = [(folder(), *next(twins)) for _ in range(2)]
                         plan.append((place(case, seed, stop), made))
                         points.append(Point(case, seed, stop, tuple(p for p, _, _ in made)))
-                with dcp_guard.confined_save():
-                    run_job(
-                        _save_part, case.tp, plan, learners,
-                        world_size=WORLD, timeout=timeout, cluster=savers,
-                    )  # fmt: skip
+                plans.append((case.tp, plan))
+            with dcp_guard.confined_save():
+                run_job(
+                    _save_part, plans, learners, sealed,
+                    world_size=WORLD, timeout=timeout, cluster=savers,
+                )  # fmt: skip
             dcp_guard.left_behind(
                 pids,
                 before,
@@ -255,18 +279,22 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
             for j in order
         ]
         with contextlib.ExitStack() as own:
-            shared = _SHARED[-1] if _SHARED and not _SHARED[-1].closed else None
+            # Sealed saves load on sealed ranks of their own; warm saves (tests) may share.
+            shared = _SHARED[-1] if _SHARED and not _SHARED[-1].closed and not sealed else None
             fresh = shared if shared not in (None, cluster) else None
             if fresh is None:
                 fresh = own.enter_context(Cluster(world_size=WORLD, timeout=timeout))
-            rebuilt = run_job(
-                _rebuild_part, jobs, dirs, world_size=WORLD, timeout=timeout, cluster=fresh
-            )
-            for path in saved:  # nothing the saves wrote outlives the rebuild
-                shutil.rmtree(os.path.dirname(path), ignore_errors=True)
-            back = run_job(
-                _load_part, items, learners, world_size=WORLD, timeout=timeout, cluster=fresh
-            )
+            tps = sorted({c.tp for c in cases})
+            with dcp_guard.confined_load():
+                rebuilt = run_job(
+                    _rebuild_part, jobs, dirs, tps, fresh is not shared,
+                    world_size=WORLD, timeout=timeout, cluster=fresh,
+                )  # fmt: skip
+                for path in saved:  # nothing the saves wrote outlives the rebuild
+                    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+                back = run_job(
+                    _load_part, items, learners, world_size=WORLD, timeout=timeout, cluster=fresh
+                )
     finally:
         for path in dirs:
             shutil.rmtree(path, ignore_errors=True)
@@ -277,6 +305,7 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
         why = diagnose(p, resumed) or twins_differ(digests[j])
         if why:
             raise wrong(f"on dp {p.case.dp} x tp {p.case.tp}, saved after step {p.stop}: {why}")
+    return sealed
 
 
 def check_loader_state(
@@ -286,10 +315,14 @@ def check_loader_state(
 
     Args:
         loader_state, load_loader_state: The learner's functions (None: not done).
-        cluster: A warm ``ez.Cluster`` of 4 ranks for the saves (default, closed since,
-            or running a thread the learner started: ranks of the checker's own). Its
-            ranks are made child subreapers. The loads run on ranks the learner's save
-            never ran in: fresh ones, or those :func:`shared_load_ranks` keeps.
+        cluster: None (a learner's check): the saves run on 4 ranks of the checker's
+            own, every thread of each confined first (:mod:`.seal`), ended after (~3 s).
+            A warm ``ez.Cluster`` of 4 ranks (tests of the verdicts that need no seal):
+            the saves run there in a confined thread, and the verdict says what that
+            leaves unjudged (closed since, or running a thread the learner started: ranks
+            of the checker's own). The save ranks are made child subreapers. The loads run
+            on ranks the learner's save never ran in: fresh ones, or those
+            :func:`shared_load_ranks` keeps.
     """
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge
@@ -304,11 +337,16 @@ def check_loader_state(
             )
         rng = random.Random()  # fresh per check: no answer fits a fixed step or layout
         cases = [draw_case(rng, dp, tp) for dp, tp in rng.sample(LAYOUTS, len(LAYOUTS))]
-        _run_check(cases, loader_state, load_loader_state, cluster)
+        sealed = _run_check(cases, loader_state, load_loader_state, cluster)
         runs = "; ".join(
             f"dp {c.dp} x tp {c.tp}, saved after steps {c.stops[0]} and {c.stops[1]}" for c in cases
         )
         missing = confine.confinement(confine.landlock_abi())
+        if not sealed:
+            missing.append(
+                "code a save leaves the warm ranks' other threads (saves on the cluster "
+                "passed in; leave cluster out to judge it)"
+            )
         unjudged = f" Not judged here: {'; '.join(missing)}." if missing else ""
         return (
             f"every rank resumed from each checkpoint (two loader seeds per layout) with the "

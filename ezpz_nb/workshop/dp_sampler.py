@@ -166,11 +166,10 @@ def check_make_sampler(
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge, run_learner
 
-    check_seed = fresh_seed()
-    n = sampler_samples(check_seed)
-    seed_a, seed_b = random.Random(check_seed).sample(range(1, 2**20), 2)
-
     def body() -> str:
+        check_seed = fresh_seed()  # drawn after the answers were sent (see verdicts.judge)
+        n = sampler_samples(check_seed)
+        seed_a, seed_b = random.Random(check_seed).sample(range(1, 2**20), 2)
         got = run_learner(
             job_sampler, fn, n, (seed_a, seed_b, seed_a), timeout=timeout, cluster=cluster
         )

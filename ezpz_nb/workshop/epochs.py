@@ -107,9 +107,10 @@ def check_run_epochs(
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge, run_learner
 
-    epochs, seed = 3, fresh_seed()
+    epochs = 3
 
     def body() -> str:
+        seed = fresh_seed()  # drawn after the answers were sent (see verdicts.judge)
         got = run_learner(job_epochs, fn, epochs, seed, timeout=timeout, cluster=cluster)
         each_returned(got, "one list of sample ids per epoch")
         for r, (_dp, _tp, out, passes) in enumerate(got):

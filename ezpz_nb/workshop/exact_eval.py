@@ -20,10 +20,13 @@ here from the read log) through a collective: not through the store, a file or a
 and not every loss it read. Code in a rank can go past any recorder, so the bytes that
 crossed between the ranks are counted from outside them too, by the kernel
 (:mod:`.wire_bytes`): beyond what the recorded collectives carry when replayed, data went
-around them. And the answer runs confined (:mod:`.confine`, Linux's Landlock): no file
-written, no socket of its own bound or connected (TCP, or another rank's abstract unix
-socket), no program started. Not covered: UDP, which Landlock does not restrict and the
-kernel's TCP counters do not count.
+around them. And the answer runs confined (:mod:`.confine`, Linux's Landlock, and
+:mod:`.no_sockets`' seccomp filter): no file written, no TCP socket bound or connected, no
+new socket of any family (UDP, unix, raw: what Landlock and the TCP counters miss), no
+abstract unix socket of another rank reached, no program started. It runs on fresh ranks
+whose every thread is confined before it is unpickled (:mod:`.seal`), so code it rebinds
+for the rank's main thread (the reply that follows it) or hands gloo's threads is confined
+too; a warm cluster passed in (tests) confines the answer's thread only, and says so.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ezpz_nb.workshop.confine import call_confined, refusals_explained
 from ezpz_nb.workshop.loss_server import LossServer, ServedLosses, record_note
+from ezpz_nb.workshop.seal import call_sealed, packed
 from ezpz_nb.workshop.sent_log import Sent, recording
 from ezpz_nb.workshop.sent_rules import FIX, MAX_SENT, judge_channel, judge_sent
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, CheckStopped, not_done, wrong
@@ -91,16 +95,22 @@ def draw_case(rng: random.Random) -> tuple[int, list[float]]:
 
 #: Said after an answer that was refused a file, a socket or the store while it ran.
 _CONFINED = (
-    "exact_mean runs where it may write no file, open no socket of its own and not use the "
-    "process group's key-value store: what the ranks share goes through torch.distributed's "
-    f"collectives. {FIX}"
+    "exact_mean runs where it may write no file, open no socket of its own (TCP, UDP or "
+    "unix) and not use the process group's key-value store: what the ranks share goes "
+    "through torch.distributed's collectives (code it leaves the rank to run later is held "
+    f"to the same). {FIX}"
 )
 
 
-def job_exact_mean(fn: Callable[..., Any], port: int, n: int) -> Any:
+def _answer(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+def job_exact_mean(learners: bytes, port: int, n: int, sealed: bool) -> Any:
     """On each rank: claim this rank's two connections to the checker (the reads, the record),
-    then run the learner's answer, every collective and store use it makes streamed to the
-    checker over the record connection (:mod:`.sent_log`).
+    then run the learner's answer (``learners``: it pickled, unpickled once confined), every
+    collective and store use it makes streamed to the checker over the record connection
+    (:mod:`.sent_log`).
 
     The barrier holds the learner's code back until every rank holds its connections, so no
     rank's code can claim another's. The reads are judged from the checker's log, not here.
@@ -113,11 +123,14 @@ def job_exact_mean(fn: Callable[..., Any], port: int, n: int) -> Any:
     dist.barrier()
     calls: list[Any] = []
     counted = note(f"snap before {os.getpid()} {store_file()}") == "ok"
+    # Confined (Landlock and seccomp, where the kernel has them): no file written, no new
+    # socket (TCP, UDP, unix, raw), no abstract unix socket of another rank reached, no
+    # program started: what crosses between the ranks goes through the process group. On
+    # ranks of the check's own, every thread of the rank (:mod:`.seal`): code the answer
+    # leaves for the rank's main thread or gloo's threads to run later is confined too.
+    confined = call_sealed if sealed else call_confined
     with recording(note, calls):
-        # Confined (Landlock, where the kernel has it): no file written, no socket of its
-        # own bound or connected, no abstract unix socket of another rank reached, no program
-        # started: what crosses between the ranks goes through the process group.
-        out = call_confined(fn, None, [], table, dist.get_rank(), dist.get_world_size())
+        out = confined(_answer, learners, [], table, dist.get_rank(), dist.get_world_size())
     if counted:
         note("snap after")
         replay(calls, note)
@@ -216,7 +229,9 @@ def check_exact_mean(
         fn: The learner's function, run on every rank of a fresh group.
         timeout: Seconds before the ranks count as hung.
         seed: Fix the drawn case (tests, an instructor replaying one); by default fresh.
-        cluster: Warm ranks (an ``ez.Cluster`` of the drawn degree: tests) instead of fresh.
+        cluster: Warm ranks (an ``ez.Cluster`` of the drawn degree: tests) instead of
+            fresh ones; the answer then runs in a confined thread of each, not on ranks
+            whose every thread is confined (:mod:`.seal`), and the verdict says so.
     """
     # Here, not at the top: a rank imports this module for job_exact_mean (see stops.py).
     from ezpz_nb.workshop.verdicts import judge
@@ -224,7 +239,13 @@ def check_exact_mean(
     def body() -> str:
         dp, losses = draw_case(random.Random(seed))
         got, counter = _answers(fn, losses, dp, timeout, cluster)
-        return _judge(got, losses, dp, counter)
+        verdict = _judge(got, losses, dp, counter)
+        if cluster is not None:
+            verdict += (
+                " (Not judged here: code the answer leaves the warm ranks' other threads to "
+                "run; leave cluster out to judge it.)"
+            )
+        return verdict
 
     return judge(EXERCISE, body)
 
@@ -241,15 +262,17 @@ def _answers(
 
     if not callable(fn):
         raise wrong("pass the function itself: check_exact_mean(exact_mean).")
+    learners, sealed = packed("exact_mean", fn), cluster is None
     # The server stops with the check, whether the ranks returned, raised or hung.
     with LossServer(losses, dp) as server:
         try:
             with refusals_explained(_CONFINED):
                 got = run_job(
                     job_exact_mean,
-                    fn,
+                    learners,
                     server.port,
                     len(losses),
+                    sealed,
                     world_size=dp,
                     timeout=timeout,
                     cluster=cluster,

@@ -9,6 +9,8 @@ returns a :class:`CheckResult`:
 * ``"not done"``: the function still raises ``NotImplementedError`` (or returns
   ``None``), as shipped;
 * ``"wrong"``: what was wrong, on which rank, and a hint;
+* ``"refused"``: the checker's own code was changed in the notebook (by a cell, or by
+  code the function ran as it was sent), so no verdict can be trusted (``send_time.py``);
 * ``"correct"``.
 
 Checkers never read the learner's source and never trust what it says about
@@ -48,6 +50,7 @@ from ezpz_nb.workshop.leader_loop import check_leader_batches
 from ezpz_nb.workshop.mixture import check_mix_batch
 from ezpz_nb.workshop.packing import check_pack
 from ezpz_nb.workshop.send_batch import check_send_batch
+from ezpz_nb.workshop.send_time import mark_baseline
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT
 from ezpz_nb.workshop.stream_steps import check_steps_over_stream
 from ezpz_nb.workshop.throughput import check_faster_loader
@@ -73,3 +76,7 @@ __all__ = [
     "check_steps_over_stream",
     "check_tp_plan",
 ]
+
+# Last, once every checker is imported: the print of the checkers' code that each check
+# compares with, so a checker changed by a cell before its check is refused (send_time.py).
+mark_baseline()

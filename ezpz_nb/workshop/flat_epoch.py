@@ -1,10 +1,13 @@
-"""Notebook 19's epoch: the loader :mod:`.flat_storage`'s checker runs on its ranks, and how
-a sample or a batch is compared with the list of dicts'.
+"""Notebook 19's epoch: the loader :mod:`.flat_storage`'s checker runs on its ranks, the rows
+it hands ``make_flat``, and how a sample or a batch is compared with them.
 
 The loader's settings (workers, start method, batch size, order) are the checker's: the
 learner changes the storage, not the measurement. At the epoch's end, the last batch in
 and the workers alive and idle, :func:`run_epoch` asks the notebook's witness
 (:mod:`.witness`) to read them.
+
+A sample or a batch is compared with digests of the rows (:mod:`.flat_rows`), never with
+an array of the answers: the rank holds none while the learner's code runs.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import gc
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from ezpz_nb.workshop.flat_rows import Expect, row_digest
 
 __all__ = [
     "BATCH",
@@ -56,39 +60,53 @@ class Reads(Dataset):
         return self.ds[i]
 
 
-def differs(want: dict[str, Any], got: Any) -> str | None:
-    """How ``got`` differs from the list of dicts' sample ``want``, or None."""
-    if not isinstance(got, dict):
-        return f"a {type(got).__name__}, not a dict"
-    if set(got) != set(want):
-        return f"keys {sorted(got)}, not {sorted(want)}"
-    for key, value in want.items():
-        if key == "index":
-            if int(got[key]) != value:
-                return f"index {got[key]!r}"
-            continue
-        other = got[key]
-        if not torch.is_tensor(other):
-            return f"{key!r} is a {type(other).__name__}, not a tensor"
-        if other.dtype != value.dtype or other.shape != value.shape:
-            return f"{key!r} is {other.dtype} {tuple(other.shape)}, not {value.dtype} {tuple(value.shape)}"
-        if not torch.equal(other, value):
-            return f"{key!r} holds other tokens"
+def _tensor_differs(key: str, got: Any, want: bytes, length: int) -> str | None:
+    if not torch.is_tensor(got):
+        return f"{key!r} is a {type(got).__name__}, not a tensor"
+    if got.dtype != torch.int64 or tuple(got.shape) != (length - 1,):
+        return f"{key!r} is {got.dtype} {tuple(got.shape)}, not torch.int64 ({length - 1},)"
+    if row_digest(got.numpy()) != want:
+        return f"{key!r} holds other tokens"
     return None
 
 
-def batch_differs(data: np.ndarray, batch: Any, seen: list[int]) -> str | None:
-    """How a loader batch differs from the rows of ``data`` it names, or None; notes its indices."""
+def differs(i: int, expect: Expect, got: Any) -> str | None:
+    """How ``got``, the dataset's sample ``i``, differs from the list of dicts' (as digests), or None."""
+    if not isinstance(got, dict):
+        return f"a {type(got).__name__}, not a dict"
+    if set(got) != {"index", "input_ids", "labels"}:
+        return f"keys {sorted(got)}, not ['index', 'input_ids', 'labels']"
+    try:
+        index = int(got["index"])
+    except (TypeError, ValueError, RuntimeError):
+        index = None
+    if index != i:
+        return f"index {got['index']!r}"
+    for key, want in zip(("input_ids", "labels"), expect[i], strict=True):
+        why = _tensor_differs(key, got[key], want, LENGTH)
+        if why is not None:
+            return why
+    return None
+
+
+def batch_differs(expect: Expect, batch: Any, seen: list[int]) -> str | None:
+    """How a loader batch differs from the samples it names (as digests), or None; notes its indices."""
     if not isinstance(batch, dict) or set(batch) != {"index", "input_ids", "labels"}:
         return "a batch without the keys index, input_ids, labels"
     index = torch.as_tensor(batch["index"]).reshape(-1).tolist()
-    if any(not 0 <= int(i) < len(data) for i in index):
+    if any(not 0 <= int(i) < len(expect) for i in index):
         return "an index out of range"
     seen.extend(int(i) for i in index)
-    rows = torch.from_numpy(data[[int(i) for i in index]])
-    for key, want in (("input_ids", rows[:, :-1]), ("labels", rows[:, 1:])):
+    for at, key in enumerate(("input_ids", "labels")):
         got = batch[key]
-        if not torch.is_tensor(got) or got.dtype != want.dtype or not torch.equal(got, want):
+        if (
+            not torch.is_tensor(got)
+            or got.dtype != torch.int64
+            or got.shape != (len(index), LENGTH - 1)
+        ):
+            return f"{key!r} holds other tokens"
+        rows = got.numpy()
+        if any(row_digest(rows[j]) != expect[int(i)][at] for j, i in enumerate(index)):
             return f"{key!r} holds other tokens"
     return None
 

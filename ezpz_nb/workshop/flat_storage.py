@@ -15,8 +15,10 @@ every sample, see :data:`.flat_epoch.ORDER`).
 What it checks, on 2 real ranks of its own, started for the check and closed after it
 (never the notebook's warm ranks, where code an earlier cell left, a monkeypatch of torch's
 worker loop, of the checker's modules or of ``gc``, could raise the baseline or lower
-what is measured; under torchrun, the torchrun ranks), with fresh tokens (a new seed each
-check); its loader and comparisons are :mod:`.flat_epoch`:
+what is measured; under torchrun, the torchrun ranks), with fresh tokens drawn in the rank
+from a seed no frame or global holds while the learner's code runs (so a dataset can only
+be built from the rows: the checker's answers are digests); its loader and comparisons are
+:mod:`.flat_epoch`, its rows :mod:`.flat_rows`:
 
 * an epoch of the checker's own flat array, in a job that carries none of the learner's
   code (a class attribute's ``__reduce__`` runs at unpickling), then one of the learner's
@@ -32,7 +34,14 @@ check); its loader and comparisons are :mod:`.flat_epoch`:
   no thread in the rank besides the loader's, no new signal handler, no process of the
   learner's (a manager of the rows), no child of a worker, alive or reaped;
 * every batch the workers yield against the tokens, and every index once; then every
-  sample, read in the rank, against the list of dicts' own (keys, dtype, values).
+  sample, read in the rank, against the list of dicts' own (keys, dtype, values);
+* what the dataset holds once ``make_flat`` returned and the checker let go of the rows
+  (:meth:`.flat_rows.Given.kept`): no row alive, the rows' ints not referenced, under
+  :data:`.flat_rows.BLOCKS_MOST` Python objects a token of what ``make_flat`` made. Reads that
+  write nothing (values read from the ints' memory with ctypes, ``gc.freeze()``, a row kept
+  for its index only) leave the workers' pages shared, yet the rows cost their memory and
+  every worker's collector walks them: judged after the growth, so a dataset that fails
+  both hears why its workers grew.
 
 Margins, measured offline on 2 loaded cores (fresh tokens per draw, rows of 256 tokens),
 a worker's reading beyond the checker's own worker's (7.6-8.3 MiB), against the 2.0 MiB
@@ -48,6 +57,7 @@ draws, its heap's doing.)
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -57,18 +67,11 @@ import torch
 from torch.utils.data._utils.signal_handling import _set_SIGCHLD_handler
 
 from ezpz_nb.ledger.memory import MIB, read_memory
-from ezpz_nb.workshop.flat_epoch import (
-    LENGTH,
-    ORDER,
-    WORKERS,
-    N,
-    Reads,
-    batch_differs,
-    differs,
-)
+from ezpz_nb.workshop.flat_epoch import LENGTH, ORDER, WORKERS, N, Reads, batch_differs, differs
 from ezpz_nb.workshop.flat_epoch import run_epoch as _epoch  # flat_job holds it (see there)
+from ezpz_nb.workshop.flat_rows import digests, given_rows, judge_kept
 from ezpz_nb.workshop.stops import fresh_seed, wrong
-from ezpz_nb.workshop.storages import ArrayDataset, DictsDataset, tokens
+from ezpz_nb.workshop.storages import ArrayDataset, tokens
 from ezpz_nb.workshop.witness import Witness, ask_witness
 
 if TYPE_CHECKING:
@@ -103,37 +106,49 @@ def own_job(seed: int, address: str) -> None:
     ask = ask_witness(address, dist.get_rank() if dist.is_initialized() else 0)
     ask("start")
     data = tokens(N, LENGTH, seed)
+    expect = digests(data)
     torch.ones(1 << 18).sum()  # torch's intra-op threads, as in flat_job
-    _epoch(Reads(ArrayDataset(data), N), lambda b: batch_differs(data, b, []), ask, "own")
+    _epoch(Reads(ArrayDataset(data), N), lambda b: batch_differs(expect, b, []), ask, "own")
 
 
 def _private() -> int:
-    """This process's private memory now (0 where it cannot be read)."""
+    """This process's private memory now (0 where it cannot be read).
+
+    The heap's free pages are given back first (glibc's ``malloc_trim``): the rows, let go
+    of, leave ~40 MiB free in the rank, which a cache filled by the reads below would reuse
+    unseen; given back, what the reads keep grows the reading again.
+    """
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the reading stays a lower bound
+        pass
     got = read_memory(os.getpid())
     return got.private if got is not None else 0
 
 
-def flat_job(
-    make: Callable[[list[dict[str, Any]]], Any], seed: int, address: str
-) -> dict[str, Any]:
+def flat_job(make: Callable[[list[dict[str, Any]]], Any], address: str) -> dict[str, Any]:
     """On a rank: an epoch of ``make(rows)``, then every sample read in the rank.
 
     The notebook's witness (``address``) reads the loader's workers after its last
-    batch; the dataset is built from rows no one else holds. What the workers yield is
-    compared too, so they cannot serve other samples than the rank.
+    batch; the dataset is built from rows no one else holds, drawn in this rank
+    (:func:`.flat_rows.given_rows`): no array of the answers, nor its seed, is in a frame
+    or a global here while ``make`` runs, only the rows and digests. Once ``make``
+    returned, the rows are let go of and :meth:`.flat_rows.Given.kept` says what the
+    dataset holds. What the workers yield is compared too, so they cannot serve other
+    samples than the rank.
     """
     import torch.distributed as dist
 
     # Held in locals before the learner's code runs here: rebinding the module's names
     # from make_flat changes nothing below (a second ask for a label is refused).
-    epoch, ask, private = (
+    epoch, ask, private, judge_sample, judge_batch = (
         _epoch,
         ask_witness(address, dist.get_rank() if dist.is_initialized() else 0),
         _private,
+        differs,
+        batch_differs,
     )
     ask("start")
-    n, length = N, LENGTH
-    data = tokens(n, length, seed)
     # torch starts its intra-op threads at its first parallel op: here, not in make_flat
     # (the witness counts the rank's threads from its ask "ready" on).
     torch.ones(1 << 18).sum()
@@ -141,7 +156,13 @@ def flat_job(
     # good: set now (as on a warm rank, where own_job ran one), not counted as the learner's.
     _set_SIGCHLD_handler()
     ask("ready")
-    ds = make(DictsDataset(data).rows)  # no one else holds these rows
+    n, order = N, ORDER
+    given = given_rows(n, LENGTH)
+    held = given.kept  # bound now, as the names above
+    try:
+        ds = make(given.take())  # the rows in no frame of the checker's: what survives, ds holds
+    finally:
+        kept = held()
     if ds is None:
         return {"none": True}
     try:
@@ -153,10 +174,11 @@ def flat_job(
     ask("built")  # the rank's threads and children now: make_flat's, if any
     seen: list[int] = []
     batch_why: list[str] = []
+    expect = given.expect
 
     def compare(batch: Any) -> None:
         if not batch_why:
-            why = batch_differs(data, batch, seen)
+            why = judge_batch(expect, batch, seen)
             if why is not None:
                 batch_why.append(why)
 
@@ -165,10 +187,9 @@ def flat_job(
         epoch(Reads(ds, size), compare, ask, "yours")
     except Exception as exc:  # noqa: BLE001  (a wrong sample's message, below, says more)
         failed = exc
-    want = DictsDataset(data)
     before = private()
     for i in range(size):
-        why = differs(want[i], ds[i])
+        why = judge_sample(i, expect, ds[i])
         if why is not None:
             return {"bad": f"sample {i} differs: {why}"}
     # Only the wording of a verdict already wrong: the rank's own reads grew it by about the
@@ -176,11 +197,11 @@ def flat_job(
     late = private() - before
     if failed is not None:
         raise failed
-    if not batch_why and sorted(seen) != sorted(ORDER):
+    if not batch_why and sorted(seen) != sorted(order):
         batch_why.append("an epoch did not read every index twice, as the loader asked")
     if batch_why:
         return {"bad": f"the workers' batches differ from the rank's samples: {batch_why[0]}"}
-    return {"data": n * length * 8, "late": late}
+    return {"late": late, **kept}
 
 
 def _growth(own: Witness, witness: Witness, ranks: list[int]) -> dict[int, dict[int, int]]:
@@ -236,7 +257,7 @@ def _measured(
             run_job(own_job, seed, own.address, world_size=2, timeout=timeout, cluster=private)
         with Witness({"ready": 0, "built": 0, "yours": WORKERS}) as witness:
             got = run_learner(
-                flat_job, make_flat, seed, witness.address,
+                flat_job, make_flat, witness.address,
                 world_size=2, timeout=timeout, cluster=private,
             )  # fmt: skip
     return own, witness, got
@@ -315,6 +336,7 @@ def check_flat(
                         f"{said}: its samples are still read from Python objects, whose "
                         "reference counts the worker writes. Hold the tokens in one array."
                     )
+        judge_kept(outs, n * length)
         worst = max(g for grown in growth.values() for g in grown.values())
         return (
             f"Same {n} samples, and no worker grew by more than {worst / MIB:.1f} MiB over an "

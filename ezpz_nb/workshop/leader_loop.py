@@ -190,9 +190,9 @@ def check_leader_batches(
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge, run_learner
 
-    rounds = leader_loop_rounds(fresh_seed())
-
     def body() -> str:
+        # Drawn here, after the answers were sent (see verdicts.judge).
+        rounds = leader_loop_rounds(fresh_seed())
         for k, (actual, claimed, workers) in enumerate(rounds):
             setting = _round_setting(k, actual, claimed, workers)
             try:  # one launch per round, so that a hang says which lie caused it

@@ -43,7 +43,13 @@ slot size fits:
    each batch mixed (rule 2) and no run the same samples as a run of the horizon, so a
    table of batches replayed from step 0 (or right up to a step, then again) shows, for
    any length up to 1024. An answer that rebuilds the stream from step 0 on each call
-   costs the square of the step: the notebook asks that a call cost no more than the step.
+   costs the square of the step: the notebook asks that a call cost no more than the step;
+6. the same batches in a new Python process (:mod:`.mix_fresh`: another drawn
+   ``PYTHONHASHSEED``, none of the ranks' state), the horizon at dp=1 and the far run
+   drawn up to 10**4: every rank descends from one forkserver and shares its string-hash
+   salt, and a warm cluster keeps what an earlier cell left in it, so a stream seeded by
+   ``hash()`` of a str, or by a salt planted in the ranks, is the same at every layout,
+   while a restarted job draws another.
 
 Offline (in-process streams at dp=1, the rules above, 500 draws each): fresh numpy,
 torch.randperm and random.Random permutations per (seed, source, pass) passed 500 of 500;
@@ -77,6 +83,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ezpz_nb.verify.mixture import check_layout_invariance, check_mixture, global_batches
 from ezpz_nb.verify.verdict import Judgement, Verdict
 from ezpz_nb.workshop import mix_streams
+from ezpz_nb.workshop.mix_fresh import FreshStream, same_in_a_new_process, start_fresh
 from ezpz_nb.workshop.mix_passes import first_repeat, same_order_again, unshuffled
 from ezpz_nb.workshop.mix_seeds import few_streams, passes_shared, seed_blind
 from ezpz_nb.workshop.mix_streams import RUN, Case, Draw, draw_setup
@@ -229,9 +236,12 @@ def _seeds_change_it(fn: Callable, setup: Draw, a: list[list[tuple[int, int]]], 
         raise wrong(same)
 
 
-def _far_window(fn: Callable, setup: Draw, a: list[list[tuple[int, int]]], **run: Any) -> str:
+def _far_window(
+    fn: Callable, setup: Draw, a: list[list[tuple[int, int]]], **run: Any
+) -> tuple[str, list[list[tuple[int, int]]]]:
     """Rule 5, the far steps: each batch within one sample of its targets, no batches
-    replayed; says which steps were judged."""
+    replayed; says which steps were judged, and gives their batches (the run from
+    ``setup.deep`` last)."""
     case, steps = setup.main, mix_streams.far_steps(setup.far, setup.steps, setup.deep)
     runs = [(setup.seeds[0], steps[i : i + RUN]) for i in range(0, len(steps), RUN)]
     far = [b for out in _spread(fn, case, runs, **run) for b in out]
@@ -244,14 +254,32 @@ def _far_window(fn: Callable, setup: Draw, a: list[list[tuple[int, int]]], **run
     again = mix_streams.replayed(a, far, steps)
     if again:
         raise wrong(again)
-    return at
+    return at, far
 
 
 def _judge(fn: Callable, cluster: Cluster | None, timeout: float) -> str:
+    # Here, not at the top: a rank imports this module for its jobs (see stops.py).
+    from ezpz_nb.launcher.startup import pack_job
+
     if inspect.isgeneratorfunction(fn):
         raise wrong(_NOT_A_LIST.format("generator"))
+    try:
+        # Packed before anything is drawn: code that runs as it is pickled sees no draw.
+        job = pack_job(fn, (), {})
+    except TypeError as err:
+        raise wrong(str(err)) from None
     # Drawn here, in the notebook, fresh per check: the ranks see only the arguments.
     setup = draw_setup(fresh_seed())
+    near = list(range(setup.steps))
+    deep = list(range(setup.deep, setup.deep + RUN))
+    with start_fresh(job, setup, near + deep, timeout) as fresh:
+        return _judge_drawn(fn, setup, fresh, cluster, timeout)
+
+
+def _judge_drawn(
+    fn: Callable, setup: Draw, fresh: FreshStream, cluster: Cluster | None, timeout: float
+) -> str:
+    """Rules 1 to 6 on one draw, the new process of rule 6 already started."""
     main, other, steps, seeds = setup.main, setup.other, setup.steps, setup.seeds
     run = {"timeout": timeout, "cluster": cluster}
     near = list(range(steps))
@@ -272,14 +300,19 @@ def _judge(fn: Callable, cluster: Cluster | None, timeout: float) -> str:
     _mixed_and_fresh(_stream(fn, other, seeds[0], 1, 0, near, **run), other, at)
     # The costlier rules last, the cheaper of them first: many seeds, then the far steps.
     _seeds_change_it(fn, setup, a, **run)
-    far = _far_window(fn, setup, a, **run)
+    far, far_batches = _far_window(fn, setup, a, **run)
+    # Every rank descends from one forkserver: a new process shows a stream that depends on
+    # the process (its hash salt, what an earlier cell left in the ranks). Compared last,
+    # so the process (started first) has had the whole check to start and compute.
+    deep = list(range(setup.deep, setup.deep + RUN))
+    same_in_a_new_process(fresh, a + far_batches[-RUN:], near + deep)
     return (
         f"the same {g * steps} (source, index) pairs ({steps} global batches of {g} from {k} "
         f"sources) at dp=1 and at dp=2 and 4 with 2 workers a rank; {share}; {total}; every "
         f"sample of a source once before any repeats, in a new order each pass; "
         f"{len(seeds)} seeds gave {len(seeds)} other streams, each source too, and "
-        f"{len(setup.many)} more no two alike; {far} mixed and not replayed; the same rules "
-        f"hold with {at}."
+        f"{len(setup.many)} more no two alike; {far} mixed and not replayed; the same batches "
+        f"in a new Python process; the same rules hold with {at}."
     )
 
 

@@ -8,7 +8,9 @@ pieces of its documents): no token attends to another document or to a later tok
 every earlier token of its own document in the row is visible; a document's tokens in a
 row are one piece of it, in order; position ids count from where that piece starts (from
 0, or from the piece's offset in the document when a document continues from another
-row: both are accepted); less than one row of padding per call; and, over the epoch,
+row: both are accepted); less than one row of padding per call, and rows enough for
+its tokens (``ceil(tokens / row_len)``: a last row less than half full is still a row);
+and, over the epoch,
 every token of every document in exactly one row on exactly one rank; a row holds
 nothing but the tokens of the documents its call was given and :data:`PAD` (so padding
 with another id, or with made-up documents, is turned down). The returned values may be tensors, numpy arrays or lists.
@@ -18,7 +20,8 @@ map from id to ``(document, offset)`` stays in the notebook process that judges:
 checker can tell from ``input_ids`` alone which token of which document sits where,
 while the learner's code, on the ranks, can learn a token's document only from the
 document tensors it was given (issue 45: ids that spelled out the document let a mask
-be computed without them).
+be computed without them). The rows are judged by :mod:`.pack_rows`; what each check
+draws is in :func:`draw_pack`.
 """
 
 from __future__ import annotations
@@ -31,41 +34,53 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from ezpz_nb.workshop.pack_rows import PAD, judge_call
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, each_returned, fresh_seed, wrong
 
 if TYPE_CHECKING:
     from ezpz_nb.workshop.verdicts import CheckResult
 
-__all__ = ["PAD", "check_pack", "job_pack", "pack_docs"]
+__all__ = ["PAD", "check_pack", "draw_pack", "job_pack", "judge_packs", "pack_calls", "pack_docs"]
 
 DOCS, PER_CALL, WORLD = 24, 3, 4
 #: Row lengths a packing check draws from: an answer cannot fit a fixed one.
 ROW_LENS = (8, 12, 16, 20, 24)
 
 
-#: The padding id the exercise gives the learner.
-PAD = 0
 #: Token ids are drawn from ``1 .. VOCAB - 1``, as from a tokenizer's vocabulary.
 VOCAB = 2**16
 
 
 def pack_docs(
-    seed: int, n: int, row_len: int, *, fill: tuple[tuple[list[int], int], ...] = ()
+    seed: int,
+    n: int,
+    row_len: int,
+    *,
+    fill: tuple[tuple[list[int], int, int], ...] = (),
+    twins: tuple[tuple[list[int], int], ...] = (),
 ) -> tuple[list[list[int]], dict[int, tuple[int, int]]]:
     """``n`` documents of 1 to ``3 * row_len`` tokens (some longer than a row), drawn per check.
 
-    Each ``(documents, length)`` of ``fill`` is one call of the check: its last document
-    is lengthened until the call's tokens fill whole rows of ``length`` exactly (where
-    ``n // length + 1`` rows, one of nothing but padding, differs from the ceiling).
-    Returns the documents (lists of token ids, each id used once in the check) and the
-    map ``id -> (document, offset)`` that only the judging process keeps.
+    Each ``(documents, length)`` of ``twins`` is a call whose first two documents get
+    ``length`` tokens each, so they share the call's first row. Each ``(documents, length,
+    rest)`` of ``fill`` is one call of the check: its last document is lengthened until
+    the call's tokens fill whole rows of ``length`` and ``rest`` tokens more (0: whole
+    rows exactly, where ``n // length + 1`` rows, one of nothing but padding, differs from
+    the ceiling; under half a row: one full row at least before it, where
+    ``round(n / length)`` rows drop the last). Returns the documents (lists of token ids,
+    each id used once in the check) and the map ``id -> (document, offset)`` that only
+    the judging process keeps.
     """
     rng = random.Random(seed)
     lengths = [
         rng.choice((rng.randint(1, row_len // 2), rng.randint(1, 3 * row_len))) for _ in range(n)
     ]
-    for call, length in fill:
-        lengths[call[-1]] += -sum(lengths[d] for d in call) % length
+    for call, length in twins:
+        lengths[call[0]] = lengths[call[1]] = length
+    for call, length, rest in fill:
+        lengths[call[-1]] += (rest - sum(lengths[d] for d in call)) % length
+        if rest and sum(lengths[d] for d in call) < length:
+            lengths[call[-1]] += length
     ids = rng.sample(range(PAD + 1, VOCAB), sum(lengths))
     docs, where, k = [], {}, 0
     for d, m in enumerate(lengths):
@@ -73,6 +88,32 @@ def pack_docs(
         where.update({t: (d, o) for o, t in enumerate(docs[-1])})
         k += m
     return docs, where
+
+
+def draw_pack(seed: int) -> tuple[list[int], list[list[int]], dict[int, tuple[int, int]]]:
+    """One check's draw: ``(row_lens, docs, where)`` (see :func:`pack_docs`).
+
+    Two row lengths, call by call: a length written into the answer fits neither; the
+    shorter first, so what an answer kept from its first call meets a longer row. At
+    each row length one call, drawn, has two documents of one length in its first row
+    (issue 45's sixth trial: documents told apart by their length passed 11 checks in
+    20), and another ends in a row less than half full (``round(tokens / row_len)`` rows
+    passed 2 in 17). Half the calls, drawn from the rest, fill their rows exactly (one
+    row more is all padding).
+    """
+    rng = random.Random(seed)
+    row_lens = sorted(rng.sample(ROW_LENS, 2))
+    calls = _calls(WORLD, row_lens)
+    twins, short, fill = [], [], []
+    for length in row_lens:
+        at = [c for c in calls if c[1] == length]
+        twins.append((at[rng.randrange(len(at))][0], rng.randint(1, length // 2)))
+        call = rng.choice([c for c in at if c[0] is not twins[-1][0]])
+        short.append((call[0], length, rng.randint(1, (length - 1) // 2)))
+    rest = [c for c in calls if all(c[0] is not s[0] for s in short)]
+    fill = [(docs, length, 0) for docs, length in rng.sample(rest, len(calls) // 2)]
+    docs, where = pack_docs(seed, DOCS, max(row_lens), fill=(*short, *fill), twins=tuple(twins))
+    return row_lens, docs, where
 
 
 def _calls(world: int, row_lens: list[int]) -> list[tuple[list[int], int]]:
@@ -94,16 +135,8 @@ def _plain(x: Any, name: str) -> list[Any] | str:
         return f"{name} is a {type(x).__name__} that is not a grid of integers ({e})"
 
 
-def job_pack(fn: Callable, docs: list[list[int]], row_lens: list[int], per_call: int) -> Any:
-    """Notebook 11, exercise 1: this rank's documents (dealt round-robin), packed ``per_call`` at a time.
-
-    Call ``c`` packs at ``row_lens[c % len(row_lens)]``: a check asks for two row lengths.
-    Returns, per call, the ``input_ids``, ``position_ids`` and ``mask`` the learner's
-    ``fn(list_of_token_tensors, row_len)`` returned, as plain lists (or, for a value
-    that is no grid of integers, a line saying so, which the checker turns into a verdict).
-    """
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mine = docs[rank::world]
+def pack_calls(fn: Callable, mine: list[list[int]], row_lens: list[int], per_call: int) -> Any:
+    """The learner's ``fn`` on one rank's documents, ``per_call`` at a time (see :func:`job_pack`)."""
     calls = []
     for c, k in enumerate(range(0, len(mine), per_call)):
         row_len = row_lens[c % len(row_lens)]
@@ -121,121 +154,51 @@ def job_pack(fn: Callable, docs: list[list[int]], row_lens: list[int], per_call:
     return calls
 
 
-def _dims(x: Any) -> tuple[int, ...]:
-    """The shape of nested lists, read along the first element of each level."""
-    dims = []
-    while isinstance(x, list):
-        dims.append(len(x))
-        x = x[0] if x else None
-    return tuple(dims)
+def job_pack(fn: Callable, docs: list[list[int]], row_lens: list[int], per_call: int) -> Any:
+    """Notebook 11, exercise 1: this rank's documents (dealt round-robin), packed ``per_call`` at a time.
 
-
-def _grid(x: Any, dims: tuple[int, ...]) -> bool:
-    """True if ``x`` is nested lists of exactly ``dims``, with ints at the bottom."""
-    if not dims:
-        return isinstance(x, int)
-    return isinstance(x, list) and len(x) == dims[0] and all(_grid(v, dims[1:]) for v in x)
-
-
-def _judge_call(
-    place: str, out: Any, row_len: int, where: dict[int, tuple[int, int]], given: set[int]
-) -> tuple[int, list[tuple[int, int]]]:
-    """Raise a verdict for the first thing wrong in one call's rows; else ``(rows, tokens)``.
-
-    ``given`` holds the token ids of the documents this call was given; ``where`` maps
-    every token id of the check to ``(document, offset)``.
+    Call ``c`` packs at ``row_lens[c % len(row_lens)]``: a check asks for two row lengths.
+    Returns, per call, the ``input_ids``, ``position_ids`` and ``mask`` the learner's
+    ``fn(list_of_token_tensors, row_len)`` returned, as plain lists (or, for a value
+    that is no grid of integers, a line saying so, which the checker turns into a verdict).
     """
-    if isinstance(out, str):
-        raise wrong(f"{place}: {out}: return tensors (or numpy arrays) of integers.")
-    ids, pos, mask = out["input_ids"], out["position_ids"], out["mask"]
-    rows = len(ids) if isinstance(ids, list) else 0
-    if not (
-        rows
-        and _grid(ids, (rows, row_len))
-        and _grid(pos, (rows, row_len))
-        and _grid(mask, (rows, row_len, row_len))
-    ):
+    return pack_calls(fn, docs[dist.get_rank() :: dist.get_world_size()], row_lens, per_call)
+
+
+def judge_packs(
+    got: list[Any], docs: list[list[int]], row_lens: list[int], where: dict[int, tuple[int, int]]
+) -> str:
+    """Stop at the first fault of every rank's calls (``got``: what :func:`job_pack` returned
+    on each rank); what they achieved otherwise. Pure: a test judges offline with it."""
+    seen: Counter[tuple[int, int]] = Counter()
+    rows = 0
+    for rank, calls in enumerate(got):
+        mine = docs[rank :: len(got)]  # as job_pack deals them
+        if not isinstance(calls, list) or len(calls) != -(-len(mine) // PER_CALL):
+            raise wrong(f"rank {rank} did not return one result per call of its job.")
+        for c, out in enumerate(calls):
+            given = {t for doc in mine[c * PER_CALL : (c + 1) * PER_CALL] for t in doc}
+            place = f"rank {rank}, call {c}"
+            n, toks = judge_call(place, out, row_lens[c % len(row_lens)], where, given)
+            seen.update(toks)
+            rows += n
+    want = set(where.values())
+    twice = [k for k, n in seen.items() if n > 1]
+    never = sorted(set(want) - set(seen))
+    if twice:
+        raise wrong(f"token {twice[0][1]} of document {twice[0][0]} is in two rows.")
+    if never:
+        d, t = never[0]
         raise wrong(
-            f"{place}: input_ids has shape {_dims(ids)}, position_ids {_dims(pos)}, mask "
-            f"{_dims(mask)}: return rows x {row_len} tensors and a rows x {row_len} x "
-            f"{row_len} mask."
+            f"{len(never)} tokens never made it into a row, e.g. token {t} of document "
+            f"{d} ({len(docs[d])} tokens long): keep every token, splitting documents "
+            "longer than a row."
         )
-    for r, row in enumerate(ids):
-        for i, t in enumerate(row):
-            if t != PAD and t not in given:
-                raise wrong(
-                    f"{place}, row {r}: position {i} holds id {t}, neither padding ({PAD}) "
-                    "nor a token of the documents this call was given: fill the rows with the "
-                    f"documents' own tokens and pad with {PAD} only."
-                )
-    pad = sum(t == PAD for row in ids for t in row)
-    if pad >= row_len:
-        raise wrong(
-            f"{place}: {pad} padding tokens in {rows} rows, a whole row's worth or more. "
-            "Pack: fill each row before starting the next (split a document that does not "
-            "fit), so only the last row of a call is short, and make ceil(tokens / row_len) "
-            "rows, not one more."
-        )
-    toks = []
-    for r in range(rows):
-        decoded = [where.get(t, (-1, -1)) for t in ids[r]]  # padding: (-1, -1)
-        toks += _check_row(f"{place}, row {r}", decoded, pos[r], mask[r])
-    return rows, toks
-
-
-def _check_row(
-    place: str, toks: list[tuple[int, int]], pos: list[int], mask: list[list[int]]
-) -> list[tuple[int, int]]:
-    """Raise a verdict for the first thing wrong in one packed row; return its tokens.
-
-    ``toks`` holds each position's ``(document, offset)``, ``(-1, -1)`` for padding. Judged
-    by document, not by run of neighbours (issue 45: pieces of documents interleaved, each
-    seeing only itself, passed a judge by runs, and the right interleaving failed it): a
-    document's tokens in a row must be one piece of it, in order (other documents' tokens
-    may sit between them); each token sees exactly the earlier tokens of its own document
-    in the row and itself; its position id counts from the piece's start, from 0 or from
-    the piece's offset in the document.
-    """
-    first: dict[int, int] = {}  # document -> position of its first token in the row
-    last: dict[int, int] = {}  # document -> position of its latest token so far
-    for i, (d, o) in enumerate(toks):
-        if d < 0:
-            continue
-        if d in last and o <= toks[last[d]][1] and (d, o) in toks[:i]:
-            raise wrong(f"{place}: token {o} of document {d} is in the row twice.")
-        if d in last and o != toks[last[d]][1] + 1:
-            raise wrong(
-                f"{place}: document {d}'s tokens are not in order, or not one piece (token {i} is "
-                f"its offset {o}, after offset {toks[last[d]][1]}): put a document's tokens "
-                "in a row in their order, without gaps."
-            )
-        first.setdefault(d, i)
-        last[d] = i
-    for i, (d, o) in enumerate(toks):
-        if d < 0:
-            continue
-        f = first[d]
-        if pos[i] - pos[f] != o - toks[f][1] or pos[f] not in (0, toks[f][1]):
-            raise wrong(
-                f"{place}: token {i} (document {d}) has position id {pos[i]}; position "
-                "ids count 0, 1, 2... from where each document starts in the row."
-            )
-        for j, (e, _) in enumerate(toks):
-            allowed = bool(mask[i][j])
-            want = e == d and j <= i
-            if allowed and not want:
-                what = "padding" if e < 0 else "a later token" if j > i else f"document {e}"
-                raise wrong(
-                    f"{place}: token {i} (document {d}) may attend to token {j}, {what}. "
-                    "Each token may see only the earlier tokens of its own document."
-                )
-            if want and not allowed:
-                what = "itself (the diagonal)" if i == j else "an earlier token of its own document"
-                raise wrong(
-                    f"{place}: token {i} (document {d}) may not attend to token {j}, {what}: "
-                    "the mask hides too much."
-                )
-    return [t for t in toks if t[0] >= 0]
+    return (
+        f"4 ranks packed {DOCS} documents ({len(want)} tokens) into {rows} rows of "
+        f"{row_lens[0]} and {row_lens[1]} tokens (call by call): every token once, no "
+        "attention across documents or to padding."
+    )
 
 
 def check_pack(
@@ -245,53 +208,19 @@ def check_pack(
 
     24 documents of fresh random lengths (some three rows long) are dealt over 4
     ranks; each rank packs its own 3 at a time with ``fn``, at two row lengths drawn anew
-    (one per call, in turn, the shorter first); half the calls, drawn, hold tokens that
-    fill whole rows exactly.
+    (one per call, in turn, the shorter first). At each row length one call, drawn, has
+    two documents of one length in a row, and another ends in a row less than half full;
+    half the calls, drawn, hold tokens that fill whole rows exactly (see :func:`draw_pack`).
     """
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge, run_learner
 
-    seed = fresh_seed()
-
     def body() -> str:
-        # Two row lengths, call by call: a length written into the answer fits neither.
-        # The shorter first: what an answer kept from its first call meets a longer row.
-        rng = random.Random(seed)
-        row_lens = sorted(rng.sample(ROW_LENS, 2))
-        # Half the calls, drawn, fill their rows exactly: one row more is all padding.
-        calls = _calls(WORLD, row_lens)
-        fill = tuple(rng.sample(calls, len(calls) // 2))
-        docs, where = pack_docs(seed, DOCS, max(row_lens), fill=fill)
+        # Drawn here, after judge() pickled the answer: no frame holds it while code the
+        # answer carries runs at pickling.
+        row_lens, docs, where = draw_pack(fresh_seed())
         got = run_learner(job_pack, fn, docs, row_lens, PER_CALL, world_size=WORLD, timeout=timeout)
         each_returned(got, "the packed rows of every call")
-        seen: Counter[tuple[int, int]] = Counter()
-        rows = 0
-        for rank, calls in enumerate(got):
-            mine = docs[rank :: len(got)]  # as job_pack deals them
-            if not isinstance(calls, list) or len(calls) != -(-len(mine) // PER_CALL):
-                raise wrong(f"rank {rank} did not return one result per call of its job.")
-            for c, out in enumerate(calls):
-                given = {t for doc in mine[c * PER_CALL : (c + 1) * PER_CALL] for t in doc}
-                place = f"rank {rank}, call {c}"
-                n, toks = _judge_call(place, out, row_lens[c % len(row_lens)], where, given)
-                seen.update(toks)
-                rows += n
-        want = set(where.values())
-        twice = [k for k, n in seen.items() if n > 1]
-        never = sorted(set(want) - set(seen))
-        if twice:
-            raise wrong(f"token {twice[0][1]} of document {twice[0][0]} is in two rows.")
-        if never:
-            d, t = never[0]
-            raise wrong(
-                f"{len(never)} tokens never made it into a row, e.g. token {t} of document "
-                f"{d} ({len(docs[d])} tokens long): keep every token, splitting documents "
-                "longer than a row."
-            )
-        return (
-            f"4 ranks packed {DOCS} documents ({len(want)} tokens) into {rows} rows of "
-            f"{row_lens[0]} and {row_lens[1]} tokens (call by call): every token once, no "
-            "attention across documents or to padding."
-        )
+        return judge_packs(got, docs, row_lens, where)
 
     return judge("pack", body)

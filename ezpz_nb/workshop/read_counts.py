@@ -1,31 +1,68 @@
 """What notebook 12's read log says, counted: samples trained on unread, and words waited for.
 
-The :class:`~.read_log.ReadLog` keeps, per rank, every read (its number in the log's one
-order, its sample, its words, whether a worker read it) and every mark of the checker's
-training loop (``a e s`` asked for step s, ``g e s`` got it, ``z e`` the epoch ended).
-These functions read the two with the rank's ledger (which samples each step trained
-on) and count; no clock enters. Pure functions over data: testable without processes.
+The :class:`~.read_log.ReadLog` keeps, per rank (a :class:`RankLog`), every read and
+every load (a :class:`Read`: its number in the log's one order, its sample, its words,
+whether a worker read it, the loop's steps the kernel had counted then) and every mark of
+the checker's training loop (``a e s`` asked for step s, ``g e s`` got it, ``z e`` the
+epoch ended). These functions read them with the rank's ledger (which samples each step
+trained on) and count; no clock enters. Pure functions over data: testable without
+processes.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from ezpz_nb.ledger import Ledger
-from ezpz_nb.workshop.read_log import RankLog
 
-__all__ = ["unread", "words_loaded"]
+__all__ = ["RankLog", "Read", "unread", "words_loaded"]
+
+
+@dataclass(frozen=True)
+class Read:
+    """One read or load, as the notebook's process logged it: its place in the order, by whom.
+
+    A read is ``dataset.document(i)`` (the text asked for); a load is ``dataset[i]``
+    finished (the text tokenized: its ``done``), which ``began`` at its read (its own
+    ``seq`` when it read nothing: the text kept from before).
+    """
+
+    seq: int
+    index: int
+    words: int
+    worker: bool  # read by another process than the rank's (a DataLoader worker)
+    steps: int = -1  # the rank's loop steps finished then, by the kernel's count (-1: unknown)
+    began: int = 0
+    began_steps: int = -1
+
+
+@dataclass
+class RankLog:
+    """One rank's events in the log's order: its reads and its loop's marks."""
+
+    pid: int = 0
+    reads: list[Read] = field(default_factory=list)
+    loads: list[Read] = field(default_factory=list)
+    marks: dict[tuple[str, int, int], int] = field(default_factory=dict)  # (kind, e, s) -> seq
+    last: tuple[str, int, int] = ("z", -1, 0)  # the loop's last mark (none yet: before epoch 0)
+    marking: bool = False  # its mark connection is claimed
+    gets: int = 0  # "g" marks so far: the loop's steps
 
 
 def unread(log: RankLog, ledger: Ledger, rank: int) -> list[int]:
-    """Samples ``rank`` trained on with no read of theirs logged before their batch came.
+    """Samples ``rank`` trained on with no read and no load of theirs before their batch came.
 
     A sample that reached a step without one was made past the dataset (another dataset,
-    its text made in the rank), or its batch was made after the loop's mark said it came.
+    its text made in the rank, tokenized past ``dataset[i]``), or its batch was made after
+    the loop's mark said it came.
     """
     first: dict[int, int] = {}
     for r in log.reads:
         first.setdefault(r.index, r.seq)
+    loaded: dict[int, int] = {}
+    for r in log.loads:
+        loaded.setdefault(r.index, r.seq)
     came = {(e, s): seq for (kind, e, s), seq in log.marks.items() if kind == "g"}
     return sorted(
         {
@@ -33,21 +70,25 @@ def unread(log: RankLog, ledger: Ledger, rank: int) -> list[int]:
             for rec in ledger.records
             if rec.rank == rank
             for i in rec.sample_ids
-            if first.get(i, float("inf")) > came.get((rec.epoch, rec.step), -1)
+            if max(first.get(i, float("inf")), loaded.get(i, float("inf")))
+            > came.get((rec.epoch, rec.step), -1)
         }
     )
 
 
 def words_loaded(log: RankLog, ledger: Ledger, rank: int) -> dict[str, Any]:
-    """Words read where they hide and where they stall, from the log's order alone.
+    """Words loaded where they hide and where they stall, from the log's order alone.
 
-    ``hidden``: read outside every epoch (the function, ``set_epoch``, a preload);
-    per epoch: ``at_start``: read by the rank's own process in the epoch's first wait;
-    ``waited``: read by the rank's own process while its loop waited for a batch (its
-    thread may be the reader), or by a worker after the step that trained on it asked;
-    ``read``: read within the epoch at all (0 in every epoch after the first: a cache).
-    A read that feeds steps of more than one epoch (the last read of its sample before
-    each of their batches came) is a cache's fill: it counts as ``read`` only.
+    A load (``dataset[i]`` done: the text read and tokenized) counts where it ends.
+    ``hidden``: ended outside every epoch (the function, ``set_epoch``, a preload);
+    per epoch: ``at_start``: ended in the rank's own process in the epoch's first wait;
+    ``waited``: ended in the rank's own process (any of its threads) while its loop
+    waited for a batch, or began in a worker after the step that trained on it asked; or
+    (any reader) for a step t's batch once the kernel counted t steps' all-reduces (the
+    loop had finished step t-1 and was asking for t: what the loop's own marks say unless
+    they were moved); ``read``: ended within the epoch at all (0 in every epoch after the
+    first: a cache). A load that feeds steps of more than one epoch (the last load of its
+    sample before each of their batches came) is a cache's fill: it counts as ``read`` only.
     """
     m = log.marks
     epochs = sorted({e for kind, e, _ in m if kind == "z"})
@@ -55,15 +96,17 @@ def words_loaded(log: RankLog, ledger: Ledger, rank: int) -> dict[str, Any]:
     waits = [(m["a", e, s], m["g", e, s]) for kind, e, s in m if kind == "g"]
     mine = [r for r in ledger.records if r.rank == rank]
     step_of = {(r.epoch, i): r.step for r in mine for i in r.sample_ids}
-    fed: dict[int, set[int]] = {}  # read seq -> epochs it fed
+    # The loop's step count (what the kernel counts) where each epoch begins.
+    first = {e: sum(1 for r in mine if r.epoch < e) for e in epochs}
+    fed: dict[int, set[int]] = {}  # load seq -> epochs it fed
     for r in mine:
         for i in r.sample_ids:
-            feeding = [x.seq for x in log.reads if x.index == i and x.seq < m["g", r.epoch, r.step]]
+            feeding = [x.seq for x in log.loads if x.index == i and x.seq < m["g", r.epoch, r.step]]
             if feeding:
                 fed.setdefault(max(feeding), set()).add(r.epoch)
     out: dict[str, Any] = {"hidden": 0}
     out.update({k: dict.fromkeys(epochs, 0) for k in ("at_start", "waited", "read")})
-    for x in log.reads:
+    for x in log.loads:
         epoch = next((e for e, (a, z) in span.items() if a <= x.seq <= z), None)
         if epoch is None:
             out["hidden"] += x.words
@@ -71,9 +114,12 @@ def words_loaded(log: RankLog, ledger: Ledger, rank: int) -> dict[str, Any]:
         out["read"][epoch] += x.words
         if len(fed.get(x.seq, ())) > 1:
             continue  # a cache's fill
-        asked = m.get(("a", epoch, step_of.get((epoch, x.index), -1)), x.seq + 1)
-        inside = any(a <= x.seq <= g for a, g in waits)
-        if (not x.worker and inside) or (x.worker and x.seq > asked):
+        step = step_of.get((epoch, x.index))
+        asked = m.get(("a", epoch, step if step is not None else -1), x.seq + 1)
+        counted = x.began_steps if x.worker else x.steps
+        kernel = step is not None and counted >= 0 and counted >= first[epoch] + step
+        inside = not x.worker and any(a <= x.seq <= g for a, g in waits)
+        if kernel or inside or (x.worker and x.began > asked):
             out["waited"][epoch] += x.words
         if not x.worker and m["a", epoch, 0] <= x.seq <= m.get(("g", epoch, 0), -1):
             out["at_start"][epoch] += x.words

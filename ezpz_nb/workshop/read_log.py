@@ -14,9 +14,14 @@ reads; ``mark <r>``, the checker's training loop's marks, :class:`Marked`), and 
 kernel's peer credentials tie the rank to its pid. Reads from another process (a
 DataLoader worker) come on a connection of their own (``worker <r>``), accepted only from
 a process below the rank. So who read is known here, not from what the rank says: the
-rank's own process (any of its threads), or a worker. The marks must arrive in the loop's
-order (``a e s`` asked for step s, ``g e s`` got it, ``z e`` the epoch ended): a mark out
-of turn is noted in :attr:`ReadLog.faults`, as is any refused connection.
+rank's own process (any of its threads), or a worker. A load (``dataset[i]`` finished:
+the text tokenized) sends ``done i`` on the same connection, logged with the read it
+ended. The marks must arrive in the loop's order (``a e s`` asked for step s, ``g e s``
+got it, ``z e`` the epoch ended): a mark out of turn is noted in :attr:`ReadLog.faults`,
+as is any refused connection. The marks are sent by code in the rank, so each event also
+carries the rank's finished steps as the kernel counts them (:mod:`.step_bytes`, measured
+at ``sync`` lines of the mark connection); a batch that came before the kernel counted
+every earlier step is a fault.
 
 The rank side (:class:`ServedDocuments`, :class:`Marked`, :func:`claim`) needs only the
 standard library and torch: a rank imports this module.
@@ -31,35 +36,16 @@ import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 
 from ezpz_nb.data.distributed import forward_set_epoch
 from ezpz_nb.models.tokenizing import TokenizingDataset
+from ezpz_nb.workshop.read_counts import RankLog, Read
+from ezpz_nb.workshop.step_bytes import StepBytes
 from ezpz_nb.workshop.witness import descendants, peer_pid
 
 __all__ = ["Marked", "Read", "ReadLog", "ServedDocuments", "claim"]
-
-
-@dataclass(frozen=True)
-class Read:
-    """One read, as the notebook's process logged it: its place in the order, and by whom."""
-
-    seq: int
-    index: int
-    words: int
-    worker: bool  # read by another process than the rank's (a DataLoader worker)
-
-
-@dataclass
-class RankLog:
-    """One rank's events in the log's order: its reads and its loop's marks."""
-
-    pid: int = 0
-    reads: list[Read] = field(default_factory=list)
-    marks: dict[tuple[str, int, int], int] = field(default_factory=dict)  # (kind, e, s) -> seq
-    last: tuple[str, int, int] = ("z", -1, 0)  # the loop's last mark (none yet: before epoch 0)
-    marking: bool = False  # its mark connection is claimed
 
 
 class ReadLog:
@@ -71,6 +57,7 @@ class ReadLog:
 
     def __init__(self, reference: TokenizingDataset) -> None:
         self.reference = reference
+        self.bytes = StepBytes(reference.world)
         self.ranks: dict[int, RankLog] = {}
         self.faults: list[str] = []
         self._seq, self._lock = 0, threading.Lock()
@@ -96,6 +83,7 @@ class ReadLog:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+        self.bytes.close()
         for t in list(self._threads):
             t.join(5.0)
         shutil.rmtree(self._folder, ignore_errors=True)
@@ -116,11 +104,17 @@ class ReadLog:
     def _answer(self, conn: socket.socket) -> None:
         with conn, conn.makefile("rw", encoding="ascii", newline="\n") as f:
             with contextlib.suppress(OSError, ValueError, UnicodeError):
-                kind, rank = self._claim(f.readline(), peer_pid(conn))
+                kind, rank = self._claim(f.readline(), peer := peer_pid(conn))
                 f.write("ok\n" if kind else "no\n")
                 f.flush()
+                began: dict[int, tuple[int, int]] = {}  # this reader's reads not yet loaded
                 while kind and (line := f.readline()):
-                    f.write(self._take(kind, rank, line.split()) + "\n")
+                    word = line.split()
+                    if kind == "mark" and word[:1] == ["sync"] and len(word) == 2:
+                        answer = self.bytes.sync(word[1], rank, peer)
+                    else:
+                        answer = self._take(kind, rank, word, began)
+                    f.write(answer + "\n")
                     f.flush()
 
     def _claim(self, line: str, peer: int) -> tuple[str, int]:
@@ -142,24 +136,42 @@ class ReadLog:
             self.faults.append(f"a connection of process {peer} asking as {line.strip()!r}")
             return "", -1
 
-    def _take(self, kind: str, rank: int, word: list[str]) -> str:
-        """Log one request under the next number; answer a read with the document's text."""
+    def _take(
+        self, kind: str, rank: int, word: list[str], began: dict[int, tuple[int, int]]
+    ) -> str:
+        """Log one request under the next number; answer a read with the document's text.
+
+        ``began``: the reads of this connection not yet loaded (``done``), by sample.
+        """
+        steps = self.bytes.steps(rank)  # read before the number: never later than the event
         with self._lock:
             log, self._seq = self.ranks[rank], self._seq + 1
             if kind == "mark":
-                self._mark(rank, log, word)
+                self._mark(rank, log, word, steps)
                 return "ok"
+            done = word[:1] == ["done"]
+            word = word[1:] if done else word
             if len(word) != 1 or not word[0].isdigit() or int(word[0]) >= len(self.reference):
                 return "bad"
-            i = int(word[0])
-            log.reads.append(Read(self._seq, i, self.reference.words_of(i), kind == "worker"))
+            i, worker = int(word[0]), kind == "worker"
+            read = Read(self._seq, i, self.reference.words_of(i), worker, steps)
+            if done:
+                start, start_steps = began.pop(i, (self._seq, steps))
+                log.loads.append(replace(read, began=start, began_steps=start_steps))
+                return "ok"
+            began[i] = (self._seq, steps)
+            log.reads.append(read)
         # Made outside the lock: one read's text does not hold up the others' numbers.
         if i not in self._texts:
             self._texts[i] = self.reference.document(i)
         return self._texts[i]
 
-    def _mark(self, rank: int, log: RankLog, word: list[str]) -> None:
-        """Note a mark of the training loop, or a fault when it is not one the loop makes next."""
+    def _mark(self, rank: int, log: RankLog, word: list[str], steps: int) -> None:
+        """Note a mark of the training loop, or a fault when it is not one the loop makes next.
+
+        A batch that came (``g``) before the kernel counted every earlier step's all-reduce
+        is a fault too: the loop's all-reduce was held back or skipped.
+        """
         kind, e, s = log.last
         allowed = {
             "a": [("g", e, s), ("z", e, 0)],  # the batch came, or the epoch ended
@@ -171,6 +183,14 @@ class ReadLog:
             if got == " ".join(map(str, mark[:2] if mark[0] == "z" else mark)):
                 log.marks[mark] = self._seq
                 log.last = mark
+                if mark[0] == "g":
+                    if 0 <= steps < log.gets:
+                        self.faults.append(
+                            f"rank {rank}'s batch of epoch {mark[1]} step {mark[2]} came when "
+                            f"the kernel had counted the all-reduces of {steps} of the "
+                            f"{log.gets} steps before it"
+                        )
+                    log.gets += 1
                 return
         self.faults.append(f"rank {rank}'s loop marked {got!r} out of turn")
         log.last = ("", -1, -1)  # nothing after a fault is trusted
@@ -222,13 +242,22 @@ class ServedDocuments(TokenizingDataset):
 
     def document(self, index: int) -> str:
         """Document ``index``'s text, from the notebook's process (which logs the read)."""
-        pid = os.getpid()
-        if pid not in self._asks:  # a worker forked from the rank: its own connection
-            self._asks = {pid: claim(self._address, f"worker {self._rank}")}
-        text = self._asks[pid](f"{int(index)}")
+        text = self._ask(f"{int(index)}")
         if text == "bad":
             raise IndexError(f"index {index!r} outside 0..{len(self) - 1}")
         return text
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """The sample, tokenized here; its end (``done``) logged: a load is counted where it ends."""
+        sample = super().__getitem__(index)
+        self._ask(f"done {int(index)}")
+        return sample
+
+    def _ask(self, line: str) -> str:
+        pid = os.getpid()
+        if pid not in self._asks:  # a worker forked from the rank: its own connection
+            self._asks = {pid: claim(self._address, f"worker {self._rank}")}
+        return self._asks[pid](line)
 
 
 class Marked:

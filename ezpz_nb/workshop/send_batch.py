@@ -96,9 +96,8 @@ def check_send_batch(
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge, run_learner
 
-    seed = fresh_seed()
-
     def body() -> str:
+        seed = fresh_seed()  # drawn after the answers were sent (see verdicts.judge)
         got = run_learner(job_send, fn, seed, timeout=timeout, cluster=cluster)
         for k in range(2):
             again = " on the second call (other keys and shapes)" if k else ""

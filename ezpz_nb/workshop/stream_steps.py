@@ -113,9 +113,8 @@ def check_steps_over_stream(
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge, run_learner
 
-    seed = fresh_seed()
-
     def body() -> str:
+        seed = fresh_seed()  # drawn after the answers were sent (see verdicts.judge)
         counts = stream_counts(seed, 4)
         got = run_learner(job_stream, fn, counts, timeout=timeout, cluster=cluster)
         each_returned(got, "the number of steps taken")

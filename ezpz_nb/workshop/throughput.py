@@ -3,23 +3,30 @@
 The learner writes ``faster_loader(dataset, rank, world_size) -> DataLoader``.
 :func:`check_faster_loader` starts real ranks; on each it trains a tiny model for
 :data:`EPOCHS` epochs on the learner's loader. The documents' text comes from the
-notebook's process (:class:`~.read_log.ReadLog`), which numbers every read and every
-mark of the training loop in one order and counts each read's words itself: what the
-verdict rests on never lives in the rank, and it is counted, not timed (a busy machine
-moves every clock, and two cores of one laptop run the same code 1.5x apart). With
+notebook's process (:class:`~.read_log.ReadLog`), which numbers every read, every
+finished load (``dataset[i]``: read and tokenized) and every mark of the training loop
+in one order, and counts each load's words itself; at each event it also reads how many
+steps' gradient all-reduces the rank has finished, from the kernel's byte counters of
+its gloo connections (:mod:`.step_bytes`): what the verdict rests on never lives in the
+rank, and it is counted, not timed (a busy machine moves every clock, and two cores of
+one laptop run the same code 1.5x apart). With
 :func:`slow_loader`, rank :data:`HEAVY_RANK` (whose documents are five times longer)
 waits for every word of its shard, every epoch: that is the bar.
 
 Every epoch is judged, on every rank:
 
 * correct: no rank's steps wait for more than half the words the slow loader's heavy
-  rank waits for (a word is waited for when the rank's own process reads it while its
-  loop waits for a batch, or a worker starts reading it after its step asked: loading
-  beside the steps, ahead of them, is not: workers, a prefetching thread, a cache), or
+  rank waits for (a word is waited for when the rank's own process finishes loading it
+  while its loop waits for a batch, or a worker starts reading it after its step asked,
+  or any reader loads step t's sample once the kernel counted t steps' all-reduces:
+  loading beside the steps, ahead of them, is not: workers, a prefetching thread, a
+  cache), or
   the work is rebalanced: every rank's samples hold at most 1.5x the words of any
   other's (a shuffled or balanced sampler);
 * wrong: samples changed, lost or repeated (checked against the reference by digest),
-  or trained on without a read from the dataset the function got; loading moved out of
+  or trained on without a read and a load through the dataset the function got; the
+  loop's all-reduces held back or skipped (a batch came before the kernel counted the
+  earlier steps' bytes, or fewer steps' bytes than steps); loading moved out of
   the steps (before the first step or between epochs: hidden from the steps, not
   removed) or into an epoch's first wait; or the wait only moved to another rank, or to
   another epoch.
@@ -29,11 +36,19 @@ shard at its first step: a read that feeds more than one epoch's step is a cache
 loaded once inside the steps, and counts against no epoch. The verdict names what it
 costs: the shard in memory and, filled at once, a first step waiting for all.
 
-Not judged: tokenizing, the work a read starts, runs in the rank, where nothing is
-counted from outside. A cache of the documents' text (not of their tokens) reads each
-document once and tokenizes it again every epoch: no faster, yet counted as a cache
-(issue 45's fifth trial). Serving tokens from the notebook's process would count that
-work too, and move it there.
+A cache of the documents' text (not of ``dataset[i]``'s samples) reads each document
+once and tokenizes it again every epoch: each tokenizing is a load, counted where it
+ends, so it waits as the slow loader does (issue 45's fifth trial passed it when reads
+were counted). A thread per sample started at an epoch's first batch ends its loads in
+that first wait: "moved to the epoch's start".
+
+Not judged: the rank's code can still send the loop's marks and run its all-reduces
+when it likes, both held back to the epoch's end in step (patching torch.distributed and
+the loop's wrapper in the rank); the log then shows every read made early, as a deep
+prefetcher's are, and only a clock could tell the two apart. Bytes of the learner's own
+collectives before the loop make every later read look later (stricter, never laxer).
+Where the kernel's counters cannot be read (not Linux), only the loop's marks place the
+reads.
 """
 
 from __future__ import annotations
@@ -42,6 +57,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, default_collate
 
@@ -94,21 +110,43 @@ def slow_loader(dataset: Any, rank: int, world_size: int) -> DataLoader:
 def job_faster_loader(fn: Callable[..., Any], address: str) -> Ledger | None:
     """On each rank: claim this rank's connections to the read log, then train on ``fn``'s loader.
 
-    The barrier holds the learner's code back until every rank holds its connections, so
-    no rank's code can claim another's.
+    Before the learner's code: one step's gradient all-reduce (zeros of ``train``'s
+    parameter shapes) between two syncs on the log, where the log's process measures its
+    bytes (:mod:`.step_bytes`); the second sync also holds every rank's learner code back
+    until every rank holds its connections, so no rank's code can claim another's. A third
+    sync after the loop counts the loop's all-reduces.
     """
     from ezpz_nb.examples.throughput import train  # not at the top: see slow_loader
+    from ezpz_nb.models.tokenizing import VOCAB_SIZE
 
     rank, world = dist.get_rank(), dist.get_world_size()
     served = ServedDocuments(dataset(world), address, rank)
     mark = claim(address, f"mark {rank}")
-    dist.barrier()
+    mark("sync 0")
+    h = HIDDEN  # train's parameters, in its model's order: embedding, two linear layers
+    for shape in ((VOCAB_SIZE, h), (4 * h, h), (4 * h,), (VOCAB_SIZE, 4 * h), (VOCAB_SIZE,)):
+        dist.all_reduce(torch.zeros(shape))
+    mark("sync 1")
     loader = fn(served, rank, world)
     if loader is None:
         return None
     with record(Marked(loader, mark), publish=False, timings=False) as rec:
         train(rec, epochs=EPOCHS, hidden=HIDDEN)
+    mark("sync 2")
     return rec.ledger()
+
+
+def _skipped(log: ReadLog) -> list[str]:
+    """Ranks whose loop's all-reduces the kernel did not count in full (held back, skipped)."""
+    out = []
+    for rank, unit in log.bytes.unit.items():
+        steps, total = log.ranks[rank].gets, log.bytes.total.get(rank, 0)
+        if unit > 0 and total < steps * unit:
+            out.append(
+                f"rank {rank}'s loop took {steps} steps; the kernel counted the bytes of "
+                f"{total / unit:.1f} steps' all-reduces"
+            )
+    return out
 
 
 def _words_per_rank(ledger: Ledger, epoch: int) -> dict[int, int]:
@@ -153,12 +191,13 @@ def _evidence(fn: Callable[..., Any], timeout: float, cluster: Any) -> tuple[Led
         if out is None:
             raise wrong(f"rank {rank} got None from your function: return a DataLoader.")
     ended = all(log.ranks[r].last[0] == "z" for r in range(WORLD_SIZE))
-    if log.faults or not ended:
-        fault = log.faults[0] if log.faults else "a loop whose last epoch never ended"
+    faults = log.faults + log.bytes.faults + _skipped(log)
+    if faults or not ended:
+        fault = faults[0] if faults else "a loop whose last epoch never ended"
         raise wrong(
             f"the checker's read log was not kept as its loop ran ({fault}): read every "
-            "document through the dataset you are given, and leave the checker's connections "
-            "and loop alone."
+            "document through the dataset you are given, and leave the checker's connections, "
+            "its loop and its all-reduces alone."
         )
     ledger = Ledger.from_results(got, num_samples=NUM_SAMPLES)
     changed = _changed(ledger, fresh_seed())

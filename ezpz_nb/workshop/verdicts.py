@@ -14,6 +14,7 @@ serves a checker.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -25,6 +26,7 @@ from ezpz_nb.launcher.kernel import shell
 from ezpz_nb.launcher.on_ranks import run_on_ranks as on_ranks
 from ezpz_nb.launcher.plain import plain_replies
 from ezpz_nb.verify.verdict import BaseReport, Judgement, Verdict
+from ezpz_nb.workshop.send_time import Refused, sending
 from ezpz_nb.workshop.stops import (
     CHECK_TIMEOUT,
     CheckStopped,
@@ -53,8 +55,14 @@ __all__ = [
     "wrong",
 ]
 
-#: A checker's words for the package's one outcome type.
-OUTCOMES = {"correct": Verdict.PASS, "wrong": Verdict.FAIL, "not done": Verdict.NOT_JUDGED}
+#: A checker's words for the package's one outcome type. "refused": the check could not
+#: be trusted (the learner's code changed the checker in the notebook: see :func:`judge`).
+OUTCOMES = {
+    "correct": Verdict.PASS,
+    "wrong": Verdict.FAIL,
+    "not done": Verdict.NOT_JUDGED,
+    "refused": Verdict.NOT_JUDGED,
+}
 
 
 @dataclass(frozen=True)
@@ -63,11 +71,12 @@ class CheckResult(BaseReport):
 
     Reads like every report of the package (``.outcome``, ``.ok``, ``.failed``,
     :class:`~ezpz_nb.verify.verdict.BaseReport`): "correct" is PASS, "wrong" is FAIL,
-    "not done" is NOT_JUDGED.
+    "not done" and "refused" are NOT_JUDGED.
 
     Attributes:
         exercise: Name of the exercise (the function the learner writes).
-        status: ``"correct"``, ``"wrong"`` or ``"not done"``, the words the learner reads.
+        status: ``"correct"``, ``"wrong"``, ``"not done"`` or ``"refused"``, the words the
+            learner reads.
         message: What the ranks showed, in plain words.
     """
 
@@ -110,14 +119,34 @@ def _cell_count() -> int | None:
 
 
 def judge(exercise: str, body: Callable[[], str]) -> CheckResult:
-    """Run a checker body, print its verdict (wrapped between words), and return a CheckResult."""
+    """Run a checker body, print its verdict (wrapped between words), and return a CheckResult.
+
+    The learner's answers are the positional arguments of the checker that calls this
+    (``check_pack(fn, *, timeout)``: ``fn``; every ``check_*`` takes its answers so, and
+    the rest by keyword). They are pickled for the ranks here, once, before ``body``
+    draws anything, and the verdict is "refused" when the checker's code was changed in
+    this process, or a thread started while they were pickled (:mod:`.send_time`).
+    """
+    caller = sys._getframe(1)  # the check_* function: its positional parameters
+    code = caller.f_code
+    answers = [caller.f_locals.get(name) for name in code.co_varnames[: code.co_argcount]]
+    del caller  # a frame kept here would keep the check's locals alive
     try:
-        result = CheckResult(exercise, "correct", f"{exercise}: correct. {body()}")
-    except CheckStopped as v:
-        prefix = "not done yet" if v.status == "not done" else "not right yet"
-        result = CheckResult(exercise, v.status, f"{exercise}: {prefix}. {v.message}")
+        with sending(answers) as unchanged:
+            result = _verdict(exercise, body)
+            unchanged()
+    except Refused as r:
+        result = CheckResult(exercise, "refused", f"{exercise}: refused. {r.message}")
     print(wrap_message(result.message))
     return replace(result, printed_in=_cell_count())
+
+
+def _verdict(exercise: str, body: Callable[[], str]) -> CheckResult:
+    try:
+        return CheckResult(exercise, "correct", f"{exercise}: correct. {body()}")
+    except CheckStopped as v:
+        prefix = "not done yet" if v.status == "not done" else "not right yet"
+        return CheckResult(exercise, v.status, f"{exercise}: {prefix}. {v.message}")
 
 
 def _user_frames(failure: RankFailure) -> str:

@@ -644,7 +644,10 @@ print(
 # no token attends to another document, to padding or to a later token, every earlier token of
 # its own document is visible, position ids count from where each document starts in the row
 # (or go on counting for a document continued from the previous row), each call has less than
-# one row of padding, and every token of every document is in exactly one row over the epoch.
+# one row of padding and enough rows for its tokens (`ceil(tokens / row_len)`: a last row less
+# than half full is still a row), and every token of every document is in exactly one row over
+# the epoch. Two documents of a call may have the same length: tell them apart by which tensor a
+# token came from.
 # Building the mask from document ids with `document_mask` (used above) is fine: the packing and
 # the positions are the exercise.
 
@@ -695,8 +698,8 @@ assert ex.check_pack(pack).passed
 # about as full, and as little padded, as batches sorted by length over the same documents,
 # and sorted the same way: sort the whole shard (or corpus) by length, exactly (not small pools
 # of it, nor buckets of similar lengths shuffled within).
-# Either fix of section 2 passes (a count fixed in advance does not); you may call collectives
-# inside. Section 2's `plan_then_shard` and `shard_then_plan` are those fixes: calling one passes
+# Either fix of section 2 passes (a count fixed in advance does not, nor one each replica works
+# out alone, such as the global plan's batches // dp_size); you may call collectives inside. Section 2's `plan_then_shard` and `shard_then_plan` are those fixes: calling one passes
 # (the checker judges the plan, not who wrote it), writing it yourself is the exercise.
 
 

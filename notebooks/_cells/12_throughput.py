@@ -360,22 +360,24 @@ print("GPU here:", torch.cuda.is_available())
 # section 3. Write `faster_loader(dataset, rank, world_size)` returning the DataLoader each rank
 # trains on. With the slow loader, rank 1's steps wait for every word of its shard, every epoch.
 # Yours passes when, in every epoch, no rank's steps wait for more than half those words (a word
-# is waited for when the rank's own process reads it while its loop waits for a batch, or a
-# worker starts reading it only after its step asked for the batch; loading that runs ahead,
-# beside the steps, is not: workers, prefetching, a cache), or when the work is rebalanced: every
-# rank's samples in that epoch hold at most 1.5x the words of any other's. Read every sample
-# through the `dataset` your function gets (wrap it, cache it, hand it to workers): its documents
-# come from the notebook's process, which numbers every read in one order with the loop's steps
-# and checks them against the batches each rank trained on. The checker counts words, on every
-# rank and in every epoch, instead of comparing clocks: a busy machine moves every clock, and two
-# cores of one laptop can run the same code 1.5x apart. Loading before the loop, moving each
-# epoch's loading to its first step, or moving the wait to rank 0 or to another epoch hides it
-# instead of removing it: the checker counts those too and says so. A cache is a fix, whether it
-# fills as the first epoch reads or takes the whole shard at once in the first step: each
-# document is loaded once, inside steps, and later epochs load nothing. It costs the shard in
-# memory and, filled at once, a first step that waits for the whole shard while the other ranks
-# wait in its all-reduce: worth it over several epochs of a shard that fits in memory, not for
-# one epoch.
+# is waited for when the rank's own process finishes loading it, `dataset[i]` read and tokenized,
+# while its loop waits for a batch, or a worker starts reading it only after its step asked for
+# the batch; loading that runs ahead, beside the steps, is not: workers, prefetching, a cache), or
+# when the work is rebalanced: every rank's samples in that epoch hold at most 1.5x the words of
+# any other's. Load every sample through the `dataset` your function gets (wrap it, cache what
+# `dataset[i]` returns, hand it to workers): its documents come from the notebook's process, which
+# numbers every read and every finished load in one order with the loop's steps (counted there
+# from the bytes of each step's all-reduce, as the kernel sees them), and checks them against the
+# batches each rank trained on. The checker counts words, on every rank and in every epoch,
+# instead of comparing clocks: a busy machine moves every clock, and two cores of one laptop can
+# run the same code 1.5x apart. Loading before the loop, moving each epoch's loading to its first
+# step, or moving the wait to rank 0 or to another epoch hides it instead of removing it: the
+# checker counts those too and says so. A cache of the samples is a fix, whether it fills as the
+# first epoch reads or takes the whole shard at once in the first step: each document is loaded
+# once, inside steps, and later epochs load nothing (a cache of the documents' text alone still
+# tokenizes every epoch: the slow loader's work). It costs the shard in memory and, filled at
+# once, a first step that waits for the whole shard while the other ranks wait in its all-reduce:
+# worth it over several epochs of a shard that fits in memory, not for one epoch.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.throughput as ex

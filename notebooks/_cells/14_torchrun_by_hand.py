@@ -198,7 +198,7 @@ def parse_args(argv=None):
 # %%
 # %%writefile -a torchrun_worker.py
 def init(backend, timeout_s):
-    """Join this round's process group; return this rank's device and a gloo group."""
+    """Join this round's process group; return this rank's GPU index, device, gloo group."""
     if MAX_RESTARTS > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # The agents' shared store outlives a restart and keeps the last round's keys
         # (the dead ranks' addresses); only the agents' own counts could tell the
@@ -209,12 +209,15 @@ def init(backend, timeout_s):
             "its ranks a new store (pytorch issue 135712)"
         )
     timeout = timedelta(seconds=timeout_s)
+    # One process per GPU, numbered on its node: LOCAL_RANK (RANK counts the GPUs of every
+    # node, so on node 1 it names a GPU the node does not have). Worked out under gloo too:
+    # the startup line shows it, so a check on CPUs sees which GPU each rank would take.
+    gpu = LOCAL_RANK
     if backend == "nccl":
-        # One process per GPU, picked by LOCAL_RANK, before anything touches CUDA:
-        # barrier and broadcast_object_list use the current device, and device_id=
-        # does not set it.
-        torch.cuda.set_device(LOCAL_RANK)
-        device = torch.device("cuda", LOCAL_RANK)
+        # Set before anything touches CUDA: barrier and broadcast_object_list use the
+        # current device, and device_id= does not set it.
+        torch.cuda.set_device(gpu)
+        device = torch.device("cuda", gpu)
         # device_id= also binds the communicator to that GPU now (eager init).
         dist.init_process_group("nccl", timeout=timeout, device_id=device)
     else:
@@ -224,7 +227,7 @@ def init(backend, timeout_s):
     # NCCL has no CPU tensors: agreements the CPU makes (where to resume, how many
     # steps were taken) go on a gloo group of the same ranks.
     cpu_group = dist.new_group(backend="gloo")
-    return device, cpu_group
+    return gpu, device, cpu_group
 
 
 # %% [markdown]
@@ -383,13 +386,14 @@ def train(args, device, cpu_group, layout, loader, attempt, start):
 @report_errors  # a rank that raises: torchrun's failure report shows its traceback
 def main(argv=None):
     args = parse_args(argv)
-    device, cpu_group = init(args.backend, args.timeout)
+    gpu, device, cpu_group = init(args.backend, args.timeout)
     attempt, *start = agree_on_attempt(args.out, cpu_group)
     layout, loader = build_pipeline(args, device)
     say(
         f"rank {RANK} local_rank {LOCAL_RANK} world_size {WORLD_SIZE} "
         f"local_world_size {LOCAL_WORLD_SIZE} node {NODE} attempt {attempt} "
-        f"device {device} dp {layout.dp_rank} tp {layout.tp_rank} restart_count {RESTART_COUNT}"
+        f"device {device} gpu {gpu} dp {layout.dp_rank} tp {layout.tp_rank} "
+        f"restart_count {RESTART_COUNT}"
     )
     steps = train(args, device, cpu_group, layout, loader, attempt, start)
     say(f"rank {RANK} done: {steps} steps")
@@ -406,11 +410,13 @@ if __name__ == "__main__":
 # %% [markdown]
 # ## 4. Check the file: one node, then two
 #
-# The checker runs your file under real torchrun agents twice, with TP 2: one node of 2 ranks
-# (`--standalone`), then two simulated nodes of 1 rank each, where rank 1 has `LOCAL_RANK` 0
-# and the TP group `[0, 1]` spans both nodes. It reads each rank's startup line and ledger, and
-# says what to look at when something is off. A file that does not compile is refused before
-# anything starts.
+# The checker runs your file under real torchrun agents twice, with TP 2: two simulated nodes
+# of 2 ranks each (DP 2: each TP group stays on its node, so nobody may warn, and the two
+# replicas must read different samples), then two nodes of 1 rank each, where rank 1 has
+# `LOCAL_RANK` 0 and the TP group `[0, 1]` spans both nodes. It reads each rank's startup line,
+# including the GPU it would take (`gpu`, worked out under gloo too: rank 2 of the first run
+# must take GPU 0 of its node, not GPU 2), and its ledger, and says what to look at when
+# something is off. A file that does not compile is refused before anything starts.
 
 # %%
 checked = check_worker(WORKER)
@@ -418,7 +424,7 @@ print("check_worker: all good")
 print(wrap_message("".join(checked[0].output[0].splitlines(keepends=True)[-4:])))
 
 # %% [markdown]
-# The second run is two nodes of one rank each, and the TP group spans them. Its leader warned:
+# In the second run, two nodes of one rank each, the TP group spans them. Its leader warned:
 
 # %%
 print("\n".join(checked[1].lines("spans nodes")))

@@ -364,8 +364,10 @@ for design in ("refuse", "reshard"):
 # saves two loaders built with other seeds and set to that place (their checkpoints must
 # match), loads one into a fresh loader of the run's own seed on other ranks, then compares
 # samples and masked tokens with a straight run. The saves may write nothing but their
-# checkpoint (no file of your own, no socket, no process left running). So save the place,
-# not the loader: read the state dcp.load hands you, and key it by what the layout says.
+# checkpoint (no file of your own, no socket, no process left running), and they run on ranks
+# the checker starts for them (a few seconds), every thread confined, so nothing your code
+# leaves in a rank runs outside. So save the place, not the loader: read the state dcp.load
+# hands you, and key it by what the layout says.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.dcp_state as ex
@@ -374,7 +376,7 @@ loader_state = load_loader_state = None  # your code: two functions
 
 
 # %% tags=["workshop"]
-ex.check_loader_state(loader_state, load_loader_state, cluster=cluster)
+ex.check_loader_state(loader_state, load_loader_state)
 
 # %% tags=["solutions"]
 import ezpz_nb.workshop.dcp_state as ex
@@ -389,7 +391,7 @@ def load_loader_state(loader, layout, state):
 
 
 # %% tags=["solutions"]
-assert ex.check_loader_state(loader_state, load_loader_state, cluster=cluster).passed
+assert ex.check_loader_state(loader_state, load_loader_state).passed
 
 # %% [markdown]
 # ## What to take away

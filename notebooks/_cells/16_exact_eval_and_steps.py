@@ -478,7 +478,9 @@ assert report.ok and report.judgement("balanced_coverage").passed
 # outside the ranks, the bytes that crossed between them (the kernel's per-connection counters,
 # on Linux) against what the collectives it saw carry: data sent around them (a process group
 # or a socket of your own) is seen too. And on Linux your function runs where it may write no
-# file and open no socket of its own (Landlock): what the ranks share goes through the collectives.
+# file and open no socket of its own, TCP, UDP or unix (Landlock and a seccomp filter), on ranks
+# the checker starts for it with every thread confined: what the ranks share goes through the
+# collectives.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.exact_eval as ex

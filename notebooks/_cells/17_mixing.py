@@ -383,9 +383,12 @@ assert after[2] / after.sum() > 1.5 * WEIGHTS[2] and after[0] / after.sum() < 0.
 # every one of its samples once before any repeats, in a new shuffled order each pass, steps
 # past those batches (to 1024, and one up to 10**4) hold the same rules (no table replayed),
 # every seed gives its own samples (a seed that changes nothing gives every epoch the same
-# order; 128 more seeds drawn at random must give 128 different first batches). It turns down
-# per-rank sampling, a round-robin that ignores the weights, a generator copied into every
-# worker, one order reused pass after pass, and an ignored seed. Return a list (a generator
+# order; 128 more seeds drawn at random must give 128 different first batches), and a new Python
+# process, with another string-hash salt and none of the ranks' state, computes the same batches
+# (a restarted job must draw the same stream: seed with numbers, not `hash()` of a string, which
+# Python salts per process). It turns down per-rank sampling, a round-robin that ignores the
+# weights, a generator copied into every worker, one order reused pass after pass, and an
+# ignored seed. Return a list (a generator
 # cannot leave a DataLoader worker), and let a call cost no more than its step (rebuilding
 # every batch from step 0 on each call does not finish in time). You may use numpy.
 

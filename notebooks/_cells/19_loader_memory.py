@@ -244,7 +244,11 @@ else:
 # its own and, at the epoch's end, reads each worker's private memory from the notebook's
 # process (where your code never runs), against a worker that read one flat array of the
 # checker's (building an array at some read is counted). Then it compares every sample: the
-# batches the workers yielded, and each one read in the rank.
+# batches the workers yielded, and each one read in the rank. It also looks at what your dataset
+# holds once built and the rows let go of: keeping the rows (even for the index alone), or their
+# ints in lists of your own, fails even when reading them writes nothing, since each token is
+# still an object every worker's garbage collector walks. The tokens are drawn in the rank and
+# exist there only as the rows you are given: build from them.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.exercises as ex

@@ -1,0 +1,200 @@
+"""Notebook 19's rows: what :mod:`.flat_storage`'s checker hands ``make_flat``, and what the
+dataset holds once the checker lets go of them.
+
+The rows (:func:`given_rows`) are drawn in the rank from a seed no one else sees and kept
+only as the rows and as digests (:class:`Given`): no array of the answers, nor a seed that
+makes one, is in any frame or global of the rank while the learner's code runs, so a
+dataset can only be built from the rows. :meth:`Given.kept` then says what the dataset
+holds: the rows themselves, their ints in containers of its own, new objects per token; and
+:func:`judge_kept` turns that into a verdict. The workers' growth (:mod:`.witness`) sees
+what reading writes; this sees what the dataset is, however it is read.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import secrets
+import sys
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ezpz_nb.workshop.stops import wrong
+from ezpz_nb.workshop.storages import tokens
+
+__all__ = [
+    "BLOCKS_MOST",
+    "SHARED_MOST",
+    "Expect",
+    "Given",
+    "Row",
+    "Tokens",
+    "digests",
+    "given_rows",
+    "judge_kept",
+    "row_digest",
+]
+
+#: Each row's ``(input_ids, labels)`` digests, by index.
+Expect = tuple[tuple[bytes, bytes], ...]
+
+#: Small-object blocks (Python's allocator) a dataset may hold per token once built, the
+#: rows let go of: a new int, a small tuple or str per token is one each, a flat array or a
+#: tensor a few in all. Measured: 13 flat storages (numpy, a tensor, ``bytes``, memory maps,
+#: an array per row, two arrays, a pickle per row) 0.00-0.01, with a token count beside
+#: 0.05; the rows kept, their ints or new ints in lists or tuples 0.98-1.01.
+BLOCKS_MOST = 0.5
+#: The share of the rows' ints (every :data:`_EVERY`-th token sampled) a dataset may still
+#: reference once built: a token count or a vocabulary (an int per distinct value, ~5% of
+#: the tokens) passes, the rows' ints copied into lists or tuples (all of them) do not.
+SHARED_MOST = 0.5
+_EVERY = 32
+
+
+class Row(dict[str, Any]):
+    """A row as the checker hands it to ``make_flat``: a plain dict that takes a weak reference.
+
+    So the checker can tell, once it let go of the rows, whether the dataset kept one.
+    """
+
+    __slots__ = ("__weakref__",)
+
+
+class Tokens(list[int]):
+    """A row's tokens as the checker hands them over: a plain list of Python ints that takes
+    a weak reference (see :class:`Row`)."""
+
+    __slots__ = ("__weakref__",)
+
+
+def row_digest(values: np.ndarray) -> bytes:
+    """A digest of int64 ``values`` (16 bytes): what a sample must hold, not its tokens."""
+    return hashlib.blake2b(
+        np.ascontiguousarray(values, dtype=np.int64).tobytes(), digest_size=16
+    ).digest()
+
+
+def digests(data: np.ndarray) -> Expect:
+    """Each row's ``(input_ids, labels)`` as digests: what a sample must hold, not the tokens."""
+    return tuple((row_digest(row[:-1]), row_digest(row[1:])) for row in data)
+
+
+class Given:
+    """What the checker keeps of the rows it handed ``make_flat``: digests, weak references,
+    and a sample of the rows' ints, for :meth:`kept` to say what the dataset holds.
+
+    Three ways a dataset can hold Python objects per token, each seen once the checker let
+    go of the rows: the rows themselves (a weak reference to each dict and token list
+    survives); the rows' ints in lists or tuples of its own (the sampled ints are referenced
+    by more than the checker); new objects per token (Python's small-object allocator counts
+    its blocks in use, from before the rows were made: an int, a small tuple or str is one;
+    a numpy array, a tensor, a ``bytes`` of a row or more, a memory map one or none).
+    ``tracemalloc`` would say the same in bytes, at seconds a check, and its freed traces
+    moved a right answer's workers' pages (an array per row grew 4 MiB a worker).
+    """
+
+    def __init__(
+        self,
+        expect: Expect,
+        rows: list[dict[str, Any]],
+        before: int,
+        *,
+        _blocks: Callable[[], int] = sys.getallocatedblocks,
+    ) -> None:
+        mine = _blocks()
+        self.expect = expect
+        self.refs = tuple(weakref.ref(x) for r in rows for x in (r, r["tokens"]))
+        # Every 32nd token's int: distinct objects (all above 256), referenced by their
+        # token list and here, and by nothing else unless make_flat keeps them.
+        self.ints = tuple(t for r in rows for t in r["tokens"][::_EVERY])
+        self._rows: list[dict[str, Any]] | None = rows
+        # Blocks in use before the rows were made, and the checker's own made since.
+        self.before, self.own = before, _blocks() - mine
+
+    def take(self) -> list[dict[str, Any]]:
+        """The rows, let go of here: passed straight to ``make_flat``, they are a local of no
+        frame of the checker's (a frame's ``f_locals``, once read, as a debugger does,
+        would keep them alive)."""
+        rows, self._rows = self._rows, None
+        if rows is None:
+            raise RuntimeError("the rows were taken already: take them once, for make_flat")
+        return rows
+
+    def kept(
+        self,
+        *,
+        _collect: Callable[[], int] = gc.collect,
+        _blocks: Callable[[], int] = sys.getallocatedblocks,
+        _count: Callable[[object], int] = sys.getrefcount,
+    ) -> dict[str, Any]:
+        """What the dataset holds, the checker's rows let go of.
+
+        ``alive``: rows or token lists still alive (of ``rows``); ``ints``: the share of the
+        sampled ints something else references; ``blocks``: small-object blocks in use
+        beyond those before the rows were made and the checker's own (the rows, if kept,
+        and what ``make_flat`` made). The tools are bound here, at import, not looked up
+        after the learner's code ran in the rank.
+        """
+        _collect()
+        alive = sum(ref() is not None for ref in self.refs)
+        # 3: this tuple, the loop's name and getrefcount's argument.
+        ints = sum(_count(t) > 3 for t in self.ints) / max(1, len(self.ints))
+        self.ints = ()  # counted no more, and the epoch's workers fork without them
+        blocks = _blocks() - self.before - self.own
+        return {"alive": alive, "rows": len(self.refs), "ints": ints, "blocks": blocks}
+
+
+def given_rows(n: int, length: int) -> Given:
+    """On a rank: rows of ``n`` fresh samples for ``make_flat`` (:meth:`Given.take`), and
+    what the checker keeps of them.
+
+    The tokens are drawn here from a seed no one else sees, and neither they nor the seed
+    outlive this call: while the learner's code runs, the answers are in the rows alone (and
+    as digests), so a dataset can only be built from the rows.
+    """
+    data = tokens(n, length, secrets.randbits(62))
+    expect = digests(data)
+    before = sys.getallocatedblocks()
+    rows: list[dict[str, Any]] = [
+        Row(index=i, tokens=Tokens(row)) for i, row in enumerate(data.tolist())
+    ]
+    return Given(expect, rows, before)
+
+
+def judge_kept(outs: list[dict[str, Any]], tokens_n: int) -> None:
+    """Wrong when a rank's dataset holds the rows, or a Python object per token, once built.
+
+    Judged after the workers' growth: reads that write nothing (values taken from the
+    ints' memory, a row kept for its index only) leave the workers' pages shared, but the
+    rows still cost their memory (an int object per token) and every worker's collector
+    walks them. What is held is what the dataset is, however it is read.
+    """
+    for rank, out in enumerate(outs):
+        if out.get("alive", 0):
+            raise wrong(
+                f"On rank {rank} your dataset keeps the rows: {out['alive']} of the "
+                f"{out['rows']} dicts and token lists the checker handed make_flat are alive "
+                "after it let go of them. Each token in them is a Python int (an object of 32 "
+                "bytes), which every worker's garbage collector walks, however the samples "
+                "are read. Copy the tokens into one array in make_flat and keep no reference "
+                "to the rows (a sample's index is its position)."
+            )
+        if out.get("ints", 0) >= SHARED_MOST:
+            raise wrong(
+                f"On rank {rank} your dataset holds the rows' Python ints: {out['ints']:.0%} "
+                "of the tokens the checker sampled are still referenced once the rows are let "
+                "go of (copied into lists or tuples of yours). Each is an object of 32 bytes "
+                "with a reference count, which every worker's garbage collector walks. Copy "
+                "the values into one array (np.array(..., dtype=np.int64)), not the objects."
+            )
+        per_token = out.get("blocks", 0) / tokens_n
+        if per_token >= BLOCKS_MOST:
+            raise wrong(
+                f"On rank {rank} your dataset holds {per_token:.1f} Python objects per token "
+                f"(new ints in lists or tuples, say; one array is one object; the bound is "
+                f"{BLOCKS_MOST}), each with a reference count, which every worker's garbage "
+                "collector walks. Hold the tokens in one array."
+            )
