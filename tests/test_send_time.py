@@ -258,3 +258,72 @@ def test_no_checker_draws_before_its_answers_are_sent():
         if len(held) == 2 and held[0] != held[1]:
             drawn.add(name)
     assert not drawn, f"checkers that draw before their answers are sent: {sorted(drawn)}"
+
+
+# ------------------------------------------- hooks the notebook leaves running (trial 6b)
+def _notebook_code(source: str) -> dict[str, Any]:
+    """Names ``source`` defines as a notebook cell would: in ``__main__``'s namespace."""
+    namespace: dict[str, Any] = {"__name__": "__main__"}
+    exec(compile(source, "/tmp/ipykernel_1/2345.py", "exec"), namespace)
+    return namespace
+
+
+def test_a_profile_function_set_by_an_earlier_cell_is_refused():
+    """Guards trial 6b's profile hook (it zeroed 12's counts and rewrote 16's verdict): a
+    profile or trace function of the notebook's own refuses the check; once removed, the
+    check judges. One of the library's own (a debugger's) does not count."""
+    hook = _notebook_code("def hook(frame, event, arg):\n    return None\n")["hook"]
+    sys.setprofile(hook)
+    try:
+        result = ex.check_global_sum(_no_collective)
+    finally:
+        sys.setprofile(None)
+    assert result.status == "refused", result.message
+    assert "a profile function (sys.setprofile)" in result.message
+    assert "expected a function" in ex.check_global_sum(42).message
+
+
+def test_a_thread_an_earlier_cell_started_and_a_gc_callback_are_refused():
+    """Guards trial 6b's copier thread (15) and gc callback (16): code of the notebook's own
+    that runs beside the check refuses it, each named."""
+    import gc
+
+    cell = _notebook_code(
+        "import threading\nstop = threading.Event()\n"
+        "def copier():\n    stop.wait(60)\n"
+        "def callback(phase, info):\n    pass\n"
+    )
+    t = threading.Thread(target=cell["copier"], name="copier", daemon=True)
+    t.start()
+    gc.callbacks.append(cell["callback"])
+    try:
+        result = ex.check_global_sum(_no_collective)
+    finally:
+        gc.callbacks.remove(cell["callback"])
+        cell["stop"].set()
+        t.join()
+    assert result.status == "refused", result.message
+    assert "a thread started in the notebook ('copier')" in result.message
+    assert "a garbage collector callback" in result.message
+
+
+def test_a_standard_library_function_patched_in_a_cell_is_refused():
+    """Guards trial 6b's patched builtins.abs and random.Random.sample (the checker computes
+    with them): refused, naming what changed."""
+    import builtins
+    import random
+
+    real_abs, real_sample = builtins.abs, random.Random.sample
+    builtins.abs = _notebook_code("def abs(x):\n    return 0.0\n")["abs"]
+    try:
+        result = ex.check_global_sum(_no_collective)
+    finally:
+        builtins.abs = real_abs
+    assert result.status == "refused", result.message
+    assert "builtins.abs" in result.message
+    random.Random.sample = lambda self, population, k: []  # type: ignore[method-assign]
+    try:
+        result = ex.check_global_sum(_no_collective)
+    finally:
+        random.Random.sample = real_sample  # type: ignore[method-assign]
+    assert result.status == "refused" and "random.Random" in result.message, result.message

@@ -10,7 +10,8 @@ Looking for such places afterwards cannot tell the learner's writes from everyon
   restricts: files may be written only under the folders named (the checkpoint's), no TCP
   socket may be bound or connected, no program started, and no abstract unix socket made
   outside the thread's own restriction reached; and no new socket of any family made
-  (:mod:`.no_sockets`, a seccomp filter: UDP, raw, packet, netlink, unix). Landlock
+  (:mod:`.no_sockets`, a seccomp filter: UDP, raw, packet, netlink, unix; nor System V
+  IPC or the keyring). Landlock
   restricts the calling thread and what it starts, never the rest of the rank, so a warm
   cluster's rank is unchanged after. The learner's function arrives pickled and is
   unpickled inside that thread, so code that runs at unpickling is confined too.
@@ -99,7 +100,9 @@ def confinement(abi: int) -> list[str]:
         missing.append(f"abstract unix sockets (Landlock ABI {abi} < 6)")
     seccomp = available()
     if seccomp is not None:
-        missing.append(f"sockets other than TCP: UDP, unix, raw ({seccomp})")
+        missing.append(
+            f"sockets other than TCP (UDP, unix, raw), System V IPC, keyring ({seccomp})"
+        )
     return missing
 
 

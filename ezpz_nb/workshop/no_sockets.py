@@ -7,7 +7,11 @@ kernel's per-connection TCP counters (:mod:`.wire_bytes`) do not count them eith
 needs no new socket (the process group's and the checker's connections are made before),
 so :func:`refuse_sockets` installs a seccomp filter on which ``socket()`` and
 ``socketpair()`` fail with ``EPERM`` ("Operation not permitted"), whatever the family, and
-so does ``io_uring_setup()`` (a ring makes sockets past the filter). Calls made for another
+so does ``io_uring_setup()`` (a ring makes sockets past the filter). System V shared
+memory, semaphores and message queues, and the kernel's keyring, are refused alike: Landlock
+has no rule for them, and the sixth trial kept a save's state in a segment and in the
+keyring (a POSIX queue or shared memory is a file under ``/dev/mqueue`` or ``/dev/shm``,
+which Landlock already refuses to write). Calls made for another
 architecture's system call table (x32, or 32-bit ``int 0x80`` on x86-64) fail alike, or
 they would reach ``socket`` under another number.
 
@@ -31,11 +35,29 @@ _EPERM = 1
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000
 _IO_URING_SETUP = 425  # the same number on every architecture
 _X32_BIT = 0x40000000
-#: machine: (audit arch, socket, socketpair, seccomp) system call numbers.
-_TABLES = {
-    "x86_64": (0xC000003E, 41, 53, 317),
-    "aarch64": (0xC00000B7, 198, 199, 277),
-}
+#: machine: (audit arch, the seccomp system call, the refused calls' numbers by name).
+_TABLES: dict[str, tuple[int, int, dict[str, int]]] = {
+    "x86_64": (
+        0xC000003E,
+        317,
+        {
+            "socket": 41, "socketpair": 53, "io_uring_setup": _IO_URING_SETUP,
+            "shmget": 29, "shmat": 30, "semget": 64, "semop": 65,
+            "msgget": 68, "msgsnd": 69, "msgrcv": 70,
+            "add_key": 248, "request_key": 249, "keyctl": 250,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        277,
+        {
+            "socket": 198, "socketpair": 199, "io_uring_setup": _IO_URING_SETUP,
+            "shmget": 194, "shmat": 196, "semget": 190, "semop": 193,
+            "msgget": 186, "msgsnd": 189, "msgrcv": 188,
+            "add_key": 217, "request_key": 218, "keyctl": 219,
+        },
+    ),
+}  # fmt: skip
 
 
 class _Insn(ctypes.Structure):
@@ -62,20 +84,18 @@ def available() -> str | None:
 
 def _program(machine: str) -> list[tuple[int, int, int, int]]:
     """The BPF program: wrong table or a refused call, EPERM; anything else, allowed."""
-    arch, sock, pair, _ = _TABLES[machine]
+    arch, _, refused = _TABLES[machine]
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ/JGE|K, BPF_RET|K
-    # Offsets jump over that many instructions; the last one (index 8) refuses.
-    return [
+    last = 4 + len(refused) + 1  # the refusing instruction's index
+    code = [
         (ld, 0, 0, 4),  # seccomp_data.arch
-        (jeq, 0, 6, arch),
+        (jeq, 0, last - 2, arch),  # another table: to the refusal
         (ld, 0, 0, 0),  # seccomp_data.nr
-        (jge, 4, 0, _X32_BIT),
-        (jeq, 3, 0, sock),
-        (jeq, 2, 0, pair),
-        (jeq, 1, 0, _IO_URING_SETUP),
-        (ret, 0, 0, _ALLOW),
-        (ret, 0, 0, _ERRNO | _EPERM),
+        (jge, last - 4, 0, _X32_BIT),
     ]
+    # A jump counts the instructions it skips: from index i to the refusal, last - i - 1.
+    code += [(jeq, last - len(code) - 1 - k, 0, nr) for k, nr in enumerate(refused.values())]
+    return [*code, (ret, 0, 0, _ALLOW), (ret, 0, 0, _ERRNO | _EPERM)]
 
 
 def refuse_sockets(all_threads: bool = False) -> None:
@@ -93,7 +113,7 @@ def refuse_sockets(all_threads: bool = False) -> None:
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
     if all_threads:
-        got = libc.syscall(_TABLES[machine][3], _SET_MODE_FILTER, _FLAG_TSYNC, ctypes.byref(prog))
+        got = libc.syscall(_TABLES[machine][1], _SET_MODE_FILTER, _FLAG_TSYNC, ctypes.byref(prog))
     else:
         got = libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0)
     if got != 0:

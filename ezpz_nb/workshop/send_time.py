@@ -15,12 +15,17 @@ drawn answers in place. :func:`sending` guards a check against that:
    (:func:`mark_baseline`) and again when the check starts and ends: a change refuses
    the verdict, whether the learner's cell made it before the call or the sending did;
 3. a thread started while the functions were pickled refuses the verdict (it could wait
-   for the draw and rewrite it later).
+   for the draw and rewrite it later), and so does code defined in the notebook's cells that
+   the interpreter runs on its own while the check runs (:func:`_hooks`: a profile or trace
+   function, a gc callback, a signal handler, an audit hook, a live thread): the sixth
+   trial's second part rewrote counts and verdicts from each.
+The standard library's modules the checkers compute with (:data:`_LIBRARY`) are
+fingerprinted with the checkers' own.
 
 Not covered (docs/architecture.md, "What a check guards in the notebook"): code in the
-notebook can patch torch, numpy or the standard library, which a checker uses but does not
-fingerprint; a thread started by an earlier cell runs on while a check runs. A checker
-detects changes to its own code only.
+notebook can patch torch or numpy, which a checker uses but does not fingerprint; a hook
+given another module's name is not told from a library's. A checker detects changes to its
+own code only.
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dis
+import gc
 import os
+import signal
 import sys
+import sysconfig
 import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -75,6 +83,21 @@ class Refused(Exception):
 
 def _ours(name: str) -> bool:
     return name == "ezpz_nb" or name.startswith("ezpz_nb.")
+
+
+#: Standard-library modules the checkers compute verdicts with: their public functions and
+#: classes are fingerprinted too (the sixth trial's second part patched ``builtins.abs`` and
+#: ``random.Random.sample`` in an earlier cell, and the checker's own code read them).
+#: Library names a Jupyter kernel itself swaps per cell (ipykernel forwards ``input`` to the
+#: browser; IPython adds ``display``, ``get_ipython``, its own ``exit``): not the learner's.
+_KERNEL_SWAPS = frozenset(
+    ("builtins", k)
+    for k in ("input", "exit", "quit", "display", "get_ipython", "help", "copyright", "credits")
+)
+_LIBRARY = frozenset(
+    {"builtins", "random", "math", "operator", "hashlib", "json", "statistics", "fractions"}
+    | {"functools", "itertools", "collections", "struct", "zlib", "bisect", "heapq"}
+)
 
 
 def _codes(value: Any) -> Iterator[types.CodeType]:
@@ -157,20 +180,31 @@ def _module_print(name: str, mod: types.ModuleType) -> ModulePrint:
     if name not in _STATE:
         _STATE[name] = _rebound(mod)
     skip = _STATE[name] | _INTERPRETER
-    return {k: _value_print(v, name) for k, v in list(vars(mod).items()) if k not in skip}
+    items = list(vars(mod).items())
+    if name in _LIBRARY:  # its code, not its data: public functions and classes
+        items = [
+            (k, v)
+            for k, v in items
+            if not k.startswith("_") and callable(v) and (name, k) not in _KERNEL_SWAPS
+        ]
+    return {k: _value_print(v, name) for k, v in items if k not in skip}
 
 
 def fingerprint() -> dict[str, ModulePrint]:
-    """The print of every loaded ``ezpz_nb`` module (see the module's docstring)."""
+    """The print of every loaded ``ezpz_nb`` module and of the standard library's modules
+    in :data:`_LIBRARY` (see the module's docstring)."""
     return {
         name: _module_print(name, mod)
         for name, mod in list(sys.modules.items())
-        if _ours(name) and isinstance(mod, types.ModuleType)
+        if (_ours(name) or name in _LIBRARY) and isinstance(mod, types.ModuleType)
     }
 
 
 def mark_baseline() -> None:
-    """Take the print every later check compares with (:mod:`.exercises` calls it last)."""
+    """Take the print every later check compares with (:mod:`.exercises` calls it last),
+    and from then on count the audit hooks the notebook's code adds."""
+    if not _BASELINE:
+        sys.addaudithook(_audit)
     for name, mod_print in fingerprint().items():
         _BASELINE.setdefault(name, mod_print)
 
@@ -194,6 +228,8 @@ def _changes(old: dict[str, ModulePrint], new: dict[str, ModulePrint]) -> list[s
                 # Added since (a submodule imported, a lazy name cached): the module's code
                 # reads none of them, except one that hides a builtin.
                 continue
+            if got is None and mod in _LIBRARY:
+                continue  # removed (IPython adds and removes `display` in builtins per cell)
             if was != got and (mod, name) not in _ON_PURPOSE:
                 out.append(f"{mod.removeprefix('ezpz_nb.')}.{name}")
     return out
@@ -202,6 +238,92 @@ def _changes(old: dict[str, ModulePrint], new: dict[str, ModulePrint]) -> list[s
 def _named(changed: list[str]) -> str:
     shown = ", ".join(changed[:4])
     return shown + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Where installed code lives: the standard library, site-packages, and this package."""
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # ezpz_nb/
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+
+
+def _from_notebook(obj: Any) -> bool:
+    """Whether ``obj`` (a hook, a thread's target) is the learner's code: defined in the
+    notebook's cells or in a file of theirs (one ``%%writefile`` made), not in an installed
+    library, the standard library or ezpz_nb (a debugger's hook, a widget's thread)."""
+    for _ in range(4):  # a bound method's function, a partial's, ...
+        inner = getattr(obj, "__func__", None) or getattr(obj, "func", None)
+        if inner is None or inner is obj:
+            break
+        obj = inner
+    if isinstance(obj, type):
+        filename = getattr(sys.modules.get(obj.__module__), "__file__", None) or ""
+    else:
+        code = getattr(obj, "__code__", None) or getattr(type(obj).__call__, "__code__", None)
+        if code is None:
+            return False  # built in (C): no learner's code
+        filename = code.co_filename
+    if getattr(obj, "__module__", None) == "__main__" or not filename.startswith("/"):
+        return filename == "" or not filename.startswith("<frozen")
+    return not os.path.realpath(filename).startswith(_LIBRARY_DIRS)
+
+
+_LIBRARY_DIRS = _library_dirs()
+
+
+def _thread_code(t: threading.Thread) -> Any:
+    """What a thread runs: its target, a Timer's function, or its class's own run()."""
+    return getattr(t, "_target", None) or getattr(t, "function", None) or type(t)
+
+
+#: How many audit hooks the notebook's code added since :func:`mark_baseline` (an audit hook
+#: runs on every audited event: opening a file, importing, ... and cannot be listed).
+_AUDIT_HOOKS_ADDED = [0]
+
+
+def _audit(event: str, _args: tuple[Any, ...]) -> None:
+    if event == "sys.addaudithook" and sys._getframe(1).f_globals.get("__name__") == "__main__":
+        _AUDIT_HOOKS_ADDED[0] += 1
+
+
+def _hooks() -> list[str]:
+    """Code of the notebook's own the interpreter runs on its own while a check runs: the
+    sixth trial's second part rewrote checks' counts and verdicts from each of these."""
+    found = []
+    for what, hook in (
+        ("a profile function (sys.setprofile)", sys.getprofile()),
+        ("a trace function (sys.settrace)", sys.gettrace()),
+        ("a profile function for new threads", getattr(threading, "_profile_hook", None)),
+        ("a trace function for new threads", getattr(threading, "_trace_hook", None)),
+    ):
+        if hook is not None and _from_notebook(hook):
+            found.append(what)
+    if any(_from_notebook(c) for c in gc.callbacks):
+        found.append("a garbage collector callback (gc.callbacks)")
+    for sig in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):
+            handler = signal.getsignal(sig)
+            if callable(handler) and _from_notebook(handler):
+                found.append(f"a handler of {signal.Signals(sig).name} (signal.signal)")
+    if _AUDIT_HOOKS_ADDED[0]:
+        found.append("an audit hook (sys.addaudithook)")
+    alive = [t for t in threading.enumerate() if _from_notebook(_thread_code(t))]
+    if alive:
+        found.append(f"a thread started in the notebook ({alive[0].name!r})")
+    return found
+
+
+def _no_hooks(when: str) -> None:
+    """Refuse when the notebook's code set any of :func:`_hooks` (``when``: since when)."""
+    found = _hooks()
+    if found:
+        raise Refused(
+            f"{when}, this notebook set code of its own to run while the check runs: "
+            f"{', '.join(found)}. Such code can change the check's counts and its verdict. "
+            "Remove it (sys.setprofile(None), stop the thread, ...) or restart the kernel, "
+            "then run the notebook's cells again, and check the answer alone."
+        )
 
 
 def _threads() -> set[int]:
@@ -241,6 +363,7 @@ def sending(answers: Iterable[Any]) -> Iterator[Callable[[], None]]:
     from ezpz_nb.launcher.wire import sent_once
 
     start = _before_call()
+    _no_hooks("before the check")
     threads = _threads()
     with sent_once([a for a in answers if a is not None]):
         started = _threads() - threads
@@ -250,6 +373,7 @@ def sending(answers: Iterable[Any]) -> Iterator[Callable[[], None]]:
                 f"ranks ({len(started)} new): that thread could change the check as it runs. "
                 + _ADVICE
             )
+        _no_hooks("as your function was sent to the ranks")
         sent = fingerprint()
         changed = _changes(start, sent)
         if changed:
@@ -261,6 +385,7 @@ def sending(answers: Iterable[Any]) -> Iterator[Callable[[], None]]:
             )
 
         def unchanged() -> None:
+            _no_hooks("while the check ran")
             changed = _changes(sent, fingerprint())
             if changed:
                 raise Refused(
