@@ -518,6 +518,8 @@ def _in_sysv_shm():
         libc = ctypes.CDLL(None, use_errno=True)
         libc.shmat.restype = ctypes.c_void_p
         ident = libc.shmget(ctypes.c_int(int(h[:7], 16)), ctypes.c_size_t(size), flags)
+        if ident == -1:  # as a library over it would (sysv_ipc): the error, not a bad address
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
         return libc.shmat(ident, None, 0)
 
     def keep(h, s):
