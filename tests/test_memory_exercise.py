@@ -764,7 +764,7 @@ def test_unusual_right_answers_pass_on_every_draw(answer, cluster):
         (wrong_labels_on_rank_1, "On rank 1, sample 0 differs: 'labels'"),
         (asks_from_its_workers, "readings were asked for by another process"),
         (asks_early_from_the_rank, "twice, or out of turn"),
-        (ForksAtItsLastRead, "started processes of their own"),
+        pytest.param(ForksAtItsLastRead, "started processes of their own", marks=SLOW),
         (ServedByARankThread, "a thread in the rank that serves the rows"),
         pytest.param(ReadInAThrowawayChild, "started processes of their own", marks=SLOW),
         pytest.param(ReadInAnIgnoredChild, "started processes of their own", marks=SLOW),
@@ -825,6 +825,7 @@ def test_rebinding_the_checkers_names_in_the_rank_changes_nothing():
     assert got.status == "wrong" and "grew by" in got.message, got.message
 
 
+@SLOW  # ~9-11 s of fresh ranks on a quiet machine: `make system`
 def test_code_run_at_unpickling_does_not_move_the_baseline(cluster):
     """Guards the fourth outside trial: code that runs as the rank unpickles the learner's
     class comes after the checker's own epoch (a job of its own), so the rows still fail;
@@ -856,6 +857,7 @@ def _raise_the_baseline_in_this_rank():
     storages.ArrayDataset.__getitem__ = getitem
 
 
+@SLOW  # ~9-11 s of fresh ranks on a quiet machine: `make system`
 def test_a_patch_left_in_the_warm_ranks_does_not_reach_the_measurement(cluster):
     """Guards issue 45's fifth brief, item (c): a learner's earlier cell that patched the
     checker's modules in the notebook's warm ranks (here: the checker's own flat array

@@ -47,9 +47,9 @@ from ezpz_nb.workshop.mix_streams import (
 )
 from ezpz_nb.workshop.mixture import check_mix_batch
 
-#: Checks per answer: each draws its own sizes, weights and seed. Two in `make unit` (each
-#: run draws afresh), 20 in `make stress`.
-DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "2"))
+#: Checks per answer: each draws its own sizes, weights and seed. One in `make unit`, as in
+#: every checker's file (each run draws afresh), 20 in `make stress`.
+DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "1"))
 
 
 @functools.lru_cache(maxsize=256)  # the few-streams rule's 128 seeds each have one
