@@ -438,6 +438,7 @@ def _script(tmp_path, short_tmp, mode):
     )
 
 
+@pytest.mark.system  # a script in a process of its own (~7 s quiet): `make system`
 def test_plain_script_without_main_guard(tmp_path, short_tmp):
     """Guards: the API works from a plain script; ranks never re-run the script."""
     proc = _script(tmp_path, short_tmp, "ok")

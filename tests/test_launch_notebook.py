@@ -62,6 +62,7 @@ x + 100""",
 ]
 
 
+@pytest.mark.system  # a Jupyter kernel of its own (~7 s quiet): `make system`
 @pytest.mark.timeout(300)
 def test_launcher_in_a_notebook(tmp_path):
     """Guards: notebook-defined functions, live output in the right cell, cell lines in

@@ -102,6 +102,7 @@ def test_wrong_plans_are_explained(cluster, plan, phrases):
         assert phrase in result.message, result.message
 
 
+@pytest.mark.system  # fresh ranks of its own (~8 s quiet): `make system`
 def test_fresh_ranks_give_the_same_verdict():
     """Guards the path without a cluster: fresh ranks run the whole check to a pass.
 
