@@ -265,7 +265,7 @@ def _from_notebook(obj: Any) -> bool:
             return False  # built in (C): no learner's code
         filename = code.co_filename
     if getattr(obj, "__module__", None) == "__main__" or not filename.startswith("/"):
-        return filename == "" or not filename.startswith("<frozen")
+        return not filename.startswith("<frozen")  # a cell, exec'd text; not a frozen module
     return not os.path.realpath(filename).startswith(_LIBRARY_DIRS)
 
 
