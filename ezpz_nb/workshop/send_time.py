@@ -16,8 +16,9 @@ drawn answers in place. :func:`sending` guards a check against that:
    the verdict, whether the learner's cell made it before the call or the sending did;
 3. a thread started while the functions were pickled refuses the verdict (it could wait
    for the draw and rewrite it later), and so does code defined in the notebook's cells that
-   the interpreter runs on its own while the check runs (:func:`_hooks`: a profile or trace
-   function, a gc callback, a signal handler, an audit hook, a live thread): the sixth
+   the interpreter runs on its own while the check runs (a profile or trace
+   function, a gc callback, a signal handler, an audit hook, a live thread; found by
+   :mod:`.notebook_hooks`): the sixth
    trial's second part rewrote counts and verdicts from each.
 The standard library's modules the checkers compute with (:data:`_LIBRARY`) are
 fingerprinted with the checkers' own.
@@ -33,15 +34,12 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dis
-import gc
-import os
-import signal
 import sys
-import sysconfig
-import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from ezpz_nb.workshop import notebook_hooks
 
 __all__ = ["Refused", "fingerprint", "mark_baseline", "patched_on_purpose", "sending"]
 
@@ -203,8 +201,7 @@ def fingerprint() -> dict[str, ModulePrint]:
 def mark_baseline() -> None:
     """Take the print every later check compares with (:mod:`.exercises` calls it last),
     and from then on count the audit hooks the notebook's code adds."""
-    if not _BASELINE:
-        sys.addaudithook(_audit)
+    notebook_hooks.watch_audit_hooks()
     for name, mod_print in fingerprint().items():
         _BASELINE.setdefault(name, mod_print)
 
@@ -240,83 +237,10 @@ def _named(changed: list[str]) -> str:
     return shown + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
 
 
-def _library_dirs() -> tuple[str, ...]:
-    """Where installed code lives: the standard library, site-packages, and this package."""
-    paths = sysconfig.get_paths()
-    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    dirs.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # ezpz_nb/
-    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
-
-
-def _from_notebook(obj: Any) -> bool:
-    """Whether ``obj`` (a hook, a thread's target) is the learner's code: defined in the
-    notebook's cells or in a file of theirs (one ``%%writefile`` made), not in an installed
-    library, the standard library or ezpz_nb (a debugger's hook, a widget's thread)."""
-    for _ in range(4):  # a bound method's function, a partial's, ...
-        inner = getattr(obj, "__func__", None) or getattr(obj, "func", None)
-        if inner is None or inner is obj:
-            break
-        obj = inner
-    if isinstance(obj, type):
-        filename = getattr(sys.modules.get(obj.__module__), "__file__", None) or ""
-    else:
-        code = getattr(obj, "__code__", None) or getattr(type(obj).__call__, "__code__", None)
-        if code is None:
-            return False  # built in (C): no learner's code
-        filename = code.co_filename
-    if getattr(obj, "__module__", None) == "__main__" or not filename.startswith("/"):
-        return not filename.startswith("<frozen")  # a cell, exec'd text; not a frozen module
-    return not os.path.realpath(filename).startswith(_LIBRARY_DIRS)
-
-
-_LIBRARY_DIRS = _library_dirs()
-
-
-def _thread_code(t: threading.Thread) -> Any:
-    """What a thread runs: its target, a Timer's function, or its class's own run()."""
-    return getattr(t, "_target", None) or getattr(t, "function", None) or type(t)
-
-
-#: How many audit hooks the notebook's code added since :func:`mark_baseline` (an audit hook
-#: runs on every audited event: opening a file, importing, ... and cannot be listed).
-_AUDIT_HOOKS_ADDED = [0]
-
-
-def _audit(event: str, _args: tuple[Any, ...]) -> None:
-    if event == "sys.addaudithook" and sys._getframe(1).f_globals.get("__name__") == "__main__":
-        _AUDIT_HOOKS_ADDED[0] += 1
-
-
-def _hooks() -> list[str]:
-    """Code of the notebook's own the interpreter runs on its own while a check runs: the
-    sixth trial's second part rewrote checks' counts and verdicts from each of these."""
-    found = []
-    for what, hook in (
-        ("a profile function (sys.setprofile)", sys.getprofile()),
-        ("a trace function (sys.settrace)", sys.gettrace()),
-        ("a profile function for new threads", getattr(threading, "_profile_hook", None)),
-        ("a trace function for new threads", getattr(threading, "_trace_hook", None)),
-    ):
-        if hook is not None and _from_notebook(hook):
-            found.append(what)
-    if any(_from_notebook(c) for c in gc.callbacks):
-        found.append("a garbage collector callback (gc.callbacks)")
-    for sig in signal.valid_signals():
-        with contextlib.suppress(OSError, ValueError):
-            handler = signal.getsignal(sig)
-            if callable(handler) and _from_notebook(handler):
-                found.append(f"a handler of {signal.Signals(sig).name} (signal.signal)")
-    if _AUDIT_HOOKS_ADDED[0]:
-        found.append("an audit hook (sys.addaudithook)")
-    alive = [t for t in threading.enumerate() if _from_notebook(_thread_code(t))]
-    if alive:
-        found.append(f"a thread started in the notebook ({alive[0].name!r})")
-    return found
-
-
 def _no_hooks(when: str) -> None:
-    """Refuse when the notebook's code set any of :func:`_hooks` (``when``: since when)."""
-    found = _hooks()
+    """Refuse when the notebook's code set any of :func:`.notebook_hooks.found` (``when``:
+    since when)."""
+    found = notebook_hooks.found()
     if found:
         raise Refused(
             f"{when}, this notebook set code of its own to run while the check runs: "
@@ -324,14 +248,6 @@ def _no_hooks(when: str) -> None:
             "Remove it (sys.setprofile(None), stop the thread, ...) or restart the kernel, "
             "then run the notebook's cells again, and check the answer alone."
         )
-
-
-def _threads() -> set[int]:
-    """This process's threads: Python's, and the kernel's where it lists them (Linux)."""
-    ids = {t.ident or 0 for t in threading.enumerate()}
-    with contextlib.suppress(OSError):
-        ids |= {-int(tid) for tid in os.listdir("/proc/self/task")}
-    return ids
 
 
 def _before_call() -> dict[str, ModulePrint]:
@@ -364,9 +280,9 @@ def sending(answers: Iterable[Any]) -> Iterator[Callable[[], None]]:
 
     start = _before_call()
     _no_hooks("before the check")
-    threads = _threads()
+    threads = notebook_hooks.threads()
     with sent_once([a for a in answers if a is not None]):
-        started = _threads() - threads
+        started = notebook_hooks.threads() - threads
         if started:
             raise Refused(
                 "your function started a thread in the notebook while it was sent to the "
