@@ -26,7 +26,7 @@ import ezpz_nb as ez
 from ezpz_nb.examples.throughput import make_loader
 from ezpz_nb.models import TokenizingDataset
 from ezpz_nb.workshop import throughput as ex
-from ezpz_nb.workshop.read_log import claim
+from ezpz_nb.workshop.read_log import claim, fetching
 
 # Issue 45's outside trials: each dodge and right variant over several draws
 # (EZPZ_NB_DRAWS, 20 in `make stress`; each draw one check on the shared warm ranks).
@@ -768,6 +768,130 @@ def test_the_fifth_trials_dodges_fail_on_every_draw(check):
             assert result.status == "wrong" and reason in result.message, (fn.__name__, result)
 
 
+# Issue 45's sixth outside trial: a DataLoader worker that loads the whole shard in its
+# worker_init_fn, every epoch, passed: a worker's load counted only when it began after its
+# step asked. Now a worker's load counts as a prefetch only when the DataLoader had asked
+# that worker for its batch (torch's worker loop names the batch it fetches).
+class _FilledAtWorkerStart(Dataset):
+    """Dodge: served from a dict the worker filled before its first batch was asked for."""
+
+    def __init__(self, dataset: Any, shard: list[int]) -> None:
+        self.dataset, self.shard = dataset, shard
+        self.memo: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.memo[i] if i in self.memo else self.dataset[i]
+
+
+def _fill_the_shard(worker_id: int) -> None:
+    data: Any = getattr(torch.utils.data.get_worker_info(), "dataset", None)
+    data.memo = {i: data.dataset[i] for i in data.shard}
+
+
+def preload_in_worker_init(dataset, rank, world_size):
+    """Dodge: one worker, whose worker_init_fn loads the whole shard at every epoch's start
+    (a fresh worker each epoch); prefetch_factor 8, so no depth of prefetch excuses it."""
+    shard = list(range(rank, len(dataset), world_size))
+    data = _FilledAtWorkerStart(dataset, shard)
+    return DataLoader(
+        data, ex.BATCH_SIZE, sampler=shard, num_workers=1, prefetch_factor=8,
+        worker_init_fn=_fill_the_shard, multiprocessing_context="fork",
+    )  # fmt: skip
+
+
+def whole_shard_in_a_worker(dataset, rank, world_size):
+    """Dodge: the worker's first batch loads the whole shard with it, in every epoch."""
+    data = WholeShard(dataset, rank, world_size)
+    return make_loader(data, batch_size=ex.BATCH_SIZE, num_workers=1)
+
+
+def deep_prefetch_two_workers(dataset, rank, world_size):
+    """Right, at the rule's edge: two workers eight batches ahead each (every batch of the
+    epoch asked for at once, fresh workers each epoch): under load the workers load most of
+    the shard while the loop waits for its first batch, each load for the batch asked of it."""
+    return make_loader(dataset, batch_size=ex.BATCH_SIZE, num_workers=2, prefetch_factor=8)
+
+
+def test_a_worker_preload_fails_and_a_deep_prefetch_passes(check):
+    """Guards issue 45's sixth trial: the whole shard loaded in a worker before the DataLoader
+    asked it for those batches (in its worker_init_fn, or with its first batch), at every
+    epoch's start, is the wait moved there; two workers prefetching the whole epoch, each
+    load for the batch asked of it, is loading beside the steps."""
+    for _ in range(DRAWS):
+        result = check(preload_in_worker_init)
+        assert result.status == "wrong", result.message
+        assert "The wait moved to the epoch's start" in result.message, result.message
+        result = check(deep_prefetch_two_workers)
+        assert result.passed and "beside the steps" in result.message, result.message
+
+
+def three_workers_on_the_heavy_rank(dataset, rank, world_size):
+    """Right (the sixth trial's): three workers on the heavy rank and one elsewhere, four
+    batches ahead each, a worker_init_fn that only sets torch's threads."""
+    shard = list(range(rank, len(dataset), world_size))
+    return DataLoader(
+        dataset, ex.BATCH_SIZE, sampler=shard, num_workers=3 if rank == ex.HEAVY_RANK else 1,
+        prefetch_factor=4, worker_init_fn=_one_thread, multiprocessing_context="fork",
+    )  # fmt: skip
+
+
+def _one_thread(worker_id: int) -> None:
+    torch.set_num_threads(1)
+
+
+class _Fetching(Dataset):
+    def __init__(self, init: list[int]) -> None:
+        self.init = init
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> Any:
+        return fetching(), self.init[0]
+
+
+def _note_init(worker_id: int) -> None:
+    data: Any = getattr(torch.utils.data.get_worker_info(), "dataset", None)
+    data.init = [fetching()]
+
+
+def test_a_worker_names_the_batch_it_fetches():
+    """Guards what the sixth trial's rule reads from torch's worker loop: each load in a worker
+    names the batch the DataLoader asked it for, at any prefetch depth; its worker_init_fn
+    and the rank's own process name none (-1)."""
+    loader = DataLoader(
+        _Fetching([-2]), batch_size=2, num_workers=2, prefetch_factor=3,
+        worker_init_fn=_note_init, multiprocessing_context="fork",
+    )  # fmt: skip
+    batches = [(batch.tolist(), init.tolist()) for batch, init in loader]
+    assert batches == [([b, b], [-1, -1]) for b in range(3)]
+    assert fetching() == -1
+
+
+@pytest.mark.system
+def test_more_worker_shapes_judged_by_what_each_worker_was_asked():
+    """Guards the rest of the sixth trial's worker cases (a system test: a second pair of
+    ranks, and more workers than make unit's budget holds): the whole shard loaded with a
+    worker's first batch at every epoch fails as the worker_init_fn preload does; three
+    workers on the heavy rank with a worker_init_fn that sets threads passes; torchdata's
+    StatefulDataLoader's workers name their batch as torch's do (importing it takes seconds)."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    loader = stateful.StatefulDataLoader(
+        _Fetching([-2]), batch_size=3, num_workers=1, multiprocessing_context="fork"
+    )
+    assert [batch.tolist() for batch, _ in loader] == [[0, 0, 0], [1, 1, 1]]
+    with ez.Cluster(ex.WORLD_SIZE, timeout=120) as cluster:
+        for _ in range(DRAWS):
+            result = ex.check_faster_loader(whole_shard_in_a_worker, cluster=cluster)
+            assert result.status == "wrong", result.message
+            assert "The wait moved to the epoch's start" in result.message, result.message
+            result = ex.check_faster_loader(three_workers_on_the_heavy_rank, cluster=cluster)
+            assert result.passed and "beside the steps" in result.message, result.message
+
+
 def patches_the_checker_in_the_rank(dataset, rank, world_size):
     """Dodge (c): the checker's modules' ``os`` and ``time`` replaced in the rank, so no read
     looks like the rank's own and every clock stands still; the slow loader."""
@@ -821,7 +945,8 @@ def test_words_are_counted_from_the_logs_order_alone():
         Read(3, 1, 10, worker=False),  # in step 0's wait, feeds epochs 0 and 1: a cache's fill
         Read(4, 2, 20, worker=False),  # in step 0's wait: waited for (and read again below)
         Read(6, 3, 40, worker=False),  # beside step 0, ahead of step 1: not waited for
-        Read(13, 2, 80, worker=True, began=13),  # a worker, after epoch 1's step 0 asked: waited
+        # A worker fetching batch 0, begun after epoch 1's step 0 asked: waited.
+        Read(13, 2, 80, worker=True, began=13, batch=0),
     ]
     # Each read loaded at once (its done at the read's place in the order).
     log = RankLog(pid=1, reads=reads, loads=reads, marks=marks, last=("z", 1, 0))
@@ -851,6 +976,20 @@ def test_words_are_counted_from_the_logs_order_alone():
     text = RankLog(pid=1, reads=reads[:4], loads=again, marks=marks, last=("z", 1, 0))
     assert words_loaded(text, ledger, 0)["waited"] == {0: 20, 1: 80}
     assert unread(text, ledger, 0) == []
+    # Issue 45's sixth trial: a worker loads step 1's sample while the loop waits for step 0.
+    # For batch 1, the one the DataLoader asked it to fetch, a prefetch: not waited for. In
+    # its worker_init_fn (no batch: -1) or with batch 0's sample (batch 0's fetch then feeds
+    # two steps), a preload: waited for, in the epoch's first wait.
+    one = {("a", 0, 0): 1, ("g", 0, 0): 6, ("a", 0, 1): 7, ("g", 0, 1): 8, ("z", 0, 0): 9}
+    two = Ledger([step(0, 0, (1,)), step(0, 1, (2,))])
+    for batch, waited, at_start in ((1, 10, 0), (-1, 30, 20), (0, 30, 30)):
+        loads = [
+            Read(3, 1, 10, worker=True, began=2, batch=0),  # step 0's, began after it asked
+            Read(4, 2, 20, worker=True, began=2, batch=batch),
+        ]
+        fetched = RankLog(pid=1, reads=loads, loads=loads, marks=one, last=("z", 0, 0))
+        counted = words_loaded(fetched, two, 0)
+        assert (counted["waited"][0], counted["at_start"][0]) == (waited, at_start), batch
     # Read, but never loaded through dataset[i] (tokenized past it): unread.
     past = RankLog(pid=1, reads=reads, loads=reads[:3], marks=marks, last=("z", 1, 0))
     assert unread(past, ledger, 0) == [3]

@@ -35,6 +35,7 @@ class Read:
     steps: int = -1  # the rank's loop steps finished then, by the kernel's count (-1: unknown)
     began: int = 0
     began_steps: int = -1
+    batch: int = -1  # the batch a DataLoader worker was fetching as it loaded (-1: none)
 
 
 @dataclass
@@ -81,9 +82,12 @@ def words_loaded(log: RankLog, ledger: Ledger, rank: int) -> dict[str, Any]:
 
     A load (``dataset[i]`` done: the text read and tokenized) counts where it ends.
     ``hidden``: ended outside every epoch (the function, ``set_epoch``, a preload);
-    per epoch: ``at_start``: ended in the rank's own process in the epoch's first wait;
-    ``waited``: ended in the rank's own process (any of its threads) while its loop
-    waited for a batch, or began in a worker after the step that trained on it asked; or
+    per epoch: ``at_start``: ended in the epoch's first wait and not dispatched (below);
+    ``waited``: ended while its loop waited for a batch and not dispatched: in the rank's
+    own process (any of its threads), or in a worker but not for the one batch the
+    DataLoader had asked that worker to fetch (a ``worker_init_fn``, or other batches'
+    samples loaded with its own: a preload, where a prefetch of any depth loads only
+    what was asked); or began in a worker after the step that trained on it asked; or
     (any reader) for a step t's batch once the kernel counted t steps' all-reduces (the
     loop had finished step t-1 and was asking for t: what the loop's own marks say unless
     they were moved); ``read``: ended within the epoch at all (0 in every epoch after the
@@ -99,6 +103,13 @@ def words_loaded(log: RankLog, ledger: Ledger, rank: int) -> dict[str, Any]:
     # The loop's step count (what the kernel counts) where each epoch begins.
     first = {e: sum(1 for r in mine if r.epoch < e) for e in epochs}
     fed: dict[int, set[int]] = {}  # load seq -> epochs it fed
+    # Steps fed by what a DataLoader worker loaded while fetching batch b of an epoch: one
+    # step when it loaded what it was asked for.
+    fetched: dict[tuple[int, int], set[int | None]] = {}
+    for x in log.loads:
+        epoch = _epoch_of(span, x.seq)
+        if x.worker and x.batch >= 0 and epoch is not None:
+            fetched.setdefault((epoch, x.batch), set()).add(step_of.get((epoch, x.index)))
     for r in mine:
         for i in r.sample_ids:
             feeding = [x.seq for x in log.loads if x.index == i and x.seq < m["g", r.epoch, r.step]]
@@ -107,7 +118,7 @@ def words_loaded(log: RankLog, ledger: Ledger, rank: int) -> dict[str, Any]:
     out: dict[str, Any] = {"hidden": 0}
     out.update({k: dict.fromkeys(epochs, 0) for k in ("at_start", "waited", "read")})
     for x in log.loads:
-        epoch = next((e for e, (a, z) in span.items() if a <= x.seq <= z), None)
+        epoch = _epoch_of(span, x.seq)
         if epoch is None:
             out["hidden"] += x.words
             continue
@@ -118,9 +129,18 @@ def words_loaded(log: RankLog, ledger: Ledger, rank: int) -> dict[str, Any]:
         asked = m.get(("a", epoch, step if step is not None else -1), x.seq + 1)
         counted = x.began_steps if x.worker else x.steps
         kernel = step is not None and counted >= 0 and counted >= first[epoch] + step
-        inside = not x.worker and any(a <= x.seq <= g for a, g in waits)
+        # Loaded by a worker for the batch the DataLoader asked it for: a prefetch, at any
+        # depth. Any other load, a worker's included (its worker_init_fn, or another
+        # batch's samples fetched with its own), is the loop's wait if it ends in one.
+        dispatched = x.worker and step is not None and fetched.get((epoch, x.batch)) == {step}
+        inside = not dispatched and any(a <= x.seq <= g for a, g in waits)
         if kernel or inside or (x.worker and x.began > asked):
             out["waited"][epoch] += x.words
-        if not x.worker and m["a", epoch, 0] <= x.seq <= m.get(("g", epoch, 0), -1):
+        if not dispatched and m["a", epoch, 0] <= x.seq <= m.get(("g", epoch, 0), -1):
             out["at_start"][epoch] += x.words
     return out
+
+
+def _epoch_of(span: dict[int, tuple[int, int]], seq: int) -> int | None:
+    """The epoch whose marks (its first ask to its end) enclose ``seq``, or None (outside)."""
+    return next((e for e, (a, z) in span.items() if a <= seq <= z), None)

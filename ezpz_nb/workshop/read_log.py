@@ -15,9 +15,10 @@ kernel's peer credentials tie the rank to its pid. Reads from another process (a
 DataLoader worker) come on a connection of their own (``worker <r>``), accepted only from
 a process below the rank. So who read is known here, not from what the rank says: the
 rank's own process (any of its threads), or a worker. A load (``dataset[i]`` finished:
-the text tokenized) sends ``done i`` on the same connection, logged with the read it
-ended. The marks must arrive in the loop's order (``a e s`` asked for step s, ``g e s``
-got it, ``z e`` the epoch ended): a mark out of turn is noted in :attr:`ReadLog.faults`,
+the text tokenized) sends ``done i b`` on the same connection, logged with the read it
+ended and ``b``, the batch a DataLoader worker was fetching then (:func:`fetching`). The
+marks must arrive in the loop's order (``a e s`` asked for step s, ``g e s`` got it,
+``z e`` the epoch ended): a mark out of turn is noted in :attr:`ReadLog.faults`,
 as is any refused connection. The marks are sent by code in the rank, so each event also
 carries the rank's finished steps as the kernel counts them (:mod:`.step_bytes`, measured
 at ``sync`` lines of the mark connection); a batch that came before the kernel counted
@@ -33,10 +34,12 @@ import contextlib
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from types import FrameType
 from typing import Any
 
 from ezpz_nb.data.distributed import forward_set_epoch
@@ -151,13 +154,16 @@ class ReadLog:
                 return "ok"
             done = word[:1] == ["done"]
             word = word[1:] if done else word
+            # A load may name the batch a DataLoader worker was fetching: "done i b".
+            named = done and len(word) == 2 and word[1].removeprefix("-").isdigit()
+            batch = int(word.pop()) if named else -1
             if len(word) != 1 or not word[0].isdigit() or int(word[0]) >= len(self.reference):
                 return "bad"
             i, worker = int(word[0]), kind == "worker"
             read = Read(self._seq, i, self.reference.words_of(i), worker, steps)
             if done:
                 start, start_steps = began.pop(i, (self._seq, steps))
-                log.loads.append(replace(read, began=start, began_steps=start_steps))
+                log.loads.append(replace(read, began=start, began_steps=start_steps, batch=batch))
                 return "ok"
             began[i] = (self._seq, steps)
             log.reads.append(read)
@@ -194,6 +200,27 @@ class ReadLog:
                 return
         self.faults.append(f"rank {rank}'s loop marked {got!r} out of turn")
         log.last = ("", -1, -1)  # nothing after a fault is trusted
+
+
+def fetching() -> int:
+    """The batch a DataLoader worker is fetching now, or -1 (not a worker, its
+    ``worker_init_fn``, between batches): ``idx`` of torch's worker loop, bound while it
+    fetches the batch the DataLoader asked of it (a prefetch at any depth asks first)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_worker_loop" and code.co_filename.endswith(_WORKER_FILES):
+            idx = frame.f_locals.get("idx")
+            return idx if type(idx) is int else -1
+        frame = frame.f_back
+    return -1
+
+
+# torch's DataLoader and torchdata's StatefulDataLoader: each keeps its batch in ``idx``.
+_WORKER_FILES = tuple(
+    os.path.join(*parts, "worker.py")
+    for parts in (("torch", "utils", "data", "_utils"), ("torchdata", "stateful_dataloader"))
+)
 
 
 def claim(address: str, hello: str) -> Callable[[str], str]:
@@ -250,7 +277,7 @@ class ServedDocuments(TokenizingDataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         """The sample, tokenized here; its end (``done``) logged: a load is counted where it ends."""
         sample = super().__getitem__(index)
-        self._ask(f"done {int(index)}")
+        self._ask(f"done {int(index)} {fetching()}")
         return sample
 
     def _ask(self, line: str) -> str:

@@ -17,10 +17,12 @@ Every epoch is judged, on every rank:
 
 * correct: no rank's steps wait for more than half the words the slow loader's heavy
   rank waits for (a word is waited for when the rank's own process finishes loading it
-  while its loop waits for a batch, or a worker starts reading it after its step asked,
-  or any reader loads step t's sample once the kernel counted t steps' all-reduces:
-  loading beside the steps, ahead of them, is not: workers, a prefetching thread, a
-  cache), or
+  while its loop waits for a batch, or a worker does and the DataLoader had not asked it
+  for that word's batch (its ``worker_init_fn``, or other batches loaded with the one it
+  was fetching: :func:`.read_log.fetching`), or a worker starts reading it after its step
+  asked, or any reader loads step t's sample once the kernel counted t steps'
+  all-reduces: loading beside the steps, ahead of them, is not: workers prefetching at
+  any depth, a prefetching thread, a cache), or
   the work is rebalanced: every rank's samples hold at most 1.5x the words of any
   other's (a shuffled or balanced sampler);
 * wrong: samples changed, lost or repeated (checked against the reference by digest),
@@ -28,8 +30,9 @@ Every epoch is judged, on every rank:
   loop's all-reduces held back or skipped (a batch came before the kernel counted the
   earlier steps' bytes, or fewer steps' bytes than steps); loading moved out of
   the steps (before the first step or between epochs: hidden from the steps, not
-  removed) or into an epoch's first wait; or the wait only moved to another rank, or to
-  another epoch.
+  removed) or into an epoch's first wait (a worker's included: the whole shard loaded
+  in its ``worker_init_fn`` at every epoch, issue 45's sixth trial); or the wait only
+  moved to another rank, or to another epoch.
 
 A cache is a real fix and passes, filled as the first epoch reads or with the whole
 shard at its first step: a read that feeds more than one epoch's step is a cache's fill,
@@ -48,7 +51,8 @@ the loop's wrapper in the rank); the log then shows every read made early, as a 
 prefetcher's are, and only a clock could tell the two apart. Bytes of the learner's own
 collectives before the loop make every later read look later (stricter, never laxer).
 Where the kernel's counters cannot be read (not Linux), only the loop's marks place the
-reads.
+reads. Which batch a worker was asked for is read from torch's worker loop in the worker:
+code there that fakes that loop's frame is believed.
 """
 
 from __future__ import annotations
@@ -263,10 +267,11 @@ def _verdict(ledger: Ledger, words: dict[int, dict[str, Any]], bar: int) -> str:
         for rank, w in words.items():
             if w["at_start"][epoch] > bar / 2:
                 raise wrong(
-                    f"rank {rank}'s epoch {epoch} loaded {w['at_start'][epoch]:,} words in its "
-                    f"own process while it waited for its first batch, of the {bar:,} of rank "
-                    f"{HEAVY_RANK}'s epoch. The wait moved to the epoch's start, it did not go "
-                    "away: load while the steps run (workers, prefetching)."
+                    f"rank {rank}'s epoch {epoch} loaded {w['at_start'][epoch]:,} words while "
+                    "it waited for its first batch (in its own process, or in a worker before "
+                    f"the DataLoader asked for them), of the {bar:,} of rank {HEAVY_RANK}'s "
+                    "epoch. The wait moved to the epoch's start, it did not go away: load "
+                    "while the steps run (workers, prefetching)."
                 )
     worst = {e: max(words, key=lambda r: words[r]["waited"][e]) for e in range(EPOCHS)}
     e_max = max(worst, key=lambda e: words[worst[e]]["waited"][e])
