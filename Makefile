@@ -129,7 +129,7 @@ stress: $(BIN)/.installed
 		tests/test_text_exercises.py tests/test_dcp_exercise.py tests/test_eval_exercise.py \
 		tests/test_mix_exercise.py tests/test_throughput_exercise.py
 	EZPZ_NB_DRAWS=$(STRESS_RUNS) $(BIN)/python -m pytest -q -n 0 -p no:randomly \
-		-m "not browser" tests/test_memory_exercise.py
+		-m "not browser" tests/test_memory_exercise.py tests/test_flat_held.py
 
 bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/launch.py

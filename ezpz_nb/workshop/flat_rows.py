@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ezpz_nb.workshop.flat_find import needles
 from ezpz_nb.workshop.stops import wrong
 from ezpz_nb.workshop.storages import tokens
 
@@ -111,6 +112,8 @@ class Given:
         # token list and here, and by nothing else unless make_flat keeps them.
         self.ints = tuple(t for r in rows for t in r["tokens"][::_EVERY])
         self._rows: list[dict[str, Any]] | None = rows
+        # A few runs of tokens, for .flat_find to look for in the dataset's buffers.
+        self.runs = needles(rows)
         # Blocks in use before the rows were made, and the checker's own made since.
         self.before, self.own = before, _blocks() - mine
 

@@ -5,12 +5,13 @@ The learner writes ``make_flat(rows)``: given the rows of a
 [int, ...]}``), return a dataset that yields exactly what ``DictsDataset`` yields
 (``{"index", "input_ids", "labels"}``, int64, in index order) and whose forked
 DataLoader workers' private memory grows by less than :data:`BOUND` of the data
-over an epoch. Any storage that reading does not write passes: one numpy array,
-one tensor, a memory-mapped file, one ``bytes`` blob, an array per row (its
-tokens apart from its header); one Python object per token does not, nor a
+over an epoch, holding the tokens in one array (or a few, and offsets). Any such
+storage that reading does not write passes: one numpy array, one tensor, a
+memory-mapped file, one ``bytes`` blob; one Python object per token does not, nor a
 ``bytes`` or a pickle per row (each row a Python object with a reference count,
 its tokens on the pages the count is written to: the loader has each worker read
-every sample, see :data:`.flat_epoch.ORDER`).
+every sample, see :data:`.flat_epoch.ORDER`), nor an array per row, however it is
+read (:mod:`.flat_held`: not one array).
 
 What it checks, on 2 real ranks of its own, started for the check and closed after it
 (never the notebook's warm ranks, where code an earlier cell left, a monkeypatch of torch's
@@ -41,7 +42,12 @@ be built from the rows: the checker's answers are digests); its loader and compa
   write nothing (values read from the ints' memory with ctypes, ``gc.freeze()``, a row kept
   for its index only) leave the workers' pages shared, yet the rows cost their memory and
   every worker's collector walks them: judged after the growth, so a dataset that fails
-  both hears why its workers grew.
+  both hears why its workers grew;
+* where the dataset keeps the tokens (:func:`.flat_held.holdings`, walked in the rank after
+  every read): in one or a few buffers it references, not in a buffer per row (an array,
+  a ``bytes``, a ``str`` per row, read through ``ctypes`` so that nothing is written), nor
+  in none it references (a reference leaked, a global of a library's module): runs of the
+  rows' tokens, taken before ``make_flat`` ran, must be in its large buffers.
 
 Margins, measured offline on 2 loaded cores (fresh tokens per draw, rows of 256 tokens),
 a worker's reading beyond the checker's own worker's (7.6-8.3 MiB), against the 2.0 MiB
@@ -69,6 +75,7 @@ from torch.utils.data._utils.signal_handling import _set_SIGCHLD_handler
 from ezpz_nb.ledger.memory import MIB, read_memory
 from ezpz_nb.workshop.flat_epoch import LENGTH, ORDER, WORKERS, N, Reads, batch_differs, differs
 from ezpz_nb.workshop.flat_epoch import run_epoch as _epoch  # flat_job holds it (see there)
+from ezpz_nb.workshop.flat_held import holdings, judge_held
 from ezpz_nb.workshop.flat_rows import digests, given_rows, judge_kept
 from ezpz_nb.workshop.stops import fresh_seed, wrong
 from ezpz_nb.workshop.storages import ArrayDataset, tokens
@@ -141,12 +148,13 @@ def flat_job(make: Callable[[list[dict[str, Any]]], Any], address: str) -> dict[
 
     # Held in locals before the learner's code runs here: rebinding the module's names
     # from make_flat changes nothing below (a second ask for a label is refused).
-    epoch, ask, private, judge_sample, judge_batch = (
+    epoch, ask, private, judge_sample, judge_batch, walk = (
         _epoch,
         ask_witness(address, dist.get_rank() if dist.is_initialized() else 0),
         _private,
         differs,
         batch_differs,
+        holdings,
     )
     ask("start")
     # torch starts its intra-op threads at its first parallel op: here, not in make_flat
@@ -201,7 +209,8 @@ def flat_job(make: Callable[[list[dict[str, Any]]], Any], address: str) -> dict[
         batch_why.append("an epoch did not read every index twice, as the loader asked")
     if batch_why:
         return {"bad": f"the workers' batches differ from the rank's samples: {batch_why[0]}"}
-    return {"late": late, **kept}
+    # Walked last, once every read is done: nothing it touches is on a worker's pages.
+    return {"late": late, **kept, "held": walk(ds, n * LENGTH, given.runs)}
 
 
 def _growth(own: Witness, witness: Witness, ranks: list[int]) -> dict[int, dict[int, int]]:
@@ -337,6 +346,7 @@ def check_flat(
                         "reference counts the worker writes. Hold the tokens in one array."
                     )
         judge_kept(outs, n * length)
+        judge_held(outs, n, n * length)
         worst = max(g for grown in growth.values() for g in grown.values())
         return (
             f"Same {n} samples, and no worker grew by more than {worst / MIB:.1f} MiB over an "

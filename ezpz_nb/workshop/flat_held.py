@@ -1,0 +1,275 @@
+"""Notebook 19: where a dataset keeps its tokens, found by walking what it references.
+
+The exercise asks for the tokens in one array (or a few, with an offsets array). Storage per
+row (a ``bytes``, a numpy array, a ``str`` per row) passes the other rules when its reads
+write nothing: an object over 512 bytes is ``malloc``'d, outside the small-object count of
+:mod:`.flat_rows`, and read through ``ctypes`` at its address no count is written. So the
+rank walks what the dataset references (its attributes, containers, slots, closures, class,
+an object array's items; a library's classes, functions and modules are not entered) and
+collects the buffers it reaches, each by the memory that owns it: numpy views of one array
+are one buffer, a tensor's views one storage. Judged by :func:`judge_held`: many small
+buffers holding the tokens' bytes is storage per row; buffers too small for the tokens, or
+large ones without them (:mod:`.flat_find` looks for runs of the rows' tokens), mean they
+are kept where the dataset does not reference them (a leaked reference, a global).
+"""
+
+from __future__ import annotations
+
+import array
+import gc
+import io
+import mmap
+import os
+import sys
+import types
+from collections import Counter, deque
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from ezpz_nb.workshop.flat_find import found as runs_found
+from ezpz_nb.workshop.stops import wrong
+
+__all__ = ["FEW_ROWS", "holdings", "judge_held"]
+
+#: Buffers below a 64th of the data's int64 size are small; as many small buffers as this
+#: share of the rows, holding a byte a token or more, is storage per row. Measured (4096
+#: rows of 256 tokens): 21 right answers' walks (numpy, a tensor and offsets, ``bytes``,
+#: ``bytearray``, ``array('q')``, ``mmap``, memory maps, a file, two arrays, a metadata dict
+#: beside them, a class attribute, a closure) reach 1-2 large buffers and of one type at
+#: most 14 small ones, 33 KiB (names, metadata, offsets); a buffer per row (an array, a
+#: ``bytes``, ``bytearray`` or ``str``; in a list, a tuple, a dict's keys, an object array, a
+#: closure) 4096, 3.2-8.5 MB. The walks took 50-150 ms, most of it :mod:`.flat_find`'s.
+FEW_ROWS = 1 / 8
+#: Buffers a walk visits at most (its objects, not ints): a walk cut short judges no hiding.
+_LIMIT = 300_000
+_ATOMIC = (int, float, complex, bool, type(None))
+_SKIPPED = (types.ModuleType, types.CodeType, types.FrameType)
+# Every test of a kind below is on type(obj): isinstance would believe an object's own
+# __class__ (a property of the learner's can say int, and hide what it holds).
+
+
+@lru_cache(maxsize=512)
+def _library(module: str) -> bool:
+    """Whether ``module`` is the standard library's, an installed package's or this one's:
+    its classes and functions are code, not the learner's storage, and not entered."""
+    top = module.partition(".")[0]
+    if top == "__main__":  # the notebook's code, sent by value (a rank's own main may not be)
+        return False
+    if top in sys.stdlib_module_names or top in ("builtins", "ezpz_nb"):
+        return True
+    where = getattr(sys.modules.get(top), "__file__", None) or ""
+    return "site-packages" in where or "dist-packages" in where
+
+
+def _code(obj: Any) -> bool:
+    """A class or function of a library (see :func:`_library`), or a module: not entered."""
+    if issubclass(type(obj), _SKIPPED):
+        return True
+    if issubclass(type(obj), type | types.FunctionType | types.BuiltinFunctionType):
+        return _library(str(getattr(obj, "__module__", None) or "builtins"))
+    return False
+
+
+def _tensor(t: torch.Tensor | torch.UntypedStorage) -> tuple[Any, int]:
+    storage = t.untyped_storage() if isinstance(t, torch.Tensor) else t
+    return ("storage", storage.data_ptr()), storage.nbytes()
+
+
+def _buffer(obj: Any) -> tuple[Any, int] | None:
+    """``(owner, bytes)`` when ``obj`` holds memory of its own or a view of another's.
+
+    The owner is what the memory belongs to (a view's base, a tensor's storage), so views of
+    one array count once. ``None`` for anything else (entered by the walk instead).
+    """
+    kind = type(obj)
+    if issubclass(kind, bytes | bytearray | array.array):
+        return id(obj), len(obj) * getattr(obj, "itemsize", 1)
+    if issubclass(kind, str):
+        return id(obj), sys.getsizeof(obj) - sys.getsizeof("")
+    if issubclass(kind, mmap.mmap):
+        return id(obj), (0 if obj.closed else len(obj))
+    if issubclass(kind, memoryview):
+        held = None if obj.obj is None else _buffer(obj.obj)
+        return held if held is not None else (id(obj), obj.nbytes)
+    if issubclass(kind, np.ndarray):
+        if obj.dtype.hasobject:
+            return None
+        base = obj
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        held = None if base.base is None else _buffer(base.base)
+        return held if held is not None else (id(base), base.nbytes)
+    if issubclass(kind, torch.Tensor | torch.UntypedStorage):
+        try:
+            return _tensor(obj)
+        except (RuntimeError, NotImplementedError):  # sparse, meta: no one storage
+            return id(obj), 0
+    if issubclass(kind, io.IOBase):  # tokens in a file the dataset keeps open
+        try:
+            return ("fd", obj.fileno()), os.fstat(obj.fileno()).st_size
+        except (OSError, ValueError):
+            return None
+    if kind.__module__.startswith("pyarrow") and isinstance(getattr(obj, "nbytes", None), int):
+        return id(obj), obj.nbytes  # an Arrow table or array: values and offsets buffers
+    return None
+
+
+def _named_globals(code: types.CodeType, names: set[str]) -> set[str]:
+    names.update(code.co_names)
+    for const in code.co_consts:  # nested functions and comprehensions
+        if isinstance(const, types.CodeType):
+            _named_globals(const, names)
+    return names
+
+
+def _full(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018  (an empty cell raises)
+    except ValueError:
+        return False
+    return True
+
+
+def _children(obj: Any) -> list[Any]:
+    if issubclass(type(obj), np.ndarray):  # an object array does not show its items to gc
+        return obj.ravel().tolist()
+    if issubclass(type(obj), dict):  # gc skips a dict's keys when all are str: a row may be one
+        return [*dict.keys(obj), *dict.values(obj)]
+    if issubclass(type(obj), types.FunctionType):
+        # What it can read: its closure, defaults and the globals its code names, not its
+        # module's every global (a test module's docstrings are not storage).
+        cells = [c.cell_contents for c in obj.__closure__ or () if _full(c)]
+        names = _named_globals(obj.__code__, set())
+        found = [obj.__globals__[k] for k in names if k in obj.__globals__]
+        return [*cells, *(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values(), *found]
+    return gc.get_referents(obj)
+
+
+def _file(obj: Any) -> tuple[Any, int] | None:
+    """A path the dataset keeps (the tokens in a file it reads at each sample)."""
+    if issubclass(type(obj), str) and len(obj) < 4096 and os.sep in obj:
+        try:
+            return ("file", obj), os.stat(obj).st_size
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str, Any]:
+    """On a rank: the buffers ``ds`` references, as few numbers for :func:`judge_held`.
+
+    Buffers under a 64th of ``tokens_n`` int64 tokens are small: ``kind`` is the type whose
+    small buffers hold the most bytes, ``small`` how many of them, ``small_bytes`` their
+    bytes, ``where`` the container most are in; ``all_bytes``: every buffer's (a file kept
+    by path or open counts its size); ``complete``: whether the walk reached everything;
+    ``found``: how many of the ``runs`` of tokens (:func:`.flat_find.needles`) the large
+    buffers hold (``None`` without runs).
+    """
+    large = tokens_n * 8 // 64
+    owners: dict[Any, int] = {}
+    large_ones: list[Any] = []  # each large buffer's first object seen, for its bytes
+    count: Counter[str] = Counter()
+    size_of: Counter[str] = Counter()
+    parents: dict[str, Counter[int]] = {}
+    containers: dict[int, Any] = {}  # the small buffers' containers, by id
+    holders: dict[int, Any] = {}  # each object's first container, to name the commonest
+    seen, queue = {id(ds)}, deque([(ds, None)])
+    while queue and len(seen) < _LIMIT:
+        obj, parent = queue.popleft()
+        found = _file(obj) or _buffer(obj)
+        if found is not None:
+            owner, size = found
+            if owner not in owners:
+                owners[owner] = size
+                if size >= large:
+                    large_ones.append(obj)
+                else:
+                    kind = type(obj).__name__
+                    count[kind] += 1
+                    size_of[kind] += size
+                    parents.setdefault(kind, Counter())[id(parent)] += 1
+                    containers[id(parent)] = parent
+            if not issubclass(type(obj), np.ndarray) or not obj.dtype.hasobject:
+                continue
+        if _code(obj):
+            continue
+        for child in _children(obj):
+            if issubclass(type(child), _ATOMIC) or id(child) in seen:
+                continue
+            seen.add(id(child))
+            holders[id(child)] = obj
+            queue.append((child, obj))
+    kind = size_of.most_common(1)[0][0] if size_of else ""
+    where = ""
+    if kind:
+        where = _named(containers[parents[kind].most_common(1)[0][0]], holders)
+    return {
+        "small": count[kind],
+        "small_bytes": size_of[kind],
+        "all_bytes": sum(owners.values()),
+        "kind": kind,
+        "where": where,
+        "complete": not queue,
+        "found": None if runs is None else runs_found(large_ones, runs),
+        "runs": 0 if runs is None else len(runs),
+    }
+
+
+def _named(container: Any, holders: dict[int, Any]) -> str:
+    """``container``'s attribute or key name in what holds it (``"_keep, a tuple"``)."""
+    if container is None:
+        return ""
+    above = holders.get(id(container))
+    try:  # an instance's attributes (its dict, which gc passes over) or a dict's keys
+        named = above if isinstance(above, dict) else vars(above)
+        name = next((str(k) for k, v in dict.items(named) if v is container), "")
+    except TypeError:  # no __dict__: slots, a list
+        name = ""
+    what = type(container).__name__
+    return f"{name}, a {what}" if name else f"a {what}"
+
+
+def judge_held(outs: list[dict[str, Any]], n: int, tokens_n: int) -> None:
+    """Wrong when a rank's dataset keeps its tokens per row, or nowhere it references.
+
+    Judged after the workers' growth and the rows (:func:`.flat_rows.judge_kept`): an array
+    or a ``bytes`` per row, read so that nothing is written, grows no worker, yet it is not
+    the one array the exercise asks for.
+    """
+    for rank, out in enumerate(outs):
+        held = out.get("held")
+        if not isinstance(held, dict):
+            continue
+        count, kind = int(held["small"]), held["kind"]
+        if count >= FEW_ROWS * n and held["small_bytes"] >= tokens_n:
+            per = "one per row" if abs(count - n) <= n / 10 else f"{count / n:.1f} a row"
+            where = f" (in {held['where']})" if held["where"] else ""
+            raise wrong(
+                f"On rank {rank} your dataset keeps the tokens in {count:,} {kind} objects, "
+                f"{per}{where}: keep the tokens in one array. Each row is then a Python object "
+                "of its own, allocated apart, with a header and a reference count; the exercise "
+                "asks for one flat array (np.array([r['tokens'] for r in rows], "
+                "dtype=np.int64)), a sample a slice of it; rows of other lengths: one "
+                "np.concatenate of them and an array of offsets."
+            )
+        got, hits = held["all_bytes"], held.get("found")
+        missing = hits is not None and hits < held["runs"] / 2
+        if held["complete"] and (got < tokens_n or missing):
+            said = (
+                f"{got:,} bytes in all"
+                if got < tokens_n
+                else (
+                    f"{hits} of {held['runs']} runs of tokens drawn from the rows found in its "
+                    f"{got:,} bytes"
+                )
+            )
+            raise wrong(
+                f"On rank {rank} the checker found no array holding the tokens in what your "
+                f"dataset references ({said}, for {tokens_n:,} tokens): they are kept where "
+                "it does not reference them (a global, a reference leaked with ctypes). Keep "
+                "the tokens in one array the dataset holds as an attribute (self.tokens = "
+                "np.array(..., dtype=np.int64))."
+            )
