@@ -51,6 +51,10 @@ def _no_collective(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _make_no_collective() -> Any:
+    return _no_collective
+
+
 class PatchesTheChecker:
     """Rewrites the checker's inputs as it is pickled (trial 6: ``packing._check_row``)."""
 
@@ -165,6 +169,60 @@ def test_a_checker_patched_in_a_cell_before_the_call_is_refused(sum_inputs_kept)
     assert "collectives.sum_inputs" in result.message
     collectives.sum_inputs = SUM_INPUTS
     assert "expected a function" in ex.check_global_sum(42).message
+
+
+def test_a_frame_lookup_swapped_in_a_cell_is_refused():
+    """Guards the seventh trial's swap: an earlier cell replaced ``sys._getframe`` so that
+    ``judge`` found no answer to pickle up front (the answer's code then ran after the draw).
+    The checkers keep the interpreter's own lookup; a checker whose kept lookup was rebound,
+    or that is not Python's own, is refused before any rank starts."""
+    from ezpz_nb.workshop import send_time, verdicts
+
+    real = sys._getframe
+
+    def swapped(depth: int = 0) -> FrameType:
+        return real(depth + 2)  # one frame too far: the cell, whose code takes no arguments
+
+    class SaysWhenSent:
+        """No collective (wrong); notes whether its first pickling ran inside ``sending``."""
+
+        first: list[bool] = []
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+        def __reduce__(self) -> Any:
+            f: FrameType | None = real(1)
+            names = set()
+            while f is not None:
+                names.add(f.f_code.co_name)
+                f = f.f_back
+            SaysWhenSent.first.append("sending" in names)
+            return (_make_no_collective, ())
+
+    sys._getframe = swapped
+    try:
+        result = ex.check_global_sum(SaysWhenSent())  # judged with the kept lookup: wrong
+    finally:
+        sys._getframe = real
+    assert result.status == "wrong" and "nothing was exchanged" in result.message, result.message
+    assert SaysWhenSent.first[:1] == [True], SaysWhenSent.first  # pickled up front
+    kept = verdicts._FRAME
+    verdicts._FRAME = swapped
+    try:
+        rebound = ex.check_global_sum(_no_collective)
+    finally:
+        verdicts._FRAME = kept
+    assert rebound.status == "refused", rebound.message
+    flag = verdicts._FRAME_IS_THE_INTERPRETERS
+    verdicts._FRAME_IS_THE_INTERPRETERS = False  # as if a cell swapped it before the import
+    send_time.patched_on_purpose("ezpz_nb.workshop.verdicts", "_FRAME_IS_THE_INTERPRETERS")
+    try:
+        before = ex.check_global_sum(_no_collective)
+    finally:
+        verdicts._FRAME_IS_THE_INTERPRETERS = flag
+    assert before.status == "refused", before.message
+    assert "sys._getframe is not Python's own" in before.message
 
 
 def test_a_thread_started_while_sent_is_refused():

@@ -57,6 +57,15 @@ __all__ = [
 
 #: A checker's words for the package's one outcome type. "refused": the check could not
 #: be trusted (the learner's code changed the checker in the notebook: see :func:`judge`).
+#: The interpreter's frame lookup, taken when the checkers are imported: a later cell that
+#: swaps ``sys._getframe`` does not change it (and rebinding this name is refused with every
+#: other change to the checkers' code, see :mod:`.send_time`).
+_FRAME = sys._getframe
+#: Whether that lookup is the interpreter's own (a cell run before the import could swap it).
+_FRAME_IS_THE_INTERPRETERS = (
+    type(_FRAME) is type(len) and _FRAME.__module__ == "sys" and _FRAME.__name__ == "_getframe"
+)
+
 OUTCOMES = {
     "correct": Verdict.PASS,
     "wrong": Verdict.FAIL,
@@ -127,11 +136,23 @@ def judge(exercise: str, body: Callable[[], str]) -> CheckResult:
     draws anything, and the verdict is "refused" when the checker's code was changed in
     this process, or a thread started while they were pickled (:mod:`.send_time`).
     """
-    caller = sys._getframe(1)  # the check_* function: its positional parameters
+    caller = _FRAME(1)  # the check_* function: its positional parameters
     code = caller.f_code
     answers = [caller.f_locals.get(name) for name in code.co_varnames[: code.co_argcount]]
+    called_by_a_checker = code.co_name.startswith("check_") and str(
+        caller.f_globals.get("__name__")
+    ).startswith("ezpz_nb.")
     del caller  # a frame kept here would keep the check's locals alive
     try:
+        if not (called_by_a_checker and _FRAME_IS_THE_INTERPRETERS):
+            # Seen in issue 45's seventh trial: sys._getframe swapped in an earlier cell, so
+            # that no answer was pickled here and the learner's code ran after the draw.
+            raise Refused(
+                "the check could not find the answers it was given: sys._getframe is not "
+                "Python's own in this notebook, or the checker was called another way. "
+                "Restart the kernel, run the notebook's cells again, and call the check_* "
+                "function as the notebook does."
+            )
         with sending(answers) as unchanged:
             result = _verdict(exercise, body)
             unchanged()
