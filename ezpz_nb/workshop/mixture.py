@@ -51,6 +51,12 @@ slot size fits:
    ``hash()`` of a str, or by a salt planted in the ranks, is the same at every layout,
    while a restarted job draws another.
 
+Not seen (issue 45's seventh trial; the notebook says so): the rules over all batches so far
+(the running totals, each sample once a pass) hold on the horizon's batches only, and the
+far steps stop at 10**4. A stream right that far that drifts past step 1024 (each far batch
+still within one sample), or repeats a table longer than the farthest step asked, passes: a
+right answer that rebuilds its quotas costs its step, so no check can ask every step.
+
 Offline (in-process streams at dp=1, the rules above, 500 draws each): fresh numpy,
 torch.randperm and random.Random permutations per (seed, source, pass) passed 500 of 500;
 one order every pass, two alternating, three cycling, rotations or strides, one source's

@@ -381,8 +381,10 @@ assert after[2] / after.sum() > 1.5 * WEIGHTS[2] and after[0] / after.sum() < 0.
 # global batch and within one sample of its target over all batches so far (more than MosaicML's
 # stratified batching promises: the same rounding in every batch drifts), a source hands out
 # every one of its samples once before any repeats, in a new shuffled order each pass, steps
-# past those batches (to 1024, and one up to 10**4) hold the same rules (no table replayed),
-# every seed gives its own samples (a seed that changes nothing gives every epoch the same
+# past those batches (to 1024, and one up to 10**4) are each within one sample of their
+# targets and replay no batches seen before (the rules over all batches so far are judged on
+# the first 32 to 64 only: a stream right that far that drifts, or repeats a table, only past
+# the steps the check asks for is not seen, so keep every rule at every step), every seed gives its own samples (a seed that changes nothing gives every epoch the same
 # order; 128 more seeds drawn at random must give 128 different first batches), and a new Python
 # process, with another string-hash salt and none of the ranks' state, computes the same batches
 # (a restarted job must draw the same stream: seed with numbers, not `hash()` of a string, which
