@@ -1,56 +1,142 @@
 """What the ids alone cannot show: the same data under two ids, an unread tail.
 
-:func:`same_bytes`: the same data under two ids on two DP replicas, sharded ids over
-unsharded bytes. :func:`content_findings` adds a dataset longer than its ``__len__``
-(:func:`~ezpz_nb.verify.universe.probe_beyond`); :func:`prefix_finding` names a
-``Subset`` that cut the last partial global batch.
+:func:`same_bytes` (contract) and :func:`seen_twin` (eval, steps): the same data under
+two ids on two DP replicas, sharded ids over unsharded bytes. :func:`content_findings`
+adds a dataset longer than its ``__len__`` (:func:`~ezpz_nb.verify.lengths.probe_beyond`);
+:func:`prefix_finding` names a ``Subset`` that cut the last partial global batch, and
+fails one that cut the head.
 
-The contract's rules read the ids the batches carry. A loader that stamps ids dealt
-as if sharded (``perm[rank::world]``) on data every replica reads alike (the first
-samples of the dataset) passes them all while each replica trains on the same bytes.
-An id may hold other bytes in another epoch (augmentation draws them anew), but two
-ids holding the very same rows of integers (tokens, pixels) on two replicas are one
-sample read twice. Floats are not compared: noise an RNG seeded alike on every rank
-draws is the same there without any sample being read twice.
+The rules read the ids the batches carry. A loader that stamps ids dealt as if sharded
+(``perm[rank::world]``) on data every replica reads alike (the first samples of the
+dataset) passes them all while each replica trains on the same bytes. An id may hold
+other bytes in another epoch (augmentation draws them anew), but two ids holding the
+very same rows of numbers (tokens, pixels, features;
+:func:`~ezpz_nb.verify.batches.sample_contents`) on two replicas are one sample read
+twice, unless one replica also holds one content under two ids in an epoch: data with
+duplicate rows, where a twin proves nothing (:func:`first_twin`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from ezpz_nb.verify.observe import Outcome
 from ezpz_nb.verify.report import Finding
-from ezpz_nb.verify.universe import Universe, beyond_len, prefix_cut
+from ezpz_nb.verify.universe import Universe, beyond_len, head_cut, prefix_cut
+from ezpz_nb.verify.verdict import Judgement, Verdict
 
-__all__ = ["content_findings", "prefix_finding", "same_bytes"]
+__all__ = [
+    "TWIN_HINT",
+    "Read",
+    "content_findings",
+    "first_twin",
+    "prefix_finding",
+    "same_bytes",
+    "seen_twin",
+    "Twin",
+    "find_twin",
+]
+
+
+#: One sample as read: ``(digest, id, replica, rank, epoch, step)``.
+Read = tuple[str, int, int, int, int, int]
+
+
+def first_twin(reads: Iterable[Read]) -> tuple[Read, Read] | None:
+    """The first sample whose data another DP replica read under another id, with the read
+    it repeats (None: none). Data that one replica holds under two ids in one epoch (a
+    dataset with duplicate rows, constant features) cannot tell a sample read twice: None
+    then too."""
+    reads = list(reads)
+    ids: dict[tuple[str, int, int], int] = {}
+    for d, i, dp, _, epoch, _ in reads:
+        if ids.setdefault((d, dp, epoch), i) != i:
+            return None
+    first: dict[str, Read] = {}
+    for read in reads:
+        seen = first.setdefault(read[0], read)
+        if seen[1] != read[1] and seen[2] != read[2]:
+            return seen, read
+    return None
+
+
+@dataclass(frozen=True)
+class Twin:
+    """A sample read under another id on another DP replica: ``b`` repeats ``a``'s data.
+
+    Attributes:
+        a: The first read of the data.
+        b: The read that repeats it.
+        reason: The two, in words.
+        sample: ``b``'s id, named by its key where ids were hashed from keys.
+    """
+
+    a: Read
+    b: Read
+    reason: str
+    sample: str
+
+
+def find_twin(reads: Iterable[Read], names: Mapping[int, str]) -> Twin | None:
+    """:func:`first_twin` in words (``names``: the keys of hashed ids)."""
+    twin = first_twin(reads)
+    if twin is None:
+        return None
+    a, b = twin
+    reason = (
+        f"sample {names.get(b[1], b[1])} on rank {b[3]} (epoch {b[4]}, step {b[5]}) holds the "
+        f"same data as sample {names.get(a[1], a[1])} on rank {a[3]} (epoch {a[4]}, step "
+        f"{a[5]}): two DP replicas read the same bytes under other ids"
+    )
+    return Twin(a, b, reason, str(names.get(b[1], b[1])))
+
+
+#: What to do about a twin.
+TWIN_HINT = (
+    "the ids are dealt as if sharded but the data is not: read each sample by the id it "
+    "carries (dataset[i] for the sampler's i), or shard the data itself; a dataset that "
+    "truly holds duplicate samples needs key='digest'"
+)
 
 
 def same_bytes(outs: Sequence[Outcome]) -> Finding | None:
     """The first sample whose data another DP replica held under another id (None: none)."""
-    first: dict[str, tuple[int, int, int, int, int]] = {}  # digest -> id, dp, rank, epoch, step
-    for o in sorted(outs, key=lambda o: o.rank):
-        for r in o.records:
-            digests = o.contents.get((r.epoch, r.step), [])
-            if len(digests) != len(r.sample_ids):
-                continue
-            for i, d in zip(r.sample_ids, digests, strict=True):
-                seen = first.setdefault(d, (i, r.dp_rank, r.rank, r.epoch, r.step))
-                if seen[0] == i or seen[1] == r.dp_rank:
-                    continue
-                names = {k: v for x in outs for k, v in x.names.items()}
-                a, b = names.get(seen[0], seen[0]), names.get(i, i)
-                return Finding(
-                    "dp_disjoint", "dp_duplicate", r.epoch,
-                    f"Epoch {r.epoch}: sample {b} on rank {r.rank} (step {r.step}) holds the "
-                    f"same data as sample {a} on rank {seen[2]} (epoch {seen[3]}, step "
-                    f"{seen[4]}): two DP replicas read the same bytes under other ids.",
-                    rank=r.rank, step=r.step, sample=str(b), ranks=[seen[2], r.rank],
-                    hint="the ids are dealt as if sharded but the data is not: read each "
-                    "sample by the id it carries (dataset[i] for the sampler's i), or shard "
-                    "the data itself; a dataset that truly holds duplicate samples needs "
-                    "key='digest'",
-                )  # fmt: skip
-    return None
+    reads = [
+        (d, i, r.dp_rank, r.rank, r.epoch, r.step)
+        for o in sorted(outs, key=lambda o: o.rank)
+        for r in o.records
+        if len(digests := o.contents.get((r.epoch, r.step), [])) == len(r.sample_ids)
+        for i, d in zip(r.sample_ids, digests, strict=True)
+    ]
+    t = find_twin(reads, {k: v for x in outs for k, v in x.names.items()})
+    if t is None:
+        return None
+    return Finding(
+        "dp_disjoint", "dp_duplicate", t.b[4], f"Epoch {t.b[4]}: {t.reason}.", rank=t.b[3],
+        step=t.b[5], sample=t.sample, ranks=[t.a[3], t.b[3]], hint=TWIN_HINT,
+    )  # fmt: skip
+
+
+def seen_twin(seen: Sequence[Any]) -> Judgement | None:
+    """An eval or steps check's twin, as the ``counted_once``/``balanced_coverage`` failure
+    ``rule`` is filled in by the caller; None: none. ``seen``: the ranks'
+    :class:`~ezpz_nb.verify.seen.Seen` (only the first rank of each replica counts)."""
+    reads = [
+        (d, i, s.rank, s.rank, e, step)
+        for s in seen
+        if s.counts
+        for step, (ids, digests) in enumerate(zip(s.ids, s.contents, strict=False))
+        if len(digests) == len(ids)
+        for i, d, e in zip(ids, digests, s.epochs[step] if s.epochs else [0] * len(ids),
+                           strict=True)
+    ]  # fmt: skip
+    t = find_twin(reads, {k: v for x in seen for k, v in x.names.items()})
+    if t is None:
+        return None
+    return Judgement("", Verdict.FAIL, f"{t.reason}: {TWIN_HINT}", rank=t.b[3], step=t.b[5],
+                     sample=t.sample)  # fmt: skip
 
 
 def content_findings(
@@ -72,7 +158,21 @@ def content_findings(
 
 
 def prefix_finding(outs: Sequence[Outcome], global_batch: int, epoch: int) -> list[Finding]:
-    """A wrapper that reads all but the last partial global batch: a remainder drop, named."""
+    """A wrapper that reads all but the last partial global batch: a remainder drop, named;
+    one that reads all but the first few samples: never read, and no remainder rule says so."""
+    r, n = head_cut([o.dataset for o in outs], global_batch)
+    if r:
+        return [
+            Finding(
+                "exactly_once", "never_seen", epoch,
+                f"The loader's dataset reads samples {r} to {n - 1} of the {n} under it: "
+                f"samples 0 to {r - 1} are never read, in any epoch.",
+                sample="0",
+                hint=f"a Subset(range({r}, {n})) cuts the head: a remainder is the tail of an "
+                f"epoch's order (drop_last=True drops it, a fresh one each epoch); read all "
+                f"{n}, or cut the tail (Subset(range({n - r}))) if a fixed cut is meant",
+            )
+        ]  # fmt: skip
     m, n = prefix_cut([o.dataset for o in outs], global_batch)
     if not m:
         return []

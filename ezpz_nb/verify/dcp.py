@@ -78,6 +78,10 @@ class DcpLoader:
             dcp.save({"data": self.checkpoint}, checkpoint_id=path)
         return {"dcp": path, "part": self._part, "keys": _key_paths(self.loader.state_dict())}
 
+    def plain_state_dict(self) -> dict[str, Any]:
+        """The wrapped loader's own state (what the resume check compares, not the token)."""
+        return self.loader.state_dict()
+
     def load_state_dict(self, token: dict[str, Any]) -> None:
         """``dcp.load`` from the folder a previous part saved to (collective)."""
         import torch.distributed.checkpoint as dcp

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
+from ezpz_nb.verify.contents import seen_twin
 from ezpz_nb.verify.contract import parse_layout
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
 from ezpz_nb.verify.seen import Seen, run_seen, seen_report
-from ezpz_nb.verify.universe import beyond_len, prefix_cut, universe_of
+from ezpz_nb.verify.universe import beyond_len, head_cut, prefix_cut, universe_of
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
 __all__ = ["check_eval", "eps_of", "judge_counted_once", "judge_equal_steps"]
@@ -55,6 +57,9 @@ def judge_counted_once(seen: list[Seen], num_samples: int | None) -> Judgement:
     """Each sample's weights summed over every rank and step must be 1, within the weights'
     dtype's rounding (:func:`_tolerance`), over the dataset's universe (a ``Subset``'s indices).
     """
+    twin = seen_twin(seen)
+    if twin is not None:  # the ids say each sample once, the data says one sample twice
+        return replace(twin, rule="counted_once")
     dtype = next((s.dtype for s in seen if s.dtype), "") or "float64"
     eps = eps_of(dtype)
     total: dict[int, float] = defaultdict(float)
@@ -104,6 +109,15 @@ def judge_counted_once(seen: list[Seen], num_samples: int | None) -> Judgement:
     dp = sum(1 for s in seen if s.counts)
     batch = max((len(ids) for s in seen for ids in s.ids), default=0)
     m, n = prefix_cut([s.dataset for s in seen], dp * batch) if num_samples is None else (0, 0)
+    r, _ = head_cut([s.dataset for s in seen], dp * batch) if num_samples is None else (0, 0)
+    if r:
+        return Judgement(
+            "counted_once", Verdict.FAIL,
+            f"{known.how} leave out the dataset's first {r} samples (less than one global "
+            "batch): they are never counted, a remainder cut from the head by a Subset, which "
+            f"biases the metric: evaluate every sample, or pass num_samples= if the cut is meant",
+            sample="0",
+        )  # fmt: skip
     if m:
         return Judgement(
             "counted_once", Verdict.FAIL,

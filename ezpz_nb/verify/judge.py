@@ -10,6 +10,7 @@ from ezpz_nb.verify import hints
 from ezpz_nb.verify.allowances import exact_allowance, merged_allowance, remainder_batch
 from ezpz_nb.verify.contents import content_findings, prefix_finding
 from ezpz_nb.verify.observe import Grid, Outcome
+from ezpz_nb.verify.orders import order_findings
 from ezpz_nb.verify.ranks import Ranks
 from ezpz_nb.verify.report import Finding, Report
 from ezpz_nb.verify.universe import universe_of
@@ -339,6 +340,8 @@ def judge(
     findings = _stuck(ranks, records) + findings_from(problems, ledger, names, outs)
     own = num_samples is None
     findings += content_findings(outs, universe, n, how, ranged and own)
+    if shuffled and not ranks.hung:
+        findings += order_findings(outs)
     if own and allow is not None and allow.batch_size and records:
         findings += prefix_finding(outs, allow.batch_size * grid.dp, records[0].epoch)
     steps = {

@@ -89,6 +89,8 @@ class Outcome:
     loader_s: float = 0.0  # time spent inside the loader's __next__
     observe_s: float = 0.0  # time spent observing batches
     state: Any = None  # the loader's state_dict() where a resume check asked for it
+    # Where two state_dict() calls at the stop differed (stops.state_difference): "" when none.
+    state_note: str = ""
     load_note: str = ""  # what a DCP load skipped (keys missing from a fresh state_dict)
     fields: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)  # digests per field
     memory: list[Any] = field(default_factory=list)  # MemorySample of the rank and its workers
@@ -298,7 +300,7 @@ def run_rank(
                 )  # fmt: skip
                 out.records.append(rec)
                 if key != "digest":  # with ids from the bytes, one content is one id
-                    out.contents[(epoch, step)] = sample_contents(batch, out.key)
+                    out.contents[(epoch, step)] = sample_contents(batch, out.key, len(ids))
                 out.names.update(names)
                 if keep_fields:
                     out.fields[(epoch, step)] = field_digests(batch)

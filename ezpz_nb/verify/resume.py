@@ -162,6 +162,7 @@ def check_resume(
     ev = Evidence(changed=changed)
     ev.add(straight.outcomes)
     n, universe, _, _ = epoch_universe(straight.outcomes, None, bool(ev.names))
+    moved = ""
     for scenario in scenarios:
         ev.notes.clear()  # what a load skipped speaks for its own scenario
         parts: list[Ledger] = []
@@ -192,6 +193,8 @@ def check_resume(
                 )
                 break
             parts.append(Ledger([r for x in part.outcomes for r in x.records]))
+            moved = moved or next((f"rank {x.rank}: {x.state_note}" for x in part.outcomes
+                                   if x.state_note), "")  # fmt: skip
             ev.add(part.outcomes)
             if absolute is not None:
                 states = _states(part, grid2.world_size)
@@ -202,6 +205,13 @@ def check_resume(
             )
 
     report.findings = one_cause(report.findings)
+    if moved and not any(f.rule == "resume" and f.violation for f in report.findings):
+        report.not_judged["resume"] = (
+            f"state_dict() asked twice at one stop gave two states ({moved} differs): the "
+            "state is a ticket to a position kept elsewhere (a file, the rank's memory), "
+            "which a restart on another machine would not find; return the position itself "
+            "(epoch, batches taken, RNG state) so that equal positions give equal states"
+        )
     report.scenarios = list(scenarios)
     report.seconds["wall"] = time.perf_counter() - t0
     return report

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ezpz_nb.data.tree import find_in_batch, sample_values
-from ezpz_nb.verify.batches import observe_batch
+from ezpz_nb.verify.batches import observe_batch, resolve_key, sample_contents
 from ezpz_nb.verify.observe import Grid, rank_layout
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
@@ -40,6 +40,8 @@ class Seen:
     dtype: str = ""  # the weights' dtype as the batches carry them ("torch.float32")
     error: str = ""
     counts: bool = True  # the first rank of its TP/CP group: the only one whose samples count
+    # Per step, a digest of each sample's data (contents.seen_twin: ids stamped on one data).
+    contents: list[list[str]] = field(default_factory=list)
 
 
 def seen_on_rank(
@@ -67,6 +69,7 @@ def seen_on_rank(
                     f"{weight!r} values and {len(epochs or ids)} 'epoch' values: give one per sample"
                 )
             seen.ids.append(ids)
+            seen.contents.append(sample_contents(batch, resolve_key(batch, key), len(ids)))
             seen.names.update(names)
             seen.weights.append(weights)
             if epochs is not None:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from ezpz_nb.verify.contents import seen_twin
 from ezpz_nb.verify.contract import parse_layout
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
@@ -190,9 +191,12 @@ def check_steps(
         if num_samples is None and size is not None
         else ""
     )
+    twin = seen_twin(seen)
     judged = [
         judge_steps(seen, steps),
-        Judgement("balanced_coverage", Verdict.FAIL, f"range({size}) (len(dataset)) is short: "
-                  f"{beyond}") if beyond else judge_coverage(dp_seen, num_samples, size),
+        replace(twin, rule="balanced_coverage") if twin is not None
+        else Judgement("balanced_coverage", Verdict.FAIL, f"range({size}) (len(dataset)) is "
+                       f"short: {beyond}") if beyond
+        else judge_coverage(dp_seen, num_samples, size),
     ]  # fmt: skip
     return seen_report(make_loader, grid, f"{steps} steps", "steps", judged, seen)

@@ -16,7 +16,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DatasetIds", "Universe", "beyond_len", "dataset_ids", "ordering_sampler", "prefix_cut",
+from ezpz_nb.verify.lengths import dataset_len as _len
+from ezpz_nb.verify.lengths import probe_beyond
+
+__all__ = ["DatasetIds", "Universe", "beyond_len", "dataset_ids", "head_cut", "ordering_sampler",
+           "prefix_cut",
            "probe_beyond", "universe_of"]  # fmt: skip
 
 # A wrapper chain deeper than this is not followed (a cycle of .dataset attributes).
@@ -35,8 +39,10 @@ class DatasetIds:
         lengths: ``len`` of each dataset of the chain, outermost first (None: no length).
         raws: Each wrapper's own indices, in the numbering of the dataset under it.
         under: ``len`` of the dataset under each wrapper (None: no length).
-        beyond: What :func:`probe_beyond` found past the base dataset's ``__len__``
-            ("" when nothing).
+        beyond: What :func:`probe_beyond` found past a ``__len__`` of the chain ("" when
+            nothing): the base dataset's, or a view's (a wrapper without ``.indices``
+            whose ``__len__`` hides the tail of the dataset under it).
+        beyond_at: The ``__len__`` that ``beyond`` is about.
     """
 
     maps: tuple[tuple[int, ...], ...] = ()
@@ -45,6 +51,7 @@ class DatasetIds:
     raws: tuple[tuple[int, ...], ...] = ()
     under: tuple[int | None, ...] = ()
     beyond: str = ""
+    beyond_at: int | None = None
 
     def whole(self, level: int) -> frozenset[int] | None:
         """What the outermost wrapper is cut from, in ``maps[level]``'s numbering.
@@ -65,42 +72,6 @@ class DatasetIds:
     def length(self) -> int | None:
         """The base dataset's length (None for a stream)."""
         return self.lengths[-1] if self.lengths else None
-
-
-def _len(ds: Any) -> int | None:
-    try:
-        return len(ds)
-    except Exception:  # noqa: BLE001 - no __len__, or an IterableDataset's TypeError: unknown
-        return None
-
-
-def probe_beyond(ds: Any) -> str:
-    """Whether a map-style dataset holds more samples than its ``__len__`` says.
-
-    ``ds[len(ds)]`` answering alone proves nothing: a synthetic dataset computes a
-    sample from any index. But one that answers there and raises further on (at
-    ``2 * len + 1``) reads finite storage that ends past its ``__len__``: the samples
-    between are never read by any sampler (an off-by-one ``__len__``). "" otherwise.
-    """
-    from torch.utils.data import IterableDataset
-
-    n = _len(ds)
-    if n is None or isinstance(ds, IterableDataset) or not hasattr(ds, "__getitem__"):
-        return ""
-    far = 2 * n + 1
-    try:
-        ds[n]
-    except Exception:  # noqa: BLE001 - the expected end of the data (IndexError, KeyError...)
-        return ""
-    try:
-        ds[far]
-    except Exception:  # noqa: BLE001 - finite storage that ends between n and far
-        return (
-            f"{type(ds).__name__}[{n}] returns a sample though its __len__ is {n} (and "
-            f"[{far}] raises): the dataset holds more samples than __len__ says, and no "
-            "sampler reads those past it: make __len__ count every sample"
-        )
-    return ""
 
 
 def ordering_sampler(loader: Any) -> Any:
@@ -139,6 +110,10 @@ def dataset_ids(loader: Any) -> DatasetIds | None:
     under: list[int | None] = []
     lengths = [_len(ds)]
     ids: list[int] | None = None
+    # Every level without indices reads positions of the one under it up to its __len__:
+    # a view whose __len__ stops short of the data under it hides that tail.
+    beyond = probe_beyond(ds) if _ints(getattr(ds, "indices", None)) is None else ""
+    beyond_at = lengths[0]
     # A sampler that reads chosen indices (SubsetRandomSampler: a split made by sampler)
     # is the outermost map; a sharding sampler (num_replicas) covers the whole dataset.
     sampler = ordering_sampler(loader)
@@ -163,8 +138,16 @@ def dataset_ids(loader: Any) -> DatasetIds | None:
             under.append(_len(inner))
         ds = inner
         lengths.append(_len(ds))
+        if not beyond and _ints(getattr(ds, "indices", None)) is None:
+            beyond, beyond_at = probe_beyond(ds), lengths[-1]
     return DatasetIds(
-        tuple(maps), tuple(kinds), tuple(lengths), tuple(raws), tuple(under), probe_beyond(ds)
+        tuple(maps),
+        tuple(kinds),
+        tuple(lengths),
+        tuple(raws),
+        tuple(under),
+        beyond,
+        beyond_at if beyond else None,
     )
 
 
@@ -252,16 +235,24 @@ def _over_parts(known: Sequence[DatasetIds], level: int, ids: frozenset[int]) ->
 
 
 def beyond_len(parts: Sequence[DatasetIds | None], universe: Universe) -> str:
-    """A rank's :attr:`DatasetIds.beyond`, when the universe is its base dataset's ``range(len)``.
+    """A rank's :attr:`DatasetIds.beyond`, when the universe is the ``range(len)`` it is about.
 
     A declared ``num_samples`` or a ``Subset``'s indices set another universe: there the
     base's ``__len__`` is not what the epoch is judged against.
     """
     return next(
         (p.beyond for p in parts
-         if p is not None and p.beyond and universe.is_range and p.length == universe.size),
+         if p is not None and p.beyond and universe.is_range and p.beyond_at == universe.size),
         "",
     )  # fmt: skip
+
+
+def _read_of(parts: Sequence[DatasetIds | None]) -> tuple[set[int], int] | None:
+    """The base ids the ranks' wrappers read and the base's length (None: no wrapper, no length)."""
+    known = [p for p in parts if p is not None]
+    if not known or any(not p.maps or p.length is None for p in known):
+        return None
+    return {i for p in known for i in p.maps[-1]}, known[0].length or 0
 
 
 def prefix_cut(parts: Sequence[DatasetIds | None], global_batch: int | None) -> tuple[int, int]:
@@ -269,11 +260,26 @@ def prefix_cut(parts: Sequence[DatasetIds | None], global_batch: int | None) -> 
     and the rest is less than one global batch: a ``Subset`` that drops the remainder as
     ``drop_last`` would, without saying so. ``(0, 0)`` otherwise.
     """
-    known = [p for p in parts if p is not None]
-    if not known or not global_batch or any(not p.maps or p.length is None for p in known):
+    got = _read_of(parts) if global_batch else None
+    if got is None or not global_batch:
         return 0, 0
-    read = {i for p in known for i in p.maps[-1]}
-    n, m = known[0].length or 0, len(read)
+    read, n = got
+    m = len(read)
     if 0 < n - m < global_batch and m and read == set(range(m)):
         return m, n
+    return 0, 0
+
+
+def head_cut(parts: Sequence[DatasetIds | None], global_batch: int | None) -> tuple[int, int]:
+    """``(r, n)`` when the ranks' wrappers read samples ``r`` to ``n - 1`` of the base's ``n``,
+    ``r`` less than one global batch: the remainder cut from the head, where no remainder
+    rule drops it (``drop_last`` drops the tail of an epoch). ``(0, 0)`` otherwise.
+    """
+    got = _read_of(parts) if global_batch else None
+    if got is None or not global_batch:
+        return 0, 0
+    read, n = got
+    r = n - len(read)
+    if 0 < r < global_batch and read == set(range(r, n)):
+        return r, n
     return 0, 0

@@ -1,0 +1,108 @@
+"""A shuffle that only looks like one: the same batches in another order, or the last order rotated.
+
+``reshuffle`` asks more than "the order changed": a shuffle deals each epoch anew, so the
+samples that share a batch change too (the gradient of a batch is the mean of its
+samples: the same batches in another order train on the same means), and an epoch is
+not the previous one started some places later. Either pattern is a finding only when
+a true shuffle would give it by chance less than :data:`CHANCE` of the time on every DP
+replica together (:func:`_frozen_chance`, :func:`_rotation_chance`): a replica of two
+samples in batches of one shows both patterns half the time and is never blamed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+from ezpz_nb.ledger import StepRecord
+from ezpz_nb.verify.observe import Outcome
+from ezpz_nb.verify.report import Finding
+
+__all__ = ["CHANCE", "order_findings"]
+
+#: How rarely a true shuffle would show the pattern on every replica for it to be blamed.
+CHANCE = 1e-5
+
+
+def _frozen_chance(batches: Sequence[tuple[int, ...]]) -> float:
+    """The chance that a fresh permutation of these samples, cut into batches of these
+    sizes, makes the same batches (in any order of the batches of one size)."""
+    sizes = [len(b) for b in batches]
+    log = sum(math.lgamma(k + 1) for k in sizes)
+    log += sum(math.lgamma(c + 1) for c in Counter(sizes).values())
+    return math.exp(log - math.lgamma(sum(sizes) + 1))
+
+
+def _rotation_chance(n: int) -> float:
+    """The chance that a fresh permutation of ``n`` samples is a given one rotated (not 0)."""
+    return math.exp(math.log(max(n - 1, 0) or 1) - math.lgamma(n + 1)) if n > 1 else 1.0
+
+
+def _rotated(before: list[int], after: list[int]) -> int:
+    """``k`` (0 < k < n) when ``after`` is ``before`` started ``k`` places later; else 0."""
+    n = len(before)
+    if n < 2 or len(after) != n or sorted(before) != sorted(after):
+        return 0
+    k = before.index(after[0]) if after[0] in before else 0
+    return k if k and before[k:] + before[:k] == after else 0
+
+
+def _replicas(outs: Sequence[Outcome]) -> dict[int, dict[int, list[tuple[int, ...]]]]:
+    """Per DP replica (its first rank), per epoch, its batches in step order."""
+    first: dict[int, int] = {}
+    recs: list[StepRecord] = [r for o in outs for r in o.records]
+    for r in recs:
+        first[r.dp_rank] = min(first.get(r.dp_rank, r.rank), r.rank)
+    out: dict[int, dict[int, list[tuple[int, ...]]]] = {}
+    for r in sorted(recs, key=lambda r: (r.epoch, r.step)):
+        if r.rank == first[r.dp_rank]:
+            out.setdefault(r.dp_rank, {}).setdefault(r.epoch, []).append(tuple(r.sample_ids))
+    return out
+
+
+def order_findings(outs: Sequence[Outcome]) -> list[Finding]:
+    """Epochs that repeat the previous one's batches in another order, or its order rotated,
+    on every DP replica (judged only where a shuffle was asked for)."""
+    replicas = _replicas(outs)
+    epochs = sorted({e for by in replicas.values() for e in by})
+    out = []
+    for before, after in zip(epochs, epochs[1:], strict=False):
+        pairs = [(by.get(before, []), by.get(after, [])) for by in replicas.values()]
+        flat = [([i for b in x for i in b], [i for b in y for i in b]) for x, y in pairs]
+        if not pairs or any(x == y for x, y in flat):  # an unchanged order: the ledger's finding
+            continue
+        frozen = all(Counter(map(frozenset, x)) == Counter(map(frozenset, y)) for x, y in pairs)
+        if frozen and math.prod(_frozen_chance(x) for x, _ in pairs) < CHANCE:
+            what = (
+                "the same batches as epoch {0}, only in another order: the samples that share "
+                "a batch never change, so each step's gradient is one of the same means"
+            )
+            hint = (
+                "the batches are cut once and only their order is shuffled: draw a fresh "
+                "permutation of the samples each epoch (seed + epoch) and cut the batches from it"
+            )
+        elif all(_rotated(x, y) for x, y in flat) and (
+            math.prod(_rotation_chance(len(x)) for x, _ in flat) < CHANCE
+        ):
+            shift = {_rotated(x, y) for x, y in flat}
+            what = (
+                "epoch {0}'s order started "
+                + (f"{shift.pop()} place(s)" if len(shift) == 1 else "some places")
+                + " later (rotated): the samples keep their neighbours"
+            )
+            hint = (
+                "one permutation is drawn once and each epoch starts it elsewhere: draw a "
+                "fresh permutation each epoch (seed + epoch)"
+            )
+        else:
+            continue
+        rank = min(r.rank for o in outs for r in o.records if r.epoch == after)
+        out.append(
+            Finding(
+                "reshuffle", "order_unchanged", after,
+                f"Epoch {after} holds " + what.format(before) + ", on every DP replica.",
+                rank=rank, step=0, hint=hint, ranks=sorted({o.rank for o in outs}),
+            )
+        )  # fmt: skip
+    return out

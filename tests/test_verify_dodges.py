@@ -1,0 +1,160 @@
+"""Trial 7's dodges of verify (issue 45): each fails the rule it dodged (or, where the check
+cannot see the position, leaves it "not judged"), and right answers that look like them pass.
+
+The loaders are in ``_verify_dodges.py``; every check runs on one warm 2-rank cluster. The
+rules' chance bounds are also tried on many honest shuffles without ranks.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import _verify_dodges as D
+import numpy as np
+import pytest
+from torch.utils.data import Subset
+
+import ezpz_nb as ez
+from ezpz_nb.ledger import StepRecord
+from ezpz_nb.verify import check_contract, check_eval, check_resume, check_steps
+from ezpz_nb.verify.contents import first_twin
+from ezpz_nb.verify.observe import Outcome
+from ezpz_nb.verify.orders import order_findings
+from ezpz_nb.verify.stops import state_difference
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def two() -> Iterator[ez.Cluster]:
+    """Warm ranks shared by every check of the module."""
+    with ez.Cluster(2) as c:
+        yield c
+
+
+def _said(rep: Any, rule: str) -> str:
+    f = rep.first(rule)
+    return " ".join(" ".join([f.message, f.hint]).split()) if f is not None else ""
+
+
+@pytest.mark.parametrize(
+    ("factory", "shuffle", "rule", "words"),
+    [
+        (D.wrap_short, None, "exactly_once", "modulo its size"),
+        (D.head_cut, None, "exactly_once", "cuts the head"),
+        (D.tail_view, None, "exactly_once", "more samples than __len__"),
+        (D.float_twins, True, "dp_disjoint", "same bytes under other ids"),
+        (D.packed_twins, True, "dp_disjoint", "same bytes under other ids"),
+        (D.frozen, True, "reshuffle", "the same batches as epoch"),
+        (D.Rotating, True, "reshuffle", "rotated"),
+    ],
+)
+def test_contract_dodges_fail_the_rule_they_dodge(factory, shuffle, rule, words, two):
+    """Guards: the probe past __len__ at one far index (a ring buffer answers there), a
+    Subset's indices taken as the universe whatever they cut, a view's __len__ trusted,
+    contents compared only as integer rows of one sample each, and a shuffle judged by
+    the order of the ids alone (frozen batches, a rotation)."""
+    rep = check_contract(factory, "dp=2", epochs=2, shuffle=shuffle, cluster=two)
+    assert rep.rule_verdicts()[rule] == "fail", rep.table()
+    assert words in _said(rep, rule), rep.table()
+
+
+@pytest.mark.parametrize(
+    ("factory", "shuffle"),
+    [
+        (D.batch_sampler_namedtuples, None),
+        (D.split_dataclasses, None),
+        (D.NumpyShuffle, True),
+        (D.float_honest, True),
+        (D.packed_honest, True),
+        (D.constant, None),
+    ],
+)
+def test_right_answers_that_look_like_dodges_pass(factory, shuffle, two):
+    """A BatchSampler with namedtuples, a random_split part with dataclasses, numpy's
+    generator with set_epoch, float and packed data read by their ids, and a dataset
+    whose samples all hold the same features: no rule fails."""
+    rep = check_contract(factory, "dp=2", epochs=2, shuffle=shuffle, cluster=two)
+    assert not rep.failed and rep.ok, rep.table()
+
+
+def test_eval_and_steps_dodges_fail_and_the_right_ones_pass(two):
+    """Guards: eval and steps judged by the ids alone (the same rows on every replica under
+    shard ids), a ring buffer behind a short __len__, a remainder cut from the head."""
+    cases = [
+        (D.eval_shards(D.Store(short=1, wrap=True)), "modulo its size"),
+        (D.eval_shards(Subset(D.Store(), range(2, D.N))), "cut from the head"),
+        (D.eval_twins, "same bytes under other ids"),
+    ]
+    for factory, words in cases:
+        rep = check_eval(factory, "dp=2", num_samples=None, cluster=two)
+        got = rep.judgement("counted_once")
+        assert got.verdict == "fail" and words in got.reason, rep.table()
+    assert check_eval(D.eval_shards(D.Store()), "dp=2", cluster=two).ok
+    for factory, words in [
+        (D.steps_of(D.Store(short=1, wrap=True), 12), "modulo its size"),
+        (lambda layout: D.StepTwins(layout, 12), "same bytes under other ids"),
+    ]:
+        rep = check_steps(factory, "dp=2", steps=12, cluster=two)
+        got = rep.judgement("balanced_coverage")
+        assert got.verdict == "fail" and words in got.reason, rep.table()
+    assert check_steps(D.steps_of(D.Store(), 12), "dp=2", steps=12, cluster=two).ok
+
+
+@pytest.mark.parametrize("kind", [D.TicketInFile, D.TicketInMemory, D.Kept])
+def test_a_ticket_for_a_state_is_not_judged_an_honest_state_passes(kind, two):
+    """A state that is a fresh ticket each time it is asked for (the position in a file or
+    in the warm rank's memory under it) carries no position: resume is not judged, never
+    passed; an honest numpy state passes.
+
+    Guards: the resume judged only by whether the ticket's store found the position.
+    """
+    with tempfile.TemporaryDirectory() as d:
+
+        class Factory(kind):
+            folder = d
+
+        rep = check_resume(Factory, "dp=2", epochs=2, scenarios=("mid-epoch",),
+                           shuffle=True, cluster=two)  # fmt: skip
+    verdict = rep.rule_verdicts()["resume"]
+    if kind is D.Kept:
+        assert verdict == "pass" and rep.ok, rep.table()
+        return
+    assert verdict == "not judged" and not rep.ok, rep.table()
+    assert "a ticket to a position kept elsewhere" in " ".join(rep.table().split()), rep.table()
+
+
+def _outcomes(orders: list[list[list[int]]]) -> list[Outcome]:
+    """One rank per replica; ``orders[replica][epoch]``: its samples, in batches of 2."""
+    outs = []
+    for dp, epochs in enumerate(orders):
+        o = Outcome(rank=dp)
+        for e, ids in enumerate(epochs):
+            for s, k in enumerate(range(0, len(ids), 2)):
+                ids2 = tuple(int(i) for i in ids[k : k + 2])
+                o.records.append(StepRecord(e, s, dp, dp, len(orders), 0, 1, ids2, "loaded", ""))
+        outs.append(o)
+    return outs
+
+
+def test_honest_shuffles_are_never_blamed_and_the_two_patterns_always_are():
+    """300 honest shuffles of small replicas (2 to 9 samples each) give no reshuffle finding;
+    the same batches reordered, or an order rotated, on replicas big enough to tell, always
+    one. Two equal digests under two ids on two replicas are twins; one replica holding two
+    ids with one digest (duplicate data) proves nothing."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(2, 10))
+        orders = [[list(rng.permutation(n)) for _ in range(3)] for _ in range(2)]
+        assert order_findings(_outcomes(orders)) == []
+    mine = [list(range(0, 18, 2)), list(range(1, 18, 2))]
+    rolled = [[m, m[1:] + m[:1]] for m in mine]
+    assert "rotated" in order_findings(_outcomes(rolled))[0].message
+    pairs = [[m, m[2:4] + m[:2] + m[4:]] for m in mine]
+    assert "same batches" in order_findings(_outcomes(pairs))[0].message
+    assert first_twin([("d", 1, 0, 0, 0, 0), ("d", 2, 1, 1, 0, 0)]) is not None
+    assert first_twin([("d", 1, 0, 0, 0, 0), ("d", 3, 0, 0, 0, 1), ("d", 2, 1, 1, 0, 0)]) is None
+    assert state_difference({"a": np.arange(3)}, {"a": np.arange(3)}) == ""
+    assert state_difference({"t": "x"}, {"t": "y"}) == "state['t']"
