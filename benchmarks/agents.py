@@ -1,7 +1,7 @@
 """Wall time of notebook 14's torchrun jobs on this machine, one row per job, in one run.
 
 Each job is what the notebook runs, from the notebook's own worker file (read from the
-stored notebook): the checker's two runs, two simulated nodes with logs, the elastic
+stored notebook): the checker's run (with its restart), two simulated nodes with logs, the elastic
 restart, and a node that never arrives. The notebook states its budget from these.
 
     .venv/bin/python benchmarks/agents.py [--rounds N]
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ezpz_nb.agents.agents import AgentError, AgentRun, torchrun
-from ezpz_nb.agents.by_hand import WORKER_NAME, worker_from_notebook
+from ezpz_nb.agents.by_hand import WORKER_NAME, check_worker, worker_from_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "14_torchrun_by_hand.ipynb"
@@ -31,15 +31,18 @@ def _jobs(worker: Path, tmp: Path) -> dict[str, Callable[[], AgentRun]]:
             return exc.run
 
     return {
-        "1 node x 2 ranks, tp 2 (checker run 1 under nccl, < 4 GPUs)": lambda: torchrun(
+        "checker: 2 nodes x 3 ranks, tp 2, a rank killed, one restart": lambda: check_worker(
+            worker, seed=0
+        )[0],
+        "1 node x 2 ranks, tp 2 (checker run 1 under nccl, < 6 GPUs)": lambda: torchrun(
             worker, "--tp-size", "2", "--out", str(tmp / "a"), "--epochs", "1",
             nproc_per_node=2, echo=False,
         ),
-        "2 nodes x 1 rank, tp 2 (checker run 2)": lambda: torchrun(
+        "2 nodes x 1 rank, tp 2 (checker run 2 under nccl, < 6 GPUs)": lambda: torchrun(
             worker, "--tp-size", "2", "--out", str(tmp / "b"), "--epochs", "1",
             nnodes=2, nproc_per_node=1, echo=False,
         ),
-        "2 nodes x 2 ranks, logs, tee, filter (checker run 1)": lambda: torchrun(
+        "2 nodes x 2 ranks, logs, tee, filter (section 5)": lambda: torchrun(
             worker, "--tp-size", "2", "--out", str(tmp / "c"), "--epochs", "1",
             nnodes=2, nproc_per_node=2, log_dirs=[tmp / "l0", tmp / "l1"], tee="3",
             local_ranks_filter="0", echo=False,

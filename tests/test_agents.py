@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -28,9 +29,9 @@ from ezpz_nb.agents.by_hand import (
     check_worker,
     load_attempts,
     worker_from_notebook,
-    worker_runs,
 )
-from ezpz_nb.ledger import StepRecord
+from ezpz_nb.agents.worker_job import CHECKPOINT_EVERY, WorkerRun, worker_runs
+from ezpz_nb.ledger import StepRecord, fault
 from ezpz_nb.wrapping import COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,30 +322,45 @@ def test_the_checker_rejects_local_rank_taken_from_rank(case):
         case, ('LOCAL_RANK = int(os.environ["LOCAL_RANK"])', 'LOCAL_RANK = int(os.environ["RANK"])')
     )
     with pytest.raises(
-        WorkerCheckError, match=r"2 node.*rank [23] says local_rank [23].*LOCAL_RANK"
+        WorkerCheckError, match=r"2 node.*rank [345] says local_rank [345].*LOCAL_RANK"
     ):
-        check_worker(worker)
+        check_worker(worker, seed=1)
 
 
-def test_the_checker_runs_dp_2_with_tp_groups_on_a_node_and_a_group_across_nodes():
-    """Guards issue 45's sixth trial (defect 13): the runs were all DP 1, where an unsharded
-    sampler is right and "spans nodes" is the same as "more than one node". The first gloo
-    run is now 2 nodes x 2 ranks at TP 2 (DP 2, each TP group on its node, no warning), the
-    second 2 nodes x 1 rank (the TP group across them, a warning)."""
-    runs = worker_runs("gloo")
-    assert runs == ((2, 2, False), (2, 1, True))
+def test_the_checkers_run_has_a_tp_group_across_nodes_and_a_crash_between_saved_positions():
+    """Guards issue 45's seventh trial. Its layouts were 2 nodes x 2 ranks and 2 x 1 at TP 2,
+    so "spans nodes" always meant tp > LOCAL_WORLD_SIZE, and no rank ever died. The gloo run
+    is 2 nodes x 3 ranks at TP 2 (DP 3): the group [2, 3] spans the nodes, [0, 1] and [4, 5]
+    do not; over many draws, any rank dies in either epoch, at a step inside the epoch that
+    is not a saved position, after at least one was saved."""
+    draws = [worker_runs("gloo", random.Random(seed)) for seed in range(200)]
+    assert {len(d) for d in draws} == {1}
+    runs = [d[0] for d in draws]
+    assert {(r.nnodes, r.nproc, r.tp) for r in runs} == {(2, 3, 2)}
+    assert runs[0].spanning_leaders() == {2} and runs[0].group(3) == [2, 3]
+    assert WorkerRun(2, 2).spanning_leaders() == set() == WorkerRun(1, 4).spanning_leaders()
+    assert WorkerRun(2, 1).spanning_leaders() == {0}
+    for r in runs:
+        assert r.crash is not None
+        _, epoch, step = r.crash
+        per_epoch = r.num_samples // (r.world // r.tp) // 4
+        assert epoch in (0, 1) and CHECKPOINT_EVERY < step < per_epoch
+        assert step % CHECKPOINT_EVERY
+    assert {r.crash[0] for r in runs if r.crash} == set(range(6))
+    assert {r.crash[1:] for r in runs if r.crash} == {(0, 3), (0, 5), (1, 3), (1, 5)}
 
 
 @pytest.mark.system
 @pytest.mark.parametrize(
-    ("replace", "says"),
+    ("replace", "says", "seed"),
     [
         (
             (
                 "if len(nodes) > 1 and layout.tp_rank == 0:",
                 "if WORLD_SIZE > LOCAL_WORLD_SIZE and layout.tp_rank == 0:",
             ),
-            r"2 node.*2 rank.*every TP group is on one node",
+            r"2 node.*rank 0 warned .*group \[0, 1\] is on one node",
+            2,
         ),
         (
             (
@@ -352,39 +368,102 @@ def test_the_checker_runs_dp_2_with_tp_groups_on_a_node_and_a_group_across_nodes
                 "num_replicas=1,\n        rank=0,",
             ),
             r"(?s)2 node.*data problem.*dp_duplicate",
+            3,
         ),
-        (("gpu = LOCAL_RANK", "gpu = RANK"), r"rank [23] would take GPU [23].*LOCAL_RANK"),
+        (("gpu = LOCAL_RANK", "gpu = RANK"), r"rank [345] would take GPU [345].*LOCAL_RANK", 4),
     ],
     ids=["warns_whenever_two_nodes", "replicas_unsharded", "gpu_by_rank"],
 )
-def test_the_checker_rejects_the_sixth_trials_workers(case, replace, says):
+def test_the_checker_rejects_the_sixth_trials_workers(case, replace, says, seed):
     """Guards issue 45's sixth trial, defects 13 and 14, each of which passed: a worker
-    warning "spans nodes" whenever WORLD_SIZE > LOCAL_WORLD_SIZE (on 2 nodes x 2 ranks at
-    TP 2 no group spans nodes), a sampler with num_replicas=1 (every run had one DP
-    replica; at DP 2 both read every sample) and a GPU picked by RANK (only the nccl branch
-    used it; the startup line now shows the GPU each rank would take, under gloo too, and a
-    rank of node 1 must take its LOCAL_RANK)."""
+    warning "spans nodes" whenever WORLD_SIZE > LOCAL_WORLD_SIZE (groups [0, 1] and [4, 5]
+    are each on one node), a sampler with num_replicas=1 (at DP 3 the replicas read the same
+    samples) and a GPU picked by RANK (the startup line shows the GPU each rank would take,
+    under gloo too, and a rank of node 1 must take its LOCAL_RANK)."""
     with pytest.raises(WorkerCheckError, match=says):
-        check_worker(_solution(case, replace))
+        check_worker(_solution(case, replace), seed=seed)
+
+
+# Issue 45's seventh trial: workers that passed the checker, each one edit of the solution.
+SEVENTH = {
+    # Warns only when tp > LOCAL_WORLD_SIZE: the group [2, 3] of 2 nodes x 3 ranks spans
+    # the nodes with tp 2 < 3.
+    "warns_iff_tp_above_local": (
+        (
+            "if len(nodes) > 1 and layout.tp_rank == 0:",
+            "if tp > LOCAL_WORLD_SIZE and layout.tp_rank == 0:",
+        ),
+        r"TP group \[2, 3\] spans nodes here.*its leader, rank 2, did not warn",
+    ),
+    # Rank 0 warns whenever tp does not divide the ranks per node: a group spans, not its own.
+    "rank_0_warns_for_another_group": (
+        ("if len(nodes) > 1 and layout.tp_rank == 0:", "if LOCAL_WORLD_SIZE % tp and RANK == 0:"),
+        r"rank 2, did not warn",
+    ),
+    # The checkpoint is never read: every restart starts the job over.
+    "checkpoint_never_read": (
+        ('if ckpt.exists() and json.loads(ckpt.read_text())["run_id"] == RUN_ID:', "if False:"),
+        r"the restart says \(resumed.json\) it began at epoch 0, 0 steps done: the job started "
+        r"over: read the checkpoint",
+    ),
+    # The attempt is each node's agent's own count on every rank but rank 0.
+    "attempt_from_the_agents_count": (
+        (
+            "    dist.broadcast_object_list(agreed, src=0, group=cpu_group)\n",
+            "    dist.broadcast_object_list(agreed, src=0, group=cpu_group)\n"
+            "    if RANK != 0:\n        agreed[0] = RESTART_COUNT\n",
+        ),
+        r"\(rank, attempt\) in the startup lines.*TORCHELASTIC_RESTART_COUNT",
+    ),
+}
 
 
 @pytest.mark.system
-def test_the_checker_rejects_a_worker_that_never_warns_about_tp_across_nodes(case):
-    """Guards: a node count taken from WORLD_SIZE instead of LOCAL_WORLD_SIZE never sees a TP
-    group span nodes; the two-node run, where it does, must reject it."""
-    worker = _solution(case, ("r // LOCAL_WORLD_SIZE for r in tp_ranks", "0 for r in tp_ranks"))
-    with pytest.raises(WorkerCheckError, match=r"spans nodes 0 and 1 here, but no rank warned"):
-        check_worker(worker)
+@pytest.mark.parametrize("name", list(SEVENTH))
+def test_the_checker_rejects_the_seventh_trials_workers(case, name):
+    """Guards issue 45's seventh trial: a spans-nodes warning keyed on tp > LOCAL_WORLD_SIZE
+    (or given by the wrong rank), a restart that never reads the checkpoint, and an attempt
+    (or a position) each rank takes from its own node's agent. The checker's run now has a
+    TP group across nodes with tp below the ranks per node, and a rank it kills mid-job
+    (not through the worker's --kill) so that torchrun restarts the job."""
+    replace, says = SEVENTH[name]
+    with pytest.raises(WorkerCheckError, match=says):
+        check_worker(_solution(case, replace), seed=list(SEVENTH).index(name))
 
 
 @pytest.mark.system
 def test_the_checker_rejects_a_sampler_sharded_over_the_world(case):
     """Guards: a sampler over WORLD_SIZE instead of the DP replicas (ezpz's dp_group=None
-    pitfall) gives a TP-2 job's only replica half the data; the ledger check must say so."""
+    pitfall) gives each replica a sixth of the data; the ledger check must say so."""
     worker = _solution(case, ("num_replicas=layout.dp_size,", "num_replicas=WORLD_SIZE,"))
     worker.write_text(worker.read_text().replace("rank=layout.dp_rank,", "rank=RANK,"))
     with pytest.raises(WorkerCheckError, match=r"(?s)2 node.*data problem.*never_seen"):
-        check_worker(worker)
+        check_worker(worker, seed=5)
+
+
+def _at_step(monkeypatch, env: str, rank: int, epoch: int, step: int) -> list[str]:
+    """What fault.at_step did: "killed" (SIGKILL to itself), "waited", or nothing."""
+    did: list[str] = []
+    monkeypatch.setenv(fault.ENV, env)
+    monkeypatch.setattr(fault.time, "sleep", lambda s: did.append("waited"))
+    monkeypatch.setattr(fault.os, "kill", lambda pid, sig: did.append(f"killed {sig.name}"))
+    fault.at_step(rank, epoch, step)
+    return did
+
+
+def test_the_injected_crash_happens_once_and_the_first_attempt_waits_for_it(tmp_path, monkeypatch):
+    """Guards the checker's restart: the named rank dies (SIGKILL) at its step once per job,
+    whatever the worker counts; every other rank of that attempt waits there to be stopped
+    (one that went on could save a position past the crash), even if it comes after the
+    death; ranks started after the death go on, the dead rank's restart too."""
+    env = fault.fail_once(1, 0, 3, tmp_path)[fault.ENV]
+    assert _at_step(monkeypatch, env, 1, 0, 2) == []  # not its step
+    assert _at_step(monkeypatch, env, 0, 0, 3) == ["waited", "killed SIGKILL"]
+    assert _at_step(monkeypatch, env, 1, 0, 3) == ["killed SIGKILL"]
+    assert _at_step(monkeypatch, env, 2, 0, 3) == ["waited", "killed SIGKILL"]  # same attempt
+    monkeypatch.setattr(fault, "_STARTED", (tmp_path / "died").stat().st_mtime + 1)
+    assert _at_step(monkeypatch, env, 1, 0, 3) == []  # restarted: it died already
+    assert _at_step(monkeypatch, env, 2, 0, 3) == []
 
 
 @pytest.mark.system

@@ -12,8 +12,10 @@ bottom up:
   itself does not check, refused before any process starts;
 * :mod:`~ezpz_nb.agents.agents`: :func:`run_agents` and :func:`torchrun` (start, relay
   output, stop at a deadline, clean up);
+* :mod:`~ezpz_nb.agents.worker_job`: what a worker leaves (the ledgers of an elastic job's
+  attempts, its startup lines) and the layouts the checker runs it in;
 * :mod:`~ezpz_nb.agents.by_hand`: the learner's worker file checked from outside
-  (:func:`check_worker`), and the ledgers of an elastic job's attempts.
+  (:func:`check_worker`), with a rank made to die mid-job.
 
 The walkthroughs that run *under* torchrun are in :mod:`ezpz_nb.examples`; this
 package starts torchrun itself, and no module below it imports it.
@@ -28,17 +30,17 @@ from ezpz_nb._lazy import lazy
 _WHERE = {
     "AgentError": ".result",
     "AgentRun": ".result",
-    "Attempts": ".by_hand",
+    "Attempts": ".worker_job",
     "WorkerCheckError": ".by_hand",
     "check_worker": ".by_hand",
     "check_worker_file": ".torchrun_args",
     "free_port": ".torchrun_args",
-    "load_attempts": ".by_hand",
+    "load_attempts": ".worker_job",
     "run_agents": ".agents",
-    "startup_lines": ".by_hand",
+    "startup_lines": ".worker_job",
     "torchrun": ".agents",
     "torchrun_argv": ".torchrun_args",
-    "worker_from_notebook": ".by_hand",
+    "worker_from_notebook": ".worker_job",
 }
 
 __all__ = sorted(_WHERE)

@@ -1,23 +1,20 @@
-"""Notebook 14's worker file, checked from outside: its ledgers, its attempts, its startup.
+"""Notebook 14's worker file, checked from outside: :func:`check_worker`.
 
-The learner writes a complete torchrun worker (``torchrun_worker.py``). This module
-reads what such a worker leaves and runs it the way a checker must, under real
-torchrun agents (:mod:`ezpz_nb.agents.agents`):
-
-* :func:`load_attempts`: the ledgers of every attempt of one elastic job
-  (``OUT/attempt{n}/rank{r}.jsonl``), with the steps that a restart redid marked
-  ``source="replayed"`` and kept apart from the steps that count.
-* :func:`startup_lines`: each rank's startup line (``rank R local_rank L ...``).
-* :func:`check_worker`: run the learner's file as two simulated nodes of 2 ranks and of
-  1 rank, and raise :class:`WorkerCheckError` saying what to look at when a rank's
-  identity, the GPU it would take, its DP x TP place, its data, or the spans-nodes
-  warning is wrong.
+The learner writes a complete torchrun worker (``torchrun_worker.py``). The checker runs
+it the way a cluster does, under real torchrun agents (:mod:`ezpz_nb.agents.agents`), in
+the layouts of :func:`~ezpz_nb.agents.worker_job.worker_runs`, makes one rank die mid-job
+(:mod:`ezpz_nb.ledger.fault`: a SIGKILL the worker cannot tell from a real crash), and
+raises :class:`WorkerCheckError` saying what to look at when a rank's identity, the GPU it
+would take, its DP x TP place, its data, the spans-nodes warning, or the restart is wrong.
+What the worker leaves is read by :mod:`ezpz_nb.agents.worker_job` (its names are
+re-exported here: notebook 14 imports them from this module).
 
 The worker's side of the contract (what the notebook's solution does): each rank
 prints ``rank R local_rank L world_size W local_world_size LW node N attempt A
-device D gpu G dp P tp T`` once (``G``: the GPU it takes under nccl, worked out under gloo
-too), records its steps with :func:`ezpz_nb.ledger.record` into
-``OUT/attempt{A}/rank{R}.jsonl``, rank 0 writes ``OUT/attempt{A}/resumed.json``
+device D gpu G dp P tp T`` once per attempt (``G``: the GPU it takes under nccl, worked out
+under gloo too), records its steps with :func:`ezpz_nb.ledger.record` into
+``OUT/attempt{A}/rank{R}.jsonl``, saves its data position every ``--checkpoint-every``
+steps and resumes from it after a restart, rank 0 writes ``OUT/attempt{A}/resumed.json``
 (``{"epoch": e, "steps": k}``, where the attempt started), and a TP leader whose
 group spans nodes warns with the words "spans nodes". The attempt ``A`` is one that
 every rank agrees on (rank 0 decides and broadcasts it), not
@@ -26,21 +23,35 @@ every rank agrees on (rank 0 decides and broadcasts it), not
 
 from __future__ import annotations
 
-import json
+import random
 import re
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ezpz_nb.agents.agents import AgentRun, check_worker_file, torchrun
+from ezpz_nb.agents.agents import AgentError, AgentRun, check_worker_file, torchrun
+from ezpz_nb.agents.worker_job import (
+    CHECKPOINT_EVERY,
+    STARTUP,
+    WORKER_NAME,
+    Attempts,
+    WorkerRun,
+    attempt_number,
+    load_attempts,
+    startup_lines,
+    worker_from_notebook,
+    worker_runs,
+)
 from ezpz_nb.errors import EzpzError
-from ezpz_nb.ledger import Ledger, StepRecord
+from ezpz_nb.ledger import Ledger
+from ezpz_nb.ledger.fault import fail_once
 
 __all__ = [
+    "CHECKPOINT_EVERY",
     "WORKER_NAME",
     "Attempts",
     "WorkerCheckError",
+    "WorkerRun",
     "check_worker",
     "load_attempts",
     "startup_lines",
@@ -48,144 +59,14 @@ __all__ = [
     "worker_runs",
 ]
 
-#: The file notebook 14's ``%%writefile`` cells write.
-WORKER_NAME = "torchrun_worker.py"
-
-_STARTUP = re.compile(
-    r"rank (\d+) local_rank (\d+) world_size (\d+) local_world_size (\d+) node (\d+) "
-    r"attempt (\d+) device (\S+) gpu (\d+) dp (\d+) tp (\d+)"
-)
+# The startup and warning lines carry their rank: torchrun's --tee prefix, set to the
+# global rank (its default is the local rank, the same on every node).
+_PREFIX_TEMPLATE = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]:"}
+_PREFIX = re.compile(r"\[(\d+)\]:")
 
 
 class WorkerCheckError(EzpzError, AssertionError):
     """The learner's worker file does not do what the notebook asks; says what to look at."""
-
-
-@dataclass
-class Attempts:
-    """An elastic job's ledgers, attempt by attempt, merged into one timeline.
-
-    Attributes:
-        counted: The steps that count: every step of the last attempt, and each
-            earlier attempt's steps before the point the next attempt resumed from.
-            Steps are numbered within the epoch across attempts.
-        replayed: Steps an attempt took after the checkpoint that the next attempt
-            resumed from: the restart redid them, so they do not count. Their
-            ``source`` is ``"replayed"``.
-        resumed: ``(attempt, epoch, steps)``: where each attempt started.
-    """
-
-    counted: Ledger
-    replayed: Ledger
-    resumed: list[tuple[int, int, int]]
-
-    def exactly_once(self) -> bool:
-        """True when, in every epoch, each DP replica's loader took each sample exactly once.
-
-        Counted over the steps that count, on TP leaders only (their TP peers hold
-        copies): all samples, none twice, none missing (``drop_last`` aside).
-        """
-        if not self.counted.ok:
-            return False
-        for epoch in self.counted.epochs():
-            seen = [
-                i
-                for r in self.counted.records
-                if r.epoch == epoch and r.tp_rank == 0
-                for i in r.sample_ids
-            ]
-            if len(seen) != len(set(seen)):
-                return False
-        return True
-
-
-def worker_from_notebook(notebook: str | Path) -> str:
-    """The worker file a notebook's ``%%writefile`` cells write, as text.
-
-    The cell ``%%writefile NAME`` starts the file and each ``%%writefile -a NAME``
-    appends to it, as IPython does when the cells run in order. Used to run the
-    notebook's own solution where no kernel runs (``make gpu-check``, the tests).
-
-    Raises:
-        ValueError: The notebook writes no such file.
-    """
-    cells = json.loads(Path(notebook).read_text(encoding="utf-8"))["cells"]
-    text: str | None = None
-    for cell in cells:
-        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        first, _, rest = source.partition("\n")
-        words = first.split()
-        if cell["cell_type"] != "code" or not words or words[0] != "%%writefile":
-            continue
-        # IPython writes the cell's body as is, with a final newline.
-        body = rest if rest.endswith("\n") else rest + "\n"
-        text = (text or "") + body if "-a" in words[1:-1] else body
-    if text is None:
-        raise ValueError(f"{notebook} has no %%writefile cell")
-    return text
-
-
-def _attempt_number(folder: Path) -> int:
-    return int(folder.name.removeprefix("attempt"))
-
-
-def load_attempts(out: str | Path) -> Attempts:
-    """Merge ``OUT/attempt{n}/`` ledgers of one job, marking the steps a restart redid.
-
-    An attempt that resumed from ``(epoch e, k steps done)`` redid every step that
-    earlier attempts took from step ``k`` of epoch ``e`` on: those move to
-    :attr:`Attempts.replayed`. Its own steps of epoch ``e`` are renumbered from ``k``.
-
-    Raises:
-        FileNotFoundError: No ``attempt*`` folder with ledger files in ``out``.
-    """
-    folders = sorted(
-        (f for f in Path(out).glob("attempt*") if f.is_dir() and any(f.glob("*.jsonl"))),
-        key=_attempt_number,
-    )
-    if not folders:
-        raise FileNotFoundError(f"no attempt*/ folder with ledger files in {out}")
-    counted: list[StepRecord] = []
-    replayed: list[StepRecord] = []
-    resumed: list[tuple[int, int, int]] = []
-    complete: dict[int, bool] = {}
-    sizes: list[int] = []
-    for folder in folders:
-        where = folder / "resumed.json"
-        start = json.loads(where.read_text()) if where.exists() else {"epoch": 0, "steps": 0}
-        epoch, steps = int(start["epoch"]), int(start["steps"])
-        resumed.append((_attempt_number(folder), epoch, steps))
-        keep = []
-        for r in counted:
-            if (r.epoch, r.step) >= (epoch, steps):
-                replayed.append(replace(r, source="replayed"))
-            else:
-                keep.append(r)
-        part = Ledger.load(folder)
-        counted = keep + [
-            replace(r, step=r.step + steps) if r.epoch == epoch else r for r in part.records
-        ]
-        complete = dict(part.complete)
-        if part.num_samples is not None:
-            sizes.append(part.num_samples)
-    size = max(sizes, default=None)
-    return Attempts(Ledger(counted, size, complete), Ledger(replayed, size), resumed)
-
-
-def startup_lines(source: AgentRun | str) -> dict[int, dict[str, str]]:
-    """``{rank: {"local_rank": ..., "node": ..., ...}}`` from the ranks' startup lines.
-
-    Args:
-        source: A run (its output), or text such as a rank's ``--log-dir`` file.
-            Lines torchrun prefixes (``[default0]:`` with ``--tee``) are read too.
-    """
-    names = ("rank", "local_rank", "world_size", "local_world_size", "node", "attempt",
-             "device", "gpu", "dp", "tp")  # fmt: skip
-    text = source if isinstance(source, str) else "\n".join(source.output)
-    found: dict[int, dict[str, str]] = {}
-    for m in _STARTUP.finditer(text):
-        found[int(m.group(1))] = dict(zip(names, m.groups(), strict=True))
-    return found
 
 
 def _fail(case: str, what: str, run: AgentRun | None = None) -> WorkerCheckError:
@@ -240,26 +121,79 @@ def _expect_identity(case: str, run: AgentRun, nnodes: int, nproc: int, backend:
             )
 
 
-def _expect_ledger(case: str, out: Path, world: int, tp: int, run: AgentRun) -> None:
-    try:
-        ledger = Ledger.load(out / "attempt0")
-    except FileNotFoundError:
+def _expect_attempts(case: str, out: Path, spec: WorkerRun, run: AgentRun) -> Attempts:
+    """Every rank's ledger in each attempt's folder, and the job's steps merged across them."""
+    world, want = spec.world, list(range(spec.attempts))
+    found = sorted(attempt_number(f) for f in out.glob("attempt*") if any(f.glob("*.jsonl")))
+    if not found:
         raise _fail(
             case,
             f"no ledger files in {out}/attempt0/: record the loader with "
             "record(loader, layout, path=OUT/attempt{attempt}/rank{RANK}.jsonl)",
             run,
-        ) from None
-    if ledger.ranks() != list(range(world)):
-        raise _fail(case, f"ledger files of ranks {ledger.ranks()}, expected 0..{world - 1}", run)
-    if not all(ledger.complete.get(r) for r in range(world)):
+        )
+    if found != want:
+        raise _fail(
+            case,
+            f"ledgers of attempts {found}, expected {want}"
+            + (
+                f" ({spec.crash_text()}, and torchrun restarted the job once): number the "
+                "attempt by what rank 0 decides and broadcasts, not by "
+                "TORCHELASTIC_RESTART_COUNT (each node's agent counts for itself)"
+                if spec.crash
+                else ""
+            ),
+            run,
+        )
+    for attempt in want:
+        part = Ledger.load(out / f"attempt{attempt}")
+        if part.ranks() != list(range(world)):
+            raise _fail(
+                case,
+                f"attempt {attempt}'s ledger files are of ranks {part.ranks()}, expected "
+                f"0..{world - 1}: every rank, on every node, writes to the attempt every rank "
+                "agreed on",
+                run,
+            )
+    last = Ledger.load(out / f"attempt{want[-1]}")
+    if not all(last.complete.get(r) for r in range(world)):
         raise _fail(
             case,
             "a ledger file has no end record: close the recording loader "
             "(use it as a context manager) when the epochs are done",
             run,
         )
-    want = {r: (r // tp, r % tp) for r in range(world)}
+    return load_attempts(out)
+
+
+def _expect_resume(case: str, spec: WorkerRun, got: Attempts, run: AgentRun) -> None:
+    """The restarted attempt began at the last position saved before the crash."""
+    assert spec.crash is not None
+    _, epoch, step = spec.crash
+    saved = (epoch, step - step % CHECKPOINT_EVERY)
+    where = got.resumed[1][1:]
+    if where == saved:
+        return
+    if where == (0, 0):
+        why = (
+            "the job started over: read the checkpoint on restart (rank 0 reads it and "
+            "broadcasts the position)"
+        )
+    else:
+        why = "resume from the saved position: no step after it counts, none before it is redone"
+    raise _fail(
+        case,
+        f"{spec.crash_text()}, after the job saved its position at epoch {saved[0]}, "
+        f"{saved[1]} steps done (--checkpoint-every {CHECKPOINT_EVERY}); the restart says "
+        f"(resumed.json) it began at epoch {where[0]}, {where[1]} steps done: {why}",
+        run,
+    )
+
+
+def _expect_ledger(case: str, ledger: Ledger, spec: WorkerRun, run: AgentRun) -> None:
+    """The merged steps: DP x TP places, sound data, TP peers with the same batches."""
+    tp = spec.tp
+    want = {r: (r // tp, r % tp) for r in range(spec.world)}
     if ledger.layout() != want:
         raise _fail(
             case,
@@ -277,20 +211,50 @@ def _expect_ledger(case: str, out: Path, world: int, tp: int, run: AgentRun) -> 
         raise _fail(case, "TP peers held different batches at the same step", run)
 
 
-def worker_runs(backend: str) -> tuple[tuple[int, int, bool], ...]:
-    """:func:`check_worker`'s runs: ``(nodes, ranks per node, a TP group spans nodes)``.
+def _expect_warnings(case: str, spec: WorkerRun, run: AgentRun) -> None:
+    """The TP leaders whose group spans nodes warned, and no other rank did."""
+    warned = {int(m[1]) for ln in run.lines("spans nodes") if (m := _PREFIX.match(ln))}
+    want = spec.spanning_leaders()
+    nodes = ", ".join(
+        f"ranks {n * spec.nproc}-{(n + 1) * spec.nproc - 1} on node {n}" for n in range(spec.nnodes)
+    )
+    for rank in sorted(want - warned):
+        raise _fail(
+            case,
+            f"the TP group {spec.group(rank)} spans nodes here ({nodes}), but its leader, rank "
+            f"{rank}, did not warn: a group spans nodes when its ranks' nodes (RANK // "
+            "LOCAL_WORLD_SIZE) differ, which happens with a tp that does not divide "
+            "LOCAL_WORLD_SIZE, not only with a tp larger than it",
+            run,
+        )
+    for rank in sorted(warned - want):
+        raise _fail(
+            case,
+            f"rank {rank} warned that its TP group spans nodes, but its group "
+            f"{spec.group(rank)} is on one node here ({nodes}) or rank {rank} is not its "
+            "leader: warn from a TP leader whose group's ranks are on different nodes "
+            "(RANK // LOCAL_WORLD_SIZE), not whenever the job has two nodes",
+            run,
+        )
 
-    Two nodes of 2 ranks first: DP 2, so a sampler that does not shard over the replicas
-    shows, and each TP group on its own node, so a warning given whenever there is more
-    than one node shows. Under nccl every simulated node takes GPUs of its own: with fewer
-    than 4 GPUs that run is one node of 2 ranks instead (DP 1).
-    """
-    if backend == "nccl":
-        import torch  # here: the gloo check on a laptop needs none of CUDA
 
-        if torch.cuda.device_count() < 4:
-            return ((1, 2, False), (2, 1, True))
-    return ((2, 2, False), (2, 1, True))
+def _expect_attempt_lines(case: str, spec: WorkerRun, run: AgentRun) -> None:
+    """Each rank printed one startup line per attempt, with the attempt every rank agreed on."""
+    seen = sorted({(int(m[1]), int(m[6])) for m in STARTUP.finditer("\n".join(run.output))})
+    want = [(r, a) for r in range(spec.world) for a in range(spec.attempts)]
+    if seen != want:
+        raise _fail(
+            case,
+            f"(rank, attempt) in the startup lines: {seen}, expected {want}"
+            + (
+                f" ({spec.crash_text()}; torchrun restarted every rank once): take the "
+                "attempt rank 0 decides and broadcasts; TORCHELASTIC_RESTART_COUNT is "
+                "each node's agent's own count, and they differ"
+                if spec.crash
+                else ""
+            ),
+            run,
+        )
 
 
 def check_worker(
@@ -298,16 +262,19 @@ def check_worker(
     *,
     backend: str = "gloo",
     timeout_s: float = 90,
+    seed: int | None = None,
 ) -> list[AgentRun]:
     """Run the learner's worker file under real torchrun agents and check what it did.
 
-    Two runs, both with TP 2 (:func:`worker_runs`): two simulated nodes of 2 ranks each
-    (DP 2; each TP group stays on its node, so no warning, and the two replicas must read
-    disjoint shards), then two nodes of 1 rank each (rank 1 has ``LOCAL_RANK`` 0, and the
-    TP group spans both nodes, so its leader must warn). Each run must exit 0; every rank
-    must report the identity torchrun gave it and the GPU it would take (its
-    ``LOCAL_RANK``, under gloo too), hold the DP x TP place the mesh gives it, and leave
-    a complete, sound ledger in which TP peers hold the same batches.
+    The runs (:func:`worker_runs`), at TP 2: under gloo, two simulated nodes of 3 ranks,
+    one TP group spanning them; a drawn rank is killed at a drawn step, once, and torchrun
+    (``--max-restarts=1``) restarts the job. The job must exit 0; every rank must report
+    the identity torchrun gave it and the GPU it would take (its ``LOCAL_RANK``, under gloo
+    too), in each attempt the attempt every rank agreed on; the leader of the spanning TP
+    group, and no other rank, must warn; each attempt's folder must hold every rank's
+    ledger; the restart must begin at the last position saved before the crash; and the
+    steps that count must hold every sample once per epoch and replica, TP peers the same
+    batches, each rank the DP x TP place the mesh gives it.
 
     Args:
         path: The worker file.
@@ -315,6 +282,7 @@ def check_worker(
             simulated node then gets its own GPUs (``CUDA_VISIBLE_DEVICES``): two nodes
             on one machine must not both take GPU 0 as their ``LOCAL_RANK`` 0.
         timeout_s: Deadline of each run.
+        seed: Seed of the drawn crash point (default: a new draw at each call).
 
     Returns:
         The runs, in order (their output is there to read).
@@ -326,62 +294,66 @@ def check_worker(
     check_worker_file(path)
     path = Path(path).resolve()
     runs = []
-    for nnodes, nproc, spans in worker_runs(backend):
-        case = f"{nnodes} node(s) x {nproc} rank(s), tp 2"
+    for spec in worker_runs(backend, random.Random(seed)):
+        case = spec.name()
         with tempfile.TemporaryDirectory(prefix="ezpz-check-") as tmp:
-            envs = None
+            out, marks = Path(tmp) / "out", Path(tmp) / "marks"
+            marks.mkdir()
+            env = dict(_PREFIX_TEMPLATE)
+            if spec.crash:
+                env.update(fail_once(*spec.crash, marks))
+            envs = [dict(env) for _ in range(spec.nnodes)]
             if backend == "nccl":
-                envs = [
-                    {"CUDA_VISIBLE_DEVICES": ",".join(str(n * nproc + g) for g in range(nproc))}
-                    for n in range(nnodes)
-                ]
-            run = torchrun(
-                path,
-                "--backend",
-                backend,
-                "--tp-size",
-                "2",
-                "--out",
-                tmp,
-                "--epochs",
-                "1",
-                nnodes=nnodes,
-                nproc_per_node=nproc,
-                timeout_s=timeout_s,
-                echo=False,
-                node_envs=envs,
+                for n, node_env in enumerate(envs):
+                    gpus = range(n * spec.nproc, (n + 1) * spec.nproc)
+                    node_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            # fmt: off
+            try:
+                run = torchrun(
+                path, "--backend", backend, "--tp-size", str(spec.tp), "--out", str(out),
+                "--epochs", "2", "--num-samples", str(spec.num_samples), "--batch-size", "4",
+                "--checkpoint-every", str(CHECKPOINT_EVERY), "--timeout", "20",
+                nnodes=spec.nnodes, nproc_per_node=spec.nproc, timeout_s=timeout_s,
+                echo=False, node_envs=envs, tee="3", max_restarts=1 if spec.crash else 0,
             )
-            if not run.ok:
-                raise _fail(case, "the job failed: " + run.diagnosis(), run)
-            if run.lines("terminate called"):
-                raise _fail(
-                    case,
-                    "a rank aborted at exit after its work: destroy the process "
-                    "group at the end of main(), and keep no group in a global",
-                    run,
-                )
-            if run.lines("outlive destroy_process_group"):
-                raise _fail(
-                    case,
-                    "gloo threads outlived the teardown: drop every reference to a group "
-                    "(layout, loader, the gloo side group) before destroy_distributed()",
-                    run,
-                )
-            _expect_identity(case, run, nnodes, nproc, backend)
-            _expect_ledger(case, Path(tmp), nnodes * nproc, 2, run)
-            warned = bool(run.lines("spans nodes"))
-            if warned != spans:
-                raise _fail(
-                    case,
-                    (
-                        "the TP group [0, 1] spans nodes 0 and 1 here, but no rank warned: "
-                        "work out each TP rank's node from LOCAL_WORLD_SIZE"
-                        if spans
-                        else "a rank warned that its TP group spans nodes, but every TP group is "
-                        "on one node here: a group spans nodes when its ranks' nodes "
-                        "(RANK // LOCAL_WORLD_SIZE) differ, not whenever the job has two nodes"
-                    ),
-                    run,
-                )
+            except AgentError as exc:
+                if exc.run is None:
+                    raise
+                raise _fail(case, f"the job did not end: {exc}", exc.run) from None
+            # fmt: on
+            _expect_run(case, run, spec, backend, out)
             runs.append(run)
     return runs
+
+
+def _expect_run(case: str, run: AgentRun, spec: WorkerRun, backend: str, out: Path) -> None:
+    if not run.ok:
+        raise _fail(case, "the job failed: " + run.diagnosis(), run)
+    if run.lines("terminate called"):
+        raise _fail(
+            case,
+            "a rank aborted at exit after its work: destroy the process "
+            "group at the end of main(), and keep no group in a global",
+            run,
+        )
+    if run.lines("outlive destroy_process_group"):
+        raise _fail(
+            case,
+            "gloo threads outlived the teardown: drop every reference to a group "
+            "(layout, loader, the gloo side group) before destroy_distributed()",
+            run,
+        )
+    _expect_identity(case, run, spec.nnodes, spec.nproc, backend)
+    _expect_attempt_lines(case, spec, run)
+    _expect_warnings(case, spec, run)
+    got = _expect_attempts(case, out, spec, run)
+    if spec.crash:
+        _expect_resume(case, spec, got, run)
+    _expect_ledger(case, got.counted, spec, run)
+    if not got.exactly_once():
+        raise _fail(
+            case,
+            "the steps that count do not hold every sample once per epoch:\n"
+            + got.counted.summary(),
+            run,
+        )

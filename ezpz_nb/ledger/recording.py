@@ -14,7 +14,7 @@ from torch.utils.data import Dataset, IterableDataset, Subset, get_worker_info
 from ezpz_nb import events
 from ezpz_nb.data.distributed import forward_set_epoch
 from ezpz_nb.data.groups import Layout
-from ezpz_nb.ledger import codec
+from ezpz_nb.ledger import codec, fault
 from ezpz_nb.ledger.book import Ledger
 from ezpz_nb.ledger.clock import StepClock
 from ezpz_nb.ledger.memory import BUDGET, MemorySample, MemorySampler, worker_pids
@@ -232,6 +232,7 @@ class RecordingLoader:
                 self.memory_samples += sampler.sample(lay.rank, epoch, step, workers)
             if clock is not None:
                 clock.handed()
+            fault.at_step(lay.rank, epoch, step)  # a checker's injected crash (fault.ENV)
             yield batch
             if clock is not None:
                 timed = self._amend(with_times(self.records[-1], clock.finish()))
