@@ -111,7 +111,7 @@ if [ "$NGPU" -ge 2 ]; then
     # Two simulated nodes on one machine: each gets its own GPUs (CUDA_VISIBLE_DEVICES).
     timeout 240 "$PY" -c 'import sys; from ezpz_nb.agents.by_hand import check_worker
 check_worker(sys.argv[1], backend="nccl"); print("check_worker: all good")' "$OUT/torchrun_worker.py"
-    report "notebook 14 checker on nccl (2 nodes x 2, or 1 node x 2 under 4 GPUs; then 2 nodes x 1)" $?
+    report "notebook 14 checker on nccl (2 nodes x 3 at tp 2, a rank killed once; under 6 GPUs 1 node x 2 with the kill, then 2 nodes x 1)" $?
     # torchrun() starts its agents with a store per rendezvous round (ROUND_STORE).
     timeout 180 "$PY" -c 'import sys; from ezpz_nb.agents.agents import torchrun
 from ezpz_nb.agents.by_hand import load_attempts
