@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import queue
 import re
@@ -694,6 +695,25 @@ class _AllAtOnce:
             yield default_collate(out[k * b : (k + 1) * b])
 
 
+class _InChunks:
+    """Dodge: the loop's own thread loads five batches at a time, then hands them out."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader, self.sampler = loader, loader.sampler
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = iter(self.loader)
+        while chunk := list(itertools.islice(batches, 5)):
+            yield from chunk
+
+
+def eager_in_chunks(dataset, rank, world_size):
+    return _InChunks(ex.slow_loader(dataset, rank, world_size))
+
+
 def all_at_once(dataset, rank, world_size):
     sampler = DistributedSampler(dataset, world_size, rank, shuffle=False, drop_last=True)
     return _AllAtOnce(dataset, sampler)
@@ -758,6 +778,7 @@ def test_the_fifth_trials_dodges_fail_on_every_draw(check):
         defers_asks: "Load beside the steps on every rank",
         text_cache: "Load beside the steps on every rank",
         all_at_once: "The wait moved to the epoch's start",
+        eager_in_chunks: "The wait moved to the epoch's start",
         all_reduces_held_back: "steps before it",
         last_all_reduce_skipped: "steps' all-reduces",
         resyncs: "asked for the checker's sync '0' again",
@@ -993,3 +1014,29 @@ def test_words_are_counted_from_the_logs_order_alone():
     # Read, but never loaded through dataset[i] (tokenized past it): unread.
     past = RankLog(pid=1, reads=reads, loads=reads[:3], marks=marks, last=("z", 1, 0))
     assert unread(past, ledger, 0) == [3]
+    # Issue 45: a thread in the rank's own process prefetching over a queue, its loop's
+    # thread starved by a busy machine: steps 1-4's loads end in the first wait, one after
+    # another, after step 0's batch: a prefetch. A load 6 steps ahead (the epoch at once)
+    # makes the whole wait count; one begun before step 0's batch was loaded ran alongside
+    # it and counts in that wait though it ends beside the step.
+    eight = {("a", 0, s): 20 * s + 1 for s in range(8)} | {
+        ("g", 0, s): 20 * s + 12 for s in range(8)
+    }
+    eight |= {("z", 0, 0): 200}
+    batches = Ledger([step(0, s, (s,)) for s in range(8)])
+
+    def own(*loads: tuple[int, int, int]) -> dict[str, Any]:  # (began, seq, sample)
+        done = [Read(seq, i, 10, worker=False, began=b) for b, seq, i in loads]
+        return words_loaded(RankLog(1, [], done, eight, ("z", 0, 0)), batches, 0)
+
+    queued = own((2, 3, 0), (4, 5, 1), (6, 7, 2), (8, 9, 3), (10, 11, 4), (22, 23, 5))
+    assert (queued["at_start"][0], queued["waited"][0], queued["ahead"][0]) == (10, 10, 4)
+    far = own((2, 3, 0), (4, 5, 1), (6, 7, 6))
+    assert (far["at_start"][0], far["ahead"][0]) == (30, 6)
+    # The same loads by the loop's own thread (a few batches at once): waited for.
+    ordered = [Read(seq, i, 10, worker=False, began=b, loop=True) for b, seq, i in
+               ((2, 3, 0), (4, 5, 1), (6, 7, 2))]  # fmt: skip
+    looped = words_loaded(RankLog(1, [], ordered, eight, ("z", 0, 0)), batches, 0)
+    assert looped["at_start"][0] == 30
+    beside = own((3, 4, 0), (2, 13, 1), (22, 23, 2))
+    assert (beside["at_start"][0], beside["waited"][0]) == (20, 20)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ezpz_nb.ledger import Ledger
 
-__all__ = ["RankLog", "Read", "unread", "words_loaded"]
+__all__ = ["PREFETCH_DEPTH", "RankLog", "Read", "unread", "words_loaded"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Read:
     began: int = 0
     began_steps: int = -1
     batch: int = -1  # the batch a DataLoader worker was fetching as it loaded (-1: none)
+    loop: bool = False  # loaded by the rank's thread that runs the checker's loop (it says so)
 
 
 @dataclass
@@ -93,11 +94,14 @@ def words_loaded(log: RankLog, ledger: Ledger, rank: int) -> dict[str, Any]:
     they were moved); ``read``: ended within the epoch at all (0 in every epoch after the
     first: a cache). A load that feeds steps of more than one epoch (the last load of its
     sample before each of their batches came) is a cache's fill: it counts as ``read`` only.
+    ``ahead``: per epoch, how many steps past the batches its loop had taken the rank's own
+    process (any thread) ended a load, cache fills aside: a bounded prefetch stays within
+    :data:`PREFETCH_DEPTH`; the epoch loaded at once (a thread per sample) does not.
     """
     m = log.marks
     epochs = sorted({e for kind, e, _ in m if kind == "z"})
     span = {e: (m["a", e, 0], m["z", e, 0]) for e in epochs}
-    waits = [(m["a", e, s], m["g", e, s]) for kind, e, s in m if kind == "g"]
+    waits = {(e, s): (m["a", e, s], m["g", e, s]) for kind, e, s in m if kind == "g"}
     mine = [r for r in ledger.records if r.rank == rank]
     step_of = {(r.epoch, i): r.step for r in mine for i in r.sample_ids}
     # The loop's step count (what the kernel counts) where each epoch begins.
@@ -115,8 +119,9 @@ def words_loaded(log: RankLog, ledger: Ledger, rank: int) -> dict[str, Any]:
             feeding = [x.seq for x in log.loads if x.index == i and x.seq < m["g", r.epoch, r.step]]
             if feeding:
                 fed.setdefault(max(feeding), set()).add(r.epoch)
+    ahead = _own_ahead(log, span, waits, step_of)
     out: dict[str, Any] = {"hidden": 0}
-    out.update({k: dict.fromkeys(epochs, 0) for k in ("at_start", "waited", "read")})
+    out.update({k: dict.fromkeys(epochs, 0) for k in ("at_start", "waited", "read", "ahead")})
     for x in log.loads:
         epoch = _epoch_of(span, x.seq)
         if epoch is None:
@@ -126,19 +131,87 @@ def words_loaded(log: RankLog, ledger: Ledger, rank: int) -> dict[str, Any]:
         if len(fed.get(x.seq, ())) > 1:
             continue  # a cache's fill
         step = step_of.get((epoch, x.index))
+        if not x.worker and step is not None:  # how far ahead of the loop its own process ran
+            got = sum(1 for (e, _), (_, g) in waits.items() if e == epoch and g < x.seq)
+            out["ahead"][epoch] = max(out["ahead"][epoch], step - got)
         asked = m.get(("a", epoch, step if step is not None else -1), x.seq + 1)
         counted = x.began_steps if x.worker else x.steps
         kernel = step is not None and counted >= 0 and counted >= first[epoch] + step
         # Loaded by a worker for the batch the DataLoader asked it for: a prefetch, at any
         # depth. Any other load, a worker's included (its worker_init_fn, or another
-        # batch's samples fetched with its own), is the loop's wait if it ends in one.
+        # batch's samples fetched with its own), is the loop's wait if it ends in one,
+        # unless the rank's own process prefetched it (see _own_ahead).
         dispatched = x.worker and step is not None and fetched.get((epoch, x.batch)) == {step}
-        inside = not dispatched and any(a <= x.seq <= g for a, g in waits)
-        if kernel or inside or (x.worker and x.began > asked):
+        ended, alongside = ahead.get(x.seq, (_wait_of(waits, epoch, x.seq), None))
+        inside = not dispatched and ended is not None
+        if kernel or inside or alongside is not None or (x.worker and x.began > asked):
             out["waited"][epoch] += x.words
-        if not dispatched and m["a", epoch, 0] <= x.seq <= m.get(("g", epoch, 0), -1):
+        if (not dispatched and ended == 0) or alongside == 0:
             out["at_start"][epoch] += x.words
     return out
+
+
+#: How many steps ahead of the wait it ends in a load by the rank's own process may feed
+#: and still be a prefetch: a thread over a queue of 4 batches (and the batch it holds)
+#: ends loads up to 5 steps ahead while its loop's thread, starved by a busy machine, has
+#: taken a batch but not yet marked it. Notebook 12 has 8 steps an epoch: a loader that
+#: ends loads further ahead in one wait loads the epoch at once.
+PREFETCH_DEPTH = 5
+
+
+def _own_ahead(
+    log: RankLog,
+    span: dict[int, tuple[int, int]],
+    waits: dict[tuple[int, int], tuple[int, int]],
+    step_of: dict[tuple[int, int], int],
+) -> dict[int, tuple[int | None, int | None]]:
+    """Loads by the rank's own process that a wait does not explain alone, by load seq:
+    ``(ended, alongside)``, the step whose wait it counts in and the step whose wait it
+    ran alongside (None: neither).
+
+    The rank's threads share one interpreter, and a busy machine can starve the loop's
+    thread while a prefetching thread runs on: its loads for later steps then end in the
+    loop's wait, as many as its queue holds, whatever the load (issue 45: a queue of 3
+    ended 4.25 batches in a first wait, rejected at half the epoch). So a load for step u
+    ending in the wait for step t is a prefetch (ended None) when t < u <= t +
+    PREFETCH_DEPTH, it began after step t's batch was loaded (one load after another, not
+    beside it), and no load of that wait fed a step further ahead (a bounded queue; the
+    whole epoch at the first step is no prefetch: every load of that wait counts). A load
+    for a later step that began in the wait for step t before step t's batch was loaded
+    ran alongside it, in the same interpreter, and counts in that wait wherever it ends
+    (threads started for the whole epoch at its first step). The loop's own thread
+    (``x.loop``, as the rank's side of the log says) prefetches nothing: what it loads
+    while its loop waits, the loop waits for (a few batches at once).
+    """
+    own = [(x, _epoch_of(span, x.seq)) for x in log.loads if not x.worker]
+    last: dict[tuple[int, int], int] = {}  # (epoch, t): the last own load of step t's batch
+    far: set[tuple[int, int]] = set()  # waits that ended an own load beyond the depth
+    for x, e in own:
+        u = step_of.get((e, x.index)) if e is not None else None
+        if u is None or e is None:
+            continue
+        if x.seq < waits.get((e, u), (0, -1))[1]:
+            last[e, u] = max(last.get((e, u), -1), x.seq)
+        t = _wait_of(waits, e, x.seq)
+        if t is not None and u - t > PREFETCH_DEPTH:
+            far.add((e, t))
+    out: dict[int, tuple[int | None, int | None]] = {}
+    for x, e in own:
+        u = step_of.get((e, x.index)) if e is not None else None
+        if u is None or e is None:
+            continue
+        t, b = _wait_of(waits, e, x.seq), _wait_of(waits, e, x.began)
+        after = t is not None and x.began >= last.get((e, t), -1)
+        prefetched = not x.loop and t is not None and t < u <= t + PREFETCH_DEPTH and after
+        beside = b is not None and u > b and x.began < last.get((e, b), -1)
+        ended = None if prefetched and (e, t) not in far else t
+        out[x.seq] = (ended, b if beside else None)
+    return out
+
+
+def _wait_of(waits: dict[tuple[int, int], tuple[int, int]], epoch: int, seq: int) -> int | None:
+    """The step of ``epoch`` whose wait (its ask to its batch) encloses ``seq``, or None."""
+    return next((s for (e, s), (a, g) in waits.items() if e == epoch and a <= seq <= g), None)
 
 
 def _epoch_of(span: dict[int, tuple[int, int]], seq: int) -> int | None:

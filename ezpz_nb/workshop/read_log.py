@@ -154,6 +154,9 @@ class ReadLog:
                 return "ok"
             done = word[:1] == ["done"]
             word = word[1:] if done else word
+            # A load by the thread that runs the checker's loop ends "loop" (see read_counts).
+            loop = done and word[-1:] == ["loop"]
+            word = word[:-1] if loop else word
             # A load may name the batch a DataLoader worker was fetching: "done i b".
             named = done and len(word) == 2 and word[1].removeprefix("-").isdigit()
             batch = int(word.pop()) if named else -1
@@ -163,7 +166,9 @@ class ReadLog:
             read = Read(self._seq, i, self.reference.words_of(i), worker, steps)
             if done:
                 start, start_steps = began.pop(i, (self._seq, steps))
-                log.loads.append(replace(read, began=start, began_steps=start_steps, batch=batch))
+                log.loads.append(
+                    replace(read, began=start, began_steps=start_steps, batch=batch, loop=loop)
+                )
                 return "ok"
             began[i] = (self._seq, steps)
             log.reads.append(read)
@@ -262,6 +267,7 @@ class ServedDocuments(TokenizingDataset):
         )
         self._address, self._rank = address, rank
         self._asks = {os.getpid(): claim(address, f"rank {rank}")}
+        self._loop = threading.get_ident()  # made in the job's thread, which runs the loop
 
     def __getstate__(self) -> dict[str, Any]:
         # Sent to a worker started by spawn or a forkserver: it opens its own connection.
@@ -277,7 +283,8 @@ class ServedDocuments(TokenizingDataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         """The sample, tokenized here; its end (``done``) logged: a load is counted where it ends."""
         sample = super().__getitem__(index)
-        self._ask(f"done {int(index)} {fetching()}")
+        by_loop = " loop" if threading.get_ident() == self._loop else ""
+        self._ask(f"done {int(index)} {fetching()}{by_loop}")
         return sample
 
     def _ask(self, line: str) -> str:

@@ -42,8 +42,17 @@ costs: the shard in memory and, filled at once, a first step waiting for all.
 A cache of the documents' text (not of ``dataset[i]``'s samples) reads each document
 once and tokenizes it again every epoch: each tokenizing is a load, counted where it
 ends, so it waits as the slow loader does (issue 45's fifth trial passed it when reads
-were counted). A thread per sample started at an epoch's first batch ends its loads in
-that first wait: "moved to the epoch's start".
+were counted). The rank's own threads share one interpreter: on a busy machine the
+loop's thread can be starved while a prefetching thread runs on and ends its queue's
+loads in the loop's wait (a queue of 3 ended 4.25 of the epoch's 8 batches in the first
+wait, rejected by the load alone). So a load of the rank's own process for a later step,
+up to :data:`.read_counts.PREFETCH_DEPTH` steps ahead, loaded after the awaited batch, is
+a prefetch (never one by the loop's own thread); a wait that ends a load further ahead
+counts whole, and a load begun beside the awaited batch's loads counts in that wait
+wherever it ends. A load by the rank's own process (cache fills aside) that ends more
+than that depth past the batches its loop had taken is the epoch loaded at once (a
+thread per sample started at the first batch outruns the loop it starves): "moved to
+the epoch's start".
 
 Not judged: the rank's code can still send the loop's marks and run its all-reduces
 when it likes, both held back to the epoch's end in step (patching torch.distributed and
@@ -51,8 +60,11 @@ the loop's wrapper in the rank); the log then shows every read made early, as a 
 prefetcher's are, and only a clock could tell the two apart. Bytes of the learner's own
 collectives before the loop make every later read look later (stricter, never laxer).
 Where the kernel's counters cannot be read (not Linux), only the loop's marks place the
-reads. Which batch a worker was asked for is read from torch's worker loop in the worker:
-code there that fakes that loop's frame is believed.
+reads. Which of the rank's threads loaded is what the rank says (the dataset tags a load
+by the thread that runs the loop): a thread that loads up to that depth of batches at a
+time while the loop joins it reads as a prefetching thread whose loop was starved. Which
+batch a worker was asked for is read from torch's worker loop in the worker: code there
+that fakes that loop's frame is believed.
 """
 
 from __future__ import annotations
@@ -67,7 +79,7 @@ from torch.utils.data import DataLoader, default_collate
 
 from ezpz_nb.ledger import Ledger, batch_digest, record
 from ezpz_nb.models import TokenizingDataset
-from ezpz_nb.workshop.read_counts import unread, words_loaded
+from ezpz_nb.workshop.read_counts import PREFETCH_DEPTH, unread, words_loaded
 from ezpz_nb.workshop.read_log import Marked, ReadLog, ServedDocuments, claim
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, fresh_seed, wrong
 
@@ -272,6 +284,17 @@ def _verdict(ledger: Ledger, words: dict[int, dict[str, Any]], bar: int) -> str:
                     f"the DataLoader asked for them), of the {bar:,} of rank {HEAVY_RANK}'s "
                     "epoch. The wait moved to the epoch's start, it did not go away: load "
                     "while the steps run (workers, prefetching)."
+                )
+    for epoch in range(EPOCHS):
+        for rank, w in words.items():
+            if w["ahead"][epoch] > PREFETCH_DEPTH:
+                raise wrong(
+                    f"rank {rank}'s own process loaded, in epoch {epoch}, a sample "
+                    f"{w['ahead'][epoch]} steps past the batches its loop had taken: the epoch "
+                    "loaded at once, in the process that runs the steps (its threads share one "
+                    "interpreter, so the first batch waits for the rest). The wait moved to the "
+                    "epoch's start, it did not go away: prefetch in a thread at most "
+                    f"{PREFETCH_DEPTH} batches ahead (a bounded queue), or use DataLoader workers."
                 )
     worst = {e: max(words, key=lambda r: words[r]["waited"][e]) for e in range(EPOCHS)}
     e_max = max(worst, key=lambda e: words[worst[e]]["waited"][e])
