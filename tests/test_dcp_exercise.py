@@ -6,7 +6,9 @@ judged over several draws: the saves on one warm cluster, confined to their chec
 loads on ranks of the checker's own (shared by the module's checks: nothing of a save reaches
 them but its checkpoint), from checkpoints rebuilt from what DCP holds. The dodges that need
 the learner's own path (no cluster: saves and loads on sealed ranks of the check's own, every
-thread confined) run it: code a save leaves for the rank's other threads.
+thread confined) run it: code a save leaves for the rank's other threads. A process started
+before the check that copies what a save leaves beside its checkpoint (issue 45's seventh
+trial) finds no folder, or is named from the kernel's record of what was written.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import glob
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 
@@ -734,6 +737,143 @@ def test_code_a_save_leaves_for_the_ranks_other_threads_writes_nothing(cluster, 
     if thread == "reply":
         assert "could not reply" in result.message, result.message
         assert "the state must be in the checkpoint" in result.message.lower(), result.message
+
+
+# Issue 45's seventh trial: the save writes the place beside its checkpoint (where it may
+# write), a process the notebook started in an earlier cell copies it out before the checker
+# removes the folder, the checkpoint holds a digest, the load reads the copy.
+_COPIES = os.path.join(tempfile.gettempdir(), "ezpz-nb15-copies")
+_COPIER = r"""
+import glob, os, shutil, stat, sys, tempfile, time
+out, force, remove = sys.argv[1], sys.argv[2] == "force", sys.argv[2] != "list"
+seen = {}
+while os.path.isdir(out):
+    for root in glob.glob(os.path.join(tempfile.gettempdir(), "ezpz-nb15-*")):
+        try:
+            mode = stat.S_IMODE(os.stat(root).st_mode)
+            if force and not mode & 0o400:  # make the parent listable for a moment
+                os.chmod(root, 0o700)
+            for p in glob.glob(os.path.join(root, "*", "*.side")):
+                size = os.path.getsize(p)  # copied once its size holds still
+                dst = os.path.join(out, os.path.basename(p))
+                if size and seen.get(p) == size:
+                    if not os.path.exists(dst):  # two twins at a place: one name
+                        shutil.copyfile(p, dst + ".part")
+                        os.replace(dst + ".part", dst)
+                    if remove:  # and leave nothing for the checker to find
+                        os.remove(p)
+                seen[p] = size
+            if force and not mode & 0o400:
+                os.chmod(root, mode)
+        except OSError:
+            pass
+    time.sleep(0.002)
+"""
+
+
+def _beside(loader, layout, wait=0.0):
+    """Dodge: the place torch.save'd beside the checkpoint (its path read from DCP's frame);
+    ``wait``: the save returns once the file is gone (taken by the copier), up to that long."""
+    import sys
+    import time
+
+    import torch
+
+    s = loader.state_dict()
+    h = _digest(s)
+    f = sys._getframe(1)
+    while f is not None and "checkpoint_id" not in f.f_locals:
+        f = f.f_back
+    if f is not None:
+        where = os.path.dirname(os.fspath(f.f_locals["checkpoint_id"]))
+        try:
+            torch.save(s, os.path.join(where, f"{h}.side"))
+        except (OSError, RuntimeError):  # the load's template call: it may write nothing
+            pass
+        until = time.monotonic() + wait
+        while os.path.exists(os.path.join(where, f"{h}.side")) and time.monotonic() < until:
+            time.sleep(0.005)
+    return {f"dp{layout.dp_rank}": torch.tensor([int(h, 16)])}
+
+
+def _beside_until_taken(loader, layout):
+    # As root the copier lists any folder and takes the file at once; as another user it
+    # finds none, and one wait is enough to know: no more after a wait that timed out.
+    global _GAVE_UP
+    import time
+
+    start = time.monotonic()
+    out = _beside(loader, layout, wait=0.0 if _GAVE_UP else 2.0)
+    _GAVE_UP = _GAVE_UP or time.monotonic() - start > 2.0
+    return out
+
+
+_GAVE_UP = False
+
+
+def _from_the_copies(h):
+    import torch
+
+    return torch.load(os.path.join(_COPIES, f"{h}.side"))
+
+
+# "list" under `make system` ("remove" finds what it finds, and more); the others in unit.
+@pytest.mark.parametrize("how", [pytest.param("list", marks=pytest.mark.system), "remove", "force"])
+def test_a_process_outside_the_check_finds_no_checkpoint(cluster, how):
+    """Guards issue 45's seventh trial: a process started before the check (outside every
+    rank it confines) that copies what a save leaves beside its checkpoint, by listing the
+    folders (``list``: a user other than root finds none; the file left beside is named), and
+    removing what it copied (``remove``: as root, which lists any folder, the kernel's record
+    of what was written names it), or making the parent listable first (``force``: seen)."""
+    import subprocess
+    import sys
+
+    os.makedirs(_COPIES, exist_ok=True)
+    copier = subprocess.Popen([sys.executable, "-c", _COPIER, _COPIES, how])
+    try:
+        save = _beside if how == "list" else _beside_until_taken
+        result = check_loader_state(save, _digest_loader(_from_the_copies), cluster=cluster)
+    finally:
+        copied = os.listdir(_COPIES)
+        shutil.rmtree(_COPIES, ignore_errors=True)
+        copier.wait(timeout=30)
+    assert result.status == "wrong", result.message
+    said = "listed or changed by a process" if how == "force" else "beside DCP's own files"
+    assert said in result.message, result.message
+    assert how == "force" or os.geteuid() == 0 or not copied, copied
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process, on purpose
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="inotify is Linux's")
+def test_the_kernels_record_names_a_file_written_beside_and_removed():
+    """Guards what a user who may list any folder (root) could do past the folders' mode: a
+    file made beside DCP's own and removed before the checker looks is named from the
+    kernel's record; a plain DCP save (one process) is not."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from ezpz_nb.workshop.dcp_guard import Folders
+    from ezpz_nb.workshop.dcp_watch import Watch
+    from ezpz_nb.workshop.stops import CheckStopped
+
+    folders = Folders()
+    try:
+        plain, beside = folders.make(), folders.make()
+        watch = Watch([plain, beside])
+        dcp.save({"data": {"offset": torch.tensor([3])}}, checkpoint_id=plain)
+        watch.judge()  # DCP's own writes only
+        watch = Watch([plain, beside])
+        dcp.save({"data": {"offset": torch.tensor([3])}}, checkpoint_id=beside)
+        side = os.path.join(os.path.dirname(beside), "state.side")
+        with open(side, "wb") as f:
+            f.write(b"the place")
+        os.remove(side)
+        with pytest.raises(CheckStopped, match="state.side was written"):
+            watch.judge()
+        folders.check()  # the checker's own folders changed nothing it watches
+    finally:
+        folders.close()
+    assert not os.path.exists(folders.root)
 
 
 def test_rules_that_cannot_run_are_named():

@@ -5,13 +5,16 @@ everything; issue 45's: the losses looked for in the rank's closures, frames and
 connection to the checker's evaluation set as another rank; its fourth trial's: a collective's
 record line forged over the dataset's connection; every loss sent past the recorder, with
 torch's own allgather from its closure, a gloo backend of a group made for it, or a socket of
-its own, each seen by the kernel's byte counters) must never pass; right answers, unusual
-ones included, must pass. Each answer is checked on seeds that draw dp = 2, 3 and 4 (found
-below, not hard-coded), so 0 false passes and 0 false failures are asserted on every degree.
+its own, each seen by the kernel's byte counters; its seventh trial's: every loss in a
+deque, as complex numbers or packed into one int, beside a decoy pair) must never pass; right
+answers, unusual ones included, must pass. Each answer is checked on seeds that draw dp = 2,
+3 and 4 (found below, not hard-coded), so 0 false passes and 0 false failures are asserted on
+every degree.
 """
 
 from __future__ import annotations
 
+import collections
 import gc
 import inspect
 import itertools
@@ -22,7 +25,9 @@ import struct
 import tempfile
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 
 import pytest
 import torch
@@ -530,6 +535,59 @@ def every_loss_over_an_abstract_socket(ds, rank, world):
     return float(mean)
 
 
+def _with_a_decoy_pair(ds, rank, world, wrap, unwrap):
+    """Every loss of the rank gathered as an object in ``wrap(losses)`` form (``unwrap`` reads a
+    rank's back), the mean taken from them; the (sum, count) pair all-reduced beside as a decoy."""
+    mine = [ds[i]["loss"] for i in range(rank, len(ds), world)]
+    _pair_mean(math.fsum(mine), len(mine))
+    parts: list = [None] * world
+    dist.all_gather_object(parts, wrap(mine))
+    every = [v for part in parts for v in unwrap(part)]
+    return math.fsum(every) / len(every)
+
+
+def every_loss_in_a_deque(ds, rank, world):
+    """Dodge (issue 45's seventh trial): every loss in a ``collections.deque`` (a type the
+    record counted as 0 numbers), a decoy pair all-reduced beside."""
+    return _with_a_decoy_pair(ds, rank, world, collections.deque, list)
+
+
+def every_loss_as_complex(ds, rank, world):
+    """Dodge (issue 45's seventh trial): every loss as a complex number, a decoy pair beside."""
+    return _with_a_decoy_pair(
+        ds, rank, world, lambda m: [complex(v, 0) for v in m], lambda p: [c.real for c in p]
+    )
+
+
+def _packed_int(losses):
+    packed = 0
+    for v in losses:  # 8 digits a loss (a drawn loss has 7): one Python int
+        packed = packed * 10**8 + round(v * 10**6)
+    return (len(losses), packed)
+
+
+def _unpacked(part):
+    k, packed, out = part[0], part[1], []
+    for _ in range(k):
+        packed, r = divmod(packed, 10**8)
+        out.append(r / 10**6)
+    return out
+
+
+def every_loss_in_one_int(ds, rank, world):
+    """Dodge (issue 45's seventh trial): every loss packed into one Python int (counted as one
+    number), a decoy pair beside."""
+    return _with_a_decoy_pair(ds, rank, world, _packed_int, _unpacked)
+
+
+def every_loss_in_an_instance(ds, rank, world):
+    """Dodge: every loss in an instance's attribute (a ``SimpleNamespace``: a class of the test
+    module would be sent by value, which ``all_gather_object``'s pickle refuses), a decoy pair."""
+    return _with_a_decoy_pair(
+        ds, rank, world, lambda m: types.SimpleNamespace(values=m), lambda p: p.values
+    )
+
+
 DODGES = [
     every_loss_over_an_abstract_socket,
     every_loss_shifted,
@@ -562,6 +620,10 @@ DODGES = [
     sends_through_its_own_socket,
     every_loss_over_udp,
     pads_the_replay,
+    every_loss_in_a_deque,
+    every_loss_as_complex,
+    every_loss_in_one_int,
+    every_loss_in_an_instance,
 ]
 
 
@@ -746,8 +808,43 @@ def floor_blocks_remainder_on_the_last(ds, rank, world):
     return float(pair[0] / pair[1])
 
 
+def fraction_blocks_into_tensor(ds, rank, world):
+    """Unusual (issue 45's seventh trial): contiguous blocks (``np.array_split``) summed as exact
+    Fractions, the pair all-gathered into one tensor, an ``np.float64`` returned."""
+    import numpy as np
+
+    block = np.array_split(np.arange(len(ds)), world)[rank]
+    total = sum((Fraction(float(ds[int(i)]["loss"])) for i in block), Fraction(0))
+    mine = torch.tensor([float(total), float(len(block))], dtype=torch.float64)
+    out = torch.empty(2 * world, dtype=torch.float64)
+    dist.all_gather_into_tensor(out, mine)
+    pairs = out.view(world, 2)
+    return np.float64(pairs[:, 0].sum() / pairs[:, 1].sum())
+
+
+def fraction_parts_gathered(ds, rank, world):
+    """Unusual: each rank's exact Fraction sum and its count as an instance's attributes,
+    gathered as objects."""
+    idx = range(rank, len(ds), world)
+    parts: list = [None] * world
+    total = sum((Fraction(ds[i]["loss"]) for i in idx), Fraction(0))
+    dist.all_gather_object(parts, types.SimpleNamespace(total=total, count=len(idx)))
+    return float(sum(p.total for p in parts) / sum(p.count for p in parts))
+
+
+def pair_as_one_complex(ds, rank, world):
+    """Unusual: the (sum, count) pair as one complex number, gathered as objects."""
+    idx = range(rank, len(ds), world)
+    parts: list = [None] * world
+    dist.all_gather_object(parts, complex(math.fsum(ds[i]["loss"] for i in idx), len(idx)))
+    return sum(p.real for p in parts) / sum(p.imag for p in parts)
+
+
 RIGHTS = [
     floor_blocks_remainder_on_the_last,
+    fraction_blocks_into_tensor,
+    fraction_parts_gathered,
+    pair_as_one_complex,
     blocks_reduce_broadcast_numpy,
     PairsGatheredInFloat32(),
     functional_all_reduce,
@@ -795,6 +892,64 @@ def test_draws_cover_every_degree_and_separate_every_dodge():
     assert degrees == {2, 3, 4}
 
 
+def test_a_payload_counts_by_what_it_carries_whatever_its_type():
+    """Guards issue 45's seventh trial: every loss of a share in a deque, as complex numbers, in
+    an instance, or packed into one int, text or bytes at the fewest bytes a 7-digit loss needs,
+    counts more than MAX_SENT float64s; a rank's part in any of the usual types does not."""
+    import base64
+    import json
+    from decimal import Decimal
+
+    import numpy as np
+
+    from ezpz_nb.workshop.exact_eval import MIN_SHARE
+    from ezpz_nb.workshop.sent_count import carried
+    from ezpz_nb.workshop.sent_rules import MAX_SENT
+
+    rng = random.Random(45)
+    for _ in range(20):
+        share = [round(rng.uniform(0.0, 10.0), 6) for _ in range(MIN_SHARE)]
+        codes = sorted(round(v * 10**6) for v in share)  # 10**7 values: 23.3 bits each
+        dense = 0
+        for c in codes:
+            dense = dense * 10**7 + c
+        three = b"".join(c.to_bytes(3, "little") for c in codes)
+        every = {
+            "deque": collections.deque(share),
+            "complex": [complex(v, 0) for v in share],
+            "instance": types.SimpleNamespace(values=share),
+            "one int": dense,
+            "one int in a tuple": (len(share), dense),
+            "its digits as text": str(dense),
+            "3 bytes a loss": three,
+            "3 bytes a loss, base64": base64.b64encode(three).decode(),
+            "3 bytes a loss, uint8 tensor": torch.frombuffer(bytearray(three), dtype=torch.uint8),
+            "dict keys": dict.fromkeys(share),
+        }
+        for what, payload in every.items():
+            assert carried(payload)[0] > MAX_SENT, what
+        total = math.fsum(share)
+        exact = sum((Fraction(v) for v in share), Fraction(0))
+        part = {
+            "tuple": (total, len(share)),
+            "Fractions": (exact, len(share)),
+            "a Fraction mean": exact / len(share),
+            "an instance": types.SimpleNamespace(total=exact, count=len(share)),
+            "numpy": (np.float64(total), np.int64(len(share))),
+            "a dict": {"loss_sum": total, "num_samples": len(share)},
+            "a tensor": torch.tensor([total, len(share)], dtype=torch.float64),
+            "JSON": json.dumps([total, len(share)]),
+            "a Decimal": (Decimal(repr(total)), len(share)),
+            "packed doubles": struct.pack("<2d", total, len(share)),
+            "one complex": complex(total, len(share)),
+        }
+        for what, payload in part.items():
+            count, kept = carried(payload)
+            assert 1 <= count <= MAX_SENT, (what, count)
+            mean = what == "a Fraction mean"
+            assert any(math.isclose(v, total / len(share) if mean else total) for v in kept), what
+
+
 #: What the verdict must say for a dodge (the rest: "wrong" is enough).
 SAYS = {
     padding: "padding",
@@ -814,6 +969,10 @@ SAYS = {
     every_loss_packed: "you sent every loss",
     every_loss_as_text: "you sent every loss",
     every_loss_shifted: "you sent every loss",
+    every_loss_in_a_deque: "you sent every loss",
+    every_loss_as_complex: "you sent every loss",
+    every_loss_in_one_int: "you sent every loss",
+    every_loss_in_an_instance: "you sent every loss",
     every_loss_over_an_abstract_socket: "may write no file",
     sums_through_files: ("did not carry the sum", "may write no file"),
     forges_the_record: ("sent nothing through torch.distributed", "may write no file"),

@@ -59,11 +59,12 @@ __all__ = [
     "remove_ipc",
     "restrict_this_thread",
     "subreaper",
+    "undumpable",
 ]
 
 _CREATE, _ADD_RULE, _RESTRICT = 444, 445, 446  # the same on every Linux architecture
 _PATH_BENEATH = 1
-_PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 38, 36
+_PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER, _PR_SET_DUMPABLE = 38, 36, 4
 _EXECUTE, _WRITE_FILE = 1 << 0, 1 << 1
 _DIR_WRITES = sum(1 << b for b in (4, 5, 6, 7, 8, 9, 10, 11, 12))  # remove, make each kind
 _REFER, _TRUNCATE = 1 << 13, 1 << 14  # Landlock ABI 2, 3
@@ -184,6 +185,14 @@ def subreaper() -> tuple[int, list[str]]:
     if sys.platform.startswith("linux"):
         _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     return os.getpid(), learner_threads()
+
+
+def undumpable() -> None:
+    """Rank side, before the learner's code: make this rank not dumpable, so that no other
+    process of the user reads its ``/proc/<pid>/fd``, ``cwd`` or ``root`` (an open file there
+    is a path into a folder no one else can list, and a way to open it)."""
+    if sys.platform.startswith("linux"):
+        _libc().prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
 def learner_threads() -> list[str]:

@@ -33,7 +33,11 @@ The saves may write nothing but their checkpoints (:mod:`.confine`'s Landlock ru
 (``/tmp``, ``/dev/shm``, the notebook's folder), sent over any socket (TCP, UDP, unix: a
 server the learner started before the check included) or started in a program is refused,
 and what a save leaves running below the ranks (a child process serving it) or in System V
-shared memory is ended and named (:mod:`.dcp_guard`). They run on ranks of the check's
+shared memory is ended and named (:mod:`.dcp_guard`). Nothing may sit beside DCP's own
+files, judged before anything reads a checkpoint, and no process outside the check's ranks
+can find the folders (issue 45's seventh trial: a process the notebook started earlier
+copied what a save left beside its checkpoint): they are named by random bits under a
+parent no process may list, and the save ranks are not dumpable. They run on ranks of the check's
 own whose every thread is confined before the learner's code is unpickled (:mod:`.seal`),
 so code a save rebinds for the rank to run after it (the reply it sends, issue 45's fifth
 trial) or hands gloo's threads is refused alike; those ranks are ended after the saves.
@@ -41,8 +45,9 @@ The loads (and the learner's ``loader_state``, which a load calls for its templa
 on load ranks of the check's own, sealed alike (writes only into the check's folders, which
 the checker removes), in a thread with no writes at all. Where Landlock is missing the
 verdict says which of these were not judged. Not closed: a thread the learner started in
-the notebook's own process, copying what a save writes beside its checkpoint before the
-checker rebuilds it.
+the notebook's own process (it can read the folders' names there), taking what a save
+writes beside its checkpoint and removing it before the checker looks; a save that makes
+its rank dumpable again for a process outside to read the folder's name from ``/proc``.
 
 The wrong answers it names are the ones that lose data in real jobs: one key for every
 rank (DCP keeps one rank's copy: the others replay that rank's shard), only rank 0
@@ -56,12 +61,11 @@ import contextlib
 import os
 import random
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ezpz_nb.data.groups import make_layout
-from ezpz_nb.workshop import confine, dcp_guard
+from ezpz_nb.workshop import confine, dcp_guard, dcp_watch
 from ezpz_nb.workshop.confine import call_confined
 from ezpz_nb.workshop.dcp_copy import rebuild_part
 from ezpz_nb.workshop.dcp_corpus import CORPUS
@@ -131,6 +135,8 @@ def _save_part(plans: list[tuple[int, Plan]], learners: bytes, sealed: bool) -> 
     writable = sorted(
         {os.path.dirname(path) for _, plan in plans for _, twins in plan for path, _, _ in twins}
     )
+    if sealed:  # no process outside reads a path from its /proc/<pid>/fd (ended after)
+        confine.undumpable()
     (call_sealed if sealed else call_confined)(_save_places, learners, writable, plans)
 
 
@@ -227,13 +233,13 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
     from ezpz_nb.workshop.verdicts import run_job
 
     rng, timeout = random.Random(), 4 * CHECK_TIMEOUT
-    dirs: list[str] = []
     points: list[Point] = []
     learners = packed("loader_state or load_loader_state", save, load)
-
-    def folder() -> str:
-        dirs.append(tempfile.mkdtemp(prefix="ezpz-nb15-"))
-        return os.path.join(dirs[-1], "checkpoint")
+    # Folders no process outside the check can find (issue 45's seventh trial: a process
+    # the notebook started copied a file a save left beside its checkpoint).
+    folders = dcp_guard.Folders()
+    folder, dirs = folders.make, folders.made
+    watch: list[dcp_watch.Watch] = []  # what the saves write, told by the kernel
 
     try:
         with contextlib.ExitStack() as own:
@@ -249,6 +255,8 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
                         plan.append((place(case, seed, stop), made))
                         points.append(Point(case, seed, stop, tuple(p for p, _, _ in made)))
                 plans.append((case.tp, plan))
+            dests = [folder() for _ in points]  # the rebuilt copies' (the last folders made)
+            watch.append(dcp_watch.Watch([path for p in points for path in p.twins]))
             with dcp_guard.confined_save():
                 run_job(
                     _save_part, plans, learners, sealed,
@@ -262,16 +270,15 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
                 ),
             )
         saved = [path for p in points for path in p.twins]
+        folders.check()  # before anything reads a checkpoint: DCP's files alone, unreached
+        watch[0].judge()
         for path in saved:
-            if not os.path.exists(os.path.join(path, ".metadata")):
-                raise wrong(
-                    f"dcp.save left no checkpoint at {path}: return the state from "
-                    "loader_state and let dcp.save write it"
-                )
+            dcp_guard.only_dcp_files(path)
         # Which twin is loaded, and in what order: drawn here, after the saves.
         firsts = [rng.randrange(2) for _ in points]
         jobs = [
-            ([p.twins[f], p.twins[1 - f]], folder()) for p, f in zip(points, firsts, strict=True)
+            ([p.twins[f], p.twins[1 - f]], dest)
+            for p, f, dest in zip(points, firsts, dests, strict=True)
         ]
         order = rng.sample(range(len(points)), len(points))
         items = [
@@ -290,14 +297,16 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
                     _rebuild_part, jobs, dirs, tps, fresh is not shared,
                     world_size=WORLD, timeout=timeout, cluster=fresh,
                 )  # fmt: skip
+                folders.check()
                 for path in saved:  # nothing the saves wrote outlives the rebuild
                     shutil.rmtree(os.path.dirname(path), ignore_errors=True)
                 back = run_job(
                     _load_part, items, learners, world_size=WORLD, timeout=timeout, cluster=fresh
                 )
     finally:
-        for path in dirs:
-            shutil.rmtree(path, ignore_errors=True)
+        for w in watch:
+            w.close()
+        folders.close()
     at = {j: k for k, j in enumerate(order)}
     digests = {j: twins for part in rebuilt for j, twins in part}
     for j, p in enumerate(points):  # judged in the order drawn: layout, seed, step

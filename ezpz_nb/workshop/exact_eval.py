@@ -41,7 +41,7 @@ from ezpz_nb.workshop.confine import call_confined, refusals_explained
 from ezpz_nb.workshop.loss_server import LossServer, ServedLosses, record_note
 from ezpz_nb.workshop.seal import call_sealed, packed
 from ezpz_nb.workshop.sent_log import Sent, recording
-from ezpz_nb.workshop.sent_rules import FIX, MAX_SENT, judge_channel, judge_sent
+from ezpz_nb.workshop.sent_rules import FIX, judge_channel, judge_sent
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, CheckStopped, not_done, wrong
 from ezpz_nb.workshop.wire_bytes import WireCounter, judge_wire, replay, store_file
 
@@ -55,8 +55,11 @@ EXERCISE = "exact_mean"
 TOLERANCE = 1e-6
 #: A dodge must land at least this far off (relative) for a case to be drawn.
 SEPARATION = 1e-3
-#: The fewest samples a rank's share holds in a drawn case: one more than MAX_SENT.
-MIN_SHARE = MAX_SENT + 1
+#: The fewest samples a rank's share holds in a drawn case. A drawn loss has 7 digits
+#: (10**7 values, 23.3 bits), so a share's losses, however packed (issue 45's seventh trial:
+#: into one int), even as a multiset in the fewest bits (log2 C(10**7 + 43, 44) = 842 bits),
+#: fill more than MAX_SENT float64s (768 bits): sent, they are refused by size alone.
+MIN_SHARE = 44
 #: A wrong mean this close (relative), no dodge's, is a sum in too few digits: over 2000
 #: drawn cases float16 sums landed up to 1.3e-3 off, bfloat16 up to 7.9e-3. The verdict
 #: then names the dtype.
@@ -84,8 +87,8 @@ def draw_case(rng: random.Random) -> tuple[int, list[float]]:
     """A DP degree and losses whose size the degree does not divide, every dodge far off."""
     while True:
         dp = rng.choice((2, 3, 4))
-        # At least MAX_SENT + 1 samples a rank: sending its losses, one number each however
-        # written (issue 45's fifth trial: each + 1000), is more numbers than a pair needs.
+        # At least MIN_SHARE samples a rank: sending its losses, however written (issue 45's
+        # fifth trial: each + 1000) or packed, is more numbers than a pair needs.
         n = rng.choice([k for k in range(MIN_SHARE * dp + 1, MIN_SHARE * dp + 41) if k % dp])
         losses = [round(rng.uniform(0.0, 10.0), 6) for _ in range(n)]
         truth = math.fsum(losses) / n

@@ -16,16 +16,13 @@ against the checker's own read log, and :mod:`.wire_bytes` the bytes it explains
 
 from __future__ import annotations
 
-import json
-import pickle
-import re
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ezpz_nb.workshop.sent_count import carried
 from ezpz_nb.workshop.wire_bytes import nbytes, spec
 
 __all__ = ["Sent", "recording"]
@@ -81,8 +78,6 @@ _STORE_METHODS = (
     "append",
     "delete_key",
 )
-#: Numbers kept per call (the count is kept whole): a pair is 2, every loss at most 40.
-_KEEP = 256
 
 
 @dataclass
@@ -125,50 +120,6 @@ class Sent:
 
 class _Depth(threading.local):
     depth = 0  # >0 inside a recorded call: its inner calls are part of it
-
-
-#: A number written in text: digits, a point, an exponent.
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-
-
-def _numbers(obj: Any, out: list[float]) -> int:
-    """Append the numbers ``obj`` holds (tensors, arrays, nested containers, a pickled
-    object's bytes) to ``out``, up to :data:`_KEEP`; return how many it holds."""
-    if isinstance(obj, bool) or obj is None:
-        return 0
-    if isinstance(obj, (int, float)):
-        out.append(float(obj))
-        return 1
-    if hasattr(obj, "detach") and hasattr(obj, "numel"):  # a tensor
-        if str(obj.dtype) == "torch.uint8":  # an ``*_object`` call's pickle, sent as bytes
-            try:
-                return _numbers(pickle.loads(obj.detach().numpy().tobytes()), out)
-            except Exception:  # noqa: BLE001 - not a pickle: bytes, no numbers kept
-                return int(obj.numel())
-        flat = obj.detach().reshape(-1)[: max(0, _KEEP - len(out))]
-        out.extend(float(v) for v in flat.tolist())
-        return int(obj.numel())
-    if hasattr(obj, "tolist") and hasattr(obj, "dtype"):  # numpy arrays and scalars
-        return _numbers(obj.tolist(), out)
-    if isinstance(obj, dict):
-        return sum(_numbers(v, out) for v in obj.values())
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return sum(_numbers(v, out) for v in obj)
-    if isinstance(obj, (bytes, bytearray)):  # packed doubles (struct, array, numpy bytes)
-        if len(obj) % 8:
-            return len(obj)
-        return _numbers(list(struct.unpack(f"<{len(obj) // 8}d", obj)), out)
-    if isinstance(obj, str):  # a number or JSON written out
-        try:
-            return _numbers(json.loads(obj), out)
-        except ValueError:
-            pass
-        # Numbers written in other text (issue 45's fifth trial: every loss joined by ";"),
-        # or, with none readable, the text counted by size: a double's worth of characters.
-        found = _NUMBER.findall(obj)
-        out.extend(float(v) for v in found[: max(0, _KEEP - len(out))])
-        return len(found) if found else len(obj) // 8
-    return 0
 
 
 def _get(owner: Any, name: str) -> Any:
@@ -231,10 +182,9 @@ def recording(note: Callable[[str], Any], calls: list[Any] | None = None) -> Ite
                 if pick is None:
                     note(f"store {name}")
                 else:
-                    kept: list[float] = []
                     got = pick(args) if args else None
-                    count = _numbers(got if got is not None else list(kwargs.values()), kept)
-                    note(" ".join(["sent", name, str(count), *map(repr, kept[:_KEEP])]))
+                    count, kept = carried(got if got is not None else list(kwargs.values()))
+                    note(" ".join(["sent", name, str(count), *map(repr, kept)]))
             local.depth += 1
             try:
                 return original(*args, **kwargs)
