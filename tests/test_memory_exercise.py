@@ -47,6 +47,17 @@ class NumpyFlat(Dataset):
         return _row_sample(i, self.data[i])
 
 
+class WithAnIdleThread(NumpyFlat):
+    """Right (issue 45's seventh trial, as pyarrow and the datasets library do at import): a
+    thread started in make_flat that sleeps through the epoch (a library's pool); it serves
+    no row, so it is not "a thread in the rank that serves the rows"."""
+
+    def __init__(self, rows):
+        super().__init__(rows)
+        self.idle = threading.Event()
+        threading.Thread(target=self.idle.wait, daemon=True).start()
+
+
 class TensorFlat(Dataset):
     """Unusual but right: one torch tensor (no numpy)."""
 
@@ -726,6 +737,7 @@ def test_an_instance_is_told_to_pass_the_class():
     "answer",
     [
         Int32PerRead,
+        WithAnIdleThread,
         pytest.param(make_ragged, marks=SLOW),
         pytest.param(ArrayBlob, marks=SLOW),
         pytest.param(TorchFrombuffer, marks=SLOW),
