@@ -422,7 +422,10 @@ if __name__ == "__main__":
 # of section 1 (`--num-samples`, `--batch-size`, `--epochs 2`, `--checkpoint-every 2`,
 # `--timeout 20`), so keep them. It reads each rank's startup lines and ledgers and says what
 # to look at when something is off. A file that does not compile is refused before anything
-# starts.
+# starts. What it cannot see here: under gloo no rank takes a GPU, so the GPU in each startup
+# line is the one your code says it would take, not one it took (`torch.cuda.set_device` never
+# runs). On a node with 2 GPUs or more, `check_worker(WORKER, backend="nccl")` runs the file
+# under NCCL, where picking the GPU by `RANK` instead of `LOCAL_RANK` fails on the second node.
 
 # %%
 checked = check_worker(WORKER)
