@@ -446,6 +446,7 @@ def test_plain_script_without_main_guard(tmp_path, short_tmp):
     assert "clean [0, 1]" in proc.stdout
 
 
+@pytest.mark.system  # a script of its own, killed (~7 s quiet): `make system`
 def test_ranks_exit_when_the_kernel_dies(tmp_path, short_tmp):
     """Guards: no orphans (and no folders) when the notebook process dies abruptly."""
     proc = _script(tmp_path, short_tmp, "die")

@@ -102,6 +102,7 @@ def test_launcher_in_a_notebook(tmp_path):
     assert not any(psutil.pid_exists(p) for p in pids)
 
 
+@pytest.mark.system  # a Jupyter kernel of its own per case (~3 s each, quiet): `make system`
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     "code",
@@ -139,6 +140,7 @@ def test_graceful_kernel_shutdown_runs_exit_handlers_and_leaves_nothing(code, sh
 _FORKSERVER_PID = "__import__('multiprocessing.forkserver').forkserver._forkserver._forkserver_pid"
 
 
+@pytest.mark.system  # a Jupyter kernel of its own per case (~3.5 s each, quiet): `make system`
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("warmup", ["1", "0"])
 def test_import_in_a_kernel_warms_the_forkserver_and_env_set_later_still_counts(warmup, short_tmp):

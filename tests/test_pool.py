@@ -136,6 +136,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # the kernel dies: no exit handler runs
 """
 
 
+@pytest.mark.system  # a notebook process of its own, killed: `make system`
 def test_killed_notebook_leaves_no_standby_process(short_tmp):
     """Guards: SIGKILL of the notebook (the OOM killer, a crashed kernel) ends the standby
     ranks too, those still importing torch included, and the ranks made from them."""
@@ -159,7 +160,8 @@ def test_killed_notebook_leaves_no_standby_process(short_tmp):
 
 # A killed kernel under spawn is the slower case (`make system`); a killed script is
 # checked in the quick run above (test_killed_notebook_leaves_no_standby_process).
-@pytest.mark.parametrize("how", ["shutdown", pytest.param("SIGKILL", marks=pytest.mark.system)])
+@pytest.mark.system  # a Jupyter kernel under spawn of its own per case: `make system`
+@pytest.mark.parametrize("how", ["shutdown", "SIGKILL"])
 def test_kernel_under_spawn_warms_a_pool_and_leaves_nothing(how, short_tmp):
     """Guards: in a real kernel with EZPZ_NB_START_METHOD=spawn, import ezpz_nb starts the
     pool, a launch uses it, and neither Jupyter's shutdown nor a killed kernel leaves a
