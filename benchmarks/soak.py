@@ -93,17 +93,68 @@ class Row:
 
 
 #: Seconds a process of a finished run may take to finish exiting by itself (a
-#: forkserver that imported torch takes up to about a second to tear down).
+#: forkserver that imported torch takes up to about a second to tear down), and the most
+#: it may take while it still makes progress (on a busy machine an exit that takes a
+#: second alone takes many: a process still working its way out is not left behind).
 GRACE_S = 5.0
+PROGRESS_CAP_S = 60.0
 
 
-def leftovers(tmp: str, tag: str) -> tuple[int, int, int, int]:
-    """What a finished run left: processes still exiting (gone within GRACE_S), processes
-    still alive after it (then killed), entries in its TMPDIR, torch's own folders."""
+def _work(pid: int) -> tuple[str, int] | None:
+    """``(state, CPU ticks used)`` of ``pid`` from /proc, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return fields[0], int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _still_exiting(pids: list[int], window_s: float = 1.0) -> bool:
+    """Whether any of ``pids`` is runnable or used CPU within ``window_s``: judged from
+    its CPU ticks, a count, so a slow exit on a loaded machine is told from a process
+    that sleeps forever (blocked on a pipe, a lock, a peer)."""
+    before = {pid: _work(pid) for pid in pids}
+    time.sleep(window_s)
+    for pid, was in before.items():
+        now = _work(pid)
+        if was is None or now is None:
+            continue  # gone: not left
+        if now[0] == "R" or now[1] > was[1]:
+            return True
+    return False
+
+
+def _describe(pids: list[int]) -> str:
+    """One line per process: pid, state, CPU ticks and its command, for the report."""
+    lines = []
+    for pid in pids:
+        work = _work(pid)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except OSError:
+            cmd = "?"
+        lines.append(f"  pid {pid} state {work and work[0]} cpu ticks {work and work[1]}: {cmd}")
+    return "\n".join(lines)
+
+
+def leftovers(tmp: str, tag: str, grace_s: float = GRACE_S) -> tuple[int, int, int, int]:
+    """What a finished run left: processes still exiting (gone within GRACE_S, or later
+    while they still use CPU, up to PROGRESS_CAP_S), processes still alive after it
+    (described on stdout, then killed), entries in its TMPDIR, torch's own folders.
+    ``grace_s``: GRACE_S, shorter in this function's own test."""
     seen = len(tagged(tag))
-    deadline = time.monotonic() + GRACE_S
-    while tagged(tag) and time.monotonic() < deadline:
+    start = time.monotonic()
+    while tagged(tag) and time.monotonic() < start + grace_s:
         time.sleep(0.05)
+    while (
+        (pids := tagged(tag)) and time.monotonic() < start + PROGRESS_CAP_S and _still_exiting(pids)
+    ):
+        pass
+    pids = tagged(tag)
+    if pids:
+        print(f"left after the run ({time.monotonic() - start:.1f} s):\n{_describe(pids)}")
     left = kill_tagged(tag)
     names = os.listdir(tmp)
     own = sum(n.startswith(TORCH_OWN) for n in names)
