@@ -16,7 +16,7 @@ from typing import Any
 
 from ezpz_nb.ledger import Ledger
 
-__all__ = ["PREFETCH_DEPTH", "RankLog", "Read", "unread", "words_loaded"]
+__all__ = ["PREFETCH_DEPTH", "RankLog", "Read", "loaded_unread", "unread", "words_loaded"]
 
 
 @dataclass(frozen=True)
@@ -78,17 +78,41 @@ def unread(log: RankLog, ledger: Ledger, rank: int) -> list[int]:
     )
 
 
+def loaded_unread(log: RankLog, ledger: Ledger, rank: int) -> list[int]:
+    """Samples trained on whose load the log got before the text their batch was made from
+    was read: a ``done`` sent ahead of its work, past ``dataset[i]`` (issue 45's seventh trial).
+
+    A read asks for a text to tokenize it (``dataset[i]``), and the log gets that load's end
+    after the read: before a batch comes, the last read of each of its samples is followed
+    by a load of it. A batch that comes first was made from a text read and tokenized
+    unlogged, its ``done`` sent earlier (beside the step before). A cache, of samples or of
+    texts, loads after its last read as well. (A sample never read at all: :func:`unread`.)
+    """
+    reads: dict[int, list[int]] = {}
+    for r in log.reads:
+        reads.setdefault(r.index, []).append(r.seq)
+    came = {(e, s): seq for (kind, e, s), seq in log.marks.items() if kind == "g"}
+    out: set[int] = set()
+    for rec in (r for r in ledger.records if r.rank == rank):
+        g = came.get((rec.epoch, rec.step), -1)
+        for i in rec.sample_ids:
+            last = max((q for q in reads.get(i, ()) if q < g), default=-1)
+            if last >= 0 and not any(last <= x.seq < g for x in log.loads if x.index == i):
+                out.add(i)
+    return sorted(out)
+
+
 def words_loaded(log: RankLog, ledger: Ledger, rank: int) -> dict[str, Any]:
     """Words loaded where they hide and where they stall, from the log's order alone.
 
     A load (``dataset[i]`` done: the text read and tokenized) counts where it ends.
     ``hidden``: ended outside every epoch (the function, ``set_epoch``, a preload);
     per epoch: ``at_start``: ended in the epoch's first wait and not dispatched (below);
-    ``waited``: ended while its loop waited for a batch and not dispatched: in the rank's
-    own process (any of its threads), or in a worker but not for the one batch the
-    DataLoader had asked that worker to fetch (a ``worker_init_fn``, or other batches'
-    samples loaded with its own: a preload, where a prefetch of any depth loads only
-    what was asked); or began in a worker after the step that trained on it asked; or
+    ``waited``: ended by the loop's own thread anywhere in the epoch; or ended while its
+    loop waited for a batch and not dispatched: in the rank's own process (any of its
+    threads), or in a worker but not for the one batch the DataLoader had asked that
+    worker to fetch (a ``worker_init_fn``, or other batches' samples loaded with its own:
+    a preload, where a prefetch of any depth loads only what was asked); or began in a worker after the step that trained on it asked; or
     (any reader) for a step t's batch once the kernel counted t steps' all-reduces (the
     loop had finished step t-1 and was asking for t: what the loop's own marks say unless
     they were moved); ``read``: ended within the epoch at all (0 in every epoch after the
@@ -143,7 +167,10 @@ def words_loaded(log: RankLog, ledger: Ledger, rank: int) -> dict[str, Any]:
         # unless the rank's own process prefetched it (see _own_ahead).
         dispatched = x.worker and step is not None and fetched.get((epoch, x.batch)) == {step}
         ended, alongside = ahead.get(x.seq, (_wait_of(waits, epoch, x.seq), None))
-        inside = not dispatched and ended is not None
+        # The loop's own thread loads nothing beside its steps: between its steps it runs
+        # them, so what it loads anywhere in the epoch, the steps wait for (issue 45's
+        # seventh trial loaded from a wrapper of the loop's marks, after each batch came).
+        inside = (not dispatched and ended is not None) or (x.loop and not x.worker)
         if kernel or inside or alongside is not None or (x.worker and x.began > asked):
             out["waited"][epoch] += x.words
         if (not dispatched and ended == 0) or alongside == 0:
