@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 import ezpz_nb as ez
 from ezpz_nb.workshop import confine
-from ezpz_nb.workshop.dcp_state import BATCH, CORPUS, check_loader_state, shared_load_ranks
+from ezpz_nb.workshop.dcp_state import CORPUS, check_loader_state, shared_load_ranks
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -819,17 +819,23 @@ def _from_the_copies(h):
 
 # "list" under `make system` ("remove" finds what it finds, and more); the others in unit.
 @pytest.mark.parametrize("how", [pytest.param("list", marks=pytest.mark.system), "remove", "force"])
-def test_a_process_outside_the_check_finds_no_checkpoint(cluster, how):
+def test_a_process_outside_the_check_finds_no_checkpoint(cluster, how, monkeypatch, short_tmp):
     """Guards issue 45's seventh trial: a process started before the check (outside every
     rank it confines) that copies what a save leaves beside its checkpoint, by listing the
     folders (``list``: a user other than root finds none; the file left beside is named), and
     removing what it copied (``remove``: as root, which lists any folder, the kernel's record
-    of what was written names it), or making the parent listable first (``force``: seen)."""
+    of what was written names it), or making the parent listable first (``force``: seen).
+    The check's folders and the copier's search are in a private temporary folder: the
+    copier must not reach (and ``force`` must not chmod) another 15 check's folders on this
+    machine (the eighth trial's checks beside it were told "listed by a process outside")."""
     import subprocess
     import sys
 
+    monkeypatch.setattr(tempfile, "tempdir", short_tmp)  # where the check makes its folders
     os.makedirs(_COPIES, exist_ok=True)
-    copier = subprocess.Popen([sys.executable, "-c", _COPIER, _COPIES, how])
+    copier = subprocess.Popen(
+        [sys.executable, "-c", _COPIER, _COPIES, how], env={**os.environ, "TMPDIR": short_tmp}
+    )
     try:
         save = _beside if how == "list" else _beside_until_taken
         result = check_loader_state(save, _digest_loader(_from_the_copies), cluster=cluster)
@@ -916,7 +922,7 @@ def load_keyed_by_rank_mod_dp(loader, layout, state):
 def load_one_batch_back(loader, layout, state):
     """Wrong (issue 45's fourth trial): "the step was saved after it ran", one batch back."""
     s = dict(state[f"dp_rank_{layout.dp_rank}"])
-    s["offset"] = int(s["offset"]) - BATCH
+    s["offset"] = int(s["offset"]) - loader.batch_size  # drawn per layout
     loader.load_state_dict(s)
 
 

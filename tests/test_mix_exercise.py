@@ -12,6 +12,7 @@ import types
 
 import pytest
 from _mix_answers import (
+    DRAWS_BEFORE_SOURCE,
     HardCodedBatch,
     SameSeedInEveryWorker,
     _fresh,
@@ -19,6 +20,7 @@ from _mix_answers import (
     big_sources_rotated,
     cached_epoch,
     drawn_with_replacement,
+    exact_then_estimated,
     global_batch_of_twelve,
     grouped_by_source,
     largest_source_hashed_to_50,
@@ -34,6 +36,7 @@ from _mix_answers import (
     quotas_in_order,
     replays_24_batches,
     replays_80_batches,
+    replays_16384_batches,
     replays_from,
     returns_an_iterator,
     right_for_eight_steps,
@@ -71,7 +74,6 @@ from ezpz_nb.workshop.mix_seeds import (
 )
 from ezpz_nb.workshop.mix_streams import (
     COVER,
-    DEEP,
     GLOBALS,
     RUN,
     SEEDS,
@@ -82,6 +84,7 @@ from ezpz_nb.workshop.mix_streams import (
     far_steps,
     quotas,
 )
+from ezpz_nb.workshop.mix_window import REACH, WINDOW, WINDOWS, far_rules
 from ezpz_nb.workshop.mixture import check_mix_batch
 
 #: Checks per answer: each draws its own sizes, weights and seed. One in `make unit`, as in
@@ -271,7 +274,7 @@ def test_every_draw_has_two_different_cases_and_seeds():
     seed and pass rules can judge: each check's two cases differ in global batch and in
     number of sources, all from the checker's ranges (the first batch also divisible by every
     DP size checked), its seeds all differ, its far steps start past the horizon and reach
-    COVER (one more run up to DEEP), its 128 more seeds are new and their window judges the
+    COVER (then its windows, apart, within REACH), its 128 more seeds are new and their window judges the
     whole batches and the largest source (issue 45's fifth brief: the few-streams rule), and
     each case has a small source drawn in 6 passes or more and one of 12 samples or more
     drawn in 2 passes or more. Pure arithmetic, no ranks: 2000 seeds."""
@@ -279,7 +282,10 @@ def test_every_draw_has_two_different_cases_and_seeds():
         setup = draw_setup(seed)
         main, other, steps, seeds, far = setup[:5]
         assert len(set(seeds)) == SEEDS and steps <= far <= 2 * steps - RUN
-        assert far_steps(far, steps, setup.deep)[-2 * RUN] >= COVER <= setup.deep <= DEEP - RUN
+        near = far_steps(far, steps, setup.windows)[: -WINDOW * WINDOWS]
+        assert near[-RUN] >= COVER and len(setup.windows) == WINDOWS
+        assert REACH[0] <= setup.windows[0] and setup.windows[-1] <= REACH[1] - WINDOW
+        assert all(b - a >= WINDOW for a, b in zip(setup.windows, setup.windows[1:], strict=False))
         assert len(set(setup.many)) == MANY and not set(setup.many) & set(seeds)
         # The few-streams window judges the whole batches, and the largest source, always.
         drawn = quotas(main.weights, main.global_batch, setup.window)
@@ -385,20 +391,14 @@ def _defined_in_a_cell(src: str, name: str | None):
     return ns if name is None else ns[name]
 
 
+#: The notebook's solution with its generators seeded by ``SEED_OF`` (defined before it), its
+#: running totals the notebook's own (kept between calls: the far windows are past 2**16).
 _SOLUTION_WITH = (
     "import numpy as np\n"
-    "def _quotas(w, g, step):\n"
-    "    done = np.zeros(len(w))\n"
-    "    for b in range(step + 1):\n"
-    "        quota = np.floor(w * g)\n"
-    "        behind = w * (b + 1) * g - (done + quota)\n"
-    "        quota[np.argsort(-behind, kind='stable')[: g - int(quota.sum())]] += 1\n"
-    "        if b == step:\n"
-    "            return quota.astype(int), done.astype(int)\n"
-    "        done += quota\n"
-    "def mix_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed):\n"
-    "    w = np.asarray(weights) / sum(weights)\n"
-    "    quota, done = _quotas(w, global_batch, step)\n"
+    + DRAWS_BEFORE_SOURCE
+    + "def mix_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed):\n"
+    "    w = tuple(x / sum(weights) for x in weights)\n"
+    "    done, quota = draws_before(w, global_batch, step)\n"
     "    slots = np.repeat(np.arange(len(w)), quota)\n"
     "    order = np.random.default_rng(SEED_OF(seed, step, -1)).permutation(slots)\n"
     "    out = []\n"
@@ -450,7 +450,7 @@ def test_a_stream_that_depends_on_the_process_is_rejected(cluster):
     """Guards issue 45's sixth trial, defects 5 and 6: permutations seeded by hash() of a str
     (salted per interpreter, shared by every rank of one forkserver) and a salt planted in the
     warm ranks by an earlier cell both passed, as every layout ran on the same ranks. The
-    horizon and the far run, computed again in a new process with another PYTHONHASHSEED,
+    horizon and a far run, computed again in a new process with another PYTHONHASHSEED,
     must be the ranks' batches; the same answer seeded by sha256 of the same str passes."""
     for _ in range(max(1, DRAWS // 2)):
         got = check_mix_batch(seeded_by_str_hash, cluster=cluster)
@@ -508,3 +508,47 @@ def test_the_new_process_has_its_own_hash_salt_and_says_what_went_wrong():
     assert stream._proc.poll() is not None  # stopped, not left running
     picks = iter([5, 5, 6])
     assert hash_seed(types.SimpleNamespace(randrange=lambda a, b: next(picks)), "5") == 6
+
+
+def test_the_seventh_trials_far_dodges_are_rejected(cluster):
+    """Guards issue 45's seventh trial: a table of 16384 global batches replayed (H1: past
+    every step then asked) and a stream exact to step 1024, then the same rounding each batch
+    with pass positions guessed from the weights (H2: each far batch within one sample)
+    passed. The far windows past 2**16 judge the running totals and the passes for every
+    count of draws a right stream could have before them (offline: 200 of 200 draws each)."""
+    for fn in (replays_16384_batches, exact_then_estimated):
+        _rejected(cluster, fn, "far out", max(1, DRAWS // 2))
+
+
+@pytest.mark.parametrize("seed", [21, 22])
+def test_the_window_rule_keeps_right_answers_and_turns_far_dodges_down(seed):
+    """Guards the window rule on its own, in process (no ranks): right answers with other
+    permutations, orders and caches (the library's, the notebook's, the sources' blocks side
+    by side, random.Random(str) from lru_cache'd totals) keep it in both windows of a draw;
+    H1, H2 and a table of 65536 batches break it; and a right window judged as if it started
+    a step later (its running totals and passes one batch off) breaks it."""
+    setup = draw_setup(seed)
+    main = setup.main
+    args = (main.sizes, main.weights, main.global_batch)
+
+    def judged(fn, start, at=None):
+        window = [list(map(tuple, fn(*args, b, 0, 1, seed))) for b in range(start, start + WINDOW)]
+        return far_rules(window, start if at is None else at, main.weights, main.sizes)
+
+    for fn in (library_answer, notebook_solution, grouped_by_source, cached_epoch):
+        assert [judged(fn, p) for p in setup.windows] == [""] * WINDOWS, fn
+    for fn in (replays_16384_batches, exact_then_estimated, replays_from(65536)):
+        assert "far out" in judged(fn, setup.windows[-1]), fn
+    assert "far out" in judged(notebook_solution, setup.windows[0], setup.windows[0] + 1)
+
+
+def test_the_library_answer_is_the_librarys_plan():
+    """Guards what ``library_answer`` stands for: computed batch by batch (the library's
+    whole plan costs seconds past 2**16), it is ``Mixture.plan``'s stream, batch for batch."""
+    for seed in range(3):
+        main = draw_setup(seed).main
+        g = main.global_batch
+        plan = Mixture(main.sizes, main.weights, g, "stratified", seed).plan(40)
+        for b in range(40):
+            got = library_answer(main.sizes, main.weights, g, b, 0, 1, seed)
+            assert got == [(int(s), int(i)) for s, i in plan[b * g : (b + 1) * g]], (seed, b)

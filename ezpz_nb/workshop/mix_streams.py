@@ -12,10 +12,12 @@ pass])``) is turned down by a rule with a chance of at most :data:`CHANCE`:
 * :func:`replayed`: batches far past the judged horizon (:func:`far_steps`) are not its
   batches again.
 
-How far the far steps reach is a trade: the notebook's solution replays its quotas from
-step 0 on every call (measured, 2 cores: 6 ms a call at step 1000, 60 ms at 10**4, 0.6 s
-at 10**5, ~6 s at 10**6), so a check covers every replayed table up to :data:`COVER`
-batches with runs a gap apart, and judges one run drawn up to :data:`DEEP` beside them.
+How far the far steps reach is a trade: an answer that replays its quotas from step 0 on
+every call pays its step per call (measured, 2 cores: 6 ms a call at step 1000, 60 ms at
+10**4, 0.6 s at 10**5), so a check covers every replayed table up to :data:`COVER` batches
+with runs a gap apart, and judges the windows of :mod:`.mix_window` (consecutive batches
+past 2**16) beside them: an answer pays the steps before its first call once, keeping its
+running totals between calls, as the notebook's solution does.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ezpz_nb.workshop.mix_seeds import CHANCE, Stream, draw_many, draw_seeds, few_window
+from ezpz_nb.workshop.mix_window import draw_windows, window_steps
 
 __all__ = [
     "CHANCE",
     "COVER",
-    "DEEP",
     "GLOBALS",
     "SEEDS",
     "SOURCES",
@@ -64,15 +66,9 @@ STEPS = (32, 64)
 #: Far steps (:func:`far_steps`) reach this step or further, so a table of batches replayed
 #: from step 0 every ``T`` steps (or right up to step ``T``, then again) shows again there
 #: for any ``T`` up to it: 23 runs of 4 a check on average, ~0.3 s for the notebook's
-#: solution. An answer that rebuilds every batch from step 0 on each call (its cost the
-#: square of the step) does not pass in time: the notebook says each call must cost no
-#: more than the step.
+#: solution. A longer table holds other counts of draws in the windows of
+#: :mod:`.mix_window`, past 2**16.
 COVER = 1024
-#: One more run of :data:`RUN` batches starts at a step drawn from :data:`COVER` to this
-#: (judged as the others: mixed, not replayed): any step, however far, is asked for; ~0.15 s
-#: for the notebook's solution. A replayed table longer than :data:`COVER` shows there only
-#: by chance (its run falling on the horizon's batches).
-DEEP = 10_000
 #: Seeds run at dp=1, spread over the ranks with the 128 of few_streams: every two must give
 #: other streams, so a seed that picks one of a few fixed streams (4 or fewer: one or two
 #: bits of it) always meets two that match; the first three after the check's own are its
@@ -97,7 +93,7 @@ class Draw(NamedTuple):
         steps: Global batches in every run.
         seeds: The seed of every run, then the other seeds of rule 4 (:data:`SEEDS` in all).
         far: The first far step (:func:`far_steps`), less than a gap past the horizon.
-        deep: The first step of the run drawn up to :data:`DEEP`.
+        windows: The first step of each window of :mod:`.mix_window`, ascending.
         many: The seeds of :func:`~.mix_seeds.few_streams`, none of ``seeds``.
         window: The global batches each of ``many`` runs (:func:`~.mix_seeds.few_window`).
     """
@@ -107,7 +103,7 @@ class Draw(NamedTuple):
     steps: int
     seeds: tuple[int, ...]
     far: int
-    deep: int
+    windows: tuple[int, ...]
     many: tuple[int, ...]
     window: int
 
@@ -127,10 +123,10 @@ def draw_setup(seed: int) -> Draw:
     other = _draw_case(rng, k_other, rng.choice([x for x in GLOBALS if x != g]), steps)
     seeds = draw_seeds(rng, seed, SEEDS)
     far = steps + rng.randrange(steps - RUN + 1)
-    deep = rng.randrange(COVER, DEEP - RUN + 1)
+    windows = draw_windows(rng)
     many = draw_many(rng, seeds)
     window = few_window(quotas(main.weights, main.global_batch, FEW_HORIZON), main.sizes)
-    return Draw(main, other, steps, seeds, far, deep, many, window)
+    return Draw(main, other, steps, seeds, far, windows, many, window)
 
 
 def _draw_case(rng: random.Random, k: int, g: int, steps: int) -> Case:
@@ -204,11 +200,11 @@ def _fixed_error(w: tuple[float, ...], g: int) -> float:
     return max([1 - r for r in rest[:up]] + [r for r in rest[up:]] + [0.0])
 
 
-def far_steps(start: int, horizon: int, deep: int) -> list[int]:
+def far_steps(start: int, horizon: int, windows: Sequence[int]) -> list[int]:
     """The far steps judged beside a horizon of ``horizon`` batches: runs of :data:`RUN`
     steps from ``start`` (at most ``gap = horizon - RUN + 1`` past the horizon), each
     ``gap`` steps after the last, up to the first run from :data:`COVER` or later; then
-    the run from ``deep``.
+    every step of the windows from ``windows`` (:func:`~.mix_window.window_steps`).
 
     A stream replayed from step 0 every ``T`` steps (``horizon < T <= COVER``) holds at
     step ``p`` the batch of ``p - T``. The runs' first steps come every ``gap`` steps from
@@ -217,8 +213,8 @@ def far_steps(start: int, horizon: int, deep: int) -> list[int]:
     """
     gap = horizon - RUN + 1
     runs = 1 + max(0, -(-(COVER - start) // gap))
-    starts = [start + i * gap for i in range(runs)] + [deep]
-    return [p + j for p in starts for j in range(RUN)]
+    starts = [start + i * gap for i in range(runs)]
+    return [p + j for p in starts for j in range(RUN)] + window_steps(windows)
 
 
 def replayed(near: Stream, far: Stream, steps: Sequence[int]) -> str:

@@ -381,18 +381,23 @@ assert after[2] / after.sum() > 1.5 * WEIGHTS[2] and after[0] / after.sum() < 0.
 # global batch and within one sample of its target over all batches so far (more than MosaicML's
 # stratified batching promises: the same rounding in every batch drifts), a source hands out
 # every one of its samples once before any repeats, in a new shuffled order each pass, steps
-# past those batches (to 1024, and one up to 10**4) are each within one sample of their
-# targets and replay no batches seen before (the rules over all batches so far are judged on
-# the first 32 to 64 only: a stream right that far that drifts, or repeats a table, only past
-# the steps the check asks for is not seen, so keep every rule at every step), every seed gives its own samples (a seed that changes nothing gives every epoch the same
-# order; 128 more seeds drawn at random must give 128 different first batches), and a new Python
-# process, with another string-hash salt and none of the ranks' state, computes the same batches
-# (a restarted job must draw the same stream: seed with numbers, not `hash()` of a string, which
-# Python salts per process). It turns down per-rank sampling, a round-robin that ignores the
-# weights, a generator copied into every worker, one order reused pass after pass, and an
-# ignored seed. Return a list (a generator
-# cannot leave a DataLoader worker), and let a call cost no more than its step (rebuilding
-# every batch from step 0 on each call does not finish in time). You may use numpy.
+# past those batches (to 1024, and two windows of 32 consecutive global batches from steps drawn
+# between 2**16 and 2**17, with both cases) are each within one sample of their targets and
+# replay no batches seen before, in each window the running totals and the passes hold for some
+# count of draws before it that a right stream could have (within one sample of its target, its
+# passes cut every `size` draws from step 0: the checker does not see the batches before a
+# window, so it tries every such count), every seed gives its own samples (a seed that changes
+# nothing gives every epoch the same order; 128 more seeds drawn at random must give 128
+# different first batches), and a new Python process, with another string-hash salt and none of
+# the ranks' state, computes the same batches (a restarted job must draw the same stream: seed
+# with numbers, not `hash()` of a string, which Python salts per process). It turns down
+# per-rank sampling, a round-robin that ignores the weights, a generator copied into every
+# worker, one order reused pass after pass, and an ignored seed. The steps between those asked,
+# and past 2**17, are not seen: keep every rule at every step. Return a list (a generator cannot
+# leave a DataLoader worker), and keep each source's running total between calls: replaying the
+# quotas from step 0 on every call costs about half a second a call near step 10**5, and the
+# windows ask 128 such steps; go on from the last step asked, so a process pays for the steps
+# before its first call once. You may use numpy.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.mixture as ex
@@ -408,22 +413,34 @@ ex.check_mix_batch(mix_batch, cluster=cluster)
 # %% tags=["solutions"]
 import ezpz_nb.workshop.mixture as ex
 
+totals = {}  # (weights, global_batch): (a step, each source's draws before it), between calls
+
+
+def draws_before(w, global_batch, step):
+    """Each source's draws before global batch `step`, and its quota in it: the floor of
+    w * global_batch, the rest to the sources furthest behind over all batches so far."""
+    b, done = totals.get((w, global_batch), (0, (0,) * len(w)))
+    if b > step:  # asked for an earlier step: replay from step 0
+        b, done = 0, (0,) * len(w)
+    while True:  # from the last step asked: a process pays for the steps before it once
+        quota = [int(x * global_batch) for x in w]
+        behind = [
+            x * (b + 1) * global_batch - (d + q) for x, d, q in zip(w, done, quota, strict=True)
+        ]
+        for s in sorted(range(len(w)), key=lambda s: -behind[s])[: global_batch - sum(quota)]:
+            quota[s] += 1
+        if b == step:
+            totals[w, global_batch] = (step, done)
+            return list(done), quota
+        done, b = tuple(d + q for d, q in zip(done, quota, strict=True)), b + 1
+
 
 def mix_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
-    w = np.asarray(weights) / sum(weights)
-    counts = np.zeros(len(w))  # draws of each source before this step: replay the quotas
-    order = None
-    for b in range(step + 1):
-        quota = np.floor(w * global_batch)
-        behind = w * (b + 1) * global_batch - (counts + quota)
-        quota[np.argsort(-behind, kind="stable")[: global_batch - int(quota.sum())]] += 1
-        if b == step:
-            rng = np.random.default_rng([seed, step])  # the order within the batch
-            order = rng.permutation(np.repeat(np.arange(len(w)), quota.astype(int)))
-        else:
-            counts += quota
-    out, k = [], counts.astype(int)
-    for s in order:
+    w = tuple(x / sum(weights) for x in weights)
+    k, quota = draws_before(w, global_batch, step)
+    rng = np.random.default_rng([seed, step])  # the order within the batch
+    out = []
+    for s in rng.permutation(np.repeat(np.arange(len(w)), quota)):
         n, size = k[s], sizes[s]
         perm = np.random.default_rng([seed, 1 + s, n // size]).permutation(size)
         out.append((int(s), int(perm[n % size])))  # a new order for every pass
