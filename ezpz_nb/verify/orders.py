@@ -61,48 +61,90 @@ def _replicas(outs: Sequence[Outcome]) -> dict[int, dict[int, list[tuple[int, ..
     return out
 
 
+def _earlier(epochs: list[int], after: int) -> list[int]:
+    """The epochs ``after`` is compared with: the one before it first, then the others."""
+    before = [e for e in epochs if e < after]
+    return before[-1:] + before[:-1]
+
+
 def order_findings(outs: Sequence[Outcome]) -> list[Finding]:
-    """Epochs that repeat the previous one's batches in another order, or its order rotated,
-    on every DP replica (judged only where a shuffle was asked for)."""
+    """Epochs that repeat an earlier one's batches in another order, or its order rotated,
+    or (past the one before, which the ledger compares) its order exactly, on every DP
+    replica (judged only where a shuffle was asked for). Each epoch is compared with every
+    earlier one: a shuffle seeded by ``epoch % 2`` repeats epoch 0 at epoch 2 (the eighth
+    trial). One finding an epoch; the chance bound is divided among the pairs compared."""
     replicas = _replicas(outs)
     epochs = sorted({e for by in replicas.values() for e in by})
+    bound = CHANCE / max(1, len(epochs) * (len(epochs) - 1) // 2)
     out = []
-    for before, after in zip(epochs, epochs[1:], strict=False):
-        pairs = [(by.get(before, []), by.get(after, [])) for by in replicas.values()]
-        flat = [([i for b in x for i in b], [i for b in y for i in b]) for x, y in pairs]
-        if not pairs or any(x == y for x, y in flat):  # an unchanged order: the ledger's finding
-            continue
-        frozen = all(Counter(map(frozenset, x)) == Counter(map(frozenset, y)) for x, y in pairs)
-        if frozen and math.prod(_frozen_chance(x) for x, _ in pairs) < CHANCE:
-            what = (
-                "the same batches as epoch {0}, only in another order: the samples that share "
-                "a batch never change, so each step's gradient is one of the same means"
-            )
-            hint = (
-                "the batches are cut once and only their order is shuffled: draw a fresh "
-                "permutation of the samples each epoch (seed + epoch) and cut the batches from it"
-            )
-        elif all(_rotated(x, y) for x, y in flat) and (
-            math.prod(_rotation_chance(len(x)) for x, _ in flat) < CHANCE
-        ):
-            shift = {_rotated(x, y) for x, y in flat}
-            what = (
-                "epoch {0}'s order started "
-                + (f"{shift.pop()} place(s)" if len(shift) == 1 else "some places")
-                + " later (rotated): the samples keep their neighbours"
-            )
-            hint = (
-                "one permutation is drawn once and each epoch starts it elsewhere: draw a "
-                "fresh permutation each epoch (seed + epoch)"
-            )
-        else:
-            continue
-        rank = min(r.rank for o in outs for r in o.records if r.epoch == after)
-        out.append(
-            Finding(
-                "reshuffle", "order_unchanged", after,
-                f"Epoch {after} holds " + what.format(before) + ", on every DP replica.",
-                rank=rank, step=0, hint=hint, ranks=sorted({o.rank for o in outs}),
-            )
-        )  # fmt: skip
+    for after in epochs:
+        for before in _earlier(epochs, after):
+            adjacent = before == _earlier(epochs, after)[0]
+            found = _pair_finding(outs, replicas, before, after, adjacent, bound)
+            if found is not None:
+                out.append(found)
+                break
     return out
+
+
+def _pair_finding(
+    outs: Sequence[Outcome],
+    replicas: dict[int, dict[int, list[tuple[int, ...]]]],
+    before: int,
+    after: int,
+    adjacent: bool,
+    bound: float,
+) -> Finding | None:
+    """What epoch ``after`` repeats of epoch ``before`` on every replica, or None."""
+    pairs = [(by.get(before, []), by.get(after, [])) for by in replicas.values()]
+    flat = [([i for b in x for i in b], [i for b in y for i in b]) for x, y in pairs]
+    if not pairs or not all(x for x, _ in flat):
+        return None
+    if all(x == y for x, y in flat):
+        if adjacent:  # an unchanged order from one epoch to the next: the ledger's finding
+            return None
+        if math.prod(math.exp(-math.lgamma(len(x) + 1)) for x, _ in flat) >= bound:
+            return None
+        what = "epoch {0}'s order exactly (sample for sample)"
+        hint = (
+            "each epoch's permutation must be drawn from the epoch itself (seed + epoch), not "
+            "from a value that comes back (epoch % 2, a counter reset): every epoch a new order"
+        )
+        return _finding(outs, before, after, what, hint)
+    if any(x == y for x, y in flat):  # an unchanged order on some replica: the ledger's finding
+        return None
+    frozen = all(Counter(map(frozenset, x)) == Counter(map(frozenset, y)) for x, y in pairs)
+    if frozen and math.prod(_frozen_chance(x) for x, _ in pairs) < bound:
+        what = (
+            "the same batches as epoch {0}, only in another order: the samples that share "
+            "a batch never change, so each step's gradient is one of the same means"
+        )
+        hint = (
+            "the batches are cut once and only their order is shuffled: draw a fresh "
+            "permutation of the samples each epoch (seed + epoch) and cut the batches from it"
+        )
+    elif all(_rotated(x, y) for x, y in flat) and (
+        math.prod(_rotation_chance(len(x)) for x, _ in flat) < bound
+    ):
+        shift = {_rotated(x, y) for x, y in flat}
+        what = (
+            "epoch {0}'s order started "
+            + (f"{shift.pop()} place(s)" if len(shift) == 1 else "some places")
+            + " later (rotated): the samples keep their neighbours"
+        )
+        hint = (
+            "one permutation is drawn once and each epoch starts it elsewhere: draw a "
+            "fresh permutation each epoch (seed + epoch)"
+        )
+    else:
+        return None
+    return _finding(outs, before, after, what, hint)
+
+
+def _finding(outs: Sequence[Outcome], before: int, after: int, what: str, hint: str) -> Finding:
+    rank = min(r.rank for o in outs for r in o.records if r.epoch == after)
+    return Finding(
+        "reshuffle", "order_unchanged", after,
+        f"Epoch {after} holds " + what.format(before) + ", on every DP replica.",
+        rank=rank, step=0, hint=hint, ranks=sorted({o.rank for o in outs}),
+    )  # fmt: skip
