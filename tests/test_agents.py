@@ -14,6 +14,8 @@ import random
 import re
 import signal
 import socket
+import subprocess
+import sys
 import sysconfig
 import tempfile
 import threading
@@ -30,7 +32,12 @@ from ezpz_nb.agents.by_hand import (
     load_attempts,
     worker_from_notebook,
 )
-from ezpz_nb.agents.worker_job import CHECKPOINT_EVERY, WorkerRun, worker_runs
+from ezpz_nb.agents.worker_job import (
+    CHECKPOINT_EVERY,
+    SECOND_LAYOUTS,
+    WorkerRun,
+    worker_runs,
+)
 from ezpz_nb.ledger import StepRecord, fault
 from ezpz_nb.wrapping import COLUMNS
 
@@ -327,27 +334,53 @@ def test_the_checker_rejects_local_rank_taken_from_rank(case):
         check_worker(worker, seed=1)
 
 
-def test_the_checkers_run_has_a_tp_group_across_nodes_and_a_crash_between_saved_positions():
-    """Guards issue 45's seventh trial. Its layouts were 2 nodes x 2 ranks and 2 x 1 at TP 2,
-    so "spans nodes" always meant tp > LOCAL_WORLD_SIZE, and no rank ever died. The gloo run
-    is 2 nodes x 3 ranks at TP 2 (DP 3): the group [2, 3] spans the nodes, [0, 1] and [4, 5]
-    do not; over many draws, any rank dies in either epoch, at a step inside the epoch that
-    is not a saved position, after at least one was saved."""
+def _warned_by(rule: str, spec: WorkerRun) -> set[int]:
+    """The ranks a worker's warning rule makes warn in ``spec``'s layout (ranks numbered node
+    by node, TP innermost): "span" is the notebook's, the others are trials' dodges."""
+    leaders = range(0, spec.world, spec.tp)
+    last_local = {g for g in leaders if g % spec.nproc == spec.nproc - 1}
+    return {"span": spec.spanning_leaders(), "last_local": last_local}[rule]
+
+
+def test_the_checkers_runs_have_a_tp_group_across_nodes_a_crash_and_a_drawn_second_layout():
+    """Guards issue 45's seventh and eighth trials. The seventh's layouts were 2 nodes x 2 ranks
+    and 2 x 1 at TP 2, so "spans nodes" always meant tp > LOCAL_WORLD_SIZE, and no rank ever
+    died. The eighth's: only 2 x 3 at TP 2 ran, so a worker ignoring --tp-size, or warning
+    from every TP leader that is its node's last local rank (right at 2 x 3, tp 2 only),
+    passed; and the restart's position was the last one saved before the crash, which a
+    worker can work out without reading its checkpoint. Now the first run is 2 nodes x 3
+    ranks at TP 2 (the group [2, 3] spans the nodes, [0, 1] and [4, 5] do not) with a crash
+    at a step that is not a saved position and a kept position saved earlier still (what the
+    restart must resume from); the second is a drawn layout whose tp is not 2 and where the
+    last-local-rank rule warns from other ranks than the spanning groups' leaders."""
     draws = [worker_runs("gloo", random.Random(seed)) for seed in range(200)]
-    assert {len(d) for d in draws} == {1}
+    assert {len(d) for d in draws} == {2}
     runs = [d[0] for d in draws]
     assert {(r.nnodes, r.nproc, r.tp) for r in runs} == {(2, 3, 2)}
     assert runs[0].spanning_leaders() == {2} and runs[0].group(3) == [2, 3]
     assert WorkerRun(2, 2).spanning_leaders() == set() == WorkerRun(1, 4).spanning_leaders()
     assert WorkerRun(2, 1).spanning_leaders() == {0}
     for r in runs:
-        assert r.crash is not None
+        assert r.crash is not None and r.keep is not None
         _, epoch, step = r.crash
         per_epoch = r.num_samples // (r.world // r.tp) // 4
         assert epoch in (0, 1) and CHECKPOINT_EVERY < step < per_epoch
         assert step % CHECKPOINT_EVERY
+        kept_epoch, kept = r.keep
+        # A saved position, before the last one saved before the crash, not the job's start,
+        # whose copy is taken at a step of its epoch (kept + 1) before the crash.
+        assert kept % CHECKPOINT_EVERY == 0 and CHECKPOINT_EVERY <= kept < per_epoch - 1
+        assert (kept_epoch, kept + 1) < (epoch, step) and (kept_epoch, kept) < (epoch, step - 1)
     assert {r.crash[0] for r in runs if r.crash} == set(range(6))
-    assert {r.crash[1:] for r in runs if r.crash} == {(0, 3), (0, 5), (1, 3), (1, 5)}
+    assert {r.crash[1:] for r in runs if r.crash} == {(0, 5), (0, 7), (1, 3), (1, 5), (1, 7)}
+    assert {r.keep for r in runs} == {(0, 2), (0, 4), (0, 6), (1, 2), (1, 4)}
+    seconds = [d[1] for d in draws]
+    assert {(r.nnodes, r.nproc, r.tp) for r in seconds} == set(SECOND_LAYOUTS)
+    for r in seconds:
+        assert r.crash is None and r.tp != 2
+        assert _warned_by("last_local", r) != _warned_by("span", r)
+    # The first run alone does not separate them (why a second layout runs at all).
+    assert _warned_by("last_local", runs[0]) == _warned_by("span", runs[0])
 
 
 @pytest.mark.system
@@ -431,6 +464,70 @@ def test_the_checker_rejects_the_seventh_trials_workers(case, name):
         check_worker(_solution(case, replace), seed=list(SEVENTH).index(name))
 
 
+_READ_CHECKPOINT = """\
+    if ckpt.exists() and json.loads(ckpt.read_text())["run_id"] == RUN_ID:
+        saved = json.loads(ckpt.read_text())  # another job's checkpoint is not ours
+        position = [saved["epoch"], saved["steps"]]
+"""
+# The position worked out from the checker's crash plan: the last one saved before the crash.
+_FROM_PLAN = """\
+    if restarted and plan:
+        crash = json.loads(plan)
+        position = [crash["epoch"], crash["step"] - crash["step"] % 2]
+"""
+_PROC_ENVIRON = (
+    'dict(v.split("=", 1) for v in Path("/proc/self/environ").read_text().split("\\0") if "=" in v)'
+)
+
+# Issue 45's eighth trial: workers that passed the checker (one edit of the solution each),
+# with the seed of the draw each test runs and what the verdict must say.
+EIGHTH = {
+    # No checkpoint read: rank 0 takes the position from the plan in os.environ.
+    "position_from_the_plan_in_os_environ": (
+        (_READ_CHECKPOINT, '    plan = os.environ.get("EZPZ_NB_FAIL_ONCE")\n' + _FROM_PLAN),
+        r"began at epoch 0, 0 steps done: the job started over",
+        2,
+    ),
+    # The same, from the environment the process started with (os.environ's origin).
+    "position_from_the_plan_in_proc_environ": (
+        (_READ_CHECKPOINT, f'    plan = {_PROC_ENVIRON}.get("EZPZ_NB_FAIL_ONCE")\n' + _FROM_PLAN),
+        r"put --out back as it was at epoch 0, 2 steps done.*began at epoch 0, 4 steps done: "
+        r"resume from the position the checkpoint holds",
+        2,
+    ),
+    # Warns from every TP leader that is its node's last local rank: right at 2 x 3, tp 2.
+    "warns_iff_leader_is_last_local_rank": (
+        (
+            "if len(nodes) > 1 and layout.tp_rank == 0:",
+            "if LOCAL_RANK == LOCAL_WORLD_SIZE - 1 and layout.tp_rank == 0:",
+        ),
+        r"2 node\(s\) x 2 rank\(s\), tp 4: the TP group \[0, 1, 2, 3\] spans nodes here.*rank 0, "
+        r"did not warn",
+        4,
+    ),
+    # --tp-size ignored: tp 2 whatever the job asks.
+    "tp_hard_coded": (
+        ("    tp = args.tp_size\n", "    tp = 2\n"),
+        r"2 node\(s\) x 2 rank\(s\), tp 1: \(dp_rank, tp_rank\) per rank is",
+        1,
+    ),
+}
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("name", list(EIGHTH))
+def test_the_checker_rejects_the_eighth_trials_workers(case, name):
+    """Guards issue 45's eighth trial: a restart that never reads a checkpoint and takes the
+    position from the checker's crash plan (the plan is out of os.environ, and the checker
+    puts --out back at an earlier saved position before the crash, so the position worked
+    out from the crash is not the one saved), a spans-nodes warning from every TP leader that
+    is its node's last local rank, and a tp hard-coded to 2: the second run's drawn layout has
+    another tp, and a leader placed where that rule is wrong."""
+    replace, says, seed = EIGHTH[name]
+    with pytest.raises(WorkerCheckError, match=says):
+        check_worker(_solution(case, replace), seed=seed)
+
+
 @pytest.mark.system
 def test_the_checker_rejects_a_sampler_sharded_over_the_world(case):
     """Guards: a sampler over WORLD_SIZE instead of the DP replicas (ezpz's dp_group=None
@@ -464,6 +561,54 @@ def test_the_injected_crash_happens_once_and_the_first_attempt_waits_for_it(tmp_
     monkeypatch.setattr(fault, "_STARTED", (tmp_path / "died").stat().st_mtime + 1)
     assert _at_step(monkeypatch, env, 1, 0, 3) == []  # restarted: it died already
     assert _at_step(monkeypatch, env, 2, 0, 3) == []
+
+
+def test_the_crash_puts_back_the_output_folder_kept_at_an_earlier_position(tmp_path, monkeypatch):
+    """Guards issue 45's eighth trial: a worker that never wrote or read a checkpoint passed,
+    working the restart's position out from the crash. At the kept step the output folder is
+    copied (the recorder's ledgers aside); at the crash, before the rank dies, it is put back:
+    a checkpoint saved since holds the kept position again, a file first saved since is gone,
+    the ledgers keep every step they recorded. A worker that resumes from what it reads in
+    its checkpoint resumes from the kept position; one that works it out does not."""
+    out, marks = tmp_path / "out", tmp_path / "marks"
+    (out / "attempt0").mkdir(parents=True)
+    marks.mkdir()
+    env = fault.fail_once(0, 1, 5, marks, keep=(1, 3), out=out, world=1)[fault.ENV]
+    (out / "checkpoint.json").write_text('{"epoch": 1, "steps": 2}')
+    (out / "attempt0" / "rank0.jsonl").write_text("step 2\n")
+    assert _at_step(monkeypatch, env, 0, 1, 3) == []  # the copy: every rank (one) is there
+    (out / "checkpoint.json").write_text('{"epoch": 1, "steps": 4}')
+    (out / "later.json").write_text("{}")
+    (out / "attempt0" / "rank0.jsonl").write_text("step 2\nstep 4\n")
+    assert not fault.restored(marks)
+    assert _at_step(monkeypatch, env, 0, 1, 5) == ["killed SIGKILL"]
+    assert fault.restored(marks)
+    assert (out / "checkpoint.json").read_text() == '{"epoch": 1, "steps": 2}'
+    assert not (out / "later.json").exists()
+    assert (out / "attempt0" / "rank0.jsonl").read_text() == "step 2\nstep 4\n"
+
+
+_SHOW_ENV = """import os, sys
+held = sys.modules.get("_ezpz_nb_fail_once")
+print(os.environ.get({env!r}) is None, getattr(held, "plan", None) is not None)
+"""
+
+
+def test_the_crash_plan_is_out_of_the_workers_environment(tmp_path):
+    """Guards issue 45's eighth trial: rank 0 read the checker's crash plan from
+    os.environ["EZPZ_NB_FAIL_ONCE"] and resumed where it said, with no checkpoint at all. In a
+    rank (RANK set) the plan is gone from os.environ before the script's first line, and only
+    the recorder's side holds it; torchrun's agent (no RANK) keeps it for the ranks it starts."""
+    env = {**os.environ, **fault.fail_once(1, 0, 3, tmp_path)}
+    script = _SHOW_ENV.format(env=fault.ENV)
+    for rank, want in ((None, "False False"), ("0", "True True")):
+        child = {k: v for k, v in env.items() if k != "RANK"}
+        if rank is not None:
+            child["RANK"] = rank
+        got = subprocess.run(
+            [sys.executable, "-c", script], env=child, capture_output=True, text=True, check=True
+        )
+        assert got.stdout.split() == want.split(), (rank, got.stdout, got.stderr)
 
 
 @pytest.mark.system

@@ -44,7 +44,7 @@ from ezpz_nb.agents.worker_job import (
 )
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.ledger import Ledger
-from ezpz_nb.ledger.fault import fail_once
+from ezpz_nb.ledger.fault import crashed, fail_once, restored
 
 __all__ = [
     "CHECKPOINT_EVERY",
@@ -166,26 +166,42 @@ def _expect_attempts(case: str, out: Path, spec: WorkerRun, run: AgentRun) -> At
     return load_attempts(out)
 
 
-def _expect_resume(case: str, spec: WorkerRun, got: Attempts, run: AgentRun) -> None:
-    """The restarted attempt began at the last position saved before the crash."""
+def _expect_resume(case: str, spec: WorkerRun, got: Attempts, run: AgentRun, marks: Path) -> None:
+    """The restarted attempt began at the position its checkpoint held: the kept one, which
+    the checker put back before the crash, or (if not every rank reached it) the last saved."""
     assert spec.crash is not None
     _, epoch, step = spec.crash
-    saved = (epoch, step - step % CHECKPOINT_EVERY)
+    last = (epoch, step - step % CHECKPOINT_EVERY)
+    put_back = spec.keep is not None and restored(marks)
+    saved = spec.keep if put_back and spec.keep is not None else last
     where = got.resumed[1][1:]
     if where == saved:
         return
+    # The case (the start of the message) names the crash.
+    said = (
+        f"the last position saved before it was epoch {last[0]}, {last[1]} steps done "
+        f"(--checkpoint-every {CHECKPOINT_EVERY})"
+    )
+    if put_back:
+        said += (
+            f"; before the restart the checker put --out back as it was at epoch {saved[0]}, "
+            f"{saved[1]} steps done (as if the later saves never reached the disk)"
+        )
     if where == (0, 0):
         why = (
             "the job started over: read the checkpoint on restart (rank 0 reads it and "
             "broadcasts the position)"
         )
     else:
-        why = "resume from the saved position: no step after it counts, none before it is redone"
+        why = (
+            "resume from the position the checkpoint holds, read after the restart (not "
+            "worked out from the crash, the ledgers or the checker's environment): no step "
+            "after it counts, none before it is redone"
+        )
     raise _fail(
         case,
-        f"{spec.crash_text()}, after the job saved its position at epoch {saved[0]}, "
-        f"{saved[1]} steps done (--checkpoint-every {CHECKPOINT_EVERY}); the restart says "
-        f"(resumed.json) it began at epoch {where[0]}, {where[1]} steps done: {why}",
+        f"{said}; the restart says (resumed.json) it began at epoch {where[0]}, {where[1]} "
+        f"steps done: {why}",
         run,
     )
 
@@ -238,6 +254,20 @@ def _expect_warnings(case: str, spec: WorkerRun, run: AgentRun) -> None:
         )
 
 
+def _expect_no_crash(case: str, spec: WorkerRun, out: Path, run: AgentRun) -> None:
+    """The job never reached the step where a rank was to die: say why, from its data."""
+    if any(out.glob("attempt*/*.jsonl")):
+        _expect_ledger(case, load_attempts(out).counted, spec, run)
+    steps = spec.num_samples // (spec.world // spec.tp) // 4
+    raise _fail(
+        case,
+        f"no rank reached that step, so nothing died and torchrun restarted nothing: an epoch "
+        f"holds {steps} steps here (--num-samples {spec.num_samples} over DP "
+        f"{spec.world // spec.tp}, --batch-size 4); run both epochs, every step of each",
+        run,
+    )
+
+
 def _expect_attempt_lines(case: str, spec: WorkerRun, run: AgentRun) -> None:
     """Each rank printed one startup line per attempt, with the attempt every rank agreed on."""
     seen = sorted({(int(m[1]), int(m[6])) for m in STARTUP.finditer("\n".join(run.output))})
@@ -266,15 +296,19 @@ def check_worker(
 ) -> list[AgentRun]:
     """Run the learner's worker file under real torchrun agents and check what it did.
 
-    The runs (:func:`worker_runs`), at TP 2: under gloo, two simulated nodes of 3 ranks,
-    one TP group spanning them; a drawn rank is killed at a drawn step, once, and torchrun
-    (``--max-restarts=1``) restarts the job. The job must exit 0; every rank must report
+    The runs (:func:`worker_runs`): first, under gloo, two simulated nodes of 3 ranks at
+    TP 2, one TP group spanning them; a drawn rank is killed at a drawn step, once, and
+    torchrun (``--max-restarts=1``) restarts the job; before the restart the checker puts the
+    output folder back as it was at a drawn earlier saved position (ledgers aside). Then a
+    drawn layout of :data:`~ezpz_nb.agents.worker_job.SECOND_LAYOUTS` (another tp, another
+    placement of the TP leaders), no crash. Each job must exit 0; every rank must report
     the identity torchrun gave it and the GPU it would take (its ``LOCAL_RANK``, under gloo
-    too), in each attempt the attempt every rank agreed on; the leader of the spanning TP
-    group, and no other rank, must warn; each attempt's folder must hold every rank's
-    ledger; the restart must begin at the last position saved before the crash; and the
-    steps that count must hold every sample once per epoch and replica, TP peers the same
-    batches, each rank the DP x TP place the mesh gives it.
+    too), in each attempt the attempt every rank agreed on; the leaders of spanning TP
+    groups, and no other rank, must warn; each attempt's folder must hold every rank's
+    ledger; the restart must begin at the position its checkpoint holds (the one put back);
+    and the steps that count must hold every sample once per epoch and replica, TP peers the
+    same batches, each rank the DP x TP place the mesh gives it. The crash plan reaches the
+    recorder only (:mod:`ezpz_nb.ledger.fault`): the worker's ``os.environ`` does not hold it.
 
     Args:
         path: The worker file.
@@ -282,10 +316,11 @@ def check_worker(
             simulated node then gets its own GPUs (``CUDA_VISIBLE_DEVICES``): two nodes
             on one machine must not both take GPU 0 as their ``LOCAL_RANK`` 0.
         timeout_s: Deadline of each run.
-        seed: Seed of the drawn crash point (default: a new draw at each call).
+        seed: Seed of the draws (default: a new draw at each call).
 
     Returns:
-        The runs, in order (their output is there to read).
+        The runs, in order (their output is there to read; ``label`` names each one's
+        layout and crash).
 
     Raises:
         WorkerCheckError: What is wrong, and the last lines of the run's output.
@@ -301,7 +336,10 @@ def check_worker(
             marks.mkdir()
             env = dict(_PREFIX_TEMPLATE)
             if spec.crash:
-                env.update(fail_once(*spec.crash, marks))
+                keep = None if spec.keep is None else (spec.keep[0], spec.keep[1] + 1)
+                # The step after the kept position: every form of the save before it is
+                # done (end of the step before, start of its own), none of the next one.
+                env.update(fail_once(*spec.crash, marks, keep=keep, out=out, world=spec.world))
             envs = [dict(env) for _ in range(spec.nnodes)]
             if backend == "nccl":
                 for n, node_env in enumerate(envs):
@@ -321,12 +359,15 @@ def check_worker(
                     raise
                 raise _fail(case, f"the job did not end: {exc}", exc.run) from None
             # fmt: on
-            _expect_run(case, run, spec, backend, out)
+            _expect_run(case, run, spec, backend, out, marks)
+            run.label = case
             runs.append(run)
     return runs
 
 
-def _expect_run(case: str, run: AgentRun, spec: WorkerRun, backend: str, out: Path) -> None:
+def _expect_run(
+    case: str, run: AgentRun, spec: WorkerRun, backend: str, out: Path, marks: Path
+) -> None:
     if not run.ok:
         raise _fail(case, "the job failed: " + run.diagnosis(), run)
     if run.lines("terminate called"):
@@ -344,11 +385,13 @@ def _expect_run(case: str, run: AgentRun, spec: WorkerRun, backend: str, out: Pa
             run,
         )
     _expect_identity(case, run, spec.nnodes, spec.nproc, backend)
+    if spec.crash and not crashed(marks):
+        _expect_no_crash(case, spec, out, run)
     _expect_attempt_lines(case, spec, run)
     _expect_warnings(case, spec, run)
     got = _expect_attempts(case, out, spec, run)
     if spec.crash:
-        _expect_resume(case, spec, got, run)
+        _expect_resume(case, spec, got, run, marks)
     _expect_ledger(case, got.counted, spec, run)
     if not got.exactly_once():
         raise _fail(

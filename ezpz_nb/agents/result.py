@@ -40,6 +40,7 @@ class AgentRun:
         output: Each agent's stdout and stderr, interleaved as written.
         elapsed_s: Seconds from the first start to the last exit.
         stopped: Why the agents were stopped early ("deadline", "interrupt"), or "".
+        label: What the run was, in words, when a checker ran it (its layout), or "".
     """
 
     commands: list[list[str]]
@@ -47,6 +48,7 @@ class AgentRun:
     output: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     stopped: str = ""
+    label: str = ""
 
     @property
     def ok(self) -> bool:

@@ -186,6 +186,10 @@ class WorkerRun:
         tp: Ranks per TP group (consecutive ranks: TP innermost).
         crash: ``(rank, epoch, step)``: that rank is killed there once (SIGKILL, by the
             recorder: :mod:`ezpz_nb.ledger.fault`), and torchrun restarts the job once.
+        keep: ``(epoch, steps done)``: a position saved before the crash. The checker copies
+            the output folder while every rank waits just after it, and puts the copy back
+            before the crash: the restart must resume from there, the position its
+            checkpoint holds, not from the last one saved before the crash.
         num_samples: The dataset's size (``--num-samples``).
     """
 
@@ -193,6 +197,7 @@ class WorkerRun:
     nproc: int
     tp: int = 2
     crash: tuple[int, int, int] | None = None
+    keep: tuple[int, int] | None = None
     num_samples: int = 48
 
     @property
@@ -230,15 +235,24 @@ class WorkerRun:
         return text + (f", {self.crash_text()}" if self.crash else "")
 
 
-def worker_runs(backend: str, rng: random.Random | None = None) -> tuple[WorkerRun, ...]:
-    """:func:`check_worker`'s runs, with the crash point drawn from ``rng``.
+#: The second run's layouts (nodes, ranks per node, tp), one drawn per check: each has a tp
+#: other than the first run's 2 (a worker that ignores --tp-size fails), and a TP leader that
+#: is its node's last local rank in a group on one node, or a spanning group whose leader is
+#: not (a warning keyed on the local rank fails). (2, 2, 4): [0..3] spans from local rank 0.
+SECOND_LAYOUTS = ((1, 3, 1), (2, 2, 1), (2, 2, 4))
 
-    One run under gloo: two nodes of 3 ranks at TP 2. The TP groups [0, 1] and [4, 5] stay on
+
+def worker_runs(backend: str, rng: random.Random | None = None) -> tuple[WorkerRun, ...]:
+    """:func:`check_worker`'s runs, with the crash, the kept position and a layout drawn.
+
+    Under gloo, first two nodes of 3 ranks at TP 2. The TP groups [0, 1] and [4, 5] stay on
     their node and [2, 3] spans both, though tp 2 is smaller than the 3 ranks per node (a
     warning keyed on tp > LOCAL_WORLD_SIZE misses it); DP 3, so a sampler not sharded over the
     replicas shows; rank 3 has LOCAL_RANK 0. A drawn rank dies at a drawn step between two
-    saved positions, and torchrun restarts the job once: it must resume from the saved
-    position, with the attempt every rank agrees on, every sample once, on both nodes.
+    saved positions, and torchrun restarts the job once; before it, the checker puts the
+    output folder back as it was at a drawn earlier saved position: the restart must resume
+    from there, with the attempt every rank agrees on, every sample once, on both nodes.
+    Then one layout of :data:`SECOND_LAYOUTS`, no crash.
 
     Under nccl every simulated node takes GPUs of its own: with fewer than 6 GPUs, one node
     of 2 ranks (with the crash) and two nodes of 1 rank (the TP group across them).
@@ -250,10 +264,28 @@ def worker_runs(backend: str, rng: random.Random | None = None) -> tuple[WorkerR
 
         if torch.cuda.device_count() < 6:
             nnodes, nproc = 1, 2
-    # 6 or 8 steps an epoch at DP 3 (18 or 24 at DP 1); the crash at an odd step after the
-    # first saved position: every rank waits there (fault.at_step), so the last position
-    # saved is the even step before it, whatever the timing.
-    num_samples = rng.choice((72, 96))
-    crash = (rng.randrange(nnodes * nproc), rng.choice((0, 1)), rng.choice((1, 3)) + 2)
-    runs = (WorkerRun(nnodes, nproc, crash=crash, num_samples=num_samples),)
-    return runs if nnodes == 2 else (*runs, WorkerRun(2, 1))
+    dp = nnodes * nproc // 2
+    per_epoch = rng.choice((6, 8))  # steps of 4 samples per replica
+    crash, keep = _crash_and_keep(rng, nnodes * nproc, per_epoch)
+    first = WorkerRun(nnodes, nproc, crash=crash, keep=keep, num_samples=dp * 4 * per_epoch)
+    if nnodes == 1:
+        return first, WorkerRun(2, 1)
+    return first, WorkerRun(*rng.choice(SECOND_LAYOUTS))
+
+
+def _crash_and_keep(
+    rng: random.Random, world: int, per_epoch: int
+) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """A crash at an odd step (every rank waits there: fault.at_step, so the last position
+    saved is the even step before it, whatever the timing) and a kept position saved earlier
+    than that one (in the crash's epoch, or in epoch 0 before a crash in epoch 1)."""
+    pairs = [
+        ((epoch, step), (e, kept))
+        for epoch in (0, 1)
+        for step in range(CHECKPOINT_EVERY + 1, per_epoch, CHECKPOINT_EVERY)
+        for e in range(epoch + 1)
+        for kept in range(CHECKPOINT_EVERY, per_epoch - 1, CHECKPOINT_EVERY)
+        if (e, kept) < (epoch, step - 1)
+    ]
+    (epoch, step), keep = rng.choice(pairs)
+    return (rng.randrange(world), epoch, step), keep

@@ -410,26 +410,35 @@ if __name__ == "__main__":
 # %% [markdown]
 # ## 4. Check the file: two nodes, a TP group across them, a rank that dies
 #
-# The checker runs your file under real torchrun agents as a cluster would, at TP 2: two
-# simulated nodes of 3 ranks each. The TP groups `[0, 1]` and `[4, 5]` stay on their node, but
-# `[2, 3]` spans both, though tp 2 is smaller than the 3 ranks per node: its leader, rank 2, and
-# no other rank, must warn. DP is 3, so the replicas must read different samples, and rank 3
-# has `LOCAL_RANK` 0 (it must take GPU 0 of its node, not GPU 3: the startup line shows `gpu`,
-# worked out under gloo too). Mid-job, a rank drawn at random dies at a drawn step, once, by
-# SIGKILL (the checker's, not your `--kill`), and torchrun restarts the job
-# (`--max-restarts=1`): every rank, on both nodes, must agree on the new attempt, resume from
-# the last saved position, and count every sample once. It starts the file with the options
-# of section 1 (`--num-samples`, `--batch-size`, `--epochs 2`, `--checkpoint-every 2`,
-# `--timeout 20`), so keep them. It reads each rank's startup lines and ledgers and says what
-# to look at when something is off. A file that does not compile is refused before anything
-# starts. What it cannot see here: under gloo no rank takes a GPU, so the GPU in each startup
-# line is the one your code says it would take, not one it took (`torch.cuda.set_device` never
-# runs). On a node with 2 GPUs or more, `check_worker(WORKER, backend="nccl")` runs the file
-# under NCCL, where picking the GPU by `RANK` instead of `LOCAL_RANK` fails on the second node.
+# The checker runs your file under real torchrun agents as a cluster would, twice. First at
+# TP 2: two simulated nodes of 3 ranks each. The TP groups `[0, 1]` and `[4, 5]` stay on their
+# node, but `[2, 3]` spans both, though tp 2 is smaller than the 3 ranks per node: its leader,
+# rank 2, and no other rank, must warn. DP is 3, so the replicas must read different samples,
+# and rank 3 has `LOCAL_RANK` 0 (it must take GPU 0 of its node, not GPU 3: the startup line
+# shows `gpu`, worked out under gloo too). Mid-job, a rank drawn at random dies at a drawn
+# step, once, by SIGKILL (the checker's, not your `--kill`), and torchrun restarts the job
+# (`--max-restarts=1`): every rank, on both nodes, must agree on the new attempt and count
+# every sample once. Before the restart the checker puts `--out` back as it was at an earlier
+# saved position, drawn (your ledger files aside: as if the later saves never reached the
+# disk), so the restart must resume from the position **its checkpoint holds**, read after
+# the restart; one worked out from where the rank died, from the ledgers or from the
+# checker's own environment variables (which your file cannot see) is wrong. Then a second
+# layout, drawn: one node of 3 ranks at TP 1, or two nodes of 2 ranks at TP 1 or TP 4 (where
+# `[0, 1, 2, 3]` spans both nodes from rank 0), so the TP size must come from `--tp-size` and
+# the warning from the nodes of the group's ranks. The verdict names the layouts it ran. It
+# starts the file with the options of section 1 (`--num-samples`, `--batch-size`,
+# `--epochs 2`, `--checkpoint-every 2`, `--tp-size`, `--timeout 20`), so keep them. It reads
+# each rank's startup lines and ledgers and says what to look at when something is off. A
+# file that does not compile is refused before anything starts. What it cannot see here:
+# under gloo no rank takes a GPU, so the GPU in each startup line is the one your code says
+# it would take, not one it took (`torch.cuda.set_device` never runs). On a node with 2 GPUs
+# or more, `check_worker(WORKER, backend="nccl")` runs the file under NCCL, where picking the
+# GPU by `RANK` instead of `LOCAL_RANK` fails on the second node.
 
 # %%
 checked = check_worker(WORKER)
-print("check_worker: all good")
+print("check_worker: all good in")
+print("\n".join(f"  {run.label}" for run in checked))
 print(wrap_message("".join(checked[0].output[0].splitlines(keepends=True)[-4:])))
 
 # %% [markdown]
