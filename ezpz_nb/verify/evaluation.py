@@ -4,7 +4,9 @@
 is an expected cost. An evaluation metric has no such slack: :func:`check_eval`
 fails a sample counted twice (padding) or never (``drop_last``), summing the
 ``weight`` field each batch carries (weight 0 marks padding), and fails unequal
-step counts when the eval step makes a collective (FSDP's forward does).
+step counts when the eval step makes a collective (FSDP's forward does). Only a DP
+leader's samples are counted; each TP/CP peer must read its leader's very batches
+(:func:`judge_peers`).
 :func:`check_steps` runs an endless loader for ``steps`` batches and judges that
 every rank yields them all and that each epoch (read from an ``epoch`` field)
 deals every sample once, the ranks' shares within one.
@@ -29,7 +31,7 @@ from ezpz_nb.verify.seen import Seen, run_seen, seen_report
 from ezpz_nb.verify.universe import beyond_len, head_cut, prefix_cut, universe_of
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
-__all__ = ["check_eval", "eps_of", "judge_counted_once", "judge_equal_steps"]
+__all__ = ["check_eval", "eps_of", "judge_counted_once", "judge_equal_steps", "judge_peers"]
 
 
 def _name(seen: list[Seen], i: int) -> str:
@@ -169,6 +171,70 @@ def judge_equal_steps(seen: list[Seen], collective_step: bool) -> Judgement:
     )  # fmt: skip
 
 
+def _batch_at(s: Seen, step: int) -> tuple[Any, ...] | None:
+    """What rank ``s`` read at ``step``: ids, contents, weights and epochs; None past its end."""
+    if step >= len(s.ids):
+        return None
+    contents = s.contents[step] if step < len(s.contents) else []
+    epochs = s.epochs[step] if s.epochs is not None and step < len(s.epochs) else None
+    return s.ids[step], contents, s.weights[step], epochs
+
+
+def judge_peers(seen: list[Seen], grid: Grid) -> Judgement | None:
+    """Every TP/CP peer reads exactly its DP leader's batches (same samples, order, contents).
+
+    Only the leaders' samples are counted (:func:`judge_counted_once`), so a peer is judged
+    here, step by step against its leader: a peer that reads another replica's shard feeds
+    one forward two halves of other samples while the leaders' counts stay exact. None when
+    the layout has no peers (``tp = cp = 1``): the report then has no such rule.
+    """
+    inner = grid.tp * grid.cp
+    if inner == 1:
+        return None
+    by_rank = {s.rank: s for s in seen}
+    for s in sorted(seen, key=lambda x: x.rank):
+        lead = by_rank.get(s.rank - s.rank % inner)
+        if lead is None or lead is s:
+            continue
+        peer = f"rank {s.rank} (a TP/CP peer of rank {lead.rank}, its DP leader)"
+        for step in range(max(len(s.ids), len(lead.ids))):
+            mine, theirs = _batch_at(s, step), _batch_at(lead, step)
+            if mine == theirs:
+                continue
+            if mine is None or theirs is None:
+                why = (
+                    f"{peer} took {len(s.ids)} steps, its leader {len(lead.ids)}: the peers of "
+                    "one forward must step together"
+                )
+            elif sorted(i for ids in s.ids for i in ids) == sorted(
+                i for ids in lead.ids for i in ids
+            ):
+                why = (
+                    f"{peer} read rank {lead.rank}'s samples in another order (step {step}: "
+                    f"{mine[0][:4]}, not {theirs[0][:4]}): a shuffle seeded per global rank; "
+                    "seed it the same on every rank of a TP/CP group (by dp_rank at most)"
+                )
+            elif mine[0] != theirs[0]:
+                why = (
+                    f"{peer} read samples {mine[0][:4]} at step {step} where rank {lead.rank} "
+                    f"read {theirs[0][:4]}: one forward's parts get other samples (a loader "
+                    "sharded by the global rank, or by another replica's dp_rank): build every "
+                    "rank's loader from layout.dp_rank and layout.dp_size"
+                )
+            else:
+                why = (
+                    f"{peer} read the same samples as rank {lead.rank} at step {step}, but "
+                    "other contents, weights or epochs: data made per rank (a generator seeded "
+                    "by the global rank): make each sample a function of its index"
+                )
+            return Judgement("tp_identical", Verdict.FAIL, why, rank=s.rank, step=step)
+    return Judgement(
+        "tp_identical", Verdict.PASS,
+        f"every TP/CP peer read its DP leader's batches: the same samples, in the same order, "
+        f"with the same contents ({len(seen)} ranks, groups of {inner})",
+    )  # fmt: skip
+
+
 def check_eval(
     make_loader: Callable[..., Any],
     layout: str | Mapping[str, int] | Grid = "dp=2",
@@ -203,7 +269,8 @@ def check_eval(
         cluster: Run on this warm :class:`ezpz_nb.Cluster` (its size must match).
 
     Returns:
-        An :class:`~ezpz_nb.verify.EvalReport` with rules ``counted_once`` and ``equal_steps``.
+        An :class:`~ezpz_nb.verify.EvalReport` with rules ``counted_once`` and ``equal_steps``,
+        and ``tp_identical`` where the layout has TP/CP peers (:func:`judge_peers`).
 
     Raises:
         VerifyError: Bad arguments (before any rank starts), a hang, or the loader raised.
@@ -215,6 +282,8 @@ def check_eval(
         raise VerifyError(f"num_samples must be a positive int or None, got {num_samples!r}")
     seen = run_seen(make_loader, grid, key, weight, None, timeout, cluster)
     judged = [judge_counted_once(seen, num_samples), judge_equal_steps(seen, collective_step)]
+    peers = judge_peers(seen, grid)
+    judged += [peers] if peers is not None else []
     # The report's first line names the universe the samples were counted over.
     ids = (i for x in seen for step in x.ids for i in step)
     known = universe_of([x.dataset for x in seen], num_samples, ids)

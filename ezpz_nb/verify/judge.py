@@ -256,6 +256,29 @@ def _no_data(
     return out
 
 
+def _empty_steps(records: Sequence[StepRecord]) -> list[Finding]:
+    """Steps that hold no sample: a finding at the first (equal steps made of empty batches).
+
+    A DataLoader never yields an empty batch (under ``drop_last=False`` its last batch holds
+    the remainder, one sample at least), so an empty one was made, e.g. to even out steps.
+    """
+    empty = [r for r in records if not r.sample_ids]
+    if not empty:
+        return []
+    first = min(empty, key=lambda r: (r.epoch, r.step, r.rank))
+    return [
+        Finding(
+            "equal_steps", "no_data", first.epoch,
+            f"Rank {first.rank}'s step {first.step} holds no sample ({len(empty)} empty "
+            "step(s) in all): a step that trains on nothing (its mean loss is NaN) while the "
+            "optimizer and the schedule step on.",
+            rank=first.rank, step=first.step, ranks=sorted({r.rank for r in empty}),
+            hint="even out unequal shares with samples (DistributedSampler's padding) or "
+            "drop them (drop_last=True), never with empty batches",
+        )
+    ]  # fmt: skip
+
+
 def _unjudged(
     grid: Grid, epochs_with_data: int, shuffle: bool, asked: bool, n: int | None, any_data: bool
 ) -> dict[str, str]:
@@ -353,6 +376,7 @@ def judge(
     }
     if not ranks.hung and not any(o.phase == "timeout" for o in outs):
         findings += _no_data(steps, outs, grid, start_epoch)
+    findings += _empty_steps(records)
     seconds = {
         "wall": wall_s,
         "loader": sum(o.loader_s for o in outs),

@@ -2,9 +2,10 @@
 
 A loader over a stream is run for exactly ``steps`` batches per rank (an endless
 one is cut there, as the training loop cuts it). :func:`check_steps` judges that
-every rank yields them all (a rank that runs out first leaves the others in a
-collective) and, from the ``epoch`` field each sample carries, that every epoch
-all ranks finished dealt each sample to exactly one rank with shares within one.
+every rank yields them all, none empty (a rank that runs out first leaves the others in
+a collective; an empty step trains on nothing) and, from the ``epoch`` field each sample
+carries, that every epoch all ranks finished dealt each sample to exactly one rank with
+shares within one; where the layout has TP/CP peers, that each reads its leader's batches.
 Epochs are judged only where they can be known: without that field, a declared
 length (``num_samples=N``) cuts each rank's samples into epochs of its share of N
 (``len(range(dp_rank, N, dp_size))``, a :class:`~ezpz_nb.data.SteppedLoader` deal);
@@ -22,6 +23,7 @@ from typing import Any
 
 from ezpz_nb.verify.contents import seen_twin
 from ezpz_nb.verify.contract import parse_layout
+from ezpz_nb.verify.evaluation import judge_peers
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
@@ -33,17 +35,36 @@ __all__ = ["check_steps"]
 
 
 def judge_steps(seen: list[Seen], steps: int) -> Judgement:
-    """Every rank yields ``steps`` batches."""
+    """Every rank yields ``steps`` batches, each holding at least one sample."""
     short = [s for s in seen if len(s.ids) < steps]
-    if not short:
-        return Judgement("steps", Verdict.PASS, f"every rank yielded {steps} batches")
-    first = min(short, key=lambda s: (len(s.ids), s.rank))
+    if short:
+        first = min(short, key=lambda s: (len(s.ids), s.rank))
+        return Judgement(
+            "steps", Verdict.FAIL,
+            f"rank {first.rank} ran out after {len(first.ids)} of {steps} steps: the others "
+            "wait for it in their next collective. Repeat the stream (SteppedLoader) and stop "
+            "by step count.",
+            rank=first.rank, step=len(first.ids),
+        )  # fmt: skip
+    # A step on no sample trains on nothing (a mean over none is NaN) while the optimizer and
+    # the schedule step on. No honest loader yields one: a DataLoader's last batch under
+    # drop_last=False holds the remainder, at least one sample, so an empty batch is made.
+    empty = [(step, s.rank) for s in seen for step, ids in enumerate(s.ids) if not ids]
+    if empty:
+        step, rank = min(empty)
+        count = sum(1 for _, r in empty if r == rank)
+        return Judgement(
+            "steps", Verdict.FAIL,
+            f"rank {rank}'s step {step} holds no sample ({count} of its {steps} steps are "
+            "empty): a step that trains on nothing (its mean loss is NaN) while the optimizer "
+            "and the schedule step on. A loader never yields an empty batch by itself (a last "
+            "batch holds the remainder): even out shares with samples (SteppedLoader repeats "
+            "the stream), never with empty steps",
+            rank=rank, step=step,
+        )  # fmt: skip
     return Judgement(
-        "steps", Verdict.FAIL,
-        f"rank {first.rank} ran out after {len(first.ids)} of {steps} steps: the others wait "
-        "for it in their next collective. Repeat the stream (SteppedLoader) and stop by step count.",
-        rank=first.rank, step=len(first.ids),
-    )  # fmt: skip
+        "steps", Verdict.PASS, f"every rank yielded {steps} batches, none of them empty"
+    )
 
 
 def declared_epochs(seen: list[Seen], num_samples: int | None) -> tuple[list[Seen], str] | str:
@@ -175,7 +196,8 @@ def check_steps(
 
     Returns:
         An :class:`~ezpz_nb.verify.EvalReport` with rules ``steps`` (every rank
-        yields them all, so the counts are equal) and ``balanced_coverage``.
+        yields them all, none empty, so the counts are equal) and ``balanced_coverage``,
+        and ``tp_identical`` where the layout has TP/CP peers.
 
     Raises:
         VerifyError: Bad arguments (before any rank starts), a hang, or the loader raised.
@@ -199,4 +221,6 @@ def check_steps(
                        f"short: {beyond}") if beyond
         else judge_coverage(dp_seen, num_samples, size),
     ]  # fmt: skip
+    peers = judge_peers(seen, grid)  # only the leaders' samples are dealt: the peers follow
+    judged += [peers] if peers is not None else []
     return seen_report(make_loader, grid, f"{steps} steps", "steps", judged, seen)
