@@ -19,7 +19,6 @@ from torch.utils.data import Subset
 import ezpz_nb as ez
 from ezpz_nb.ledger import StepRecord
 from ezpz_nb.verify import check_contract, check_eval, check_resume, check_steps
-from ezpz_nb.verify.contents import first_twin
 from ezpz_nb.verify.observe import Outcome
 from ezpz_nb.verify.orders import order_findings
 from ezpz_nb.verify.stops import state_difference
@@ -106,8 +105,9 @@ def test_eval_and_steps_dodges_fail_and_the_right_ones_pass(two):
 @pytest.mark.parametrize("kind", [D.TicketInFile, D.TicketInMemory, D.Kept])
 def test_a_ticket_for_a_state_is_not_judged_an_honest_state_passes(kind, two):
     """A state that is a fresh ticket each time it is asked for (the position in a file or
-    in the warm rank's memory under it) carries no position: resume is not judged, never
-    passed; an honest numpy state passes.
+    in the warm rank's memory under it) carries no position: resume is not judged (the
+    file is seen written) or fails (fresh ranks lack the memory), never passed; an honest
+    numpy state passes.
 
     Guards: the resume judged only by whether the ticket's store found the position.
     """
@@ -122,8 +122,12 @@ def test_a_ticket_for_a_state_is_not_judged_an_honest_state_passes(kind, two):
     if kind is D.Kept:
         assert verdict == "pass" and rep.ok, rep.table()
         return
-    assert verdict == "not judged" and not rep.ok, rep.table()
-    assert "a ticket to a position kept elsewhere" in " ".join(rep.table().split()), rep.table()
+    said = " ".join(rep.table().split())
+    if kind is D.TicketInFile:  # the file is seen being written
+        assert verdict == "not judged" and not rep.ok and "wrote files" in said, said
+        return
+    # The resumed part runs on fresh ranks: the position is not in their memory.
+    assert verdict == "fail" and "resumed loader failed" in said, said
 
 
 def _outcomes(orders: list[list[list[int]]]) -> list[Outcome]:
@@ -142,8 +146,7 @@ def _outcomes(orders: list[list[list[int]]]) -> list[Outcome]:
 def test_honest_shuffles_are_never_blamed_and_the_two_patterns_always_are():
     """300 honest shuffles of small replicas (2 to 9 samples each) give no reshuffle finding;
     the same batches reordered, or an order rotated, on replicas big enough to tell, always
-    one. Two equal digests under two ids on two replicas are twins; one replica holding two
-    ids with one digest (duplicate data) proves nothing."""
+    one. (Twins: test_twins_blame_the_same_data_under_sharded_ids_never_a_dataset_s_repeats.)"""
     rng = np.random.default_rng(0)
     for _ in range(300):
         n = int(rng.integers(2, 10))
@@ -154,7 +157,10 @@ def test_honest_shuffles_are_never_blamed_and_the_two_patterns_always_are():
     assert "rotated" in order_findings(_outcomes(rolled))[0].message
     pairs = [[m, m[2:4] + m[:2] + m[4:]] for m in mine]
     assert "same batches" in order_findings(_outcomes(pairs))[0].message
-    assert first_twin([("d", 1, 0, 0, 0, 0), ("d", 2, 1, 1, 0, 0)]) is not None
-    assert first_twin([("d", 1, 0, 0, 0, 0), ("d", 3, 0, 0, 0, 1), ("d", 2, 1, 1, 0, 0)]) is None
+    # The eighth trial: a shuffle seeded by epoch % 2 (epoch 2 replays epoch 0 exactly);
+    # the next epoch alone was compared.
+    again = [[m, m[::-1], list(m)] for m in mine]
+    found = order_findings(_outcomes(again))
+    assert [f.epoch for f in found] == [2] and "epoch 0's order exactly" in found[0].message
     assert state_difference({"a": np.arange(3)}, {"a": np.arange(3)}) == ""
     assert state_difference({"t": "x"}, {"t": "y"}) == "state['t']"

@@ -10,22 +10,34 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-import numpy as np
-
 from ezpz_nb.data.tree import leaves, sample_values
 
-__all__ = ["KEYS", "METADATA", "NoSampleIds", "field_digests", "leaf_digest", "observe_batch",
-           "resolve_key",
-           "sample_contents", "structure"]  # fmt: skip
+__all__ = ["KEYS", "METADATA", "NoSampleIds", "field_digests", "is_batch_tag", "leaf_digest",
+           "observe_batch", "resolve_key", "structure"]  # fmt: skip
 
 #: What ``key=`` accepts besides a field name: ``"auto"`` looks for ``index``
 #: then ``__key__``; ``"digest"`` tells samples apart by the bytes they hold.
 KEYS = ("auto", "digest")
 
-#: Fields that tag a sample with where and when it was loaded, not what it holds: left
-#: out of a batch's content digest, so a resumed loader whose samples came from another
-#: worker (or carry another step counter) still holds the same samples.
+#: Fields that tag a batch with where and when it was loaded, not what it holds: left
+#: out of a batch's content digest (:func:`is_batch_tag`), so a resumed loader whose
+#: samples came from another worker (or carry another step counter) still holds the same
+#: samples.
 METADATA = ("worker_id", "step", "epoch")
+
+
+def is_batch_tag(name: str, value: Any) -> bool:
+    """Whether a field is a :data:`METADATA` tag of the whole batch: named so, AND one integer
+    for the batch (or the same integer for each of its samples). The name alone is not
+    trusted: random noise levels in a field named ``step`` (one per sample, or floats) are
+    content, which a resume must reproduce."""
+    if name not in METADATA:
+        return False
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    values = value if isinstance(value, (list, tuple)) else [value]
+    ints = all(isinstance(v, int) for v in values)  # bool is an int too: a flag, alike
+    return ints and len(set(values)) <= 1
 
 
 class NoSampleIds(Exception):
@@ -57,8 +69,8 @@ def leaf_digest(obj: Any) -> str:
 
 
 def _content(batch: Any) -> list[tuple[str, Any]]:
-    """The batch's leaves without the :data:`METADATA` tags."""
-    return [(p, v) for p, v in leaves(batch) if p.rsplit("/", 1)[-1] not in METADATA]
+    """The batch's leaves without its tags (:func:`is_batch_tag`)."""
+    return [(p, v) for p, v in leaves(batch) if not is_batch_tag(p.rsplit("/", 1)[-1], v)]
 
 
 def _kind(leaf: Any) -> str:
@@ -106,79 +118,6 @@ def _samples_by_digest(batch: Any) -> list[str]:
         h = hashlib.blake2b(digest_size=8)
         for v in sized:
             h.update(_leaf_bytes(v[i]))
-        out.append(h.hexdigest())
-    return out
-
-
-def _array(v: Any) -> Any:
-    if not hasattr(v, "detach"):
-        return v
-    t = v.detach().cpu()
-    try:
-        return t.numpy()
-    except TypeError:  # bfloat16 and kin have no numpy type: float32 holds them exactly
-        return t.float().numpy()
-
-
-def _numeric(v: Any) -> bool:
-    dtype = str(getattr(v, "dtype", ""))
-    return ("int" in dtype or "float" in dtype) and hasattr(v, "shape")
-
-
-def _packed(content: list[tuple[str, Any]], count: int) -> list[list[Any]]:
-    """Per sample, its slices of the 1-D leaves packed end to end (``input_ids`` of all the
-    samples in one row), cut where an offsets leaf (``cu_seqlens``: ``count + 1`` ints from 0,
-    never decreasing) says; ``[]`` when the batch holds no such pair."""
-    flat = [_array(v) for _, v in content if _numeric(v) and len(v.shape) == 1]
-    for cu in flat:
-        if "int" not in str(cu.dtype) or len(cu) != count + 1 or count < 1 or cu[0] != 0:
-            continue
-        if any(cu[k] > cu[k + 1] for k in range(count)):
-            continue
-        packed = [a for a in flat if a is not cu and len(a) == int(cu[-1]) != count + 1]
-        if packed:
-            return [[a[int(cu[k]) : int(cu[k + 1])] for a in packed] for k in range(count)]
-    return []
-
-
-def sample_contents(batch: Any, field: str, count: int | None = None) -> list[str]:
-    """Per sample, a digest of the rows of numbers it holds (tokens, pixels, features).
-
-    Only leaves of one row (or more) per sample count, integers and floats: one number
-    per sample is an id, a label or a counter, and a mask (bool) may be drawn alike on
-    every rank. Samples packed end to end in one 1-D row are cut by their offsets
-    (``cu_seqlens``, ``count + 1`` of them; ``count``: the batch's samples). The id
-    ``field`` and the :data:`METADATA` tags are left out: two samples with one digest
-    hold the same data whatever ids they carry. ``[]`` when the batch holds no such leaf
-    (or one this cannot read: the rule then has nothing to compare, never a crash).
-    """
-    try:
-        return _row_digests(batch, field, count)
-    except Exception:  # noqa: BLE001 - the user's data, read only to compare: never fatal
-        return []
-
-
-def _row_digests(batch: Any, field: str, count: int | None) -> list[str]:
-    content = [(p, v) for p, v in _content(batch) if p.rsplit("/", 1)[-1] != field]
-    # Two numbers a sample at least: a (batch, 1) column is a label or a loss, not a row.
-    rows = [
-        v for _, v in content
-        if _numeric(v) and len(v.shape) >= 2 and int(np.prod(v.shape[1:])) >= 2
-    ]  # fmt: skip
-    sizes = {int(v.shape[0]) for v in rows}
-    if len(sizes) == 1 and (count is None or sizes == {count}):
-        # One numpy array per leaf, then a row each: indexing a tensor per sample costs 10x.
-        arrays = [_array(v) for v in rows]
-        per_sample = [[a[i] for a in arrays] for i in range(sizes.pop())]
-    elif not rows and count:
-        per_sample = _packed(content, count)
-    else:
-        return []
-    out = []
-    for parts in per_sample:
-        h = hashlib.blake2b(digest_size=8)
-        for a in parts:
-            h.update(a.tobytes())
         out.append(h.hexdigest())
     return out
 

@@ -10,10 +10,10 @@ The rules read the ids the batches carry. A loader that stamps ids dealt as if s
 (``perm[rank::world]``) on data every replica reads alike (the first samples of the
 dataset) passes them all while each replica trains on the same bytes. An id may hold
 other bytes in another epoch (augmentation draws them anew), but two ids holding the
-very same rows of numbers (tokens, pixels, features;
-:func:`~ezpz_nb.verify.batches.sample_contents`) on two replicas are one sample read
-twice, unless one replica also holds one content under two ids in an epoch: data with
-duplicate rows, where a twin proves nothing (:func:`first_twin`).
+very same content (tokens, pixels, text, packed rows;
+:func:`~ezpz_nb.verify.samples.sample_contents`) on two replicas are one sample read
+twice, unless the data itself repeats: contents whose copies lie one per replica more
+often than a true shard deals them fail (:func:`first_twin`).
 """
 
 from __future__ import annotations
@@ -22,14 +22,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ezpz_nb.verify.observe import Outcome
 from ezpz_nb.verify.report import Finding
+from ezpz_nb.verify.samples import SEP
 from ezpz_nb.verify.universe import Universe, beyond_len, head_cut, prefix_cut
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
 __all__ = [
+    "ALPHA",
+    "MIN_SPREAD",
     "TWIN_HINT",
     "Read",
+    "Shared",
     "content_findings",
     "first_twin",
     "prefix_finding",
@@ -40,26 +46,96 @@ __all__ = [
 ]
 
 
-#: One sample as read: ``(digest, id, replica, rank, epoch, step)``.
+#: One sample as read: ``(digests, id, replica, rank, epoch, step)``; ``digests``: its
+#: content fields' ``"<path>:<digest>"`` joined by :data:`~ezpz_nb.verify.samples.SEP`.
 Read = tuple[str, int, int, int, int, int]
 
+#: The chance under a true shard below which the copies' places blame the loader, and the
+#: fewest distinct contents spread (one content of four rows spread in two epochs is
+#: rare, yet a dataset may hold one such by chance: padding, a blank image).
+ALPHA, MIN_SPREAD = 1e-2, 3
 
-def first_twin(reads: Iterable[Read]) -> tuple[Read, Read] | None:
-    """The first sample whose data another DP replica read under another id, with the read
-    it repeats (None: none). Data that one replica holds under two ids in one epoch (a
-    dataset with duplicate rows, constant features) cannot tell a sample read twice: None
-    then too."""
+
+@dataclass(frozen=True)
+class Shared:
+    """Contents (of one field) that lie one copy per replica more often than chance allows."""
+
+    a: Read  # a read of one such content ...
+    b: Read  # ... and its copy on another replica, under another id
+    field: str
+    spread: int  # contents (per epoch) with one copy per replica, at most
+    multi: int  # contents read under two ids or more, that a shard could spread so
+    expected: float  # how many of them a true shard spreads, on average
+    chance: float  # an upper bound of the chance of so many (or rarer) spreads
+
+
+def _spread_chance(m: int, n: int, d: int) -> float:
+    """The chance that ``m`` copies among ``n`` samples dealt at random to ``d`` replicas of
+    ``n / d`` each lie on ``m`` distinct replicas."""
+    p, size = 1.0, n / d
+    for j in range(1, m):
+        p *= max(0.0, n - j * size) / (n - j)
+    return p
+
+
+def _tail(items: list[tuple[float, bool]]) -> float:
+    """A Chernoff bound of the chance that contents spread at random (chance ``p`` each) give
+    at least the observed surprise (``-log p`` summed over the spread ones)."""
+    p = np.array([max(x, 1e-12) for x, _ in items])
+    w = -np.log(p)
+    seen = float(sum(w[i] for i, (_, spread) in enumerate(items) if spread))
+    logs = [
+        -t * seen
+        + float(np.sum(np.logaddexp(np.log1p(-np.minimum(p, 1 - 1e-12)), np.log(p) + t * w)))
+        for t in np.linspace(0.0, 30.0, 121)
+    ]
+    return float(np.exp(min(logs)))
+
+
+def first_twin(reads: Iterable[Read]) -> Shared | None:
+    """The field whose contents lie one copy per DP replica (under other ids) more often than
+    a true shard places them, with one such pair of reads; None: none.
+
+    A content read under ``m`` ids (``m`` <= replicas) lies on ``m`` distinct replicas by
+    chance ``p`` under a true shard (``m = 2`` at dp 4: 0.78; ``m = 4``: 0.12); the loader is
+    blamed when the spread contents are surprising together (:func:`_tail` < :data:`ALPHA`),
+    per field (a per-replica tag added to every sample cannot hide its tokens), every epoch
+    pooled. A few duplicate rows, constant features (more copies than replicas) or one row
+    repeated on purpose weigh nothing; the same data under sharded ids spreads every content.
+    """
     reads = list(reads)
-    ids: dict[tuple[str, int, int], int] = {}
-    for d, i, dp, _, epoch, _ in reads:
-        if ids.setdefault((d, dp, epoch), i) != i:
-            return None
-    first: dict[str, Read] = {}
+    d = len({r[2] for r in reads})
+    # (field, epoch) -> digest -> replica -> {id: read}
+    groups: dict[tuple[str, int], dict[str, dict[int, dict[int, Read]]]] = {}
     for read in reads:
-        seen = first.setdefault(read[0], read)
-        if seen[1] != read[1] and seen[2] != read[2]:
-            return seen, read
-    return None
+        for token in read[0].split(SEP):
+            field, _, digest = token.rpartition(":")
+            by = groups.setdefault((field, read[4]), {}).setdefault(digest, {})
+            by.setdefault(read[2], {}).setdefault(read[1], read)
+    items: dict[str, list[tuple[float, bool]]] = {}
+    example: dict[str, tuple[Read, Read]] = {}
+    kinds: dict[str, set[str]] = {}
+    for (field, _), contents in groups.items():
+        n = sum(len(ids) for by in contents.values() for ids in by.values())
+        for digest, by in contents.items():
+            m = sum(len(ids) for ids in by.values())
+            if m < 2 or m > d:
+                continue
+            spread = len(by) == m
+            items.setdefault(field, []).append((_spread_chance(m, n, d), spread))
+            if spread:
+                kinds.setdefault(field, set()).add(digest)
+                first, second = (next(iter(ids.values())) for ids in list(by.values())[:2])
+                example.setdefault(field, (first, second))
+    found = []
+    for field, got in sorted(items.items()):
+        if len(kinds.get(field, ())) < MIN_SPREAD:
+            continue
+        chance = _tail(got)
+        if chance < ALPHA:
+            found.append(Shared(*example[field], field, sum(s for _, s in got), len(got),
+                                sum(p for p, _ in got), chance))  # fmt: skip
+    return min(found, key=lambda x: (x.chance, x.field), default=None)
 
 
 @dataclass(frozen=True)
@@ -81,14 +157,17 @@ class Twin:
 
 def find_twin(reads: Iterable[Read], names: Mapping[int, str]) -> Twin | None:
     """:func:`first_twin` in words (``names``: the keys of hashed ids)."""
-    twin = first_twin(reads)
-    if twin is None:
+    s = first_twin(reads)
+    if s is None:
         return None
-    a, b = twin
+    a, b = s.a, s.b
+    field = s.field.lstrip("/") or "the sample"
     reason = (
         f"sample {names.get(b[1], b[1])} on rank {b[3]} (epoch {b[4]}, step {b[5]}) holds the "
-        f"same data as sample {names.get(a[1], a[1])} on rank {a[3]} (epoch {a[4]}, step "
-        f"{a[5]}): two DP replicas read the same bytes under other ids"
+        f"same data ({field}) as sample {names.get(a[1], a[1])} on rank {a[3]} (epoch {a[4]}, "
+        f"step {a[5]}), and {s.spread} of the {s.multi} contents read under several ids lie "
+        f"one copy per replica, where a true shard puts about {s.expected:.0f} so (chance "
+        f"< {max(s.chance, 1e-9):.0e}): two DP replicas read the same bytes under other ids"
     )
     return Twin(a, b, reason, str(names.get(b[1], b[1])))
 
@@ -123,14 +202,17 @@ def seen_twin(seen: Sequence[Any]) -> Judgement | None:
     """An eval or steps check's twin, as the ``counted_once``/``balanced_coverage`` failure
     ``rule`` is filled in by the caller; None: none. ``seen``: the ranks'
     :class:`~ezpz_nb.verify.seen.Seen` (only the first rank of each replica counts)."""
+    # A sample of weight 0 (an eval's padding row) is not counted: it proves nothing.
     reads = [
         (d, i, s.rank, s.rank, e, step)
         for s in seen
         if s.counts
         for step, (ids, digests) in enumerate(zip(s.ids, s.contents, strict=False))
         if len(digests) == len(ids)
-        for i, d, e in zip(ids, digests, s.epochs[step] if s.epochs else [0] * len(ids),
-                           strict=True)
+        for i, d, e, w in zip(ids, digests, s.epochs[step] if s.epochs else [0] * len(ids),
+                              s.weights[step] if step < len(s.weights) else [1.0] * len(ids),
+                              strict=True)
+        if w != 0
     ]  # fmt: skip
     t = find_twin(reads, {k: v for x in seen for k, v in x.names.items()})
     if t is None:

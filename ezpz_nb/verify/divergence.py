@@ -2,8 +2,9 @@
 
 A batch's identity is the same in every mode of :func:`~ezpz_nb.verify.check_resume`
 (``via="state_dict"`` or ``"dcp"``): its sample ids and the samples' contents, less the
-tags the tool knows are about where and when a sample was loaded
-(:data:`~ezpz_nb.verify.batches.METADATA`: worker id, step, epoch). When the ids
+tags about where and when a batch was loaded: a field named worker id, step or epoch
+that holds one integer for the whole batch (:func:`~ezpz_nb.verify.batches.is_batch_tag`;
+per-sample noise levels in a field named ``step`` are content). When the ids
 match and the contents do not, the fields that differ are named, and the RNG is
 blamed only when they hold random data (floating point or a mask).
 """

@@ -24,11 +24,11 @@ from ezpz_nb.verify.batches import (
     field_digests,
     observe_batch,
     resolve_key,
-    sample_contents,
     structure,
 )
 from ezpz_nb.verify.epochs import loader_parts
 from ezpz_nb.verify.report import VerifyError
+from ezpz_nb.verify.samples import sample_contents
 from ezpz_nb.verify.stops import LATER, Stop
 from ezpz_nb.verify.universe import DatasetIds, dataset_ids, ordering_sampler
 
@@ -96,6 +96,7 @@ class Outcome:
     memory: list[Any] = field(default_factory=list)  # MemorySample of the rank and its workers
     # Per (epoch, step), a digest of each sample's data (contents.same_bytes reads them).
     contents: dict[tuple[int, int], list[str]] = field(default_factory=dict)
+    writes: list[str] = field(default_factory=list)  # files the loader wrote (verify.writes)
 
 
 class Ready:

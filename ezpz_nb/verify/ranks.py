@@ -9,6 +9,7 @@ from typing import Any
 from ezpz_nb.ledger import StepRecord
 from ezpz_nb.verify.observe import Grid, Outcome, Ready, run_rank
 from ezpz_nb.verify.report import VerifyError
+from ezpz_nb.verify.writes import run_rank_watched
 
 __all__ = ["Ranks", "run_ranks"]
 
@@ -77,11 +78,13 @@ def run_ranks(
     from ezpz_nb.launcher.on_ranks import run_on_ranks
 
     args = (make_loader, grid, job.pop("epochs"), job.pop("key"), timeout * _BUDGET_SHARE)
+    # A resume check watches the files the loader writes (a position kept beside the state).
+    job_fn: Callable[..., Any] = run_rank_watched if job.pop("watch_writes", False) else run_rank
     try:
         # On a cluster, its ranks are kept between checks: imports (datasets...) are paid
         # once per rank; the timeout holds for this run only.
         outcomes = run_on_ranks(
-            run_rank, args, job, world_size=grid.world_size, timeout=timeout, cluster=cluster,
+            job_fn, args, job, world_size=grid.world_size, timeout=timeout, cluster=cluster,
             start_method=start_method, what=f"layout {grid}",
         )  # fmt: skip
     except WorldSizeError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -52,6 +53,44 @@ def _states(ranks: Ranks, world: int) -> list[Any]:
     return [saved[r % len(saved)] for r in range(world)]
 
 
+class _Fresh:
+    """Fresh ranks for one check's resumed parts, one set a world size, started when first
+    needed (under torchrun none: the parts run in torchrun's processes, which stay)."""
+
+    def __init__(self, timeout: float, start_method: str | None) -> None:
+        self.timeout, self.start_method = timeout, start_method
+        self.clusters: dict[int, Any] = {}
+
+    def get(self, grid: Grid) -> Any:
+        from ezpz_nb.launcher.cluster import Cluster
+        from ezpz_nb.launcher.torchrun import in_torchrun_env
+
+        if in_torchrun_env():
+            return None
+        at = grid.world_size
+        if at not in self.clusters:
+            self.clusters[at] = Cluster(grid.world_size, self.timeout,
+                                        start_method=self.start_method)  # fmt: skip
+        return self.clusters[at]
+
+    def close(self) -> None:
+        for c in self.clusters.values():
+            c.close()
+
+
+def _writes(ranks: Ranks, make_loader: Any) -> str:
+    """The first file a rank's loader wrote, named with its rank ("" when none); a DCP
+    check's own checkpoint folder does not count (:mod:`ezpz_nb.verify.dcp`)."""
+    from ezpz_nb.verify.dcp import ThroughDcp
+
+    own = make_loader.root if isinstance(make_loader, ThroughDcp) else None
+    for o in sorted(ranks.outcomes, key=lambda o: o.rank):
+        for path in o.writes:
+            if own is None or not os.path.abspath(path).startswith(os.path.abspath(own)):
+                return f"rank {o.rank}: {path}"
+    return ""
+
+
 def check_resume(
     make_loader: Callable[..., Any],
     layout: str | Mapping[str, int] | Grid = "dp=2",
@@ -92,9 +131,11 @@ def check_resume(
         key, timeout, start_method: As for :func:`check_contract` (timeout per part).
         shuffle: As for :func:`check_contract`: ``False`` says the order is meant to
             repeat (the reshuffle rule is then "not asked", no obstacle to a PASS).
-        cluster: Run the parts of ``cluster``'s world size on its warm ranks (each
-            part still builds a fresh loader and loads the saved state, as under
-            torchrun) instead of fresh ranks: many checks then pay the starts once.
+        cluster: Run the straight run and each first part (those of ``cluster``'s
+            world size) on its warm ranks; the resumed parts always start fresh ranks,
+            so that only the state carries the position (not a rank's memory). Files
+            the loader writes are watched in every part (:mod:`ezpz_nb.verify.writes`):
+            a loader that writes leaves the resume "not judged", naming the path.
         via: ``"state_dict"`` (each rank's state through the notebook) or ``"dcp"``
             (saved and loaded with ``torch.distributed.checkpoint``, keyed per DP
             rank, and the batches' contents compared too, so a forgotten RNG
@@ -135,12 +176,13 @@ def check_resume(
     )
     t0 = time.perf_counter()
     run: dict[str, Any] = dict(timeout=timeout, start_method=start_method, key=key,
-                               keep_fields=True)  # fmt: skip
+                               keep_fields=True, watch_writes=True)  # fmt: skip
 
     def on(g: Grid) -> Any:
         return cluster if cluster is not None and cluster.world_size == g.world_size else None
 
     straight = run_ranks(make_loader, grid, epochs=epochs, options=opts, cluster=on(grid), **run)
+    writes = _writes(straight, make_loader)
     name = getattr(make_loader, "__qualname__", type(make_loader).__name__)
     what = f"resuming {name} on {grid}" + (f", resumed on {grid2}" if grid2 != grid else "")
     report = judge(
@@ -163,49 +205,68 @@ def check_resume(
     ev.add(straight.outcomes)
     n, universe, _, _ = epoch_universe(straight.outcomes, None, bool(ev.names))
     moved = ""
-    for scenario in scenarios:
-        ev.notes.clear()  # what a load skipped speaks for its own scenario
-        parts: list[Ledger] = []
-        states: list[Any] | None = None
-        at_epoch = 0
-        for i, stop in enumerate([*SCENARIOS[scenario](per_epoch), None]):
-            g, o = (grid, opts) if i == 0 else (grid2, opts2)
-            # Stops count from the part's start: (epochs further, steps into that epoch).
-            absolute = None if stop is None else (at_epoch + stop[0], stop[1])
-            try:
-                part = run_ranks(
-                    make_loader, g, epochs=epochs - at_epoch, start_epoch=at_epoch,
-                    stop=absolute, states=states, options=o, cluster=on(g), **run,
-                )  # fmt: skip
-            except VerifyError as exc:
-                if i == 0 or "make_loader raised" in str(exc):
-                    raise
-                # The loader itself refused the state: that is the verdict on resuming.
-                report.findings.append(
-                    Finding(
-                        "resume",
-                        "resume_error",
-                        at_epoch,
-                        f"[{scenario}] the resumed loader failed: {exc}",
-                        rank=exc.rank,
-                        hint=changed or "the saved state does not fit the new loader",
+    # A resumed part runs on fresh ranks, never the warm ones: what a rank kept in its
+    # memory is gone, as after a restart; only the state carries over. One fresh set for
+    # every resumed part of this check (its start is the cost): the first part to resume
+    # there finds nothing the warm ranks kept, and a later one only what an earlier resumed
+    # part kept, so a position kept in memory fails at the first.
+    fresh = _Fresh(timeout, start_method)
+    try:
+        for scenario in scenarios:
+            ev.notes.clear()  # what a load skipped speaks for its own scenario
+            parts: list[Ledger] = []
+            states: list[Any] | None = None
+            at_epoch = 0
+            for i, stop in enumerate([*SCENARIOS[scenario](per_epoch), None]):
+                g, o = (grid, opts) if i == 0 else (grid2, opts2)
+                # Stops count from the part's start: (epochs further, steps into that epoch).
+                absolute = None if stop is None else (at_epoch + stop[0], stop[1])
+                try:
+                    part = run_ranks(
+                        make_loader, g, epochs=epochs - at_epoch, start_epoch=at_epoch,
+                        stop=absolute, states=states, options=o,
+                        cluster=on(g) if i == 0 else fresh.get(g), **run,
                     )  # fmt: skip
+                except VerifyError as exc:
+                    if i == 0 or "make_loader raised" in str(exc):
+                        raise
+                    # The loader itself refused the state: that is the verdict on resuming.
+                    report.findings.append(
+                        Finding(
+                            "resume",
+                            "resume_error",
+                            at_epoch,
+                            f"[{scenario}] the resumed loader failed: {exc}",
+                            rank=exc.rank,
+                            hint=changed or "the saved state does not fit the new loader",
+                        )  # fmt: skip
+                    )
+                    break
+                writes = writes or _writes(part, make_loader)
+                parts.append(Ledger([r for x in part.outcomes for r in x.records]))
+                moved = moved or next((f"rank {x.rank}: {x.state_note}" for x in part.outcomes
+                                       if x.state_note), "")  # fmt: skip
+                ev.add(part.outcomes)
+                if absolute is not None:
+                    states = _states(part, grid2.world_size)
+                    at_epoch = absolute[0]
+            else:
+                report.findings += judge_parts(
+                    scenario, parts, report.ledger, n, universe, ev, moved=grid2 != grid
                 )
-                break
-            parts.append(Ledger([r for x in part.outcomes for r in x.records]))
-            moved = moved or next((f"rank {x.rank}: {x.state_note}" for x in part.outcomes
-                                   if x.state_note), "")  # fmt: skip
-            ev.add(part.outcomes)
-            if absolute is not None:
-                states = _states(part, grid2.world_size)
-                at_epoch = absolute[0]
-        else:
-            report.findings += judge_parts(
-                scenario, parts, report.ledger, n, universe, ev, moved=grid2 != grid
-            )
+    finally:
+        fresh.close()
 
     report.findings = one_cause(report.findings)
-    if moved and not any(f.rule == "resume" and f.violation for f in report.findings):
+    failed = any(f.rule == "resume" and f.violation for f in report.findings)
+    if writes and not failed:
+        report.not_judged["resume"] = (
+            f"the loader wrote files while it ran ({writes}): a position kept in a file "
+            "beside the state resumes on this machine only, and the check cannot tell a "
+            "state from a side file; keep the position in state_dict() itself (epoch, "
+            "batches taken, RNG state), or write files outside the loader"
+        )
+    elif moved and not failed:
         report.not_judged["resume"] = (
             f"state_dict() asked twice at one stop gave two states ({moved} differs): the "
             "state is a ticket to a position kept elsewhere (a file, the rank's memory), "

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ezpz_nb.data.tree import find_in_batch, sample_values
-from ezpz_nb.verify.batches import observe_batch, resolve_key, sample_contents
+from ezpz_nb.verify.batches import observe_batch, resolve_key
 from ezpz_nb.verify.observe import Grid, rank_layout
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
+from ezpz_nb.verify.samples import sample_contents
 from ezpz_nb.verify.universe import DatasetIds, dataset_ids
 from ezpz_nb.verify.verdict import Judgement
 

@@ -1,0 +1,152 @@
+"""Per sample, what it holds: one digest per content field, in every shape a batch leaf takes.
+
+:func:`sample_contents` cuts a batch into its samples and digests each sample's content
+fields apart (:mod:`ezpz_nb.verify.contents` compares them across DP replicas). A sample's
+content is read from:
+
+- a tensor or array with one row (or more) of two numbers or more per sample
+  (``(batch, seq)`` tokens, ``(batch, C, H, W)`` pixels);
+- a column of one value per sample: strings (raw text), lists of numbers (a collate
+  to Python lists), arrays, or records of those (``collate_fn=list``);
+- samples packed end to end in one 1-D (or ``(1, total)``) row, cut by offsets
+  (``cu_seqlens``: ``count + 1`` ints from 0) or by position ids that restart at 0 once a
+  sample (Hugging Face's ``DataCollatorWithFlattening``).
+
+One number per sample (an id, a label, a loss) is a tag, not content; so are the id
+field and the batch tags of :func:`~ezpz_nb.verify.batches.content_leaves`. Each field's
+digest is named by its path, so fields are compared one by one: a per-replica tag added to
+each sample cannot hide its tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from ezpz_nb.data.tree import fields
+from ezpz_nb.verify.batches import is_batch_tag
+
+__all__ = ["SEP", "sample_contents"]
+
+#: Between a sample's field digests in one string (``"<field path>:<digest>"`` each).
+SEP = "\n"
+
+
+def _array(v: Any) -> np.ndarray:
+    if hasattr(v, "detach"):
+        t = v.detach().cpu()
+        try:
+            return t.numpy()
+        except TypeError:  # bfloat16 and kin have no numpy type: float32 holds them exactly
+            return t.float().numpy()
+    return np.asarray(v)
+
+
+def _numeric(a: np.ndarray) -> bool:
+    return a.dtype.kind in "iuf"
+
+
+def _one(x: Any) -> bytes | None:
+    """One sample's value as bytes: text, two numbers or more, or a record of those; None
+    for a tag (one number) or what this cannot read."""
+    if isinstance(x, str):
+        return x.encode()
+    if isinstance(x, bytes):
+        return x
+    named = fields(x)
+    if named is not None:
+        parts = [(k, _one(v)) for k, v in named]
+        found = [k.encode() + b"\0" + b for k, b in parts if b is not None]
+        return b"\1".join(found) if found else None
+    if isinstance(x, (list, tuple)) or hasattr(x, "shape"):
+        try:
+            a = _array(x)
+        except (TypeError, ValueError):
+            return None
+        if _numeric(a) and a.size >= 2:
+            # Python ints and an int64 tensor hold one value alike: compare values, not widths.
+            return np.ascontiguousarray(
+                a, dtype=np.float64 if a.dtype.kind == "f" else np.int64
+            ).tobytes()
+    return None
+
+
+def _offsets(flat: dict[str, np.ndarray], count: int) -> tuple[str, list[int]] | None:
+    """Where ``count`` samples packed in one row start and end: ``(leaf, bounds)``."""
+    for path, a in flat.items():
+        if a.dtype.kind not in "iu" or count < 1 or not len(a) or a[0] != 0:
+            continue
+        if len(a) == count + 1 and bool(np.all(np.diff(a) >= 0)):  # cu_seqlens
+            return path, [int(x) for x in a]
+        starts = np.flatnonzero(a == 0)
+        steps = np.diff(a)
+        # Position ids: 0, 1, 2... once a sample, restarting at 0 for the next one.
+        if len(starts) == count and bool(np.all((steps == 1) | (a[1:] == 0))):
+            return path, [*(int(s) for s in starts), len(a)]
+    return None
+
+
+def _columns(batch: Any, skip: str, count: int) -> dict[str, list[bytes]]:
+    """``{path: one bytes a sample}`` of every content field of ``batch``."""
+    cols: dict[str, list[bytes]] = {}
+    flat: dict[str, np.ndarray] = {}
+
+    def walk(node: Any, path: str) -> None:
+        named = fields(node)
+        if named is not None:
+            for k, v in named:
+                if k != skip and not is_batch_tag(k, v):
+                    walk(v, f"{path}/{k}")
+            return
+        if hasattr(node, "shape"):
+            a = _array(node)
+            if not _numeric(a) or a.ndim == 0:
+                return
+            if a.ndim >= 2 and a.shape[0] == count and a[0].size >= 2:
+                cols[path] = [_one(a[i]) or b"" for i in range(count)]
+            elif a.ndim == 2 and a.shape[0] == 1 or a.ndim == 1 and len(a) != count:
+                flat[path] = a.reshape(-1)
+            return
+        if isinstance(node, (list, tuple)):
+            per = [_one(x) for x in node] if len(node) == count else []
+            if per and all(b is not None for b in per):
+                cols[path] = [b for b in per if b is not None]
+                return
+            for i, v in enumerate(node):
+                walk(v, f"{path}/{i}")
+
+    walk(batch, "")
+    cut = _offsets(flat, count)
+    if cut is not None:
+        at, bounds = cut
+        total = bounds[-1]
+        for path, a in flat.items():
+            if path != at and len(a) == total:
+                cols[path] = [_one(a[bounds[k] : bounds[k + 1]]) or b"" for k in range(count)]
+    return cols
+
+
+def sample_contents(batch: Any, field: str, count: int | None = None) -> list[str]:
+    """Per sample, its content fields' digests joined by :data:`SEP` (``[]``: none found).
+
+    ``field`` (the ids) is left out; ``count``: the batch's samples (from its ids). Two
+    samples sharing a field's digest hold that field's very same values whatever ids they
+    carry. Never raises: the user's data is read only to compare.
+    """
+    if not count:
+        return []
+    try:
+        cols = _columns(batch, field, count)
+    except Exception:  # noqa: BLE001 - the user's data, read only to compare: never fatal
+        return []
+    if not cols:
+        return []
+    out = []
+    for i in range(count):
+        parts = []
+        for path, per in sorted(cols.items()):
+            parts.append(f"{path or '.'}:{hashlib.blake2b(per[i], digest_size=8).hexdigest()}")
+        out.append(SEP.join(parts))
+    return out
