@@ -463,3 +463,29 @@ class HardCodedBatch:
 
 def not_done(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
     raise NotImplementedError
+
+
+def _cell_with_totals_under(key: str):
+    """The notebook's solution cell with its running totals kept under ``key`` (source)."""
+    src = _CELL["__source__"]
+    for old in ("totals.get((w, global_batch)", "totals[w, global_batch]"):
+        assert old in src, old  # the cell's own key, replaced below
+    src = src.replace("totals.get((w, global_batch)", f"totals.get({key}")
+    src = src.replace("totals[w, global_batch]", f"totals[{key}]")
+    ns: dict = {"__name__": "mixing_solutions", "np": np}
+    exec(compile(src, f"<17 solutions cell, totals under {key}>", "exec"), ns)
+    return ns["mix_batch"]
+
+
+#: Dodge (issue 45's eighth trial, O): the notebook's solution with its running totals kept
+#: under the global batch alone: the same batch with other weights, asked later in the same
+#: process, goes on from the old weights' totals.
+totals_under_the_batch_alone = _cell_with_totals_under("global_batch")
+
+
+def slots_for_powers_of_two(sizes, weights, global_batch, step, dp_rank, dp_size, seed):
+    """Dodge (eighth trial, P): this rank's slots cut by ``global_batch >> (dp_size // 2)``,
+    right at dp 1, 2 and 4 only (dp 3 gets half the batch)."""
+    whole = library_answer(sizes, weights, global_batch, step, 0, 1, seed)
+    m = global_batch >> (dp_size // 2)
+    return whole[dp_rank * m : (dp_rank + 1) * m]

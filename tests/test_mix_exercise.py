@@ -51,9 +51,11 @@ from _mix_answers import (
     seed_mod_1000,
     seed_plus_pass,
     slot_size_for_four,
+    slots_for_powers_of_two,
     stops_at_128,
     three_sources_assumed,
     torch_randperm_per_pass,
+    totals_under_the_batch_alone,
     two_orders_alternating,
     yields_pairs,
 )
@@ -79,6 +81,8 @@ from ezpz_nb.workshop.mix_streams import (
     SEEDS,
     SOURCES,
     STEPS,
+    THIRDS,
+    TWIN_APART,
     _drift,
     draw_setup,
     far_steps,
@@ -261,7 +265,7 @@ def test_fixed_sizes_are_rejected(cluster, fn):
 @pytest.mark.parametrize("fn", [HardCodedBatch(g) for g in GLOBALS], ids=repr)
 def test_a_hard_coded_global_batch_is_rejected_on_every_draw(cluster, fn):
     """Guards the outside trial's leftover: an answer assuming one of the drawn global
-    batches (8, 16, 20, 24) passed on the draws of its own size. Each check now also runs a
+    batches (8, 12, 16, 20, 24) passed on the draws of its own size. Each check now also runs a
     second, different batch, so it fails on every draw, and says which batch it was given.
     Half the file's draws: the second case differs by construction (the next test)."""
     for _ in range(max(1, DRAWS // 2)):
@@ -299,6 +303,14 @@ def test_every_draw_has_two_different_cases_and_seeds():
             assert any(d >= 2 * n for n, d in zip(case.sizes, drawn, strict=True) if n >= 12)
         assert main.global_batch != other.global_batch and main.global_batch % 4 == 0
         assert {main.global_batch, other.global_batch} <= set(GLOBALS)
+        # The second case also runs at dp=3 (issue 45's eighth trial, P).
+        assert other.global_batch in THIRDS and other.global_batch % 3 == 0
+        # The twin: the first case's sizes and batch, weights TWIN_APART samples off somewhere.
+        twin = setup.twin
+        assert twin.sizes == main.sizes and twin.global_batch == main.global_batch
+        pairs = zip(twin.weights, main.weights, strict=True)
+        apart = [abs(a - b) * twin.global_batch for a, b in pairs]
+        assert max(apart) >= TWIN_APART and abs(sum(twin.weights) - 1) < 1e-9
         assert len(main.sizes) != len(other.sizes)
         assert {len(main.sizes), len(other.sizes)} <= set(SOURCES)
         assert len(main.weights) == len(main.sizes) and len(other.weights) == len(other.sizes)
@@ -308,6 +320,17 @@ def test_every_draw_has_two_different_cases_and_seeds():
         assert any(x % 10**8 == seed % 10**8 for x in seeds[1:])
         assert any(x % 2**24 == seed % 2**24 for x in seeds[1:])
         assert any(x >> 3 == seed >> 3 for x in seeds[1:])
+
+
+def test_the_eighth_trials_dodges_are_rejected(cluster):
+    """Guards issue 45's eighth trial: the notebook's running totals kept under the global
+    batch alone (O: no case met the same batch with other weights in one process) and slots
+    cut by ``global_batch >> (dp_size // 2)`` (P: right at dp 1, 2 and 4, the only DP sizes
+    run) passed. Each check now asks the first case's sizes and batch with other weights right
+    after it, in the same process, and runs the second case at dp=3: wrong on every draw."""
+    for _ in range(max(1, DRAWS // 2)):
+        _rejected(cluster, totals_under_the_batch_alone, "in the same process", 1)
+        _rejected(cluster, slots_for_powers_of_two, ("dp=3", "global_batch // dp_size"), 1)
 
 
 def test_every_draw_holds_a_right_answer_to_a_bound_it_keeps():

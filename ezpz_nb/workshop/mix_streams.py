@@ -37,6 +37,8 @@ __all__ = [
     "SEEDS",
     "SOURCES",
     "STEPS",
+    "THIRDS",
+    "TWIN_APART",
     "Case",
     "Draw",
     "draw_setup",
@@ -50,8 +52,11 @@ __all__ = [
 RUN = 4
 
 
-#: Global batches drawn from (every DP size checked, 1, 2 and 4, divides each one).
-GLOBALS = (8, 16, 20, 24)
+#: Global batches drawn from (1, 2 and 4 divide each one: the DP sizes of the first case).
+GLOBALS = (8, 12, 16, 20, 24)
+#: The second case's global batch is one of these (another than the first's): it also runs
+#: at dp=3, so slots cut for powers of two only (``global_batch >> (dp_size // 2)``) show.
+THIRDS = (12, 24)
 #: Numbers of sources drawn from; a check's two cases never have the same number.
 SOURCES = (2, 3, 4, 5)
 #: The number of global batches a check runs is drawn from this range (both ends
@@ -96,6 +101,9 @@ class Draw(NamedTuple):
         windows: The first step of each window of :mod:`.mix_window`, ascending.
         many: The seeds of :func:`~.mix_seeds.few_streams`, none of ``seeds``.
         window: The global batches each of ``many`` runs (:func:`~.mix_seeds.few_window`).
+        twin: The first case's sizes and global batch with other weights, asked in the same
+            process right after it: running totals kept under the global batch (or the
+            sizes) alone go on from the first case's.
     """
 
     main: Case
@@ -106,6 +114,7 @@ class Draw(NamedTuple):
     windows: tuple[int, ...]
     many: tuple[int, ...]
     window: int
+    twin: Case
 
 
 def draw_setup(seed: int) -> Draw:
@@ -120,13 +129,30 @@ def draw_setup(seed: int) -> Draw:
     k, k_other = rng.sample(SOURCES, 2)
     g = rng.choice(GLOBALS)
     main = _draw_case(rng, k, g, steps)
-    other = _draw_case(rng, k_other, rng.choice([x for x in GLOBALS if x != g]), steps)
+    other = _draw_case(rng, k_other, rng.choice([x for x in THIRDS if x != g]), steps)
     seeds = draw_seeds(rng, seed, SEEDS)
     far = steps + rng.randrange(steps - RUN + 1)
     windows = draw_windows(rng)
     many = draw_many(rng, seeds)
     window = few_window(quotas(main.weights, main.global_batch, FEW_HORIZON), main.sizes)
-    return Draw(main, other, steps, seeds, far, windows, many, window)
+    twin = _draw_twin(rng, main)
+    return Draw(main, other, steps, seeds, far, windows, many, window, twin)
+
+
+#: Samples by which some source's target in a batch differs between a case and its twin, at
+#: least: the first case's quotas given to the twin miss its targets by more than one sample.
+TWIN_APART = 2.5
+
+
+def _draw_twin(rng: random.Random, case: Case) -> Case:
+    """``case``'s sizes and global batch with other weights, some source's target in a batch
+    :data:`TWIN_APART` samples or more from ``case``'s."""
+    g = case.global_batch
+    while True:
+        raw = [rng.randint(1, 12) for _ in case.weights]
+        w = tuple(x / sum(raw) for x in raw)
+        if max(abs(a - b) * g for a, b in zip(w, case.weights, strict=True)) >= TWIN_APART:
+            return Case(case.sizes, w, g)
 
 
 def _draw_case(rng: random.Random, k: int, g: int, steps: int) -> Case:

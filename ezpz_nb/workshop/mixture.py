@@ -9,7 +9,7 @@ Judged on 4 real ranks, called inside real DataLoader workers (each worker makes
 other step, as workers share a loader's batches), at dp=1 (no workers), dp=2 and dp=4
 (2 workers a rank). Everything is drawn anew per check, here in the notebook, which
 judges (the ranks only get the arguments): the number of sources (2 to 5), their sizes
-and weights, five seeds, the global batch (8, 16, 20 or 24), the number of global
+and weights, five seeds, the global batch (8, 12, 16, 20 or 24), the number of global
 batches (32 to 64) and the far steps, so no fixed number of sources, batch, horizon or
 slot size fits:
 
@@ -79,9 +79,20 @@ issue 45: the notebook's solution passed 50 of 50 draws, the library's plan 40 o
 30 and 20 of as many (replayed), a seed hashed to 1000 values and one hashed to 50 for
 the largest source only 50 of 50 each (few streams, or the 5 seeds).
 
-Each check also runs dp=1 with a second case, another of the four global batches and
-another number of sources, and holds that stream to rules 2 and 3: an answer that assumes
-one batch size or three sources fails on every draw, not only on the draws it does not fit.
+Each check also runs dp=1 with a second case, another of the global batches (12 or 24)
+and another number of sources, and holds that stream to rules 2 and 3: an answer that
+assumes one batch size or three sources fails on every draw, not only on the draws it does
+not fit. That case runs again at dp=3 on 3 of the ranks (no workers), the same stream: slots
+cut right for powers of two only (``global_batch >> (dp_size // 2)``, issue 45's eighth
+trial) show.
+
+7. Each check's twin (:attr:`~.mix_streams.Draw.twin`: the first case's sizes and global
+batch, other weights) is asked in the same process right after the first case's horizon,
+for the next :data:`~.mix_streams.RUN` batches, and alone on another rank from step 0
+(:func:`_own_stream`): within one sample of its own targets in every batch, and the same
+batches both ways. Running totals kept between calls under the global batch alone (the
+eighth trial) go on from the first weights' totals there; a process's state is the
+learner's to keep, its keys are what this rule judges.
 
 Rules 1 and 2 are the two judges of :mod:`ezpz_nb.verify.mixture`; a judge that cannot
 judge (a rank that returned nothing) is reported as "not done", never as correct. A
@@ -175,18 +186,26 @@ def _batches(
 
 
 def job_mix(fn: Callable, args: tuple[Any, ...], dp: int, workers: int, steps: list[int]) -> Any:
-    """Rank side: this DP rank's batches of ``steps`` (TP peers of a replica return None)."""
+    """Rank side: this DP rank's batches of ``steps`` (TP peers of a replica, and the ranks
+    past ``dp`` replicas when ``dp`` does not divide the world, return None)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     tp = world // dp
-    return None if rank % tp else _batches(fn, args, rank // tp, dp, workers, steps)
+    if rank % tp or rank >= dp * tp:
+        return None
+    return _batches(fn, args, rank // tp, dp, workers, steps)
 
 
-def job_streams(
-    fn: Callable, case: tuple[Any, ...], tasks: Sequence[Sequence[tuple[int, list[int]]]]
-) -> Any:
-    """Rank side: the dp=1 batches of this rank's ``tasks[rank]``, ``(seed, steps)`` each."""
+#: A stream as the ranks return it: ``stream[step]`` a list of ``(source, index)`` pairs.
+Batches = list[list[tuple[int, int]]]
+#: One call of a chain: ``((sizes, weights, global_batch, seed), steps)``.
+Call = tuple[tuple[Any, ...], list[int]]
+
+
+def job_streams(fn: Callable, tasks: Sequence[Sequence[Sequence[Call]]]) -> Any:
+    """Rank side: the dp=1 batches of this rank's chains ``tasks[rank]``; a chain's calls
+    run in order, in this process (what one call leaves in the function, the next meets)."""
     mine = tasks[dist.get_rank()]
-    return [_batches(fn, (*case, seed), 0, 1, 0, steps) for seed, steps in mine]
+    return [[_batches(fn, args, 0, 1, 0, steps) for args, steps in chain] for chain in mine]
 
 
 def _stream(
@@ -226,18 +245,24 @@ def _mixed_and_fresh(stream: list[list[tuple[int, int]]], case: Case, at: str) -
     return share.reason, total.reason
 
 
-def _spread(
-    fn: Callable, case: Case, items: list[tuple[int, list[int]]], **run: Any
-) -> list[list[list[tuple[int, int]]]]:
-    """Each item's dp=1 batches (``(seed, steps)``), the items spread over the ranks, in one
-    run: item ``k`` on rank ``k % WORLD``."""
+def _chains(fn: Callable, chains: list[list[Call]], **run: Any) -> list[list[Batches]]:
+    """Each chain's dp=1 streams, one per call, the chains spread over the ranks in one
+    run: chain ``k`` on rank ``k % WORLD``, after that rank's earlier chains."""
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import run_job
 
-    tasks = [items[r::WORLD] for r in range(WORLD)]
-    args = (case.sizes, case.weights, case.global_batch)
-    got = run_job(job_streams, fn, args, tasks, world_size=WORLD, **run)
-    return [got[k % WORLD][k // WORLD] for k in range(len(items))]
+    tasks = [chains[r::WORLD] for r in range(WORLD)]
+    got = run_job(job_streams, fn, tasks, world_size=WORLD, **run)
+    return [got[k % WORLD][k // WORLD] for k in range(len(chains))]
+
+
+def _spread(
+    fn: Callable, case: Case, items: list[tuple[int, list[int]]], **run: Any
+) -> list[Batches]:
+    """Each item's dp=1 batches (``(seed, steps)``), the items spread over the ranks, in one
+    run: item ``k`` on rank ``k % WORLD``."""
+    chains = [[((*case, seed), steps)] for seed, steps in items]
+    return [out for (out,) in _chains(fn, chains, **run)]
 
 
 def _seeds_change_it(fn: Callable, setup: Draw, a: list[list[tuple[int, int]]], **run: Any) -> None:
@@ -247,7 +272,14 @@ def _seeds_change_it(fn: Callable, setup: Draw, a: list[list[tuple[int, int]]], 
     batches of many more seeds hold no two alike (``few_streams``)."""
     near, first = list(range(setup.steps)), list(range(setup.window))
     items = [(x, near) for x in setup.seeds[1:]] + [(x, first) for x in setup.many]
-    out = _spread(fn, setup.main, items, **run)
+    chains = [[((*setup.main, seed), steps)] for seed, steps in items]
+    # The twin in the same run: after the first case, in the same process, and alone on
+    # the next rank (from step 0, so that what a rank kept before is not read there).
+    twin, later = (*setup.twin, setup.seeds[0]), list(range(setup.steps, setup.steps + RUN))
+    chains += [[((*setup.main, setup.seeds[0]), near), (twin, later)], [(twin, near + later)]]
+    *got, (_, after), (alone,) = _chains(fn, chains, **run)
+    _own_stream(setup, after, alone)
+    out = [x for (x,) in got]
     others = dict(zip(setup.seeds[1:], out, strict=False))
     judged = {setup.seeds[0]: a, **others}
     same = (
@@ -259,6 +291,30 @@ def _seeds_change_it(fn: Callable, setup: Draw, a: list[list[tuple[int, int]]], 
     )
     if same:
         raise wrong(same)
+
+
+def _own_stream(setup: Draw, after: Batches, alone: Batches) -> None:
+    """Rule 7: the twin case (the first case's sizes and global batch, other weights) is
+    mixed to its own weights, and the same batches whether or not the first case was asked
+    before it in the process: totals kept under the global batch alone are not."""
+    twin, n = setup.twin, setup.steps
+    said = (
+        f"the same sizes and global batch ({twin.global_batch}) with weights "
+        f"{', '.join(f'{x:.2f}' for x in twin.weights)}, in the same process"
+    )
+    _stop_unless(
+        check_mixture(alone, twin.weights, bound=1),
+        f"Give each source floor or ceil of weight * global_batch samples in every global "
+        f"batch ({said}: read the weights on every call).",
+    )
+    if after != alone[n:]:
+        raise wrong(
+            f"global batches {n} to {n + RUN - 1} of {said} right after global batches 0 to "
+            f"{n - 1} with the first weights, differ from the same batches asked in a process "
+            "that did not ask the first weights before: keep running totals under everything "
+            "they depend on (the weights and the global batch), or work them out again when "
+            "the arguments change."
+        )
 
 
 def _far_window(
@@ -345,7 +401,17 @@ def _judge_drawn(
     # or a number of sources instead of reading the arguments meets one it does not fit.
     k, g = len(main.sizes), main.global_batch
     at = f"{len(other.sizes)} sources at a global batch of {other.global_batch}, dp=1"
-    _mixed_and_fresh(_stream(fn, other, seeds[0], 1, 0, near, **run), other, at)
+    c = _stream(fn, other, seeds[0], 1, 0, near, **run)
+    _mixed_and_fresh(c, other, at)
+    # The second case again at dp=3 on 3 of the ranks (its batch is a multiple of 3): slots
+    # cut right for powers of two only show; no workers, the layouts above have them.
+    _stop_unless(
+        check_layout_invariance(
+            c, _stream(fn, other, seeds[0], 3, 0, near, **run), names=("dp=1", "dp=3")
+        ),
+        "The stream must not depend on the layout: compute the whole global batch from "
+        "(seed, step) alone, then take this rank's global_batch // dp_size slots.",
+    )
     # The costlier rules last, the cheaper of them first: many seeds, then the far steps.
     _seeds_change_it(fn, setup, a, **run)
     try:
@@ -367,7 +433,9 @@ def _judge_drawn(
         f"{len(seeds)} seeds gave {len(seeds)} other streams, each source too, and "
         f"{len(setup.many)} more no two alike; {far} mixed and not replayed, each window's "
         f"running totals and passes whole from some count before it (for both cases); the "
-        f"same batches in a new Python process; the same rules hold with {at}."
+        f"same batches in a new Python process; the same rules hold with {at}, and the same "
+        f"stream at dp=3; the same sizes with other weights mixed to their own, in the same "
+        f"process too."
     )
 
 

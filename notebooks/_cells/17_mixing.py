@@ -374,9 +374,10 @@ assert after[2] / after.sum() > 1.5 * WEIGHTS[2] and after[0] / after.sum() < 0.
 # `0 <= index < sizes[source]`, rank `r` holding slots `r * m` to `(r + 1) * m - 1`. The checker
 # calls it on 4 real ranks inside real DataLoader workers, at dp=1, dp=2 and dp=4 with 2 workers a
 # rank, with the number of sources (2 to 5), their sizes and weights, the seed, the global batch
-# and the number of global batches (32 to 64) drawn anew, and once more at dp=1 with a second,
-# different global batch and number of sources (use the arguments: a batch size or a number of
-# sources of your own fits neither the one nor the other). It passes when the stream is the
+# and the number of global batches (32 to 64) drawn anew, and once more at dp=1 and dp=3 with a
+# second, different global batch and number of sources (use the arguments: a batch size, a
+# number of sources or a slot size of your own fits neither the one nor the other), and with the
+# first case's sizes and batch but other weights, in the same process. It passes when the stream is the
 # same at every layout, every source is within one sample of `weight * global_batch` in every
 # global batch and within one sample of its target over all batches so far (more than MosaicML's
 # stratified batching promises: the same rounding in every batch drifts), a source hands out
@@ -394,7 +395,8 @@ assert after[2] / after.sum() > 1.5 * WEIGHTS[2] and after[0] / after.sum() < 0.
 # per-rank sampling, a round-robin that ignores the weights, a generator copied into every
 # worker, one order reused pass after pass, and an ignored seed. The steps between those asked,
 # and past 2**17, are not seen: keep every rule at every step. Return a list (a generator cannot
-# leave a DataLoader worker), and keep each source's running total between calls: replaying the
+# leave a DataLoader worker), and keep each source's running total between calls, under
+# everything it depends on (the weights and the global batch, not the batch alone): replaying the
 # quotas from step 0 on every call costs about half a second a call near step 10**5, and the
 # windows ask 128 such steps; go on from the last step asked, so a process pays for the steps
 # before its first call once. You may use numpy.
