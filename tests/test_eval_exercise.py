@@ -588,6 +588,49 @@ def every_loss_in_an_instance(ds, rank, world):
     )
 
 
+def _every_loss_in_bits(ds, rank, world, bits):
+    """Every loss rounded to ``bits`` bits (0 to 10 in ``2**bits - 1`` steps), packed 64 bits
+    to a float64 word and all-gathered after the rank's part (its sum, which the checker asks
+    to see sent): the mean taken from the rounded losses, the count from the sizes."""
+    import numpy as np
+
+    mine = [ds[i]["loss"] for i in range(rank, len(ds), world)]
+    top = (1 << bits) - 1
+    parts: list = [None] * world
+    dist.all_gather_object(parts, (math.fsum(mine), _words(mine, bits)))
+    every = []
+    for r, (_, got) in enumerate(parts):
+        whole = sum(int(w) << (64 * k) for k, w in enumerate(got.numpy().view(np.uint64)))
+        count = len(range(r, len(ds), world))
+        every += [((whole >> (bits * (count - 1 - j))) & top) * 10.0 / top for j in range(count)]
+    return math.fsum(every) / len(every)
+
+
+def _words(losses, bits):
+    """``losses`` rounded to ``bits`` bits each, packed 64 bits to a float64 word (a tensor)."""
+    import numpy as np
+
+    top, packed = (1 << bits) - 1, 0
+    for v in losses:
+        packed = (packed << bits) | round(v / 10.0 * top)
+    width = -(-len(losses) * bits // 64)
+    words = np.array([(packed >> (64 * k)) & (2**64 - 1) for k in range(width)], np.uint64)
+    return torch.from_numpy(words.view(np.float64))
+
+
+def every_loss_in_16_bits(ds, rank, world):
+    """Dodge (issue 45's seventh brief): every loss quantised to 16 bits and packed beside the
+    rank's part; the mean of the rounded losses is within the tolerance on most draws. A
+    share of 44 fitted MAX_SENT numbers (44 * 16 + 64 = 768 bits); shares of 60 do not."""
+    return _every_loss_in_bits(ds, rank, world, 16)
+
+
+def every_loss_in_12_bits(ds, rank, world):
+    """Dodge: as :func:`every_loss_in_16_bits` at 12 bits a loss, the fewest that cannot fit
+    beside the part at MIN_SHARE 60 (60 * 12 + 64 = 784 bits)."""
+    return _every_loss_in_bits(ds, rank, world, 12)
+
+
 DODGES = [
     every_loss_over_an_abstract_socket,
     every_loss_shifted,
@@ -624,6 +667,8 @@ DODGES = [
     every_loss_as_complex,
     every_loss_in_one_int,
     every_loss_in_an_instance,
+    every_loss_in_16_bits,
+    every_loss_in_12_bits,
 ]
 
 
@@ -925,6 +970,10 @@ def test_a_payload_counts_by_what_it_carries_whatever_its_type():
             "3 bytes a loss, base64": base64.b64encode(three).decode(),
             "3 bytes a loss, uint8 tensor": torch.frombuffer(bytearray(three), dtype=torch.uint8),
             "dict keys": dict.fromkeys(share),
+            # Lossy (issue 45's seventh brief): beside the part it must send, at 16 bits a loss
+            # (44 of them fitted) or 12, the fewest that cannot fit a share of MIN_SHARE.
+            "16 bits a loss, beside the part": (math.fsum(share), _words(share, 16)),
+            "12 bits a loss, beside the part": (math.fsum(share), _words(share, 12)),
         }
         for what, payload in every.items():
             assert carried(payload)[0] > MAX_SENT, what
@@ -973,6 +1022,8 @@ SAYS = {
     every_loss_as_complex: "you sent every loss",
     every_loss_in_one_int: "you sent every loss",
     every_loss_in_an_instance: "you sent every loss",
+    every_loss_in_16_bits: "you sent every loss",
+    every_loss_in_12_bits: "you sent every loss",
     every_loss_over_an_abstract_socket: "may write no file",
     sums_through_files: ("did not carry the sum", "may write no file"),
     forges_the_record: ("sent nothing through torch.distributed", "may write no file"),

@@ -16,6 +16,7 @@ are kept where the dataset does not reference them (a leaked reference, a global
 from __future__ import annotations
 
 import array
+import ctypes
 import gc
 import io
 import mmap
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from ezpz_nb.workshop.flat_find import found as runs_found
+from ezpz_nb.workshop.flat_pages import PAGE
 from ezpz_nb.workshop.stops import wrong
 
 __all__ = ["FEW_ROWS", "holdings", "judge_held"]
@@ -117,6 +119,42 @@ def _buffer(obj: Any) -> tuple[Any, int] | None:
     return None
 
 
+#: Exact types whose memory is all in the object (a header, then the values): their pages
+#: are the object's span; any other object's count is on the page of its address.
+_INLINE = (int, float, complex, bytes, str, tuple)
+
+
+def _span(obj: Any) -> tuple[int, int] | None:
+    """``(address, bytes)`` of the memory ``obj``'s values are in, outside the object itself
+    (an array's data, a tensor's storage, a ``bytearray``'s or ``array``'s items)."""
+    kind = type(obj)
+    try:
+        if issubclass(kind, np.ndarray) and not obj.dtype.hasobject:
+            return int(obj.__array_interface__["data"][0]), obj.nbytes
+        if issubclass(kind, torch.Tensor | torch.UntypedStorage):
+            storage = obj.untyped_storage() if isinstance(obj, torch.Tensor) else obj
+            return storage.data_ptr(), storage.nbytes()
+        if issubclass(kind, array.array):
+            address, count = obj.buffer_info()
+            return address, count * obj.itemsize
+        if issubclass(kind, bytearray) and len(obj):
+            return ctypes.addressof(ctypes.c_char.from_buffer(obj)), len(obj)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, BufferError):
+        return None
+    return None
+
+
+def _add_pages(pages: set[int], obj: Any) -> None:
+    """The pages ``obj`` is on (its count's, its values'), into ``pages``: where a worker
+    that reads it writes (see :mod:`.flat_pages`)."""
+    start = id(obj)
+    end = start + (sys.getsizeof(obj) if type(obj) in _INLINE else 1)
+    pages.update(range(start // PAGE, (end - 1) // PAGE + 1))
+    span = _span(obj)
+    if span is not None and span[1] > 0:
+        pages.update(range(span[0] // PAGE, (span[0] + span[1] - 1) // PAGE + 1))
+
+
 def _named_globals(code: types.CodeType, names: set[str]) -> set[str]:
     names.update(code.co_names)
     for const in code.co_consts:  # nested functions and comprehensions
@@ -166,7 +204,9 @@ def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str
     bytes, ``where`` the container most are in; ``all_bytes``: every buffer's (a file kept
     by path or open counts its size); ``complete``: whether the walk reached everything;
     ``found``: how many of the ``runs`` of tokens (:func:`.flat_find.needles`) the large
-    buffers hold (``None`` without runs).
+    buffers hold (``None`` without runs); ``pages``: the page numbers of every object and
+    buffer reached (ints and floats included), where its workers' writes are looked for
+    (:mod:`.flat_pages`).
     """
     large = tokens_n * 8 // 64
     owners: dict[Any, int] = {}
@@ -176,9 +216,12 @@ def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str
     parents: dict[str, Counter[int]] = {}
     containers: dict[int, Any] = {}  # the small buffers' containers, by id
     holders: dict[int, Any] = {}  # each object's first container, to name the commonest
+    pages: set[int] = set()
     seen, queue = {id(ds)}, deque([(ds, None)])
     while queue and len(seen) < _LIMIT:
         obj, parent = queue.popleft()
+        if not _code(obj):
+            _add_pages(pages, obj)
         found = _file(obj) or _buffer(obj)
         if found is not None:
             owner, size = found
@@ -197,7 +240,10 @@ def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str
         if _code(obj):
             continue
         for child in _children(obj):
-            if issubclass(type(child), _ATOMIC) or id(child) in seen:
+            if issubclass(type(child), _ATOMIC):  # a token as a Python int: its count's page
+                pages.add(id(child) // PAGE)
+                continue
+            if id(child) in seen:
                 continue
             seen.add(id(child))
             holders[id(child)] = obj
@@ -215,6 +261,7 @@ def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str
         "complete": not queue,
         "found": None if runs is None else runs_found(large_ones, runs),
         "runs": 0 if runs is None else len(runs),
+        "pages": sorted(pages),
     }
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["carried"]
 
-#: Numbers kept per call (the count is kept whole): a pair is 2, a shard's losses at most 65.
+#: Numbers kept per call (the count is kept whole): a pair is 2, a shard's losses at most 80.
 _KEEP = 256
 #: A number written in text: digits, a point, an exponent.
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")

@@ -27,7 +27,8 @@ signal it did not catch then; a worker with children of its own, alive or reaped
 worker's child shares the pages the worker copied, and a throwaway child per read takes
 the reads' writes with it: reaped, its faults add to the worker's ``cminflt``), or one
 that ignores ``SIGCHLD`` (its children then go unaccounted). This module imports only
-the standard library and the ledger's reader: a rank imports it.
+the standard library, the ledger's reader and :mod:`.flat_pages` (the pages a worker wrote,
+standard library only): a rank imports it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ezpz_nb.ledger.memory import ProcMemory, read_memory
+from ezpz_nb.workshop.flat_pages import written
 
 __all__ = ["Witness", "ask_witness", "children", "descendants", "group", "peer_pid"]
 
@@ -222,6 +224,7 @@ class Witness:
         self.pids: dict[int, int] = {}
         self.faults: list[str] = []
         self._read: dict[tuple[int, str], dict[int, ProcMemory]] = {}
+        self._pages: dict[tuple[int, str], dict[int, Any]] = {}  # pages each wrote
         self._known: dict[int, set[int]] = {}  # per rank: children not to read again
         self._done: dict[int, list[str]] = {}  # per rank: the asks answered, in order
         self._first: dict[int, tuple[set[int], int]] = {}  # per rank: threads, caught signals
@@ -248,6 +251,12 @@ class Witness:
         """``{child pid: memory}`` read at ``rank``'s ask ``label`` (empty if it never asked)."""
         with self._lock:
             return dict(self._read.get((rank, label), {}))
+
+    def pages(self, rank: int, label: str) -> dict[int, Any]:
+        """``{child pid: page numbers it holds alone}`` read at ``rank``'s ask ``label``
+        (:func:`.flat_pages.written`; ``None`` for a child whose pages cannot be read)."""
+        with self._lock:
+            return dict(self._pages.get((rank, label), {}))
 
     def _serve(self) -> None:
         while True:
@@ -302,6 +311,7 @@ class Witness:
                 self._same_rank(rank, label, peer, self.asks[label])
             got = {pid: read_memory(pid) for pid in sorted(new)}
             self._read[rank, label] = {pid: mem for pid, mem in got.items() if mem is not None}
+            self._pages[rank, label] = {pid: written(pid) for pid in got}
 
     def _same_rank(self, rank: int, label: str, peer: int, workers: int) -> None:
         """Note threads and caught signals the rank has now and had not at its first ask.

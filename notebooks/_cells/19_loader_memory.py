@@ -238,13 +238,15 @@ else:
 # Write `make_flat(rows)`: given the rows of a list-of-dicts dataset (`{"index": i, "tokens":
 # [int, ...]}`), return a dataset that yields exactly what `DictsDataset` yields (every sample,
 # same keys, int64, same order), holds the tokens in one array (a sample a slice of it; rows of
-# other lengths: one array and offsets), and whose forked workers each grow by less than a
-# quarter of the data's size over an epoch. The checker builds fresh tokens on 2 real ranks of
-# its own (not the warm ones above: nothing an earlier cell left there reaches the measurement)
-# and hands the rows to your dataset alone; before anything reads it, it runs an epoch with
-# loader settings of its own and, at the epoch's end, reads each worker's private memory from
-# the notebook's process (where your code never runs), against a worker that read one flat array
-# of the checker's (building an array at some read is counted). Then it compares every sample:
+# other lengths: one array and offsets), and whose forked workers each write less than a
+# quarter of the data's size on the pages that hold it over an epoch (and grow by less than the
+# data's size in all: a library's allocator may take some room as it reads). The checker builds
+# fresh tokens on 2 real ranks of its own (not the warm ones above: nothing an earlier cell left
+# there reaches the measurement) and hands the rows to your dataset alone; before anything reads
+# it, it runs an epoch with loader settings of its own and, at the epoch's end, reads each
+# worker's private memory, and which pages it wrote, from the notebook's process (where your
+# code never runs), against a worker that read one flat array of the checker's (building an
+# array at some read is counted). Then it compares every sample:
 # the batches the workers yielded, and each one read in the rank. It also looks at what your
 # dataset holds once built and the rows let go of: keeping the rows (even for the index alone),
 # or their ints in lists of your own, fails even when reading them writes nothing, since each
