@@ -634,15 +634,15 @@ CASES: dict[str, Run] = {
     "bfloat16 thirds, padded": Run("eval", chunks_bf16_padded, _e(F), {"num_samples": 7},
                                    words={"counted_once": "counted again"}),
     # one identity of a batch across modes
-    "worker-tagged, state_dict": Run("resume", offsets, _c(shuffle=NA, resume=P), _MID,
-                                     words={"table": ": PASS"}),
-    "worker-tagged, dcp": Run("resume", offsets, _c(shuffle=NA, resume=P), _DCP),
-    "unsaved RNG, dcp": Run("resume", offsets_noise, _c(shuffle=NA, resume=F), _DCP,
+    "worker-tagged, state_dict": Run("resume", offsets, _c(once=NJ, shuffle=NA, resume=P), _MID,
+                                     words={"exactly_once": "pass num_samples="}),
+    "worker-tagged, dcp": Run("resume", offsets, _c(once=NJ, shuffle=NA, resume=P), _DCP),
+    "unsaved RNG, dcp": Run("resume", offsets_noise, _c(once=NJ, shuffle=NA, resume=F), _DCP,
                             words={"resume": "other values in /mask"}),
-    "a counter field, dcp": Run("resume", offsets_counter, _c(shuffle=NA, resume=F), _DCP,
+    "a counter field, dcp": Run("resume", offsets_counter, _c(once=NJ, shuffle=NA, resume=F), _DCP,
                                 words={"resume": "other values in /made"}, absent={"resume": "get_state"}),
     "RNG key only after a batch, dcp": Run(
-        "resume", offsets_late_key, _c(shuffle=NA, resume=F), _DCP,
+        "resume", offsets_late_key, _c(once=NJ, shuffle=NA, resume=F), _DCP,
         words={"resume": "freshly built loader's state_dict() lacks"}),
     # epochs only where they can be known
     "zigzag, length declared": Run("steps", zigzag, _s(P), {"steps": 18, "num_samples": 12}),
@@ -672,7 +672,7 @@ CASES: dict[str, Run] = {
         "ledgers", split_train, {"layout_invariance": NJ},
         words={"layout_invariance": "carried no dataset_id"}),
     # a save at every kind of boundary
-    "position kept": Run("resume", positioned, _c(resume=P), _ENDS),
+    "position kept": Run("resume", positioned, _c(once=NJ, resume=P), _ENDS),
     "position modulo the epoch": Run("resume", positioned_modulo, _c(once=F, resume=F), _ENDS,
                                      words={"resume": "modulo the epoch's length reads 0"},
                                      absent={"resume": "StatefulDistributedSampler"}),
@@ -698,6 +698,6 @@ CASES: dict[str, Run] = {
         words={"resume": "counts from the last load"},
         absent={"resume": "StatefulDistributedSampler", "exactly_once": "drop_last"}),
     "a stream sharded by worker, not rank": Run(
-        "contract", by_worker_not_rank, _c(dp=F, shuffle=NJ),
+        "contract", by_worker_not_rank, _c(dp=F, once=NJ, shuffle=NJ),
         words={"dp_disjoint": "no sharding by rank"}, absent={"dp_disjoint": "DistributedSampler("}),
 }  # fmt: skip

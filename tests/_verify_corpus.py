@@ -279,6 +279,8 @@ def _v(tp: str | None = None, dp: str = P, once: str = P, steps: str = P, batch:
 
 
 NOT_SHUFFLED = _v(shuffle=NJ)
+#: No dataset length, no shuffle: "every sample once" is judged only over what was seen.
+STREAM = _v(once=NJ, shuffle=NJ)
 NO_DATA = _v(dp=NJ, once=NJ, steps=F, batch=NJ, shuffle=NJ)
 CASES = {
     # torch DataLoader and samplers (L: the loaders of test_verify.py)
@@ -305,8 +307,8 @@ CASES = {
     "collate tuple": Case(tupled, "dp=2", _v()),
     "nested pairs": Case(nested, "dp=2", _v()),
     "list of pairs": Case(listed_pairs, "dp=2", _v()),
-    "dict of lists": Case(columns, "dp=2", NOT_SHUFFLED),
-    "keys": Case(L.keyed, "dp=2", NOT_SHUFFLED),
+    "dict of lists": Case(columns, "dp=2", STREAM),
+    "keys": Case(L.keyed, "dp=2", STREAM),
     # no data
     "iter(DataLoader)": Case(one_pass, "dp=2", _v(once=NJ, steps=F, shuffle=NJ)),
     "generator": Case(generator, "dp=2", _v(once=NJ, steps=F, shuffle=NJ)),
@@ -315,17 +317,17 @@ CASES = {
     # workers, streams, libraries
     "workers": Case(with_workers, "dp=2", _v()),
     "workers repeat a stream": Case(L.stream_workers_repeat, "dp=2", _v(once=F, shuffle=NJ)),
-    "stream": Case(stream, "dp=2", NOT_SHUFFLED),
-    "overlapping stream": Case(stream_overlapping, "dp=2", _v(dp=F, steps=F, shuffle=NJ)),
+    "stream": Case(stream, "dp=2", STREAM),
+    "overlapping stream": Case(stream_overlapping, "dp=2", _v(dp=F, once=NJ, steps=F, shuffle=NJ)),
     "HF map": Case(hf_map, "dp=2", _v()),
     "HF map unsharded": Case(hf_map_unsharded, "dp=2", _v(dp=F, shuffle=NJ)),
-    "HF stream shuffled": Case(hf_stream_shuffled, "dp=2", _v()),
-    "HF stream": Case(hf_stream, "dp=2", NOT_SHUFFLED),
-    "HF stream unsplit": Case(hf_stream_unsplit, "dp=2", _v(dp=F, shuffle=NJ)),
+    "HF stream shuffled": Case(hf_stream_shuffled, "dp=2", _v(once=NJ)),
+    "HF stream": Case(hf_stream, "dp=2", STREAM),
+    "HF stream unsplit": Case(hf_stream_unsplit, "dp=2", _v(dp=F, once=NJ, shuffle=NJ)),
     "torchdata stateful": Case(torchdata_stateful, "dp=2", _v()),
     # TP and CP
     "TP broadcast": Case(tp_broadcast, "dp=2,tp=2", _v(tp=P)),
-    "TP ids seeded by rank": Case(tp_random_ids, "dp=2,tp=2", _v(tp=F, dp=F, shuffle=NJ)),
-    "CP slices": Case(L.cp_slices, "dp=2,cp=2", _v(tp=P, shuffle=NJ)),
-    "CP split samples": Case(L.cp_split_samples, "dp=2,cp=2", _v(tp=F, shuffle=NJ)),
+    "TP ids seeded by rank": Case(tp_random_ids, "dp=2,tp=2", _v(tp=F, dp=F, once=NJ, shuffle=NJ)),
+    "CP slices": Case(L.cp_slices, "dp=2,cp=2", _v(tp=P, once=NJ, shuffle=NJ)),
+    "CP split samples": Case(L.cp_split_samples, "dp=2,cp=2", _v(tp=F, once=NJ, shuffle=NJ)),
 }

@@ -388,6 +388,14 @@ def judge(
     if universe is None and how and records:
         unjudged["exactly_once"] = f"never seen not judged: {how}"
         how = ""
+    elif n is None and universe is not None and records:
+        # Without a length the corpus is what the epochs saw together: a sample the loader
+        # never yields is in no epoch (a stream that stops 2 short passed: the eighth trial).
+        # What was seen, once an epoch, is judged (a fail shows); "every sample" is not.
+        unjudged["exactly_once"] = (
+            f"a sample the loader never yields cannot be seen without the dataset's length: "
+            f"{how}; pass num_samples= to judge every sample"
+        )
     if ranks.hung:
         unjudged.update(dict.fromkeys(("exactly_once", "global_batch"), HUNG))
     off = {"reshuffle": "shuffle=False was passed"} if asked and not shuffled else {}
