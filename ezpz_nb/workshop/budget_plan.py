@@ -3,7 +3,10 @@
 ``check_budget_plan(fn)``: ``fn(lengths, dp_rank, dp_size, budget)`` returns this DP
 replica's batches of document ids, with ``len(batch) * longest <= budget``. Each check
 draws two cases (the DP size, the budget, the number and lengths of documents; the
-second about three times the first's batches), each run on real ranks: equal step
+second about three times the first's batches), each run on real ranks, one of them,
+drawn, with two TP ranks per DP replica (issue 45's eighth trial: the global rank and
+world size taken for the DP rank and size passed while the world was DP alone): TP peers
+planning the same batches, equal step
 counts, no document twice, no more tokens left out than one of the two fixes drops (see
 :func:`_judge_drop`), and batches as full (:data:`FILL`) and padding within
 :data:`EXCESS_PAD` of a plan sorted by length over the same documents (so one document
@@ -59,17 +62,21 @@ CAP = 0.35
 #: 20% of the tokens left out: over it in every check (by 0.50 budgets at least), 30%: by
 #: 4.5 budgets; 15%: 25 checks in 500 pass (less than fix 2's worst drop of all tokens).
 LONG_SIMS, LONG_FACTOR, LONG_SLACK = 48, 1.5, 2
+#: TP ranks per DP replica in the case of a check run with TP peers.
+TP = 2
 
 
-def job_budget_plan(fn: Callable, lengths: list[int], budget: int) -> Any:
+def job_budget_plan(fn: Callable, lengths: list[int], budget: int, tp: int = 1) -> Any:
     """Notebook 11, exercise 2: this rank's plan, and the steps it took with a gradient all-reduce each.
 
-    The ranks first compare their counts (one all_gather); only when they agree do
-    they run the loop, each step one all-reduce, so a wrong plan is reported as
-    unequal counts instead of waiting out a hang.
+    ``fn`` is given this rank's DP rank and size: with ``tp`` ranks per DP replica, TP
+    innermost (``rank // tp``, as ``make_layout`` lays the ranks out). The ranks first
+    compare their counts (one all_gather); only when they agree do they run the loop,
+    each step one all-reduce over every rank, so a wrong plan is reported as unequal
+    counts instead of waiting out a hang.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    plan = fn(list(lengths), rank, world, budget)
+    plan = fn(list(lengths), rank // tp, world // tp, budget)
     if plan is None:
         return None
     plan = [[int(i) for i in batch] for batch in plan]
@@ -210,10 +217,27 @@ def _judge_drop(
         )
 
 
+def _judge_peers(got: list[Any], tp: int, case: str) -> list[Any]:
+    """Stop unless the TP peers of each DP replica planned the same batches (``got``: every
+    rank's, in rank order); each replica's plan and steps, as its first rank reported them."""
+    for rank, (plan, _) in enumerate(got):
+        lead = rank - rank % tp
+        if plan != got[lead][0]:
+            raise wrong(
+                f"{case}: ranks {lead} and {rank} are TP peers of DP replica {rank // tp} "
+                f"but planned other batches ({len(got[lead][0])} and {len(plan)} of them, "
+                "not the same). TP peers train one replica on the "
+                "same batches: plan from dp_rank and dp_size, not the global rank and world "
+                "size (with TP they differ), and agree on counts over every rank."
+            )
+    return got[::tp]
+
+
 def _judge_plan(
     got: list[Any], lengths: list[int], dp: int, budget: int, case: str, cap_seed: int = 0
 ) -> str:
-    """Stop at the first fault of one drawn case's plans; what they achieved otherwise."""
+    """Stop at the first fault of one drawn case's plans (one per DP replica); what they
+    achieved otherwise."""
     counts = [len(plan) for plan, _ in got]
     if len(set(counts)) > 1:
         raise wrong(
@@ -301,8 +325,9 @@ def check_budget_plan(
 
     Two cases drawn per check, the second with about three times the batches: the DP
     size (2 to 4), a budget (2 to 6 times the longest document), 160 to 240 documents
-    (three times as many in the second) of 2 to the longest tokens. Each step of the
-    plan ends in an all-reduce over all ranks.
+    (three times as many in the second) of 2 to the longest tokens. One case, drawn, runs
+    two TP ranks per DP replica (DP 2 or 3): ``fn`` is given the DP rank and size, which
+    are not the global ones. Each step of the plan ends in an all-reduce over all ranks.
     """
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge, run_learner
@@ -311,11 +336,18 @@ def check_budget_plan(
         # Drawn here, after judge() pickled the answer (see check_pack).
         rng = random.Random(fresh_seed())
         said = []
+        with_tp = rng.choice((1, 3))  # the case whose DP replicas have two TP ranks each
         for scale in (1, 3):
-            dp, budget, lengths, cap_seed = draw_case(rng, scale)
-            case = f"{len(lengths)} documents, budget {budget}, dp {dp}"
-            got = run_learner(job_budget_plan, fn, lengths, budget, world_size=dp, timeout=timeout)
+            tp = TP if scale == with_tp else 1
+            dp, budget, lengths, cap_seed = draw_case(rng, scale, (2, 3) if tp > 1 else (2, 3, 4))
+            case = f"{len(lengths)} documents, budget {budget}, dp {dp}" + (
+                f" x tp {tp} ({dp * tp} ranks)" if tp > 1 else ""
+            )
+            got = run_learner(
+                job_budget_plan, fn, lengths, budget, tp, world_size=dp * tp, timeout=timeout
+            )
             each_returned(got, "this replica's list of batches")
+            got = _judge_peers(got, tp, case)
             verdict = _judge_plan(got, lengths, dp, budget, case, cap_seed)
             said.append(f"{case}: {verdict}")
         return (

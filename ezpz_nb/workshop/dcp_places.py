@@ -19,11 +19,13 @@ from ezpz_nb.models import RuleTokenDataset
 
 __all__ = [
     "BATCH",
+    "BATCHES",
     "WORLD",
     "Case",
     "Point",
     "Seen",
     "diagnose",
+    "draw_batches",
     "draw_case",
     "place",
     "seen",
@@ -33,12 +35,17 @@ __all__ = [
 ]
 
 WORLD, BATCH = 4, 2
+#: The batch sizes a check draws its two layouts' loaders from, two distinct, one odd at
+#: least (issue 45's eighth trial: an offset saved as steps and restored as ``steps * 2``
+#: passed while every loader had batches of 2).
+BATCHES = (2, 3, 4, 5)
 Seen = list[tuple[list[int], int]]
 
 
 @dataclass(frozen=True)
 class Case:
-    """One drawn layout: the dataset's size, two loader seeds, the two save steps, and twins.
+    """One drawn layout: the dataset's size, two loader seeds, the two save steps, twins, and
+    the loader's batch size.
 
     Both seeds' loaders are saved at both steps before any checkpoint is loaded: a state
     kept outside the checkpoint under the step (or under the seed) holds the last save of
@@ -55,23 +62,41 @@ class Case:
     stops: tuple[int, int]
     #: ``(seed, dataset size)`` of each twin, in the order seed, step, copy.
     twins: tuple[tuple[int, int], ...] = ()
+    #: Samples per batch of every DP rank's loader.
+    batch: int = BATCH
 
 
-def draw_case(rng: random.Random, dp: int, tp: int) -> Case:
+def draw_batches(rng: random.Random) -> list[int]:
+    """Two distinct batch sizes from :data:`BATCHES`, one odd at least: an answer that writes
+    a batch size in fits one layout at most, and one that counts in steps of 2 meets an
+    odd offset (see :func:`draw_case`)."""
+    while True:
+        batches = rng.sample(BATCHES, 2)
+        if any(b % 2 for b in batches):
+            return batches
+
+
+def draw_case(rng: random.Random, dp: int, tp: int, batch: int = BATCH) -> Case:
     """A dataset size, two seeds, two distinct save steps inside the epoch (>= 4 steps), and
-    two twins per place, each with its own seed and a larger dataset (all seeds distinct)."""
-    num_samples = dp * BATCH * rng.randint(4, 7)
-    steps = num_samples // (dp * BATCH)
+    two twins per place, each with its own seed and a larger dataset (all seeds distinct),
+    for loaders of ``batch`` samples a batch. With an odd batch one step is odd at least, so
+    the offset there is odd (halving it loses a sample)."""
+    num_samples = dp * batch * rng.randint(4, 7)
+    steps = num_samples // (dp * batch)
     first, second = sorted(rng.sample(range(1, steps), 2))
+    while batch % 2 and not (first % 2 or second % 2):
+        first, second = sorted(rng.sample(range(1, steps), 2))
     seeds = rng.sample(range(1, 2**20), 2 + 2 * 2 * 2)
-    twins = tuple((s, num_samples + dp * BATCH * rng.randint(1, 3)) for s in seeds[2:])
-    return Case(dp, tp, num_samples, (seeds[0], seeds[1]), (first, second), twins)
+    twins = tuple((s, num_samples + dp * batch * rng.randint(1, 3)) for s in seeds[2:])
+    return Case(dp, tp, num_samples, (seeds[0], seeds[1]), (first, second), twins, batch)
 
 
-def stream(dp_rank: int, dp_size: int, num_samples: int, seed: int) -> ShardStream:
+def stream(
+    dp_rank: int, dp_size: int, num_samples: int, seed: int, batch: int = BATCH
+) -> ShardStream:
     """The exercise's loader for one DP rank: its shard of the seed's rule sequences."""
     ds = RuleTokenDataset(num_samples=num_samples, seed=seed)
-    return ShardStream(ds, BATCH, dp_rank, dp_size, seed=seed)
+    return ShardStream(ds, batch, dp_rank, dp_size, seed=seed)
 
 
 def seen(batches: Any) -> Seen:
@@ -82,7 +107,7 @@ def place(case: Case, seed: int, stop: int) -> dict[int, dict[str, Any]]:
     """Each DP rank's loader state after ``stop`` steps of the seed's run, computed here."""
     states = {}
     for d in range(case.dp):
-        loader = stream(d, case.dp, case.num_samples, seed)
+        loader = stream(d, case.dp, case.num_samples, seed, case.batch)
         it = iter(loader)
         for _ in range(stop):
             next(it)
@@ -102,7 +127,7 @@ class Point:
 
 def straight(case: Case, seed: int) -> dict[int, Seen]:
     """Each DP rank's whole epoch, computed here, where no learner code runs."""
-    return {d: seen(stream(d, case.dp, case.num_samples, seed)) for d in range(case.dp)}
+    return {d: seen(stream(d, case.dp, case.num_samples, seed, case.batch)) for d in range(case.dp)}
 
 
 def _ids(got: Any) -> list[list[int]] | None:

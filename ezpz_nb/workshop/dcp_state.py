@@ -8,8 +8,9 @@ The learner writes two functions, called on every rank:
   filled in (its template is ``loader_state`` of a fresh loader).
 
 :func:`check_loader_state` runs them on 4 real gloo ranks at two layouts, ``dp 2 x
-tp 2`` and ``dp 4 x tp 1``, with a dataset size, two loader seeds and two save steps
-drawn per check: each seed's loader is run to both steps (four places), then fresh
+tp 2`` and ``dp 4 x tp 1``, with a dataset size, two loader seeds, two save steps and
+the loader's batch size (two distinct, one odd: :func:`~.dcp_places.draw_batches`) drawn
+per check: each seed's loader is run to both steps (four places), then fresh
 loaders, on ranks the saves never ran in, load each place's checkpoint and run the rest of the epoch. Each
 rank's resumed batches must equal the straight run's, samples and masked tokens.
 
@@ -76,6 +77,7 @@ from ezpz_nb.workshop.dcp_places import (
     Point,
     Seen,
     diagnose,
+    draw_batches,
     draw_case,
     place,
     seen,
@@ -123,33 +125,35 @@ class _Learners:
 #: What the save job gets, per place: each DP rank's state there (computed by the checker)
 #: and the place's twins, each ``(checkpoint path, twin's seed, twin's dataset size)``.
 Plan = list[tuple[dict[int, dict[str, Any]], list[tuple[str, int, int]]]]
+#: Per layout: ``(tp, batch, plan)``.
+Plans = list[tuple[int, int, Plan]]
 
 
-def _save_part(plans: list[tuple[int, Plan]], learners: bytes, sealed: bool) -> None:
+def _save_part(plans: Plans, learners: bytes, sealed: bool) -> None:
     """Rank side: every layout's saves, where they may write only inside their checkpoint
     folders: on a rank of the check's own, the whole rank sealed (:mod:`.seal`: its main
     thread runs them, and no thread of it is free); on warm ranks, a confined thread
     (:mod:`.confine`). The learner's functions are unpickled there too."""
-    for tp, _ in plans:  # every group is made before anything is confined
+    for tp, *_ in plans:  # every group is made before anything is confined
         make_layout(tp_size=tp)
     writable = sorted(
-        {os.path.dirname(path) for _, plan in plans for _, twins in plan for path, _, _ in twins}
+        {os.path.dirname(path) for *_, plan in plans for _, twins in plan for path, _, _ in twins}
     )
     if sealed:  # no process outside reads a path from its /proc/<pid>/fd (ended after)
         confine.undumpable()
     (call_sealed if sealed else call_confined)(_save_places, learners, writable, plans)
 
 
-def _save_places(save: StateFn, load: LoadFn, plans: list[tuple[int, Plan]]) -> None:
+def _save_places(save: StateFn, load: LoadFn, plans: Plans) -> None:
     """At each place, each twin (a loader of another seed and size) set to this DP rank's
     state there, and saved. The run's own loader, seed and size never come here."""
     import torch.distributed.checkpoint as dcp
 
-    for tp, plan in plans:
+    for tp, batch, plan in plans:
         layout = make_layout(tp_size=tp)
         for states, twins in plan:
             for path, twin_seed, twin_size in twins:
-                twin = stream(layout.dp_rank, layout.dp_size, twin_size, twin_seed)
+                twin = stream(layout.dp_rank, layout.dp_size, twin_size, twin_seed, batch)
                 twin.load_state_dict(states[layout.dp_rank])
                 dcp.save({"data": _Learners(twin, layout, save, load)}, checkpoint_id=path)
 
@@ -192,7 +196,7 @@ def shared_load_ranks() -> Iterator[None]:
             _SHARED.remove(ranks)
 
 
-def _load_part(items: list[tuple[int, int, int, str]], learners: bytes) -> list[Seen]:
+def _load_part(items: list[tuple[int, int, int, int, str]], learners: bytes) -> list[Seen]:
     """Rank side: the loads, in a thread that may write nothing (see :mod:`.confine`)."""
     for tp, *_ in items:  # the groups are made before the thread is confined
         make_layout(tp_size=tp)
@@ -200,15 +204,17 @@ def _load_part(items: list[tuple[int, int, int, str]], learners: bytes) -> list[
     return resumed
 
 
-def _load_places(save: StateFn, load: LoadFn, items: list[tuple[int, int, int, str]]) -> list[Seen]:
-    """Each checkpoint ``(tp, size, seed, path)`` loaded into a fresh loader, the rest of the
-    epoch run. It is never told the step a checkpoint was saved at."""
+def _load_places(
+    save: StateFn, load: LoadFn, items: list[tuple[int, int, int, int, str]]
+) -> list[Seen]:
+    """Each checkpoint ``(tp, size, seed, batch, path)`` loaded into a fresh loader, the rest
+    of the epoch run. It is never told the step a checkpoint was saved at."""
     import torch.distributed.checkpoint as dcp
 
     resumed = []
-    for tp, num_samples, seed, path in items:
+    for tp, num_samples, seed, batch, path in items:
         layout = make_layout(tp_size=tp)
-        loader = stream(layout.dp_rank, layout.dp_size, num_samples, seed)
+        loader = stream(layout.dp_rank, layout.dp_size, num_samples, seed, batch)
         dcp.load({"data": _Learners(loader, layout, save, load)}, checkpoint_id=path)
         resumed.append(seen(loader))
     return resumed
@@ -245,7 +251,7 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
         with contextlib.ExitStack() as own:
             savers, pids, sealed = dcp_guard.savers(cluster, WORLD, timeout, own)
             before = (confine.processes_below(pids), confine.ipc_objects())
-            plans: list[tuple[int, Plan]] = []
+            plans: Plans = []
             for case in cases:
                 plan: Plan = []
                 twins = iter(case.twins)
@@ -254,7 +260,7 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
                         made = [(folder(), *next(twins)) for _ in range(2)]
                         plan.append((place(case, seed, stop), made))
                         points.append(Point(case, seed, stop, tuple(p for p, _, _ in made)))
-                plans.append((case.tp, plan))
+                plans.append((case.tp, case.batch, plan))
             dests = [folder() for _ in points]  # the rebuilt copies' (the last folders made)
             watch.append(dcp_watch.Watch([path for p in points for path in p.twins]))
             with dcp_guard.confined_save():
@@ -282,8 +288,8 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
         ]
         order = rng.sample(range(len(points)), len(points))
         items = [
-            (points[j].case.tp, points[j].case.num_samples, points[j].seed, jobs[j][1])
-            for j in order
+            (c.tp, c.num_samples, points[j].seed, c.batch, jobs[j][1])
+            for j, c in ((j, points[j].case) for j in order)
         ]
         with contextlib.ExitStack() as own:
             # Sealed saves load on sealed ranks of their own; warm saves (tests) may share.
@@ -313,7 +319,11 @@ def _run_check(cases: list[Case], save: StateFn, load: LoadFn, cluster: Any) -> 
         resumed = [r[at[j]] if isinstance(r, list) and len(r) == len(order) else None for r in back]
         why = diagnose(p, resumed) or twins_differ(digests[j])
         if why:
-            raise wrong(f"on dp {p.case.dp} x tp {p.case.tp}, saved after step {p.stop}: {why}")
+            c = p.case
+            raise wrong(
+                f"on dp {c.dp} x tp {c.tp} with batches of {c.batch}, saved after step {p.stop} "
+                f"(offset {p.stop * c.batch} of each DP rank's shard): {why}"
+            )
     return sealed
 
 
@@ -344,11 +354,17 @@ def check_loader_state(
                 "loader_state and load_loader_state must be functions: "
                 "def loader_state(loader, layout): return {...}"
             )
-        rng = random.Random()  # fresh per check: no answer fits a fixed step or layout
-        cases = [draw_case(rng, dp, tp) for dp, tp in rng.sample(LAYOUTS, len(LAYOUTS))]
+        rng = random.Random()  # fresh per check: no answer fits a fixed step, layout or batch
+        layouts = rng.sample(LAYOUTS, len(LAYOUTS))
+        cases = [
+            draw_case(rng, dp, tp, batch)
+            for (dp, tp), batch in zip(layouts, draw_batches(rng), strict=True)
+        ]
         sealed = _run_check(cases, loader_state, load_loader_state, cluster)
         runs = "; ".join(
-            f"dp {c.dp} x tp {c.tp}, saved after steps {c.stops[0]} and {c.stops[1]}" for c in cases
+            f"dp {c.dp} x tp {c.tp}, batches of {c.batch}, saved after steps {c.stops[0]} and "
+            f"{c.stops[1]}"
+            for c in cases
         )
         missing = confine.confinement(confine.landlock_abi())
         if not sealed:

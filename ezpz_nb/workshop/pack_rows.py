@@ -2,19 +2,37 @@
 
 Split from :mod:`.packing` (its checker, draw and rank job) to keep each module short.
 ``judge_call`` judges one call's rows by document: what each token sees, where its
-position ids count from, and that the rows hold every token of the call.
+position ids count from, and that the rows hold every token of the call. Documents may
+share token ids, as words recur over texts (issue 45's eighth trial: a token's document
+looked up by its id passed while ids were unique): an id that two documents hold is read
+each way its places can go to its occurrences, and the rows pass when one reading is
+right (they are then the very tensors of a right packing).
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from typing import Any
 
-from ezpz_nb.workshop.stops import wrong
+from ezpz_nb.workshop.stops import CheckStopped, wrong
 
 __all__ = ["PAD", "judge_call"]
 
 #: The padding id the exercise gives the learner.
 PAD = 0
+#: Readings of a call's shared ids tried at most (a check shares one id a call: two).
+MOST_READINGS = 24
+
+Place = tuple[int, int]  # (document, offset); (-1, -1) for padding
+
+
+class _Fault(CheckStopped):
+    """A row's fault, with the columns it names (to say when one holds a shared id)."""
+
+    def __init__(self, message: str, cols: tuple[int, ...]) -> None:
+        super().__init__("wrong", message)
+        self.cols = cols
 
 
 def _dims(x: Any) -> tuple[int, ...]:
@@ -34,12 +52,12 @@ def _grid(x: Any, dims: tuple[int, ...]) -> bool:
 
 
 def judge_call(
-    place: str, out: Any, row_len: int, where: dict[int, tuple[int, int]], given: set[int]
-) -> tuple[int, list[tuple[int, int]]]:
+    place: str, out: Any, row_len: int, given: dict[int, tuple[Place, ...]]
+) -> tuple[int, list[Place]]:
     """Raise a verdict for the first thing wrong in one call's rows; else ``(rows, tokens)``.
 
-    ``given`` holds the token ids of the documents this call was given; ``where`` maps
-    every token id of the check to ``(document, offset)``.
+    ``given`` maps each token id of the documents this call was given to its places,
+    ``(document, offset)``: more than one where documents share the id.
     """
     if isinstance(out, str):
         raise wrong(f"{place}: {out}: return tensors (or numpy arrays) of integers.")
@@ -56,8 +74,9 @@ def judge_call(
             f"{_dims(mask)}: return rows x {row_len} tensors and a rows x {row_len} x "
             f"{row_len} mask."
         )
-    if rows * row_len < len(given):
-        need, tokens = -(-len(given) // row_len), len(given)
+    tokens = sum(len(at) for at in given.values())
+    if rows * row_len < tokens:
+        need = -(-tokens // row_len)
         left = tokens - rows * row_len
         why = (
             "a last row less than half full is a row too (round() drops it)"
@@ -86,11 +105,90 @@ def judge_call(
             "fit), so only the last row of a call is short, and make ceil(tokens / row_len) "
             "rows, not one more."
         )
-    toks = []
-    for r in range(rows):
-        decoded = [where.get(t, (-1, -1)) for t in ids[r]]  # padding: (-1, -1)
-        toks += _check_row(f"{place}, row {r}", decoded, pos[r], mask[r])
-    return rows, toks
+    readings = list(_readings(ids, given))
+    # Judged on the readings whose rows hold each document's tokens in order (no other can
+    # pass), else on the plain one: a reading that gave a shared id's places the other way
+    # round fails there, which is not what is wrong with the answer.
+    first: tuple[int, _Fault] | None = None
+    for reading in [x for x in readings if _in_order(x)] or readings[:1]:
+        toks: list[Place] = []
+        try:
+            for r in range(rows):
+                toks += _check_row(f"{place}, row {r}", reading[r], pos[r], mask[r])
+        except _Fault as fault:
+            first = first or (r, fault)
+            continue
+        return rows, toks
+    assert first is not None  # _readings yields the plain reading at least
+    r, stop = first
+    shared = sorted({ids[r][c] for c in stop.cols if len(given.get(ids[r][c], ())) > 1})
+    if not shared:
+        raise wrong(stop.message)
+    docs = sorted({d for d, _ in given[shared[0]]})
+    raise wrong(
+        f"{stop.message} (Row {r} holds id {shared[0]}, a token of documents "
+        f"{' and '.join(map(str, docs))} of this call: ids recur over documents as words "
+        "do, so a token's document is the tensor it came from, not its id.)"
+    )
+
+
+def _readings(
+    ids: list[list[int]], given: dict[int, tuple[Place, ...]]
+) -> Iterator[list[list[Place]]]:
+    """Each way to read the rows' ids as places (see :func:`judge_call`), the plain one
+    first: an id's occurrences, in reading order, take its places in order. An id of one
+    place reads one way; a shared one each way its places go to its occurrences, one place
+    each (places again in turn only where it occurs more often than it has places)."""
+    plain = [[given[t][0] if t in given else (-1, -1) for t in row] for row in ids]
+    spots: dict[int, list[tuple[int, int]]] = {}  # shared id -> its (row, column)s
+    for r, row in enumerate(ids):
+        for i, t in enumerate(row):
+            if len(given.get(t, ())) > 1:
+                spots.setdefault(t, []).append((r, i))
+    ways = []
+    for t, at in spots.items():
+        places, n = given[t], len(at)
+        if n <= len(places):
+            ways.append([list(zip(at, p, strict=True)) for p in itertools.permutations(places, n)])
+        else:
+            ways.append([[(s, places[j % len(places)]) for j, s in enumerate(at)]])
+    for way in itertools.islice(itertools.product(*ways), MOST_READINGS):
+        reading = [list(row) for row in plain]
+        for (r, i), p in itertools.chain.from_iterable(way):
+            reading[r][i] = p
+        yield reading
+
+
+def _pieces(place: str, toks: list[Place]) -> dict[int, int]:
+    """Raise unless each document's tokens in the row are one piece of it, in order; return
+    each document's first position in the row (see :func:`_check_row`)."""
+    first: dict[int, int] = {}  # document -> position of its first token in the row
+    last: dict[int, int] = {}  # document -> position of its latest token so far
+    for i, (d, o) in enumerate(toks):
+        if d < 0:
+            continue
+        if d in last and o <= toks[last[d]][1] and (d, o) in toks[:i]:
+            raise _Fault(f"{place}: token {o} of document {d} is in the row twice.", (i,))
+        if d in last and o != toks[last[d]][1] + 1:
+            raise _Fault(
+                f"{place}: document {d}'s tokens are not in order, or not one piece (token {i} is "
+                f"its offset {o}, after offset {toks[last[d]][1]}): put a document's tokens "
+                "in a row in their order, without gaps.",
+                (i, last[d]),
+            )
+        first.setdefault(d, i)
+        last[d] = i
+    return first
+
+
+def _in_order(reading: list[list[Place]]) -> bool:
+    """True if every row of ``reading`` holds each document's tokens in order, one piece."""
+    try:
+        for row in reading:
+            _pieces("", row)
+    except _Fault:
+        return False
+    return True
 
 
 def _check_row(
@@ -106,41 +204,29 @@ def _check_row(
     in the row and itself; its position id counts from the piece's start, from 0 or from
     the piece's offset in the document.
     """
-    first: dict[int, int] = {}  # document -> position of its first token in the row
-    last: dict[int, int] = {}  # document -> position of its latest token so far
-    for i, (d, o) in enumerate(toks):
-        if d < 0:
-            continue
-        if d in last and o <= toks[last[d]][1] and (d, o) in toks[:i]:
-            raise wrong(f"{place}: token {o} of document {d} is in the row twice.")
-        if d in last and o != toks[last[d]][1] + 1:
-            raise wrong(
-                f"{place}: document {d}'s tokens are not in order, or not one piece (token {i} is "
-                f"its offset {o}, after offset {toks[last[d]][1]}): put a document's tokens "
-                "in a row in their order, without gaps."
-            )
-        first.setdefault(d, i)
-        last[d] = i
+    first = _pieces(place, toks)
     for i, (d, o) in enumerate(toks):
         if d < 0:
             continue
         f = first[d]
         if pos[i] - pos[f] != o - toks[f][1] or pos[f] not in (0, toks[f][1]):
-            raise wrong(f"{place}: {_position_fault(i, d, o, toks[f][1], pos[i], pos[f])}")
+            raise _Fault(f"{place}: {_position_fault(i, d, o, toks[f][1], pos[i], pos[f])}", (i, f))
         for j, (e, _) in enumerate(toks):
             allowed = bool(mask[i][j])
             want = e == d and j <= i
             if allowed and not want:
                 what = "padding" if e < 0 else "a later token" if j > i else f"document {e}"
-                raise wrong(
+                raise _Fault(
                     f"{place}: token {i} (document {d}) may attend to token {j}, {what}. "
-                    "Each token may see only the earlier tokens of its own document."
+                    "Each token may see only the earlier tokens of its own document.",
+                    (i, j),
                 )
             if want and not allowed:
                 what = "itself (the diagonal)" if i == j else "an earlier token of its own document"
-                raise wrong(
+                raise _Fault(
                     f"{place}: token {i} (document {d}) may not attend to token {j}, {what}: "
-                    "the mask hides too much."
+                    "the mask hides too much.",
+                    (i, j),
                 )
     return [t for t in toks if t[0] >= 0]
 

@@ -3,7 +3,9 @@
 ``check_pack(fn)``: ``fn(docs, row_len)`` packs a list of 1-D token tensors into rows of
 ``row_len`` and returns ``input_ids``, ``position_ids`` and ``mask`` (``rows x L x L``,
 True where a query may attend to a key), padding with :data:`PAD`. Judged on 4 real
-ranks, each packing its share of documents, judged by document (a row may interleave
+ranks, each packing its share of documents in calls of a drawn number of documents
+(1 to 6: issue 45's eighth trial, ``a, b, c = docs`` passed while every call held 3),
+judged by document (a row may interleave
 pieces of its documents): no token attends to another document or to a later token;
 every earlier token of its own document in the row is visible; a document's tokens in a
 row are one piece of it, in order; position ids count from where that piece starts (from
@@ -15,18 +17,18 @@ every token of every document in exactly one row on exactly one rank; a row hold
 nothing but the tokens of the documents its call was given and :data:`PAD` (so padding
 with another id, or with made-up documents, is turned down). The returned values may be tensors, numpy arrays or lists.
 
-Every token of a check is an id drawn at random for it, unique over the check, and the
-map from id to ``(document, offset)`` stays in the notebook process that judges: the
-checker can tell from ``input_ids`` alone which token of which document sits where,
-while the learner's code, on the ranks, can learn a token's document only from the
-document tensors it was given (issue 45: ids that spelled out the document let a mask
-be computed without them). The rows are judged by :mod:`.pack_rows`; what each check
-draws is in :func:`draw_pack`.
+Every token of a check is an id drawn at random for it, and in each call of two documents
+or more two of them share one id (where two can), as words recur over texts (issue 45's eighth trial: a
+token's document looked up by its id passed while ids were unique over the check). The
+checker, which holds the documents, tells from ``input_ids`` which token of which document
+sits where (a shared id each way it can be read, see :mod:`.pack_rows`), while the
+learner's code, on the ranks, can learn a token's document only from the document tensors
+it was given (issue 45: ids that spelled out the document let a mask be computed without
+them). What each check draws is in :mod:`.pack_draw`.
 """
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -34,96 +36,24 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from ezpz_nb.workshop.pack_draw import DOCS, WORLD, PackDraw, draw_pack, pack_docs
 from ezpz_nb.workshop.pack_rows import PAD, judge_call
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, each_returned, fresh_seed, wrong
 
 if TYPE_CHECKING:
     from ezpz_nb.workshop.verdicts import CheckResult
 
-__all__ = ["PAD", "check_pack", "draw_pack", "job_pack", "judge_packs", "pack_calls", "pack_docs"]
-
-DOCS, PER_CALL, WORLD = 24, 3, 4
-#: Row lengths a packing check draws from: an answer cannot fit a fixed one.
-ROW_LENS = (8, 12, 16, 20, 24)
-
-
-#: Token ids are drawn from ``1 .. VOCAB - 1``, as from a tokenizer's vocabulary.
-VOCAB = 2**16
-
-
-def pack_docs(
-    seed: int,
-    n: int,
-    row_len: int,
-    *,
-    fill: tuple[tuple[list[int], int, int], ...] = (),
-    twins: tuple[tuple[list[int], int], ...] = (),
-) -> tuple[list[list[int]], dict[int, tuple[int, int]]]:
-    """``n`` documents of 1 to ``3 * row_len`` tokens (some longer than a row), drawn per check.
-
-    Each ``(documents, length)`` of ``twins`` is a call whose first two documents get
-    ``length`` tokens each, so they share the call's first row. Each ``(documents, length,
-    rest)`` of ``fill`` is one call of the check: its last document is lengthened until
-    the call's tokens fill whole rows of ``length`` and ``rest`` tokens more (0: whole
-    rows exactly, where ``n // length + 1`` rows, one of nothing but padding, differs from
-    the ceiling; under half a row: one full row at least before it, where
-    ``round(n / length)`` rows drop the last). Returns the documents (lists of token ids,
-    each id used once in the check) and the map ``id -> (document, offset)`` that only
-    the judging process keeps.
-    """
-    rng = random.Random(seed)
-    lengths = [
-        rng.choice((rng.randint(1, row_len // 2), rng.randint(1, 3 * row_len))) for _ in range(n)
-    ]
-    for call, length in twins:
-        lengths[call[0]] = lengths[call[1]] = length
-    for call, length, rest in fill:
-        lengths[call[-1]] += (rest - sum(lengths[d] for d in call)) % length
-        if rest and sum(lengths[d] for d in call) < length:
-            lengths[call[-1]] += length
-    ids = rng.sample(range(PAD + 1, VOCAB), sum(lengths))
-    docs, where, k = [], {}, 0
-    for d, m in enumerate(lengths):
-        docs.append(ids[k : k + m])
-        where.update({t: (d, o) for o, t in enumerate(docs[-1])})
-        k += m
-    return docs, where
-
-
-def draw_pack(seed: int) -> tuple[list[int], list[list[int]], dict[int, tuple[int, int]]]:
-    """One check's draw: ``(row_lens, docs, where)`` (see :func:`pack_docs`).
-
-    Two row lengths, call by call: a length written into the answer fits neither; the
-    shorter first, so what an answer kept from its first call meets a longer row. At
-    each row length one call, drawn, has two documents of one length in its first row
-    (issue 45's sixth trial: documents told apart by their length passed 11 checks in
-    20), and another ends in a row less than half full (``round(tokens / row_len)`` rows
-    passed 2 in 17). Half the calls, drawn from the rest, fill their rows exactly (one
-    row more is all padding).
-    """
-    rng = random.Random(seed)
-    row_lens = sorted(rng.sample(ROW_LENS, 2))
-    calls = _calls(WORLD, row_lens)
-    twins, short, fill = [], [], []
-    for length in row_lens:
-        at = [c for c in calls if c[1] == length]
-        twins.append((at[rng.randrange(len(at))][0], rng.randint(1, length // 2)))
-        call = rng.choice([c for c in at if c[0] is not twins[-1][0]])
-        short.append((call[0], length, rng.randint(1, (length - 1) // 2)))
-    rest = [c for c in calls if all(c[0] is not s[0] for s in short)]
-    fill = [(docs, length, 0) for docs, length in rng.sample(rest, len(calls) // 2)]
-    docs, where = pack_docs(seed, DOCS, max(row_lens), fill=(*short, *fill), twins=tuple(twins))
-    return row_lens, docs, where
-
-
-def _calls(world: int, row_lens: list[int]) -> list[tuple[list[int], int]]:
-    """Each call of a check as ``job_pack`` makes it: its documents and its row length."""
-    out = []
-    for rank in range(world):
-        mine = list(range(DOCS))[rank::world]
-        for c, k in enumerate(range(0, len(mine), PER_CALL)):
-            out.append((mine[k : k + PER_CALL], row_lens[c % len(row_lens)]))
-    return out
+__all__ = [
+    "PAD",
+    "PackDraw",
+    "check_pack",
+    "draw_pack",
+    "job_pack",
+    "judge_offline",
+    "judge_packs",
+    "pack_calls",
+    "pack_docs",
+]
 
 
 def _plain(x: Any, name: str) -> list[Any] | str:
@@ -135,12 +65,21 @@ def _plain(x: Any, name: str) -> list[Any] | str:
         return f"{name} is a {type(x).__name__} that is not a grid of integers ({e})"
 
 
-def pack_calls(fn: Callable, mine: list[list[int]], row_lens: list[int], per_call: int) -> Any:
-    """The learner's ``fn`` on one rank's documents, ``per_call`` at a time (see :func:`job_pack`)."""
-    calls = []
-    for c, k in enumerate(range(0, len(mine), per_call)):
+def pack_calls(fn: Callable, mine: list[list[int]], row_lens: list[int], sizes: list[int]) -> Any:
+    """The learner's ``fn`` on one rank's documents, ``sizes[c]`` in call ``c`` (see :func:`job_pack`)."""
+    calls, k = [], 0
+    for c, n in enumerate(sizes):
         row_len = row_lens[c % len(row_lens)]
-        out = fn([torch.tensor(d, dtype=torch.int64) for d in mine[k : k + per_call]], row_len)
+        try:
+            out = fn([torch.tensor(d, dtype=torch.int64) for d in mine[k : k + n]], row_len)
+        except Exception as e:  # the verdict shows the learner's line and, below, the call
+            note = getattr(e, "add_note", None)  # Python 3.11 and later
+            # Not on a bare exception (the shipped NotImplementedError): the failure's
+            # type is read from the header up to its first colon, which a note would join.
+            if note is not None and str(e):
+                note(f"(in call {c} of this rank: {_docs(n)}, row_len {row_len})")
+            raise
+        k += n
         if out is None:
             return None
         if not isinstance(out, dict):
@@ -154,37 +93,50 @@ def pack_calls(fn: Callable, mine: list[list[int]], row_lens: list[int], per_cal
     return calls
 
 
-def job_pack(fn: Callable, docs: list[list[int]], row_lens: list[int], per_call: int) -> Any:
-    """Notebook 11, exercise 1: this rank's documents (dealt round-robin), packed ``per_call`` at a time.
+def _docs(n: int) -> str:
+    return f"{n} document{'s' if n != 1 else ''}"
+
+
+def job_pack(
+    fn: Callable, docs: list[list[int]], row_lens: list[int], sizes: list[list[int]]
+) -> Any:
+    """Notebook 11, exercise 1: this rank's documents (dealt round-robin), packed in calls of
+    ``sizes[rank]`` documents.
 
     Call ``c`` packs at ``row_lens[c % len(row_lens)]``: a check asks for two row lengths.
     Returns, per call, the ``input_ids``, ``position_ids`` and ``mask`` the learner's
     ``fn(list_of_token_tensors, row_len)`` returned, as plain lists (or, for a value
     that is no grid of integers, a line saying so, which the checker turns into a verdict).
     """
-    return pack_calls(fn, docs[dist.get_rank() :: dist.get_world_size()], row_lens, per_call)
+    rank = dist.get_rank()
+    return pack_calls(fn, docs[rank :: dist.get_world_size()], row_lens, sizes[rank])
 
 
-def judge_packs(
-    got: list[Any], docs: list[list[int]], row_lens: list[int], where: dict[int, tuple[int, int]]
-) -> str:
+def judge_packs(got: list[Any], draw: PackDraw) -> str:
     """Stop at the first fault of every rank's calls (``got``: what :func:`job_pack` returned
     on each rank); what they achieved otherwise. Pure: a test judges offline with it."""
+    row_lens, docs, sizes = draw
     seen: Counter[tuple[int, int]] = Counter()
     rows = 0
     for rank, calls in enumerate(got):
-        mine = docs[rank :: len(got)]  # as job_pack deals them
-        if not isinstance(calls, list) or len(calls) != -(-len(mine) // PER_CALL):
+        mine = list(range(len(docs)))[rank :: len(got)]  # as job_pack deals them
+        if not isinstance(calls, list) or len(calls) != len(sizes[rank]):
             raise wrong(f"rank {rank} did not return one result per call of its job.")
+        k = 0
         for c, out in enumerate(calls):
-            given = {t for doc in mine[c * PER_CALL : (c + 1) * PER_CALL] for t in doc}
-            place = f"rank {rank}, call {c}"
-            n, toks = judge_call(place, out, row_lens[c % len(row_lens)], where, given)
+            n, row_len = sizes[rank][c], row_lens[c % len(row_lens)]
+            given: dict[int, tuple[tuple[int, int], ...]] = {}
+            for d in mine[k : k + n]:
+                for o, t in enumerate(docs[d]):
+                    given[t] = (*given.get(t, ()), (d, o))
+            k += n
+            place = f"rank {rank}, call {c} ({_docs(n)}, rows of {row_len})"
+            got_rows, toks = judge_call(place, out, row_len, given)
             seen.update(toks)
-            rows += n
-    want = set(where.values())
+            rows += got_rows
+    want = {(d, o) for d, doc in enumerate(docs) for o in range(len(doc))}
     twice = [k for k, n in seen.items() if n > 1]
-    never = sorted(set(want) - set(seen))
+    never = sorted(want - set(seen))
     if twice:
         raise wrong(f"token {twice[0][1]} of document {twice[0][0]} is in two rows.")
     if never:
@@ -194,11 +146,23 @@ def judge_packs(
             f"{d} ({len(docs[d])} tokens long): keep every token, splitting documents "
             "longer than a row."
         )
+    counts = sorted({n for s in sizes for n in s})
     return (
-        f"4 ranks packed {DOCS} documents ({len(want)} tokens) into {rows} rows of "
-        f"{row_lens[0]} and {row_lens[1]} tokens (call by call): every token once, no "
-        "attention across documents or to padding."
+        f"4 ranks packed {DOCS} documents ({len(want)} tokens, some ids in two documents) "
+        f"into {rows} rows of {row_lens[0]} and {row_lens[1]} tokens (call by call), in "
+        f"calls of {', '.join(map(str, counts[:-1]))}{' and ' if len(counts) > 1 else ''}"
+        f"{counts[-1]} documents: every token once, no attention across documents or to "
+        "padding."
     )
+
+
+def judge_offline(fn: Callable, seed: int) -> str:
+    """:func:`judge_packs` on the draw of ``seed``, every rank's calls made in this process:
+    the judge is pure, so a test judges many draws for what one check on ranks costs (for
+    an ``fn`` that calls no collective)."""
+    draw = draw_pack(seed)
+    got = [pack_calls(fn, draw.docs[r::WORLD], draw.row_lens, draw.sizes[r]) for r in range(WORLD)]
+    return judge_packs(got, draw)
 
 
 def check_pack(
@@ -207,10 +171,13 @@ def check_pack(
     """Notebook 11, exercise 1: ``fn(docs, row_len)`` packs documents without attention across them.
 
     24 documents of fresh random lengths (some three rows long) are dealt over 4
-    ranks; each rank packs its own 3 at a time with ``fn``, at two row lengths drawn anew
-    (one per call, in turn, the shorter first). At each row length one call, drawn, has
-    two documents of one length in a row, and another ends in a row less than half full;
-    half the calls, drawn, hold tokens that fill whole rows exactly (see :func:`draw_pack`).
+    ranks; each rank packs its own in calls of 1 to 6 documents, drawn, with ``fn``, at
+    two row lengths drawn anew (one per call, in turn, the shorter first). In each call of
+    two documents or more, two documents share a token id (where two can). At each row
+    length one call,
+    drawn, has two documents of one length in a row, and another ends in a row less than
+    half full; up to half the calls, drawn, hold tokens that fill whole rows exactly (see
+    :func:`draw_pack`).
     """
     # Here, not at the top: a rank imports this module for its jobs (see stops.py).
     from ezpz_nb.workshop.verdicts import judge, run_learner
@@ -218,9 +185,11 @@ def check_pack(
     def body() -> str:
         # Drawn here, after judge() pickled the answer: no frame holds it while code the
         # answer carries runs at pickling.
-        row_lens, docs, where = draw_pack(fresh_seed())
-        got = run_learner(job_pack, fn, docs, row_lens, PER_CALL, world_size=WORLD, timeout=timeout)
+        draw = draw_pack(fresh_seed())
+        got = run_learner(
+            job_pack, fn, draw.docs, draw.row_lens, draw.sizes, world_size=WORLD, timeout=timeout
+        )
         each_returned(got, "the packed rows of every call")
-        return judge_packs(got, docs, row_lens, where)
+        return judge_packs(got, draw)
 
     return judge("pack", body)

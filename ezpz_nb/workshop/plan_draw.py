@@ -79,15 +79,17 @@ def _unagreed_fails(own: list[tuple[int, int]], steps: int, budget: int) -> bool
     return min(counts) > steps and sum(t for _, t in own) > (len(own) - 1) * budget
 
 
-def draw_case(rng: random.Random, scale: int) -> tuple[int, int, list[int], int]:
+def draw_case(
+    rng: random.Random, scale: int, dps: tuple[int, ...] = (2, 3, 4)
+) -> tuple[int, int, list[int], int]:
     """One case of a check: ``(dp, budget, lengths, cap_seed)``, drawn from ``rng``.
 
-    The DP size (2 to 4), a budget (2 to 6 times the longest document) and ``scale``
+    The DP size (one of ``dps``), a budget (2 to 6 times the longest document) and ``scale``
     times 160 to 240 documents, rounded up to a multiple of the DP size (equal shards:
     see ``budget_plan._judge_drop``); ``cap_seed`` seeds ``budget_plan._drop_cap``'s random
     shardings.
     """
-    dp = rng.choice((2, 3, 4))
+    dp = rng.choice(dps)
     longest = rng.choice((32, 48, 64))
     budget = longest * rng.choice((2, 3, 4, 6))
     n = scale * rng.randint(160, 240)

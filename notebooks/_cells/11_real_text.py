@@ -639,15 +639,16 @@ print(
 # Write `pack(docs, row_len)`: `docs` is a list of 1-D int64 token tensors; return a dict with
 # `input_ids` and `position_ids` (`rows x row_len`, padding id `0`) and `mask` (`rows x row_len x
 # row_len`, True where a query may attend to a key). The checker deals 24 documents of fresh
-# random lengths (some three rows long) over 4 ranks; each rank packs 3 at a time, at two row
-# lengths drawn anew (call by call: read `row_len`, never assume one). It passes when
+# random lengths (some three rows long) over 4 ranks; each rank packs them in calls of 1 to 6
+# documents, drawn (read `len(docs)`, never assume one), at two row lengths drawn anew (call by
+# call: read `row_len`, never assume one). It passes when
 # no token attends to another document, to padding or to a later token, every earlier token of
 # its own document is visible, position ids count from where each document starts in the row
 # (or go on counting for a document continued from the previous row), each call has less than
 # one row of padding and enough rows for its tokens (`ceil(tokens / row_len)`: a last row less
 # than half full is still a row), and every token of every document is in exactly one row over
-# the epoch. Two documents of a call may have the same length: tell them apart by which tensor a
-# token came from.
+# the epoch. Two documents of a call may have the same length, and share token ids (as words
+# recur over texts): tell them apart by which tensor a token came from, not by its length or ids.
 # Building the mask from document ids with `document_mask` (used above) is fine: the packing and
 # the positions are the exercise.
 
@@ -692,8 +693,9 @@ assert ex.check_pack(pack).passed
 #
 # Write `plan_batches(lengths, dp_rank, dp_size, budget)`: this replica's batches, each a list
 # of document ids with `len(batch) * longest <= budget`. The checker draws two cases (the DP
-# size, the budget, 160 to 720 documents), runs each on real ranks, and each step of your plan
-# ends in an all-reduce. It passes when every replica has the same number of batches, no
+# size, the budget, 160 to 720 documents), runs each on real ranks, one of them with two TP ranks
+# per DP replica (so `dp_rank` and `dp_size` are not the global rank and world size, and TP peers
+# must plan the same batches), and each step of your plan ends in an all-reduce over all ranks. It passes when every replica has the same number of batches, no
 # document is planned twice, no more is left out than equal counts need, and the batches are
 # about as full, and as little padded, as batches sorted by length over the same documents,
 # and sorted the same way: sort the whole shard (or corpus) by length, exactly (not small pools

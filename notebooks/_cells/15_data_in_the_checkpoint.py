@@ -360,7 +360,8 @@ for design in ("refuse", "reshard"):
 # `ShardStream` of section 1: `loader_state(loader, layout)` returns the dict this rank puts
 # under `"data"`, and `load_loader_state(loader, layout, state)` restores from what `dcp.load`
 # filled in (its template is `loader_state` of a fresh loader). The checker draws the dataset,
-# two loader seeds and two save steps on `dp 2 x tp 2` and on `dp 4 x tp 1`. At each place it
+# two loader seeds, two save steps and the loader's batch size (`loader.batch_size`: never
+# assume one) on `dp 2 x tp 2` and on `dp 4 x tp 1`. At each place it
 # saves two loaders built with other seeds and set to that place (their checkpoints must
 # match), loads one into a fresh loader of the run's own seed on other ranks, then compares
 # samples and masked tokens with a straight run. The saves may write nothing but their
