@@ -232,6 +232,14 @@ class Int32PerRead(Dataset):
         return _row_sample(i, self.data[i].to(torch.int64))
 
 
+class Uint16PerRead(Int32PerRead):
+    """Dodge (the eighth trial): uint16 storage widened at each read, right only while every
+    id is below 65,536 (GPT-2's vocabulary); the checker's ids reach 128,256."""
+
+    def __init__(self, rows):
+        self.data = torch.from_numpy(np.array([r["tokens"] for r in rows]).astype(np.uint16))
+
+
 class RowsLiftingBaseline(Dataset):
     """Dodge (outside trial, finding 15): the rows, each worker read lifting whatever slot
     the frames above it hold for the worker's starting memory, so growth looks like none."""
@@ -730,6 +738,7 @@ def test_right_answers_of_every_shape_pass(answer, cluster):
         pytest.param(frozen_rows, "grew by", marks=SLOW),
         pytest.param(Int32Flat, "int32", marks=SLOW),
         (RightAtFirst, "sample 100 differs"),
+        (Uint16PerRead, "differs"),
         pytest.param(Shorter, "4032 samples", marks=SLOW),
         pytest.param(NoLabels, "keys", marks=SLOW),
         pytest.param(FlattenedInEachWorker, "grew by", marks=SLOW),

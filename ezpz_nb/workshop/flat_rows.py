@@ -39,6 +39,11 @@ __all__ = [
     "row_digest",
 ]
 
+#: The checker's vocabulary: ids up to Llama 3's 128,256, past 16 bits, so storage that
+#: narrows the tokens to uint16 (right only for vocabularies under 65,536, GPT-2's) loses
+#: them (the eighth trial): pick the dtype from the largest id, or keep int32/int64.
+VOCAB = 128_256
+
 #: Each row's ``(input_ids, labels)`` digests, by index.
 Expect = tuple[tuple[bytes, bytes], ...]
 
@@ -158,7 +163,7 @@ def given_rows(n: int, length: int) -> Given:
     outlive this call: while the learner's code runs, the answers are in the rows alone (and
     as digests), so a dataset can only be built from the rows.
     """
-    data = tokens(n, length, secrets.randbits(62))
+    data = tokens(n, length, secrets.randbits(62), high=VOCAB)
     expect = digests(data)
     before = sys.getallocatedblocks()
     rows: list[dict[str, Any]] = [

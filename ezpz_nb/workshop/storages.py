@@ -50,9 +50,10 @@ __all__ = [
 STORAGES = ("dicts", "numpy", "arrow", "memmap")
 
 
-def tokens(n: int, length: int, seed: int = 0) -> np.ndarray:
-    """The samples' tokens: ``(n, length)`` int64, above 256 (Python caches small ints)."""
-    return np.random.default_rng(seed).integers(1000, 50_000, size=(n, length), dtype=np.int64)
+def tokens(n: int, length: int, seed: int = 0, high: int = 50_000) -> np.ndarray:
+    """The samples' tokens: ``(n, length)`` int64 in ``[1000, high)``, above 256 (Python
+    caches small ints)."""
+    return np.random.default_rng(seed).integers(1000, high, size=(n, length), dtype=np.int64)
 
 
 def _sample(i: int, row: Any) -> dict[str, Any]:
