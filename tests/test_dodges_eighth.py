@@ -24,7 +24,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
-from test_text_exercises import _pack_by  # the notebook's packing, documents told by a key
+from test_text_exercises import (
+    _pack_by,  # the notebook's packing, documents told by a key
+    pack_pieces_offsets_see_themselves,
+)
 
 import ezpz_nb as ez
 from ezpz_nb.workshop import budget_plan, dcp_places, packing
@@ -91,6 +94,19 @@ def test_pack_draws_share_ids_and_vary_the_call_size():
             for t in set(a) & set(b)
         ]
         assert shared, seed
+
+
+@pytest.mark.parametrize("seed", [1023, 1063, 1088, 1102, 1128])
+def test_a_fault_past_a_shared_id_is_told_from_the_reading_whose_positions_hold(seed):
+    """Guards the wording where documents share ids (helper F's stress, 4-11 draws in 400):
+    every reading of the rows fails, and the one that dealt a shared id's places the wrong
+    way round fails first, at that id's position id; the mask that hides too much (what is
+    wrong) is told from the reading whose position ids all hold."""
+    try:
+        said = packing.judge_offline(pack_pieces_offsets_see_themselves, seed)
+    except CheckStopped as stop:
+        said = str(stop)
+    assert "hides too much" in said and "position id" not in said, said
 
 
 def _calls_of(draw, rank, sizes):
