@@ -208,3 +208,11 @@ def test_a_forked_ranks_inherited_cell_frame_is_not_where_it_hung():
     assert own.where is not None and "9" in own.where
     verdict = stopped_by(HangError({0: own, 1: starting}, 15.0)).message
     assert "never reached a collective: still in its own code" in verdict, verdict
+
+
+def test_the_type_of_an_exception_with_a_note_and_no_message_is_its_name():
+    """Guards the type read from the header's first line: ``NotImplementedError()`` with a
+    note has the note on the next line and no colon, and was typed by the whole header (a
+    checker then judged a shipped blank "wrong", not "not done")."""
+    link = wire.Link((wire.Frame(CELL, 3, "f", "raise e"),), "NotImplementedError\nsee cell 4", "")
+    assert failures.decode(0, wire.Error((link,))).exc_type == "NotImplementedError"

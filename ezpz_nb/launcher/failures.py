@@ -193,7 +193,10 @@ def decode(rank: int, msg: Error | Unpicklable) -> RankFailure:
     chain = tuple(Link(tuple(Frame(*f) for f in lk.frames), lk.header, lk.link) for lk in msg.chain)
     header = chain[-1].header if chain else "unknown error"
     where = " (inside ezpz_nb, before your function ran)" if msg.ours else ""
-    return RankFailure(rank, "exception", header.split(":")[0], header + where, chain, msg.ours)
+    # The type is the header's first line up to its colon: an exception with no message
+    # but a note (add_note) has the note on the next line, with no colon before it.
+    kind = header.split("\n", 1)[0].split(":")[0]
+    return RankFailure(rank, "exception", kind, header + where, chain, msg.ours)
 
 
 def cannot_travel(what: str, why: str) -> str:
