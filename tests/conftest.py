@@ -67,3 +67,12 @@ def short_tmp():
     path = tempfile.mkdtemp(prefix="ezpz-t", dir="/tmp")
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def two():
+    """Two warm ranks shared by every check of a module (their imports paid once)."""
+    import ezpz_nb as ez
+
+    with ez.Cluster(2) as cluster:
+        yield cluster

@@ -8,15 +8,13 @@ rules' chance bounds are also tried on many honest shuffles without ranks.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
-from typing import Any
 
 import _verify_dodges as D
 import numpy as np
 import pytest
+from _said import said
 from torch.utils.data import Subset
 
-import ezpz_nb as ez
 from ezpz_nb.ledger import StepRecord
 from ezpz_nb.verify import check_contract, check_eval, check_resume, check_steps
 from ezpz_nb.verify.observe import Outcome
@@ -24,18 +22,6 @@ from ezpz_nb.verify.orders import order_findings
 from ezpz_nb.verify.stops import state_difference
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def two() -> Iterator[ez.Cluster]:
-    """Warm ranks shared by every check of the module."""
-    with ez.Cluster(2) as c:
-        yield c
-
-
-def _said(rep: Any, rule: str) -> str:
-    f = rep.first(rule)
-    return " ".join(" ".join([f.message, f.hint]).split()) if f is not None else ""
 
 
 @pytest.mark.parametrize(
@@ -57,7 +43,7 @@ def test_contract_dodges_fail_the_rule_they_dodge(factory, shuffle, rule, words,
     the order of the ids alone (frozen batches, a rotation)."""
     rep = check_contract(factory, "dp=2", epochs=2, shuffle=shuffle, cluster=two)
     assert rep.rule_verdicts()[rule] == "fail", rep.table()
-    assert words in _said(rep, rule), rep.table()
+    assert words in said(rep, rule), rep.table()
 
 
 @pytest.mark.parametrize(

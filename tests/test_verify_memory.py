@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-import ezpz_nb as ez
 from ezpz_nb.verify import Report, Verdict, VerifyError, check_contract
 
 pytestmark = [
@@ -82,13 +80,6 @@ def dicts_in_workers(layout: Any) -> DataLoader:
     touches a large share of the dataset's pages: several MiB, above the 1 MiB bound.
     """
     return _loader(layout, Dicts(4000, 128), workers=2, batch=50)
-
-
-@pytest.fixture(scope="module")
-def two() -> Iterator[ez.Cluster]:
-    """Two warm ranks shared by every check here (their imports paid once)."""
-    with ez.Cluster(2) as cluster:
-        yield cluster
 
 
 def _rows(report: Report) -> set[tuple[int, int]]:

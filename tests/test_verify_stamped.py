@@ -10,15 +10,14 @@ tried on many honest shards without ranks, at dp 2 to 8.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import _verify_stamped as S
 import numpy as np
 import pytest
 import torch
+from _said import said
 
-import ezpz_nb as ez
 from ezpz_nb.data import SteppedLoader
 from ezpz_nb.verify import check_contract, check_eval, check_resume, check_steps
 from ezpz_nb.verify.batches import is_batch_tag
@@ -26,18 +25,6 @@ from ezpz_nb.verify.contents import first_twin
 from ezpz_nb.verify.samples import SEP, sample_contents
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def two() -> Iterator[ez.Cluster]:
-    """Warm ranks shared by every check of the module."""
-    with ez.Cluster(2) as c:
-        yield c
-
-
-def _said(rep: Any, rule: str) -> str:
-    f = rep.first(rule)
-    return " ".join(" ".join([f.message, f.hint]).split()) if f is not None else ""
 
 
 @pytest.mark.parametrize("form", ["text", "lists", "flat", "records", "tagged", "dup"])
@@ -52,7 +39,7 @@ def test_the_same_data_under_sharded_ids_fails_in_every_shape(form, two):
     for seed in (0, 1):
         rep = check_contract(S.stamped(form, seed), "dp=2", epochs=2, shuffle=True, cluster=two)
         assert rep.rule_verdicts()["dp_disjoint"] == "fail", rep.table()
-        assert "same bytes under other ids" in _said(rep, "dp_disjoint"), rep.table()
+        assert "same bytes under other ids" in said(rep, "dp_disjoint"), rep.table()
 
 
 @pytest.mark.parametrize("kind", ["dups", "constant", "padding"])
