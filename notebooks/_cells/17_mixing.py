@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 17 · Mixing data sources by weight, the same on every rank
 #
-# **Time:** about 55 to 70 minutes with the predictions and the exercise (advanced track), the
+# **Time:** about 57 to 72 minutes with the predictions and the exercise (advanced track), the
 # exercise alone 20 to 30 of them. Running the cells alone takes under a minute.
 #
 # Every pretraining run mixes sources (web, code, books...) by weight, and the mixture is where
@@ -418,17 +418,15 @@ import ezpz_nb.workshop.mixture as ex
 totals = {}  # (weights, global_batch): (a step, each source's draws before it), between calls
 
 
+# Each source's draws before global batch `step`, and its quota in it: the floor of
+# w * global_batch, the rest to the sources furthest behind over all batches so far.
 def draws_before(w, global_batch, step):
-    """Each source's draws before global batch `step`, and its quota in it: the floor of
-    w * global_batch, the rest to the sources furthest behind over all batches so far."""
     b, done = totals.get((w, global_batch), (0, (0,) * len(w)))
-    if b > step:  # asked for an earlier step: replay from step 0
-        b, done = 0, (0,) * len(w)
+    b, done = (0, (0,) * len(w)) if b > step else (b, done)  # an earlier step: from step 0
     while True:  # from the last step asked: a process pays for the steps before it once
         quota = [int(x * global_batch) for x in w]
-        behind = [
-            x * (b + 1) * global_batch - (d + q) for x, d, q in zip(w, done, quota, strict=True)
-        ]
+        upto = (b + 1) * global_batch  # draws up to the end of batch b
+        behind = [x * upto - d - q for x, d, q in zip(w, done, quota, strict=True)]
         for s in sorted(range(len(w)), key=lambda s: -behind[s])[: global_batch - sum(quota)]:
             quota[s] += 1
         if b == step:
