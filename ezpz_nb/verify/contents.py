@@ -26,6 +26,7 @@ import numpy as np
 
 from ezpz_nb.verify.observe import Outcome
 from ezpz_nb.verify.report import Finding
+from ezpz_nb.verify.reread import misnamed
 from ezpz_nb.verify.samples import SEP
 from ezpz_nb.verify.universe import Universe, beyond_len, head_cut, prefix_cut
 from ezpz_nb.verify.verdict import Judgement, Verdict
@@ -226,7 +227,8 @@ def content_findings(
     own_length: bool,
 ) -> list[Finding]:  # fmt: skip
     """What the ids alone cannot show: a dataset longer than its ``__len__`` (when the
-    universe is that length), and the same bytes under two ids on two DP replicas."""
+    universe is that length), the same bytes under two ids on two DP replicas, else an id
+    that does not name its data (:func:`~ezpz_nb.verify.reread.misnamed`)."""
     out = []
     beyond = beyond_len([o.dataset for o in outs], Universe(universe, n, how)) if own_length else ""
     epoch = min((r.epoch for o in outs for r in o.records), default=0)
@@ -236,6 +238,8 @@ def content_findings(
     same = same_bytes(outs)
     if same is not None:
         out.append(same)
+    elif (wrong := misnamed(outs)) is not None:
+        out.append(wrong)
     return out
 
 

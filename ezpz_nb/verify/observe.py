@@ -28,6 +28,7 @@ from ezpz_nb.verify.batches import (
 )
 from ezpz_nb.verify.epochs import loader_parts
 from ezpz_nb.verify.report import VerifyError
+from ezpz_nb.verify.reread import Reread
 from ezpz_nb.verify.samples import sample_contents
 from ezpz_nb.verify.stops import LATER, Stop
 from ezpz_nb.verify.universe import DatasetIds, dataset_ids, ordering_sampler
@@ -97,6 +98,8 @@ class Outcome:
     # Per (epoch, step), a digest of each sample's data (contents.same_bytes reads them).
     contents: dict[tuple[int, int], list[str]] = field(default_factory=dict)
     writes: list[str] = field(default_factory=list)  # files the loader wrote (verify.writes)
+    # (id, epoch, step, field:digest) delivered with other data than dataset[id] (verify.reread).
+    misnamed: list[tuple[int, int, int, str]] = field(default_factory=list)
 
 
 class Ready:
@@ -267,6 +270,10 @@ def run_rank(
     out.unreached = parts.unreached()
     published, published_at = 0, time.monotonic()
     at = Stop()
+    # A resumed run's epochs are cut short, and TP/CP peers receive what a leader loaded.
+    leader = layout.tp_rank == 0 and layout.cp_rank == 0
+    reread = Reread(inner, leader and stop is None and states is None and key != "digest"
+                    and not out.iterable)  # fmt: skip
     sampler = MemorySampler(memory_budget) if memory_budget is not None else None
     try:
         for epoch in range(start_epoch, start_epoch + epochs):
@@ -302,6 +309,7 @@ def run_rank(
                 out.records.append(rec)
                 if key != "digest":  # with ids from the bytes, one content is one id
                     out.contents[(epoch, step)] = sample_contents(batch, out.key, len(ids))
+                    reread.see(batch, ids, out.key, epoch, step)
                 out.names.update(names)
                 if keep_fields:
                     out.fields[(epoch, step)] = field_digests(batch)
@@ -320,6 +328,7 @@ def run_rank(
                 if time.monotonic() > deadline:
                     out.phase = "timeout"
                     return out
+            out.misnamed += reread.judge(deadline)  # before the next set_epoch
             if at.kept < 0 and stop == (epoch + 1, 0):
                 at.take(loader, out)
         if at.kept >= 0:  # the epochs ended before the later step

@@ -28,7 +28,7 @@ import numpy as np
 from ezpz_nb.data.tree import fields
 from ezpz_nb.verify.batches import is_batch_tag
 
-__all__ = ["SEP", "sample_contents"]
+__all__ = ["SEP", "field_token", "sample_columns", "sample_contents"]
 
 #: Between a sample's field digests in one string (``"<field path>:<digest>"`` each).
 SEP = "\n"
@@ -128,6 +128,20 @@ def _columns(batch: Any, skip: str, count: int) -> dict[str, list[bytes]]:
     return cols
 
 
+def sample_columns(batch: Any, field: str, count: int) -> dict[str, list[bytes]]:
+    """``{field path: one bytes a sample}`` of ``batch``'s content fields (``{}``: none, or
+    the batch cannot be read); ``field`` (the ids) is left out. Never raises."""
+    try:
+        return _columns(batch, field, count) if count else {}
+    except Exception:  # noqa: BLE001 - the user's data, read only to compare: never fatal
+        return {}
+
+
+def field_token(path: str, data: bytes) -> str:
+    """One field of one sample as :func:`sample_contents` names it: ``"<path>:<digest>"``."""
+    return f"{path or '.'}:{hashlib.blake2b(data, digest_size=8).hexdigest()}"
+
+
 def sample_contents(batch: Any, field: str, count: int | None = None) -> list[str]:
     """Per sample, its content fields' digests joined by :data:`SEP` (``[]``: none found).
 
@@ -135,18 +149,9 @@ def sample_contents(batch: Any, field: str, count: int | None = None) -> list[st
     samples sharing a field's digest hold that field's very same values whatever ids they
     carry. Never raises: the user's data is read only to compare.
     """
-    if not count:
+    cols = sample_columns(batch, field, count or 0)
+    if not count or not cols:
         return []
-    try:
-        cols = _columns(batch, field, count)
-    except Exception:  # noqa: BLE001 - the user's data, read only to compare: never fatal
-        return []
-    if not cols:
-        return []
-    out = []
-    for i in range(count):
-        parts = []
-        for path, per in sorted(cols.items()):
-            parts.append(f"{path or '.'}:{hashlib.blake2b(per[i], digest_size=8).hexdigest()}")
-        out.append(SEP.join(parts))
-    return out
+    return [
+        SEP.join(field_token(p, per[i]) for p, per in sorted(cols.items())) for i in range(count)
+    ]
