@@ -153,8 +153,14 @@ def shm_run(
         # The other workers are blocked on a full /dev/shm, and torch's shutdown waits
         # for each (5 s, MP_STATUS_CHECK_INTERVAL) before it terminates it: ~9 s of a
         # 12 s failed run here. The result is known: stop them now.
-        for worker in getattr(batches, "_workers", ()):
+        procs = list(getattr(batches, "_workers", ()))
+        for worker in procs:
             worker.terminate()
+        # And wait until they are gone: a worker still exiting holds its batches in
+        # /dev/shm, and the next run on this rank started on a /dev/shm not yet free
+        # (a busy machine: "prefetch 1" failed after the default's failure, in make test).
+        for worker in procs:
+            worker.join()
     # A failed iterator sits in reference cycles with its traceback, holding the batches
     # it received: on a warm rank they would fill the next run's /dev/shm.
     del batches, loader, data
@@ -186,7 +192,7 @@ def _inside(configs: list[ShmConfig]) -> list[dict[str, Any]]:
     clusters: dict[int, Cluster] = {}  # warm ranks by world size: one start for every run
     size = configs[0].shm_mib if configs else 0
     for c in configs:
-        _settle(idle)
+        held = _settle(idle)
         if c.shm_mib != size:  # tmpfs resizes in place: the same namespace, warm ranks
             subprocess.run(["mount", "-o", f"remount,size={c.shm_mib}m", SHM_PATH], check=True)
             size = c.shm_mib
@@ -207,7 +213,13 @@ def _inside(configs: list[ShmConfig]) -> list[dict[str, Any]]:
                 "peak": poll.peak,
                 "size": shm_size() or 0,
                 "steps": [g[0] for g in got],
-                "errors": [g[1] for g in got],
+                # A failure says whether the run began on a /dev/shm not yet free.
+                "errors": [
+                    f"{g[1]} (it began with {held / 2**20:.1f} MiB of /dev/shm still held)"
+                    if g[1] and held
+                    else g[1]
+                    for g in got
+                ],
             }
         )
     for cluster in clusters.values():
@@ -215,17 +227,21 @@ def _inside(configs: list[ShmConfig]) -> list[dict[str, Any]]:
     return out
 
 
-def _settle(idle: int, limit_s: float = 20.0) -> None:
-    """Wait until ``/dev/shm`` is back to ``idle`` bytes in use (bounded by ``limit_s``).
+def _settle(idle: int, limit_s: float = 20.0) -> int:
+    """Wait until ``/dev/shm`` is back to ``idle`` bytes in use (bounded by ``limit_s``);
+    return the bytes above ``idle`` still held then (0 when settled).
 
-    A failed run's workers are still exiting when its launch returns, holding
-    their batches; the next run's peak is measured from an empty ``/dev/shm``.
+    A failed run's workers are joined before its launch returns (:func:`shm_run`); what
+    ``file_system`` sharing leaves (files its killed workers never released) may take
+    longer: the next run's peak is measured from an empty ``/dev/shm`` where it frees in
+    time, and a run that fails on one not yet free says so in its errors.
     """
     from ezpz_nb.shm import shm_used
 
     end = time.monotonic() + limit_s
     while (shm_used() or 0) > idle and time.monotonic() < end:
         time.sleep(0.05)
+    return max(0, (shm_used() or 0) - idle)
 
 
 def namespace_refusal() -> str | None:
