@@ -74,7 +74,9 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in first and "make lab" in first
     assert re.search(r"^make test$", ci, re.M)
     # The wheel test comes after the README's command, never instead of it.
-    assert re.search(r"^make test$[\s\S]*^make wheel-test$", ci, re.M)
+    assert re.search(r"^make test$[\s\S]*^make wheel-test\b", ci, re.M)
+    # slurm-long runs beside it, and its status is waited for before the script ends.
+    assert re.search(r"^make slurm-long &$[\s\S]*^make wheel-test[\s\S]*^wait ", ci, re.M)
 
 
 def test_github_workflow_runs_the_ci_script():
