@@ -198,3 +198,13 @@ def test_the_width_check_under_nbmake_finds_a_wide_line(tmp_path):
     found = hook.wide_lines(nb)
     assert len(found) == 2 and all(f.startswith("code cell 0:") for f in found), found
     assert "(101 columns)" in found[0] and "(120 columns)" in found[1], found
+
+
+def test_the_slowest_notebooks_named_first_exist():
+    """notebooks/conftest.py's SLOW_FIRST puts the slowest notebooks first under nbmake: a
+    name that is no notebook (one renamed, or moved to solutions/) would quietly stop doing so."""
+    spec = importlib.util.spec_from_file_location("nb_conftest", NOTEBOOKS / "conftest.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    names = {p.name for p in NOTEBOOKS.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts}
+    assert set(hook.SLOW_FIRST) <= names, set(hook.SLOW_FIRST) - names
