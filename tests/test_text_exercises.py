@@ -321,6 +321,43 @@ def pack_column_major(docs, row_len):
     )
 
 
+def pack_additive_mask(docs, row_len):
+    """Unusual, right: the mask as SDPA's additive float mask, 0 where a query may attend and
+    -inf where not."""
+    out = pack(docs, row_len)
+    hide = torch.zeros(out["mask"].shape).masked_fill(~out["mask"], float("-inf"))
+    return {**out, "mask": hide}
+
+
+def pack_lowest_mask_float_positions(docs, row_len):
+    """Unusual, right: an additive bfloat16 mask with the dtype's lowest value where hidden (as
+    Hugging Face builds them), and whole position ids as floats (as a rotary embedding reads them)."""
+    out = pack(docs, row_len)
+    low = torch.finfo(torch.bfloat16).min
+    mask = torch.zeros(out["mask"].shape, dtype=torch.bfloat16).masked_fill(~out["mask"], low)
+    return {**out, "mask": mask, "position_ids": out["position_ids"].float()}
+
+
+def pack_fraction_mask(docs, row_len):
+    """Dodge (issue 45's ninth trial): a float mask of 1.0 where allowed and 0.3 where not; added
+    to the scores, as SDPA takes a float mask, it hides nothing (a cast to int read it as 1/0)."""
+    out = pack(docs, row_len)
+    return {**out, "mask": out["mask"].float() * 0.7 + 0.3}
+
+
+def pack_fraction_positions(docs, row_len):
+    """Dodge (issue 45's ninth trial): position ids 0.75 past the right ones, as floats (a rotary
+    embedding turns every token by 0.75 of a position; a cast to int read the right ids)."""
+    out = pack(docs, row_len)
+    return {**out, "position_ids": out["position_ids"].double() + 0.75}
+
+
+def pack_mask_as_float(docs, row_len):
+    """Wrong: the bool mask cast with ``.float()``, 1.0 / 0.0: SDPA adds it, so it hides nothing."""
+    out = pack(docs, row_len)
+    return {**out, "mask": out["mask"].float()}
+
+
 def pack_not_done(docs, row_len):
     raise NotImplementedError
 
@@ -337,6 +374,8 @@ def pack_not_done(docs, row_len):
         pack_round_robin_restart,
         pack_rows_reversed,
         pack_library_mask,
+        pack_additive_mask,
+        pack_lowest_mask_float_positions,
     ],
 )
 def test_pack_checker_accepts_right_answers(fn):
@@ -344,7 +383,8 @@ def test_pack_checker_accepts_right_answers(fn):
     across rows, reordered documents and an int mask, numpy arrays, plain lists with the padding
     first, and (issue 45's third trial: a judge by runs of neighbours turned them down) pieces
     of the documents interleaved in a row with a mask by document, and rows in reverse order,
-    all pass, over several draws."""
+    and (its ninth trial: float grids read as they are) SDPA's additive float mask, 0 / -inf or
+    the dtype's lowest value, with whole position ids as floats, all pass, over several draws."""
     for _ in range(DRAWS):
         result = check_pack(fn)
         assert result.passed, result.message
@@ -378,6 +418,10 @@ def test_pack_checker_accepts_right_answers(fn):
         # Its fifth trial: right on most draws, so each check makes the draws that show it.
         (pack_extra_padding_row, "padding tokens"),
         (pack_template_of_the_first_call, ("hides too much", "may not attend")),
+        # Its ninth trial: float grids are read as what they are, not cast to int.
+        (pack_fraction_mask, "hides nothing"),
+        (pack_fraction_positions, "return integer position ids"),
+        (pack_mask_as_float, ".float()"),
     ],
 )
 def test_pack_checker_rejects_dodges(fn, words):
@@ -388,7 +432,9 @@ def test_pack_checker_rejects_dodges(fn, words):
     made-up document (only 0s were counted), documents read off the token ids (they spelled out
     document and offset), plus rows that are no grid, and its third trial's: pieces interleaved,
     each seeing only itself (a near-identity mask at one token a piece), and rows filled
-    column by column; each over several draws."""
+    column by column, and its ninth trial's float grids, which a cast to int read as right: a
+    1.0 / 0.3 float mask and position ids 0.75 off (and the bool mask cast with ``.float()``);
+    each over several draws."""
     for _ in range(DRAWS):
         result = check_pack(fn)
         said = (words,) if isinstance(words, str) else words

@@ -60,7 +60,7 @@ def judge_call(
     ``(document, offset)``: more than one where documents share the id.
     """
     if isinstance(out, str):
-        raise wrong(f"{place}: {out}: return tensors (or numpy arrays) of integers.")
+        raise wrong(f"{place}: {out}")  # the line says what to return
     ids, pos, mask = out["input_ids"], out["position_ids"], out["mask"]
     rows = len(ids) if isinstance(ids, list) else 0
     if not (

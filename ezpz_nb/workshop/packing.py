@@ -15,7 +15,11 @@ its tokens (``ceil(tokens / row_len)``: a last row less than half full is still 
 and, over the epoch,
 every token of every document in exactly one row on exactly one rank; a row holds
 nothing but the tokens of the documents its call was given and :data:`PAD` (so padding
-with another id, or with made-up documents, is turned down). The returned values may be tensors, numpy arrays or lists.
+with another id, or with made-up documents, is turned down). The returned values may be
+tensors, numpy arrays or lists, read as the dtype they come in (issue 45's ninth trial: a cast to int64 read a float mask
+of 1.0 / 0.3 as 1 / 0): ids as integers (floats only when every value is whole), the mask as
+bool, 0/1 integers, or SDPA's additive float mask, 0 where a query may attend and -inf (or
+the dtype's lowest value) where not.
 
 Every token of a check is an id drawn at random for it, and in each call of two documents
 or more two of them share one id (where two can), as words recur over texts (issue 45's eighth trial: a
@@ -57,12 +61,94 @@ __all__ = [
 
 
 def _plain(x: Any, name: str) -> list[Any] | str:
-    """``x`` (a tensor, numpy array or nested list) as plain lists of ints, or what is wrong."""
+    """``x`` (a tensor, numpy array or nested list) as plain lists of ints, read as the dtype
+    it came in, or a line saying what is wrong.
+
+    Issue 45's ninth trial: a cast of any grid to int64 read a float mask of 1.0 / 0.3 (which
+    SDPA adds to the scores, hiding nothing) as the right bool mask, and position ids 0.75 past
+    the right ones as the right ids (0.3 and 0.75 truncate to 0).
+    """
     try:
-        t = x if torch.is_tensor(x) else torch.as_tensor(x)
-        return t.detach().to(torch.int64).tolist()
+        t = (x if torch.is_tensor(x) else torch.as_tensor(x)).detach()
     except (TypeError, ValueError, RuntimeError) as e:
-        return f"{name} is a {type(x).__name__} that is not a grid of integers ({e})"
+        return (
+            f"{name} is a {type(x).__name__} that is not a grid of integers ({e}): return "
+            "tensors (or numpy arrays) of integers."
+        )
+    if t.is_complex():
+        return f"{name} is a grid of complex numbers ({t.dtype}): return {_WANT[name]}."
+    return _mask_grid(t) if name == "mask" else _ids_grid(t, name)
+
+
+#: What each returned grid should be, for the verdicts.
+_WANT = {
+    "input_ids": "integer token ids (torch.long)",
+    "position_ids": "integer position ids (torch.long), counting 0, 1, 2... along a document",
+    "mask": "a bool mask, True where a query may attend to a key",
+}
+
+
+def _first(t: torch.Tensor, odd: torch.Tensor) -> tuple[float | int, str]:
+    """The first value of ``t`` where ``odd`` is True, and the line naming it and its index."""
+    at = odd.nonzero()[0].tolist()
+    v = t[tuple(at)].item()
+    said = f"{v:g}" if isinstance(v, float) else str(v)
+    return v, f"{said} (at {''.join(f'[{i}]' for i in at)})" if at else said
+
+
+def _ids_grid(t: torch.Tensor, name: str) -> list[Any] | str:
+    """Ids as plain ints: a float grid only when every value is a whole number (a rotary
+    embedding reads whole float positions as their ints, and a fraction as a turn between)."""
+    if t.is_floating_point():
+        odd = ~torch.isfinite(t) | (t != t.round())
+        if odd.any():
+            return (
+                f"{name} is a grid of {t.dtype} that holds {_first(t, odd)[1]}, not a whole "
+                f"number: return {_WANT[name]}."
+            )
+    return t.to(torch.int64).tolist()
+
+
+def _mask_grid(t: torch.Tensor) -> list[Any] | str:
+    """The mask as plain 0/1 ints (1: the query may attend to the key), read as SDPA reads it.
+
+    A bool mask is what the exercise asks for. SDPA adds a float mask to the scores, so a float
+    mask means the same only as 0 (keep) and -inf (hide), or the dtype's lowest value (hides as
+    -inf does, and is what Hugging Face builds); any other value shifts a score: 0.3 hides
+    nothing, and a finite -1e9 is told to use -inf. SDPA refuses an integer mask: 0/1 ints are read as False/True, nothing else.
+    """
+    if t.dtype == torch.bool:
+        return t.to(torch.int64).tolist()
+    if t.is_floating_point():
+        hide = t <= torch.finfo(t.dtype).min
+        odd = ~hide & (t != 0)  # NaN and +inf too
+        if not odd.any():
+            return (~hide).to(torch.int64).tolist()
+        if not t[odd].isnan().any():  # name the lowest: the value meant to hide (0.3, -1e9)
+            odd &= t == t[odd].min()
+        v, said = _first(t, odd)
+        if v != v:
+            why = "NaN makes the scores NaN"
+        elif v < 0:  # not -inf: a finite value (-1e9, say)
+            why = f"{v:g} is finite: -inf hides a key whatever its score, {v:g} only lowers it"
+        else:
+            why = f"{v:g} only shifts the score and hides nothing"
+            if bool(((t == 0) | (t == 1)).all()):
+                why += " (a bool mask cast with .float() is 1/0: 0 hides nothing)"
+        return (
+            f"mask is a grid of {t.dtype} that holds {said}. SDPA adds a float mask to the "
+            "attention scores: it means the same as the bool mask only with 0 where a query "
+            f"may attend and -inf (or torch.finfo(dtype).min) where it may not; {why}. Return "
+            f"{_WANT['mask']} (or, as a float mask, 0 where it may and -inf where it may not)."
+        )
+    odd = (t != 0) & (t != 1)
+    if odd.any():
+        return (
+            f"mask is a grid of {t.dtype} that holds {_first(t, odd)[1]}: an integer mask is "
+            f"read as 1 where a query may attend and 0 where not, nothing else. Return "
+            f"{_WANT['mask']}."
+        )
+    return t.to(torch.int64).tolist()
 
 
 def pack_calls(fn: Callable, mine: list[list[int]], row_lens: list[int], sizes: list[int]) -> Any:
