@@ -700,6 +700,25 @@ def scavenges_the_checkers_answers(rows):
     return ds
 
 
+class ChunksOfNineRows(Dataset):
+    """Trial 9: one array per 9 rows (~911 arrays for 8192), under the per-row share: the
+    walk found too few runs of tokens (each run that crosses a cut is missed) and the verdict
+    sent the learner looking for a leak; it must name the chunks."""
+
+    def __init__(self, rows):
+        self.n = len(rows)
+        self.chunks = [
+            np.array([r["tokens"] for r in rows[k : k + 9]], dtype=np.int64)
+            for k in range(0, len(rows), 9)
+        ]
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return _row_sample(i, self.chunks[i // 9][i % 9])
+
+
 def not_started(rows):
     raise NotImplementedError
 
@@ -837,6 +856,7 @@ def test_what_the_checker_trusts_is_out_of_reach(draw, dodge, says, cluster):
         pytest.param(PeekObjects, "your dataset keeps the rows", marks=SLOW),
         pytest.param(SameIntsPeeked, "holds the rows' Python ints: 100%", marks=SLOW),
         pytest.param(NewIntsPeeked, "Python objects per token", marks=SLOW),
+        pytest.param(ChunksOfNineRows, "rows each (in chunks, a list)", marks=SLOW),
     ],
 )
 @pytest.mark.parametrize("draw", range(DRAWS))

@@ -45,6 +45,9 @@ __all__ = ["FEW_ROWS", "holdings", "judge_held"]
 #: ``bytes``, ``bytearray`` or ``str``; in a list, a tuple, a dict's keys, an object array, a
 #: closure) 4096, 3.2-8.5 MB. The walks took 50-150 ms, most of it :mod:`.flat_find`'s.
 FEW_ROWS = 1 / 8
+#: Where the tokens are not found in runs (:func:`judge_held`'s second rule), this many small
+#: objects holding them says why: storage cut in chunks of a few rows, not a leak.
+_MANY = 64
 #: Buffers a walk visits at most (its objects, not ints): a walk cut short judges no hiding.
 _LIMIT = 300_000
 _ATOMIC = (int, float, complex, bool, type(None))
@@ -305,6 +308,17 @@ def judge_held(outs: list[dict[str, Any]], n: int, tokens_n: int) -> None:
         got, hits = held["all_bytes"], held.get("found")
         missing = hits is not None and hits < held["runs"] / 2
         if held["complete"] and (got < tokens_n or missing):
+            if count >= _MANY and held["small_bytes"] >= tokens_n:
+                # The tokens are there, cut into many small arrays (rows in chunks): runs that
+                # cross a cut are not found, which is not a leak; say what the storage is.
+                where = f" (in {held['where']})" if held["where"] else ""
+                raise wrong(
+                    f"On rank {rank} your dataset keeps the tokens in {count:,} {kind} "
+                    f"objects, about {n / count:.0f} rows each{where}: keep them in one array "
+                    "(np.concatenate of the rows, a sample a slice of it, and an array of "
+                    "offsets); each small array is an object of its own, with a header and a "
+                    "reference count a read writes."
+                )
             said = (
                 f"{got:,} bytes in all"
                 if got < tokens_n
