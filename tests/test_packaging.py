@@ -75,8 +75,9 @@ def test_ci_runs_the_readme_test_command():
     assert re.search(r"^make test$", ci, re.M)
     # The wheel test comes after the README's command, never instead of it.
     assert re.search(r"^make test$[\s\S]*^make wheel-test\b", ci, re.M)
-    # slurm-long runs beside it, and its status is waited for before the script ends.
-    assert re.search(r"^make slurm-long &$[\s\S]*^make wheel-test[\s\S]*^wait ", ci, re.M)
+    # slurm-long runs beside it (started first), and its status is waited for at the end.
+    assert re.search(r"^make slurm-long .*&$[\s\S]*^make test$[\s\S]*^make wheel-test", ci, re.M)
+    assert re.search(r"^make wheel-test$[\s\S]*^wait \"\$slurm_long\"", ci, re.M)
 
 
 def test_github_workflow_runs_the_ci_script():
