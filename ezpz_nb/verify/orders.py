@@ -7,6 +7,9 @@ not the previous one started some places later. Either pattern is a finding only
 a true shuffle would give it by chance less than :data:`CHANCE` of the time on every DP
 replica together (:func:`_frozen_chance`, :func:`_rotation_chance`): a replica of two
 samples in batches of one shows both patterns half the time and is never blamed.
+An epoch that keeps most of an earlier epoch's batches (two samples swapped in one
+permutation, a replica handed another's fixed shard: the ninth trial) is blamed the same
+way, its shared batches counted per global step and per replica (:mod:`.overlap`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Sequence
 
 from ezpz_nb.ledger import StepRecord
 from ezpz_nb.verify.observe import Outcome
+from ezpz_nb.verify.overlap import global_shared, replica_shared, together
 from ezpz_nb.verify.report import Finding
 
 __all__ = ["CHANCE", "order_findings"]
@@ -111,8 +115,19 @@ def _pair_finding(
             "from a value that comes back (epoch % 2, a counter reset): every epoch a new order"
         )
         return _finding(outs, before, after, what, hint)
-    if any(x == y for x, y in flat):  # an unchanged order on some replica: the ledger's finding
-        return None
+    if not any(x == y for x, y in flat):  # an unchanged order on some replica: not reordered
+        found = _reordered(pairs, flat, bound)
+        if found is not None:
+            return _finding(outs, before, after, *found)
+    return _shared_finding(outs, replicas, before, after, bound)
+
+
+def _reordered(
+    pairs: list[tuple[list[tuple[int, ...]], list[tuple[int, ...]]]],
+    flat: list[tuple[list[int], list[int]]],
+    bound: float,
+) -> tuple[str, str] | None:
+    """Every replica's batches exactly the earlier ones reordered, or its order rotated."""
     frozen = all(Counter(map(frozenset, x)) == Counter(map(frozenset, y)) for x, y in pairs)
     if frozen and math.prod(_frozen_chance(x) for x, _ in pairs) < bound:
         what = (
@@ -123,7 +138,8 @@ def _pair_finding(
             "the batches are cut once and only their order is shuffled: draw a fresh "
             "permutation of the samples each epoch (seed + epoch) and cut the batches from it"
         )
-    elif all(_rotated(x, y) for x, y in flat) and (
+        return what, hint
+    if all(_rotated(x, y) for x, y in flat) and (
         math.prod(_rotation_chance(len(x)) for x, _ in flat) < bound
     ):
         shift = {_rotated(x, y) for x, y in flat}
@@ -136,15 +152,66 @@ def _pair_finding(
             "one permutation is drawn once and each epoch starts it elsewhere: draw a "
             "fresh permutation each epoch (seed + epoch)"
         )
-    else:
-        return None
-    return _finding(outs, before, after, what, hint)
+        return what, hint
+    return None
 
 
-def _finding(outs: Sequence[Outcome], before: int, after: int, what: str, hint: str) -> Finding:
+def _shared_finding(
+    outs: Sequence[Outcome],
+    replicas: dict[int, dict[int, list[tuple[int, ...]]]],
+    before: int,
+    after: int,
+    bound: float,
+) -> Finding | None:
+    """Half or more of epoch ``after``'s batches (sample sets) already batched in
+    ``before``: per global step (the union over the replicas), else per replica (any
+    replica's earlier batch counts); each blamed where a fresh shuffle would share as
+    many less often than half the bound (:mod:`~ezpz_nb.verify.overlap`)."""
+    order = sorted(replicas)
+    earlier = [replicas[r].get(before, []) for r in order]
+    later = [replicas[r].get(after, []) for r in order]
+    # Half the batches at least: a shuffle buffer smaller than the data (an honest
+    # stream) keeps a few neighbours batched together more often than a full shuffle.
+    g = global_shared(earlier, later)
+    if 2 * g.shared >= g.out_of > 0 and g.chance < bound / 2:
+        what = (
+            f"{g.shared} of its {g.out_of} global batches (a step's samples over every DP "
+            "replica: what the averaged gradient sees) as epoch {0} made them"
+        )
+        return _finding(outs, before, after, what, _MOVED, where=_rare(g.chance))
+    every = [b for bs in earlier for b in bs]
+    each = [replica_shared(every, bs) for bs in later]
+    count, out_of = sum(s.shared for s in each), sum(s.out_of for s in each)
+    chance = together([s.chance for s in each])
+    if 2 * count >= out_of > 0 and chance < bound / 2:
+        what = (
+            f"{count} of its {out_of} batches (over the DP replicas) as sample sets that "
+            "epoch {0} also batched (on any replica): the samples that share a batch "
+            "hardly change, so most steps' gradients are the same means again"
+        )
+        return _finding(outs, before, after, what, _MOVED, where=_rare(chance))
+    return None
+
+
+def _rare(chance: float) -> str:
+    return f" (a fresh shuffle shares as many with a chance under {max(chance, 1e-300):.0e})"
+
+
+_MOVED = (
+    "one order drawn once and only touched each epoch (a few samples swapped, a replica "
+    "handed another's shard) keeps the batches: draw a fresh permutation of the dataset "
+    "each epoch (seed + epoch) and deal it over the replicas (DistributedSampler with "
+    "set_epoch does)"
+)
+
+
+def _finding(
+    outs: Sequence[Outcome], before: int, after: int, what: str, hint: str,
+    where: str = ", on every DP replica",
+) -> Finding:  # fmt: skip
     rank = min(r.rank for o in outs for r in o.records if r.epoch == after)
     return Finding(
         "reshuffle", "order_unchanged", after,
-        f"Epoch {after} holds " + what.format(before) + ", on every DP replica.",
+        f"Epoch {after} holds " + what.format(before) + where + ".",
         rank=rank, step=0, hint=hint, ranks=sorted({o.rank for o in outs}),
     )  # fmt: skip
