@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ezpz_nb.agents import crash_plan
 from ezpz_nb.agents.agents import AgentError, AgentRun, run_agents, torchrun, torchrun_argv
 from ezpz_nb.agents.by_hand import (
     WORKER_NAME,
@@ -488,11 +489,11 @@ EIGHTH = {
         r"began at epoch 0, 0 steps done: the job started over",
         2,
     ),
-    # The same, from the environment the process started with (os.environ's origin).
+    # The same, from the environment the process started with (os.environ's origin). The
+    # plan is no longer there either: no plan, no position, the job starts over.
     "position_from_the_plan_in_proc_environ": (
         (_READ_CHECKPOINT, f'    plan = {_PROC_ENVIRON}.get("EZPZ_NB_FAIL_ONCE")\n' + _FROM_PLAN),
-        r"put --out back as it was at epoch 0, 2 steps done.*began at epoch 0, 4 steps done: "
-        r"resume from the position the checkpoint holds",
+        r"began at epoch 0, 0 steps done: the job started over",
         2,
     ),
     # Warns from every TP leader that is its node's last local rank: right at 2 x 3, tp 2.
@@ -528,6 +529,53 @@ def test_the_checker_rejects_the_eighth_trials_workers(case, name):
         check_worker(_solution(case, replace), seed=seed)
 
 
+# The dodge of an outside trial (helper brief H1 of session 8), which passed: no checkpoint
+# read; rank 0 looks for the checker's plan in everything its process can reach (its
+# environment as it started, /proc/self/environ; os.environ; the module the recorder kept the
+# plan in; the files and names in the temporary folders those name, and their parents) and
+# resumes from the kept step it finds, else from the crash its attempt-0 ledgers show.
+_SNOOP = """\
+    import sys
+    seen = [v.partition("=")[2] for v in Path("/proc/self/environ").read_text().split("\\0")]
+    seen += [*os.environ.values(), getattr(sys.modules.get("_ezpz_nb_fail_once"), "plan", "")]
+    for value in {v for part in list(seen) for v in part.split(os.pathsep) if v.startswith("/")}:
+        for folder in (Path(value), Path(value).parent):
+            found = list(folder.iterdir()) if folder.is_dir() and len(folder.parts) > 2 else []
+            for entry in found if len(found) <= 50 else []:  # a checker's folder is small
+                seen.append(entry.name)
+                if entry.is_file() and entry.stat().st_size < 65536:
+                    seen.append(entry.read_text(errors="replace"))
+    for text in seen:
+        try:
+            plan = json.loads(text)
+        except ValueError:
+            continue
+        if restarted and isinstance(plan, dict) and "keep" in plan:
+            position = [plan["keep"][0], plan["keep"][1] - 1]  # kept at the step after it
+    if restarted and position == [0, 0]:
+        from ezpz_nb.ledger import Ledger
+        last = max((r.epoch, r.step) for r in Ledger.load(out / "attempt0").records)
+        position = [last[0], last[1] - last[1] % 2]
+"""
+
+
+@pytest.mark.system
+def test_the_checker_rejects_a_resume_from_anything_the_worker_can_see_but_its_checkpoint(case):
+    """Guards helper brief H1 of session 8 (issue 45's checkers): a worker that never read its
+    checkpoint passed, taking the kept step from the crash plan its own process held
+    (/proc/self/environ, the recorder's module). The plan now stays in the checker, which
+    steps the ranks from outside: whatever such a worker reads, its restart is judged wrong,
+    while the notebook's own worker, which reads its checkpoint, passes (section 4 of the
+    notebook, and the first case here)."""
+    check_worker(_solution(case), seed=2)  # the same draw: the notebook's worker passes
+    with pytest.raises(
+        WorkerCheckError,
+        match=r"put --out back as it was at epoch \d, \d steps done.*resume from the position "
+        r"the checkpoint holds",
+    ):
+        check_worker(_solution(case, (_READ_CHECKPOINT, _SNOOP)), seed=2)
+
+
 @pytest.mark.system
 def test_the_checker_rejects_a_sampler_sharded_over_the_world(case):
     """Guards: a sampler over WORLD_SIZE instead of the DP replicas (ezpz's dp_group=None
@@ -538,77 +586,156 @@ def test_the_checker_rejects_a_sampler_sharded_over_the_world(case):
         check_worker(worker, seed=5)
 
 
-def _at_step(monkeypatch, env: str, rank: int, epoch: int, step: int) -> list[str]:
-    """What fault.at_step did: "killed" (SIGKILL to itself), "waited", or nothing."""
-    did: list[str] = []
-    monkeypatch.setenv(fault.ENV, env)
-    monkeypatch.setattr(fault.time, "sleep", lambda s: did.append("waited"))
-    monkeypatch.setattr(fault.os, "kill", lambda pid, sig: did.append(f"killed {sig.name}"))
-    fault.at_step(rank, epoch, step)
-    return did
-
-
-def test_the_injected_crash_happens_once_and_the_first_attempt_waits_for_it(tmp_path, monkeypatch):
-    """Guards the checker's restart: the named rank dies (SIGKILL) at its step once per job,
-    whatever the worker counts; every other rank of that attempt waits there to be stopped
-    (one that went on could save a position past the crash), even if it comes after the
-    death; ranks started after the death go on, the dead rank's restart too."""
-    env = fault.fail_once(1, 0, 3, tmp_path)[fault.ENV]
-    assert _at_step(monkeypatch, env, 1, 0, 2) == []  # not its step
-    assert _at_step(monkeypatch, env, 0, 0, 3) == ["waited", "killed SIGKILL"]
-    assert _at_step(monkeypatch, env, 1, 0, 3) == ["killed SIGKILL"]
-    assert _at_step(monkeypatch, env, 2, 0, 3) == ["waited", "killed SIGKILL"]  # same attempt
-    monkeypatch.setattr(fault, "_STARTED", (tmp_path / "died").stat().st_mtime + 1)
-    assert _at_step(monkeypatch, env, 1, 0, 3) == []  # restarted: it died already
-    assert _at_step(monkeypatch, env, 2, 0, 3) == []
-
-
-def test_the_crash_puts_back_the_output_folder_kept_at_an_earlier_position(tmp_path, monkeypatch):
-    """Guards issue 45's eighth trial: a worker that never wrote or read a checkpoint passed,
-    working the restart's position out from the crash. At the kept step the output folder is
-    copied (the recorder's ledgers aside); at the crash, before the rank dies, it is put back:
-    a checkpoint saved since holds the kept position again, a file first saved since is gone,
-    the ledgers keep every step they recorded. A worker that resumes from what it reads in
-    its checkpoint resumes from the kept position; one that works it out does not."""
-    out, marks = tmp_path / "out", tmp_path / "marks"
-    (out / "attempt0").mkdir(parents=True)
-    marks.mkdir()
-    env = fault.fail_once(0, 1, 5, marks, keep=(1, 3), out=out, world=1)[fault.ENV]
-    (out / "checkpoint.json").write_text('{"epoch": 1, "steps": 2}')
-    (out / "attempt0" / "rank0.jsonl").write_text("step 2\n")
-    assert _at_step(monkeypatch, env, 0, 1, 3) == []  # the copy: every rank (one) is there
-    (out / "checkpoint.json").write_text('{"epoch": 1, "steps": 4}')
-    (out / "later.json").write_text("{}")
-    (out / "attempt0" / "rank0.jsonl").write_text("step 2\nstep 4\n")
-    assert not fault.restored(marks)
-    assert _at_step(monkeypatch, env, 0, 1, 5) == ["killed SIGKILL"]
-    assert fault.restored(marks)
-    assert (out / "checkpoint.json").read_text() == '{"epoch": 1, "steps": 2}'
-    assert not (out / "later.json").exists()
-    assert (out / "attempt0" / "rank0.jsonl").read_text() == "step 2\nstep 4\n"
-
-
-_SHOW_ENV = """import os, sys
-held = sys.modules.get("_ezpz_nb_fail_once")
-print(os.environ.get({env!r}) is None, getattr(held, "plan", None) is not None)
+# A rank of the crash plan's tests: fault.py alone (no torch: it starts in a blink), six steps
+# of epoch 0; rank 0 saves position k+1 at the end of each odd step k (and a file of its own);
+# each rank appends each step to its ledger file and prints what it sees of the checker.
+_RANK = """\
+import importlib.util, json, os, sys, time
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("fault", {fault!r})
+fault = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fault)
+fault.RANK_WAIT_S = float(sys.argv[3])
+rank, out = int(sys.argv[1]), Path(sys.argv[2])
+for step in range(6):
+    if step == int(sys.argv[4]):  # a step it comes to late: 4 times the test's WAIT_S
+        time.sleep(4.0)
+    if step != int(sys.argv[5]):  # a step it skips
+        fault.at_step(rank, 0, step)
+    gate = Path(os.environ[fault.ENV])
+    seen = sorted(os.listdir(gate.parent))
+    print(step, *seen, *sorted(k for k in os.environ if "EZPZ" in k), flush=True)
+    with open(out / "attempt0" / f"rank{{rank}}.jsonl", "a") as ledger:
+        ledger.write(f"{{step}}\\n")
+    if rank == 0 and step % 2:
+        (out / "checkpoint.json").write_text(json.dumps({{"steps": step + 1}}))
+        (out / f"saved{{step + 1}}.json").write_text("{{}}")
 """
 
 
-def test_the_crash_plan_is_out_of_the_workers_environment(tmp_path):
-    """Guards issue 45's eighth trial: rank 0 read the checker's crash plan from
-    os.environ["EZPZ_NB_FAIL_ONCE"] and resumed where it said, with no checkpoint at all. In a
-    rank (RANK set) the plan is gone from os.environ before the script's first line, and only
-    the recorder's side holds it; torchrun's agent (no RANK) keeps it for the ranks it starts."""
-    env = {**os.environ, **fault.fail_once(1, 0, 3, tmp_path)}
-    script = _SHOW_ENV.format(env=fault.ENV)
-    for rank, want in ((None, "False False"), ("0", "True True")):
-        child = {k: v for k, v in env.items() if k != "RANK"}
-        if rank is not None:
-            child["RANK"] = rank
-        got = subprocess.run(
-            [sys.executable, "-c", script], env=child, capture_output=True, text=True, check=True
+def _ranks(tmp_path: Path, env, ranks, wait_s: float = 120.0, late: int = -1, skip: int = -1):
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK.format(fault=fault.__file__))
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                str(r),
+                str(tmp_path / "out"),
+                str(wait_s),
+                str(late),
+                str(skip),
+            ],
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-        assert got.stdout.split() == want.split(), (rank, got.stdout, got.stderr)
+        for r in ranks
+    ]
+
+
+def _steps(proc: subprocess.Popen) -> tuple[list[int], str]:
+    """The steps a rank went through (each seeing the socket alone and the one variable),
+    and what it said on stderr."""
+    out, err = proc.communicate(timeout=60)
+    lines = [ln.split() for ln in out.splitlines()]
+    assert all(ln[1:] == ["s", fault.ENV] for ln in lines), lines
+    return [int(ln[0]) for ln in lines], err
+
+
+def test_the_checker_kills_the_planned_rank_from_outside_after_putting_back_the_kept_folder(
+    tmp_path,
+):
+    """Guards issue 45's eighth trial and the helper brief H1 of session 8: a worker that never
+    read its checkpoint passed, first working the restart's position out from the crash, then
+    reading the plan (kept step included) from /proc/self/environ or the module the recorder
+    held it in. The plan now stays in the checker: each rank only says "rank R reached step s"
+    and waits for a go, the same at every step, and sees nothing but the socket (its folder
+    holds nothing else) and the one variable naming it. At the kept step (0, 3) every rank is
+    there and the folder is read; at the crash step (0, 5), every rank there, the folder is
+    put back (checkpoint of position 2 again, the file saved since gone, the ledgers as they
+    are) and rank 1 is killed with SIGKILL from outside (it printed nothing about it), while
+    ranks 0 and 2 are held there; a rank started after the crash is free to run every step;
+    when the checker ends, the held ranks stop at once (not at their own deadline)."""
+    out = tmp_path / "out"
+    (out / "attempt0").mkdir(parents=True)
+    with crash_plan.CrashPlan((1, 0, 5), out, keep=(0, 3), world=3) as plan:
+        first = _ranks(tmp_path, plan.env, range(3))
+        steps, err = _steps(first[1])
+        assert steps == [0, 1, 2, 3, 4] and first[1].returncode == -signal.SIGKILL
+        assert "sent no go" not in err  # killed by the checker, not by itself
+        assert plan.crashed and plan.restored
+        assert [p.poll() for p in (first[0], first[2])] == [None, None]  # held at step 5
+        assert json.loads((out / "checkpoint.json").read_text()) == {"steps": 2}
+        assert {p.name for p in out.iterdir()} == {"attempt0", "checkpoint.json", "saved2.json"}
+        for r in range(3):
+            assert (out / "attempt0" / f"rank{r}.jsonl").read_text().split() == list("01234")
+        again = _ranks(tmp_path, plan.env, [1])[0]  # torchrun's restart of rank 1
+        assert _steps(again)[0] == [0, 1, 2, 3, 4, 5] and again.returncode == 0
+    for held in (first[0], first[2]):
+        steps, err = _steps(held)
+        assert steps == [0, 1, 2, 3, 4] and held.returncode == -signal.SIGKILL
+        assert "the checker sent no go for epoch 0 step 5" in err
+
+
+def test_a_step_not_every_rank_reaches_goes_on_after_a_bounded_wait(tmp_path, monkeypatch):
+    """Guards the checker's bounded waits: a step not every rank reaches goes on after WAIT_S;
+    if it is the kept step nothing is kept, so the crash puts nothing back (the checker then
+    expects the last position saved), and with a rank missing at the crash step the rank to
+    kill is killed there all the same."""
+    monkeypatch.setattr(crash_plan, "WAIT_S", 1.0)
+    out = tmp_path / "out"
+    (out / "attempt0").mkdir(parents=True)
+    with crash_plan.CrashPlan((0, 0, 5), out, keep=(0, 3), world=2) as plan:
+        first, other = _ranks(tmp_path, plan.env, [0]) + _ranks(tmp_path, plan.env, [1], late=3)
+        assert [first.stdout.readline().split()[0] for _ in range(4)] == list("0123")
+        # Rank 0 went past the kept step without rank 1: from now on rank 1 is waited for.
+        monkeypatch.setattr(crash_plan, "WAIT_S", 60.0)
+        assert _steps(first)[0] == [4] and first.returncode == -signal.SIGKILL
+        assert plan.crashed and not plan.restored  # rank 1 was not at the kept step
+        assert json.loads((out / "checkpoint.json").read_text()) == {"steps": 4}
+    assert _steps(other)[0] == [0, 1, 2, 3, 4] and other.returncode == -signal.SIGKILL
+    monkeypatch.setattr(crash_plan, "WAIT_S", 0.3)
+    with crash_plan.CrashPlan((0, 0, 5), out, keep=(0, 3), world=2) as plan:
+        alone = _ranks(tmp_path, plan.env, [0])[0]  # rank 1 never comes
+        assert _steps(alone)[0] == [0, 1, 2, 3, 4] and alone.returncode == -signal.SIGKILL
+    assert plan.crashed and not plan.restored
+
+
+def test_a_step_out_of_turn_is_refused(tmp_path):
+    """Guards the plan against a worker that probes it: a rank that skips a step, or claims
+    one ahead of its recorder, could reach the crash step (and learn it by dying there)
+    without the kept step ever having every rank, so that nothing is put back. Each rank's
+    steps must come one after the other from (0, 0), from one process: a step out of turn,
+    or a rank that another process steps, is refused, and that rank stops saying why."""
+    out = tmp_path / "out"
+    (out / "attempt0").mkdir(parents=True)
+    with crash_plan.CrashPlan((0, 1, 5), out, keep=(1, 3), world=1) as plan:
+        skipper = _ranks(tmp_path, plan.env, [0], skip=2)[0]
+        steps, err = _steps(skipper)
+        assert steps == [0, 1, 2] and skipper.returncode == -signal.SIGKILL
+        assert "the checker refused epoch 0 step 3" in err
+        second = _ranks(tmp_path, plan.env, [0])[0]  # rank 0 again, from another process
+        steps, err = _steps(second)
+        assert steps == [] and "the checker refused epoch 0 step 0" in err
+        assert not plan.crashed
+
+
+def test_a_rank_whose_checker_never_answers_stops_at_its_own_deadline(tmp_path):
+    """Guards the rank's bounded wait: a checker that took the rank's step and never answers
+    (hung) leaves it waiting RANK_WAIT_S at most; then it says so and stops."""
+    (tmp_path / "out" / "attempt0").mkdir(parents=True)
+    gate = tmp_path / "gate" / "s"
+    gate.parent.mkdir()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as mute:
+        mute.bind(str(gate))
+        mute.listen(4)
+        rank = _ranks(tmp_path, {fault.ENV: str(gate)}, [0], wait_s=0.5)[0]
+        steps, err = _steps(rank)
+        assert steps == [] and rank.returncode == -signal.SIGKILL
+    assert "the checker sent no go for epoch 0 step 0" in err
 
 
 @pytest.mark.system

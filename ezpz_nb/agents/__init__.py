@@ -14,6 +14,8 @@ bottom up:
   output, stop at a deadline, clean up);
 * :mod:`~ezpz_nb.agents.worker_job`: what a worker leaves (the ledgers of an elastic job's
   attempts, its startup lines) and the layouts the checker runs it in;
+* :mod:`~ezpz_nb.agents.crash_plan`: the checker's crash plan, kept in its own process; it
+  steps a job's ranks from outside and kills one at a drawn step;
 * :mod:`~ezpz_nb.agents.by_hand`: the learner's worker file checked from outside
   (:func:`check_worker`), with a rank made to die mid-job.
 

@@ -3,9 +3,10 @@
 The learner writes a complete torchrun worker (``torchrun_worker.py``). The checker runs
 it the way a cluster does, under real torchrun agents (:mod:`ezpz_nb.agents.agents`), in
 the layouts of :func:`~ezpz_nb.agents.worker_job.worker_runs`, makes one rank die mid-job
-(:mod:`ezpz_nb.ledger.fault`: a SIGKILL the worker cannot tell from a real crash), and
-raises :class:`WorkerCheckError` saying what to look at when a rank's identity, the GPU it
-would take, its DP x TP place, its data, the spans-nodes warning, or the restart is wrong.
+(:mod:`ezpz_nb.agents.crash_plan`: a SIGKILL from outside, which the worker cannot tell from
+a real crash), and raises :class:`WorkerCheckError` saying what to look at when a rank's
+identity, the GPU it would take, its DP x TP place, its data, the spans-nodes warning, or
+the restart is wrong.
 What the worker leaves is read by :mod:`ezpz_nb.agents.worker_job` (its names are
 re-exported here: notebook 14 imports them from this module).
 
@@ -30,6 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ezpz_nb.agents.agents import AgentError, AgentRun, check_worker_file, torchrun
+from ezpz_nb.agents.crash_plan import CrashPlan
 from ezpz_nb.agents.worker_job import (
     CHECKPOINT_EVERY,
     STARTUP,
@@ -44,7 +46,6 @@ from ezpz_nb.agents.worker_job import (
 )
 from ezpz_nb.errors import EzpzError
 from ezpz_nb.ledger import Ledger
-from ezpz_nb.ledger.fault import crashed, fail_once, restored
 
 __all__ = [
     "CHECKPOINT_EVERY",
@@ -166,13 +167,13 @@ def _expect_attempts(case: str, out: Path, spec: WorkerRun, run: AgentRun) -> At
     return load_attempts(out)
 
 
-def _expect_resume(case: str, spec: WorkerRun, got: Attempts, run: AgentRun, marks: Path) -> None:
+def _expect_resume(case: str, spec: WorkerRun, got: Attempts, run: AgentRun, back: bool) -> None:
     """The restarted attempt began at the position its checkpoint held: the kept one, which
     the checker put back before the crash, or (if not every rank reached it) the last saved."""
     assert spec.crash is not None
     _, epoch, step = spec.crash
     last = (epoch, step - step % CHECKPOINT_EVERY)
-    put_back = spec.keep is not None and restored(marks)
+    put_back = spec.keep is not None and back
     saved = spec.keep if put_back and spec.keep is not None else last
     where = got.resumed[1][1:]
     if where == saved:
@@ -307,8 +308,9 @@ def check_worker(
     groups, and no other rank, must warn; each attempt's folder must hold every rank's
     ledger; the restart must begin at the position its checkpoint holds (the one put back);
     and the steps that count must hold every sample once per epoch and replica, TP peers the
-    same batches, each rank the DP x TP place the mesh gives it. The crash plan reaches the
-    recorder only (:mod:`ezpz_nb.ledger.fault`): the worker's ``os.environ`` does not hold it.
+    same batches, each rank the DP x TP place the mesh gives it. The crash plan stays in
+    this process (:class:`~ezpz_nb.agents.crash_plan.CrashPlan`): it steps the ranks from
+    outside, through the recorder, and nothing a rank can read holds it.
 
     Args:
         path: The worker file.
@@ -331,16 +333,15 @@ def check_worker(
     runs = []
     for spec in worker_runs(backend, random.Random(seed)):
         case = spec.name()
-        with tempfile.TemporaryDirectory(prefix="ezpz-check-") as tmp:
-            out, marks = Path(tmp) / "out", Path(tmp) / "marks"
-            marks.mkdir()
-            env = dict(_PREFIX_TEMPLATE)
-            if spec.crash:
-                keep = None if spec.keep is None else (spec.keep[0], spec.keep[1] + 1)
-                # The step after the kept position: every form of the save before it is
-                # done (end of the step before, start of its own), none of the next one.
-                env.update(fail_once(*spec.crash, marks, keep=keep, out=out, world=spec.world))
-            envs = [dict(env) for _ in range(spec.nnodes)]
+        # The step after the kept position: every form of the save before it is done (end
+        # of the step before, start of its own), none of the next one.
+        keep = None if spec.keep is None else (spec.keep[0], spec.keep[1] + 1)
+        with (
+            tempfile.TemporaryDirectory(prefix="ezpz-check-") as tmp,
+            CrashPlan(spec.crash, Path(tmp) / "out", keep=keep, world=spec.world) as plan,
+        ):
+            out = Path(tmp) / "out"
+            envs = [{**_PREFIX_TEMPLATE, **plan.env} for _ in range(spec.nnodes)]
             if backend == "nccl":
                 for n, node_env in enumerate(envs):
                     gpus = range(n * spec.nproc, (n + 1) * spec.nproc)
@@ -359,14 +360,14 @@ def check_worker(
                     raise
                 raise _fail(case, f"the job did not end: {exc}", exc.run) from None
             # fmt: on
-            _expect_run(case, run, spec, backend, out, marks)
+            _expect_run(case, run, spec, backend, out, plan)
             run.label = case
             runs.append(run)
     return runs
 
 
 def _expect_run(
-    case: str, run: AgentRun, spec: WorkerRun, backend: str, out: Path, marks: Path
+    case: str, run: AgentRun, spec: WorkerRun, backend: str, out: Path, plan: CrashPlan
 ) -> None:
     if not run.ok:
         raise _fail(case, "the job failed: " + run.diagnosis(), run)
@@ -385,13 +386,13 @@ def _expect_run(
             run,
         )
     _expect_identity(case, run, spec.nnodes, spec.nproc, backend)
-    if spec.crash and not crashed(marks):
+    if spec.crash and not plan.crashed:
         _expect_no_crash(case, spec, out, run)
     _expect_attempt_lines(case, spec, run)
     _expect_warnings(case, spec, run)
     got = _expect_attempts(case, out, spec, run)
     if spec.crash:
-        _expect_resume(case, spec, got, run, marks)
+        _expect_resume(case, spec, got, run, plan.restored)
     _expect_ledger(case, got.counted, spec, run)
     if not got.exactly_once():
         raise _fail(

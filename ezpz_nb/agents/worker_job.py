@@ -185,7 +185,7 @@ class WorkerRun:
         nproc: Ranks per node.
         tp: Ranks per TP group (consecutive ranks: TP innermost).
         crash: ``(rank, epoch, step)``: that rank is killed there once (SIGKILL, by the
-            recorder: :mod:`ezpz_nb.ledger.fault`), and torchrun restarts the job once.
+            checker: :mod:`ezpz_nb.agents.crash_plan`), and torchrun restarts the job once.
         keep: ``(epoch, steps done)``: a position saved before the crash. The checker copies
             the output folder while every rank waits just after it, and puts the copy back
             before the crash: the restart must resume from there, the position its
@@ -276,7 +276,7 @@ def worker_runs(backend: str, rng: random.Random | None = None) -> tuple[WorkerR
 def _crash_and_keep(
     rng: random.Random, world: int, per_epoch: int
 ) -> tuple[tuple[int, int, int], tuple[int, int]]:
-    """A crash at an odd step (every rank waits there: fault.at_step, so the last position
+    """A crash at an odd step (every rank is held there: crash_plan, so the last position
     saved is the even step before it, whatever the timing) and a kept position saved earlier
     than that one (in the crash's epoch, or in epoch 0 before a crash in epoch 1)."""
     pairs = [

@@ -421,11 +421,14 @@ if __name__ == "__main__":
 # every sample once. Before the restart the checker puts `--out` back as it was at an earlier
 # saved position, drawn (your ledger files aside: as if the later saves never reached the
 # disk), so the restart must resume from the position **its checkpoint holds**, read after
-# the restart; one worked out from where the rank died, from the ledgers or from the
-# checker's own environment variables (which your file cannot see) is wrong. Then a second
-# layout, drawn: one node of 3 ranks at TP 1, or two nodes of 2 ranks at TP 1 or TP 4 (where
-# `[0, 1, 2, 3]` spans both nodes from rank 0), so the TP size must come from `--tp-size` and
-# the warning from the nodes of the group's ranks. The verdict names the layouts it ran. It
+# the restart; one worked out from where the rank died or from the ledgers is wrong. The
+# checker's plan never enters your ranks: it steps them from outside (at each step the
+# recorder says where the rank is and waits for the checker's go, the same at every step),
+# so nothing your file can read, its environment included, tells the crash or the kept
+# position. Then a second layout, drawn: one node of 3 ranks at TP 1, or two nodes of 2 ranks
+# at TP 1 or TP 4 (where `[0, 1, 2, 3]` spans both nodes from rank 0), so the TP size must
+# come from `--tp-size` and the warning from the nodes of the group's ranks. The verdict
+# names the layouts it ran. It
 # starts the file with the options of section 1 (`--num-samples`, `--batch-size`,
 # `--epochs 2`, `--checkpoint-every 2`, `--tp-size`, `--timeout 20`), so keep them. It reads
 # each rank's startup lines and ledgers and says what to look at when something is off. A
