@@ -719,6 +719,41 @@ class ChunksOfNineRows(Dataset):
         return _row_sample(i, self.chunks[i // 9][i % 9])
 
 
+class BehindAFakeLibraryFunction(Dataset):
+    """Trial 9: an array per row in the defaults of a function that says it is json's (the
+    walk does not enter a library's functions), and a decoy flat array that is never read."""
+
+    def __init__(self, rows):
+        per_row = tuple(np.array(r["tokens"], dtype=np.int64) for r in rows)
+
+        def row_of(i, _rows=per_row):
+            return _rows[i]
+
+        row_of.__module__ = "json"
+        self.row_of = row_of
+        self.tokens = np.concatenate(per_row)
+
+    def __len__(self):
+        return len(self.row_of.__defaults__[0])
+
+    def __getitem__(self, i):
+        return _row_sample(i, self.row_of(i))
+
+
+class BehindABoundGetitem(BehindAFakeLibraryFunction):
+    """The same rows behind a C method bound to them (``tuple.__getitem__``), which says it
+    is a builtin."""
+
+    def __init__(self, rows):
+        per_row = tuple(np.array(r["tokens"], dtype=np.int64) for r in rows)
+        self.row_of = per_row.__getitem__
+        self.n = len(per_row)
+        self.tokens = np.concatenate(per_row)
+
+    def __len__(self):
+        return self.n
+
+
 def not_started(rows):
     raise NotImplementedError
 
@@ -857,6 +892,8 @@ def test_what_the_checker_trusts_is_out_of_reach(draw, dodge, says, cluster):
         pytest.param(SameIntsPeeked, "holds the rows' Python ints: 100%", marks=SLOW),
         pytest.param(NewIntsPeeked, "Python objects per token", marks=SLOW),
         pytest.param(ChunksOfNineRows, "rows each (in chunks, a list)", marks=SLOW),
+        pytest.param(BehindAFakeLibraryFunction, "one per row", marks=SLOW),
+        pytest.param(BehindABoundGetitem, "one per row", marks=SLOW),
     ],
 )
 @pytest.mark.parametrize("draw", range(DRAWS))

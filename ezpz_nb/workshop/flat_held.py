@@ -70,12 +70,36 @@ def _library(module: str) -> bool:
 
 
 def _code(obj: Any) -> bool:
-    """A class or function of a library (see :func:`_library`), or a module: not entered."""
+    """A class or function of a library (see :func:`_library`), or a module: not entered.
+
+    What an object says of itself is not trusted: a learner's function or class may set
+    ``__module__ = "json"`` (the ninth trial hid an array per row in such a function's
+    defaults), so it counts as the library's only where that module really holds it under
+    its name; and a C function bound to an object (``rows.__getitem__``) is entered, as
+    what it is bound to may hold the rows.
+    """
     if issubclass(type(obj), _SKIPPED):
         return True
-    if issubclass(type(obj), type | types.FunctionType | types.BuiltinFunctionType):
-        return _library(str(getattr(obj, "__module__", None) or "builtins"))
+    if issubclass(type(obj), types.BuiltinFunctionType):
+        bound = obj.__self__
+        return bound is None or issubclass(type(bound), types.ModuleType)
+    if issubclass(type(obj), type | types.FunctionType):
+        module = str(getattr(obj, "__module__", None) or "builtins")
+        return _library(module) and _held_by(module, obj)
     return False
+
+
+def _held_by(module: str, obj: Any) -> bool:
+    """Whether ``module`` holds ``obj`` under its ``__qualname__`` (read from the dicts,
+    so no code of the learner's runs). A library's nested function is not found, and is
+    entered: its closure and defaults are few objects."""
+    target: Any = sys.modules.get(module)
+    for part in str(getattr(obj, "__qualname__", "")).split("."):
+        try:
+            target = vars(target).get(part)
+        except TypeError:  # no __dict__
+            return False
+    return target is obj
 
 
 def _tensor(t: torch.Tensor | torch.UntypedStorage) -> tuple[Any, int]:
