@@ -6,7 +6,8 @@ connection to the checker's evaluation set as another rank; its fourth trial's: 
 record line forged over the dataset's connection; every loss sent past the recorder, with
 torch's own allgather from its closure, a gloo backend of a group made for it, or a socket of
 its own, each seen by the kernel's byte counters; its seventh trial's: every loss in a
-deque, as complex numbers or packed into one int, beside a decoy pair) must never pass; right
+deque, as complex numbers or packed into one int, beside a decoy pair; stop 56's: every loss
+packed at 11, 8 or 4 bits, in fewer float64s than the limit) must never pass; right
 answers, unusual ones included, must pass. Each answer is checked on seeds that draw dp = 2,
 3 and 4 (found below, not hard-coded), so 0 false passes and 0 false failures are asserted on
 every degree.
@@ -15,6 +16,7 @@ every degree.
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import inspect
 import itertools
@@ -588,34 +590,54 @@ def every_loss_in_an_instance(ds, rank, world):
     )
 
 
-def _every_loss_in_bits(ds, rank, world, bits):
+def _every_loss_in_bits(ds, rank, world, bits, carry=False, last=False):
     """Every loss rounded to ``bits`` bits (0 to 10 in ``2**bits - 1`` steps), packed 64 bits
     to a float64 word and all-gathered after the rank's part (its sum, which the checker asks
-    to see sent): the mean taken from the rounded losses, the count from the sizes."""
+    to see sent): the mean taken from the rounded losses, the count from the sizes. With
+    ``carry``, each loss's rounding error is carried into the next one (see :func:`_words`);
+    with ``last`` too, the error left after the last loss is sent beside, so the rounded
+    losses add up to the share's sum exactly."""
     import numpy as np
 
     mine = [ds[i]["loss"] for i in range(rank, len(ds), world)]
     top = (1 << bits) - 1
     parts: list = [None] * world
-    dist.all_gather_object(parts, (math.fsum(mine), _words(mine, bits)))
+    dist.all_gather_object(parts, _packed_share(mine, bits, carry, last))
     every = []
-    for r, (_, got) in enumerate(parts):
+    for r, (_, got, *left) in enumerate(parts):
         whole = sum(int(w) << (64 * k) for k, w in enumerate(got.numpy().view(np.uint64)))
         count = len(range(r, len(ds), world))
         every += [((whole >> (bits * (count - 1 - j))) & top) * 10.0 / top for j in range(count)]
-    return math.fsum(every) / len(every)
+        every += [v * 10.0 / top for v in left]
+    return math.fsum(every) / len(ds)
 
 
-def _words(losses, bits):
-    """``losses`` rounded to ``bits`` bits each, packed 64 bits to a float64 word (a tensor)."""
+def _packed_share(mine, bits, carry=False, last=False):
+    """What a packing dodge sends: its part, its losses packed, and with ``last`` the
+    rounding error left after the last loss (error carried forward)."""
+    words, left = _words(mine, bits, carry, with_error=True)
+    return (math.fsum(mine), words, left) if last else (math.fsum(mine), words)
+
+
+def _words(losses, bits, carry=False, with_error=False):
+    """``losses`` rounded to ``bits`` bits each, packed 64 bits to a float64 word (a tensor).
+
+    With ``carry`` the rounding error of each loss is added to the next before it is rounded
+    (error feedback): the rounded losses then add up to the share's sum within one step, so
+    their mean is far closer than each loss rounded alone (the share's sum in disguise).
+    ``with_error``: the words and the error left after the last loss, in steps."""
     import numpy as np
 
-    top, packed = (1 << bits) - 1, 0
+    top, packed, error = (1 << bits) - 1, 0, 0.0
     for v in losses:
-        packed = (packed << bits) | round(v / 10.0 * top)
+        want = v / 10.0 * top + (error if carry else 0.0)
+        code = min(top, max(0, round(want)))
+        error = want - code
+        packed = (packed << bits) | code
     width = -(-len(losses) * bits // 64)
     words = np.array([(packed >> (64 * k)) & (2**64 - 1) for k in range(width)], np.uint64)
-    return torch.from_numpy(words.view(np.float64))
+    out = torch.from_numpy(words.view(np.float64))
+    return (out, error) if with_error else out
 
 
 def every_loss_in_16_bits(ds, rank, world):
@@ -630,6 +652,63 @@ def every_loss_in_12_bits(ds, rank, world):
     beside the part at MIN_SHARE 60 (60 * 12 + 64 = 784 bits)."""
     return _every_loss_in_bits(ds, rank, world, 12)
 
+
+def every_loss_in_11_bits(ds, rank, world):
+    """Dodge (issue 45, stop 56's open limit): every loss rounded to 11 bits beside the part;
+    60 of them fit 11 float64 words (660 bits), so it fitted MAX_SENT on shares up to 64."""
+    return _every_loss_in_bits(ds, rank, world, 11)
+
+
+def every_loss_in_8_bits(ds, rank, world):
+    """Dodge: as :func:`every_loss_in_11_bits` at 8 bits (a share fits 10 words)."""
+    return _every_loss_in_bits(ds, rank, world, 8)
+
+
+def every_loss_in_4_bits(ds, rank, world):
+    """Dodge: as :func:`every_loss_in_11_bits` at 4 bits (a share fits 5 words)."""
+    return _every_loss_in_bits(ds, rank, world, 4)
+
+
+def every_loss_in_11_bits_error_carried(ds, rank, world):
+    """Dodge (stop 56: 23% of draws passed): 11 bits a loss, each loss's rounding error carried
+    into the next, so the rounded losses add up to the share's sum within one step."""
+    return _every_loss_in_bits(ds, rank, world, 11, carry=True)
+
+
+def every_loss_in_8_bits_error_carried(ds, rank, world):
+    """Dodge: as :func:`every_loss_in_11_bits_error_carried` at 8 bits a loss."""
+    return _every_loss_in_bits(ds, rank, world, 8, carry=True)
+
+
+def every_loss_in_4_bits_error_carried(ds, rank, world):
+    """Dodge: as :func:`every_loss_in_11_bits_error_carried` at 4 bits a loss."""
+    return _every_loss_in_bits(ds, rank, world, 4, carry=True)
+
+
+def every_loss_in_8_bits_last_error_sent(ds, rank, world):
+    """Dodge: 8 bits a loss, the error carried forward and what is left after the last loss
+    sent beside: the rounded losses add up to the share's sum, so the mean is exact on every
+    draw (10 words, the part and the error: 12 numbers, MAX_SENT)."""
+    return _every_loss_in_bits(ds, rank, world, 8, carry=True, last=True)
+
+
+def every_loss_in_4_bits_last_error_sent(ds, rank, world):
+    """Dodge: as :func:`every_loss_in_8_bits_last_error_sent` at 4 bits (7 numbers)."""
+    return _every_loss_in_bits(ds, rank, world, 4, carry=True, last=True)
+
+
+#: Losses packed a few bits each beside the part, in fewer float64s than MAX_SENT: caught
+#: by the bits they carry (exact_eval's sent_bits), not by how many float64s.
+FEW_BITS = [
+    every_loss_in_11_bits,
+    every_loss_in_8_bits,
+    every_loss_in_4_bits,
+    every_loss_in_11_bits_error_carried,
+    every_loss_in_8_bits_error_carried,
+    every_loss_in_4_bits_error_carried,
+    every_loss_in_8_bits_last_error_sent,
+    every_loss_in_4_bits_last_error_sent,
+]
 
 DODGES = [
     every_loss_over_an_abstract_socket,
@@ -669,6 +748,7 @@ DODGES = [
     every_loss_in_an_instance,
     every_loss_in_16_bits,
     every_loss_in_12_bits,
+    *FEW_BITS,
 ]
 
 
@@ -885,7 +965,20 @@ def pair_as_one_complex(ds, rank, world):
     return sum(p.real for p in parts) / sum(p.imag for p in parts)
 
 
+def float32_means_in_a_dict_gathered(ds, rank, world):
+    """Unusual: each rank sums in float32, divides by its count in float64 (so the float32
+    sum's rounding error sits in a 53-bit mean: ~30 of the bits the checker counts), and
+    gathers {"mean", "count"} dicts as objects (their keys alike on every rank)."""
+    import numpy as np
+
+    mine = np.array([ds[i]["loss"] for i in range(rank, len(ds), world)], dtype=np.float32)
+    parts: list = [None] * world
+    dist.all_gather_object(parts, {"mean": float(mine.sum()) / len(mine), "count": len(mine)})
+    return math.fsum(p["mean"] * p["count"] for p in parts) / sum(p["count"] for p in parts)
+
+
 RIGHTS = [
+    float32_means_in_a_dict_gathered,
     floor_blocks_remainder_on_the_last,
     fraction_blocks_into_tensor,
     fraction_parts_gathered,
@@ -999,6 +1092,82 @@ def test_a_payload_counts_by_what_it_carries_whatever_its_type():
             assert any(math.isclose(v, total / len(share) if mean else total) for v in kept), what
 
 
+def _judged_sizes(dp, losses, send):
+    """Each rank's verdict from ``judge_size`` where every rank read its strided share and
+    sent ``send(mine)`` in one ``all_gather_object``, recorded as the ranks record it."""
+    from ezpz_nb.workshop.sent_count import payload
+    from ezpz_nb.workshop.sent_log import Sent
+    from ezpz_nb.workshop.sent_rules import judge_size
+    from ezpz_nb.workshop.stops import CheckStopped
+
+    got = []
+    for r in range(dp):
+        held = payload(send([losses[i] for i in range(r, len(losses), dp)]))
+        sent = Sent(calls=[("all_gather_object", held.count, held.kept)], opaque=held.opaque)
+        got.append((None, list(range(r, len(losses), dp)), sent))
+    said = []
+    for r in range(dp):
+        try:
+            judge_size(r, got, losses, "")
+            said.append("")
+        except CheckStopped as stop:
+            said.append(stop.message)
+    return said
+
+
+def test_losses_packed_a_few_bits_each_do_not_fit_what_a_pair_carries():
+    """Guards stop 56's open limit: every loss packed at 11, 8 or 4 bits beside the part (each
+    rounded, the error carried forward, the last error sent beside) fills fewer float64s than
+    MAX_SENT, yet over 20 drawn cases every rank of each is told it sent more than a
+    (sum, count); a rank's part in any of the usual types, on the same draws, never is."""
+    import json
+    from decimal import Decimal
+
+    import numpy as np
+
+    from ezpz_nb.workshop.exact_eval import MIN_SHARE
+    from ezpz_nb.workshop.sent_bits import BUDGET
+
+    assert BUDGET < MIN_SHARE  # every loss at one bit each does not fit
+    packings = {
+        f"{bits} bits{how}": functools.partial(_packed_share, bits=bits, carry=carry, last=last)
+        for bits in (11, 8, 4)
+        for how, carry, last in ((" rounded", False, False), (" carried", True, False))
+    }
+    packings |= {
+        f"{bits} bits, the last error sent": functools.partial(
+            _packed_share, bits=bits, carry=True, last=True
+        )
+        for bits in (8, 4)
+    }
+    rights = {
+        "tuple": lambda m: (math.fsum(m), len(m)),
+        "Fractions": lambda m: (sum(map(Fraction, m), Fraction(0)), len(m)),
+        "a Fraction mean": lambda m: sum(map(Fraction, m), Fraction(0)) / len(m),
+        "an instance": lambda m: types.SimpleNamespace(total=math.fsum(m), count=len(m)),
+        "numpy": lambda m: (np.float64(np.sum(m)), np.int64(len(m))),
+        "a dict": lambda m: {"loss_sum": math.fsum(m), "num_samples": len(m)},
+        "float32": lambda m: torch.tensor([sum(m), len(m)], dtype=torch.float32),
+        "JSON": lambda m: json.dumps([math.fsum(m), len(m)]),
+        "JSON, a plain sum": lambda m: json.dumps({"sum": sum(m), "count": len(m)}),
+        "its mean to 10 places": lambda m: f"{sum(m) / len(m):.10f} over {len(m)}",
+        "a Decimal": lambda m: (Decimal(repr(math.fsum(m))), len(m)),
+        "packed doubles": lambda m: struct.pack("<2d", math.fsum(m), len(m)),
+        "one complex": lambda m: complex(math.fsum(m), len(m)),
+        "a float32 sum's mean in float64": lambda m: (float(np.float32(m).sum()) / len(m), len(m)),
+    }
+    fitted = 0  # packings MAX_SENT alone let through: what this rule is for
+    for seed in range(20):
+        dp, losses = draw_case(random.Random(seed))
+        for what, packed in packings.items():
+            said = _judged_sizes(dp, losses, packed)
+            fitted += all("you sent every loss" not in s for s in said)
+            assert all("you sent" in s for s in said), (seed, what, said)
+        for what, send in rights.items():
+            assert _judged_sizes(dp, losses, send) == [""] * dp, (seed, what)
+    assert fitted >= 20 * 6, fitted
+
+
 #: What the verdict must say for a dodge (the rest: "wrong" is enough).
 SAYS = {
     padding: "padding",
@@ -1024,6 +1193,8 @@ SAYS = {
     every_loss_in_an_instance: "you sent every loss",
     every_loss_in_16_bits: "you sent every loss",
     every_loss_in_12_bits: "you sent every loss",
+    # 11 bits a loss fill more than MAX_SENT on shares past 64: "every loss" said first there.
+    **dict.fromkeys(FEW_BITS, ("you sent more than a (sum, count)", "you sent every loss")),
     every_loss_over_an_abstract_socket: "may write no file",
     sums_through_files: ("did not carry the sum", "may write no file"),
     forges_the_record: ("sent nothing through torch.distributed", "may write no file"),

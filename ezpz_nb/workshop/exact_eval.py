@@ -64,6 +64,9 @@ SEPARATION = 1e-3
 #: 11.7 bits at most (60 * 16 = 960: 16 or 17 bits, bfloat16's, never fit), and the mean
 #: of losses rounded so is within TOLERANCE in 3% of cases, by luck of the rounding (the
 #: rank's part sent beside it: a share's sum in float32 is 1e-7 off, one of 12 bits 1e-5).
+#: Fewer bits a loss fitted (stop 56), so what a rank sends is counted in bits too
+#: (:mod:`.sent_bits`): at most BUDGET (56) past what its sum and count explain, under
+#: MIN_SHARE, so its losses at one bit each do not fit either.
 MIN_SHARE = 60
 #: Candidate loss vectors drawn at once: at shares of MIN_SHARE, the mean of per-rank means
 #: lands SEPARATION off in ~0.5% of draws (the shares' sizes differ by one sample), so one

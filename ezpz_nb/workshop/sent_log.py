@@ -20,9 +20,10 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
-from ezpz_nb.workshop.sent_count import carried
+from ezpz_nb.workshop.sent_count import payload
 from ezpz_nb.workshop.wire_bytes import nbytes, spec
 
 __all__ = ["Sent", "recording"]
@@ -88,7 +89,10 @@ class Sent:
     order; ``intact``: the rank said, after the learner's function returned, that every
     wrapper was still in place (never said: the function broke the stream)."""
 
-    calls: list[tuple[str, int, list[float]]] = field(default_factory=list)
+    calls: list[tuple[str, int, list[float | int | Fraction]]] = field(default_factory=list)
+    # What the calls sent that holds no number (text's letters, raw bytes, a packed int), as
+    # (bits, digest): :mod:`.sent_bits` counts those only one rank sent.
+    opaque: list[tuple[int, str]] = field(default_factory=list)
     store: list[str] = field(default_factory=list)
     # Every call that puts bytes on the wire (a process group's, at any depth; a functional
     # collective), as recorded and as replayed (:mod:`.wire_bytes`): "name nbytes" each.
@@ -103,7 +107,10 @@ class Sent:
         word = line.split()
         try:
             if len(word) >= 3 and word[0] == "sent":
-                self.calls.append((word[1], int(word[2]), [float(v) for v in word[3:]]))
+                cut = word.index("|") if "|" in word else len(word)
+                hidden = [w.split(":") for w in word[cut + 1 :]]
+                self.opaque += [(int(bits), digest) for bits, digest in hidden]
+                self.calls.append((word[1], int(word[2]), [_exact(v) for v in word[3:cut]]))
             elif len(word) == 2 and word[0] == "store":
                 self.store.append(word[1])
             elif len(word) == 3 and word[0] in ("wire", "replay") and word[2].isdigit():
@@ -113,9 +120,16 @@ class Sent:
                 self.intact_said = True
             else:
                 return False
-        except ValueError:
+        except (ValueError, ZeroDivisionError):
             return False
         return True
+
+
+def _exact(token: str) -> float | int | Fraction:
+    """A kept number as :mod:`.sent_count` wrote it: ``n/d`` a fraction, digits an int."""
+    if "/" in token:
+        return Fraction(token)
+    return int(token) if token.lstrip("-").isdigit() else float(token)
 
 
 class _Depth(threading.local):
@@ -183,8 +197,13 @@ def recording(note: Callable[[str], Any], calls: list[Any] | None = None) -> Ite
                     note(f"store {name}")
                 else:
                     got = pick(args) if args else None
-                    count, kept = carried(got if got is not None else list(kwargs.values()))
-                    note(" ".join(["sent", name, str(count), *map(repr, kept)]))
+                    held = payload(got if got is not None else list(kwargs.values()))
+                    note(
+                        " ".join(
+                            ["sent", name, str(held.count), *map(str, held.kept), "|"]
+                            + [f"{bits}:{digest}" for bits, digest in held.opaque]
+                        )
+                    )
             local.depth += 1
             try:
                 return original(*args, **kwargs)

@@ -8,10 +8,10 @@ wrappers. Run in the notebook's process.
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
+from ezpz_nb.workshop.sent_bits import BUDGET, carried_bits, index_sets
 from ezpz_nb.workshop.sent_log import Sent
 from ezpz_nb.workshop.stops import wrong
 
@@ -26,7 +26,7 @@ PART_MATCH = 1e-5
 #: Python type so): a pair (2), a reduce then a broadcast (4), a one-hot (dp, 2) table
 #: all-reduced (8 at dp 4), and a margin; the losses of a shard (60 to 80, as exact_eval
 #: draws them: more than this packed whole, or at 12 bits a loss or more, see its
-#: MIN_SHARE) not.
+#: MIN_SHARE) not. Fewer bits a loss fit these float64s: :mod:`.sent_bits` counts bits.
 MAX_SENT = 12
 # Measured over 1000 draws of exact_eval.draw_case x 3 layouts (strided, blocks, padded with
 # weight 0) x float32/float64 pairs: 0 right answers refused, every raw-loss send refused;
@@ -40,12 +40,10 @@ def _partials(mine: set[int], others: set[int], losses: list[float]) -> list[flo
     """What a rank's collectives may carry as its part: the sum of the losses only it read,
     plus any of those another rank read too (padding it weighed 0 or counted), as a sum, a
     mean over its samples, or divided by N (each rank's share of the mean)."""
-    own, shared = sorted(mine - others), sorted(mine & others)
     n, out = len(losses), []
     # At most dp - 1 indices are read twice (each rank reads at most its share, and every
     # index is read): a handful of subsets.
-    for pick in itertools.product((False, True), repeat=len(shared)):
-        idx = own + [i for i, p in zip(shared, pick, strict=True) if p]
+    for idx in index_sets(mine, others):
         if idx:
             total = math.fsum(losses[i] for i in idx)
             out += [total, total / len(idx), total / n]
@@ -103,15 +101,17 @@ def judge_sent(rank: int, got: list[Any], losses: list[float], case: str) -> Non
         total = math.fsum(losses)
         root = any(_near(v, t, PART_MATCH) for v in values for t in (total, total / len(losses)))
         if not (root and all(_carries(r, got, losses) for r in range(len(got)) if r != rank)):
+            shown = [float(v) for v in values[:4]]
             raise wrong(
                 f"rank {rank}'s collectives did not carry the sum of the losses it read {case} "
-                f"(it sent {values[:4]}): the mean must come from what the ranks sent: {fix}"
+                f"(it sent {shown}): the mean must come from what the ranks sent: {fix}"
             )
 
 
 def judge_size(rank: int, got: list[Any], losses: list[float], case: str) -> None:
-    """Stop if ``rank`` sent its losses: two of them as they are, or more than
-    :data:`MAX_SENT` numbers, however packed.
+    """Stop if ``rank`` sent its losses: two of them as they are, more than
+    :data:`MAX_SENT` numbers however packed, or more than :data:`~.sent_bits.BUDGET` bits
+    its sum, its count and the totals do not explain (a few bits a loss, packed).
 
     Judged before a wrong mean is worded too: losses sent rounded (issue 45's seventh
     brief: 12 or 16 bits a loss, packed) give a mean close to the truth, which the value's
@@ -127,6 +127,14 @@ def judge_size(rank: int, got: list[Any], losses: list[float], case: str) -> Non
             f"you sent every loss {case}: rank {rank} sent {numbers} numbers over the wire "
             "(counted as float64s, whatever type carried them), where a (sum, count) pair "
             f"per rank gives the same exact mean: {FIX}"
+        )
+    bits, said = carried_bits(rank, got, losses)
+    if bits > BUDGET:
+        raise wrong(
+            f"you sent more than a (sum, count) {case}: rank {rank}'s collectives carried "
+            f"{bits} bits that its sum, its count and the ranks' totals do not explain "
+            f"({said}). At most {BUDGET} may, fewer than its {len(mine)} losses at one bit "
+            f"each: losses packed however few bits each do not fit. Instead, {FIX}"
         )
 
 
