@@ -305,6 +305,7 @@ NOTEBOOK_SIDE = frozenset(
         "children",
         "pool",
         "run",
+        "runclock",
         "plain",
         "policy",
         "session",

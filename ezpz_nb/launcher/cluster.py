@@ -20,7 +20,6 @@ How it works, and why:
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -56,9 +55,10 @@ class Cluster:
     Args:
         world_size: Number of ranks (1..``MAX_WORLD_SIZE``).
         timeout: Seconds a run may take before the ranks are reported as hung
-            (``HangError``) and stopped. ``cluster.timeout`` may be changed between
-            runs; gloo's own collective timeout is fixed when the ranks start
-            (``timeout + 60`` s), so to allow longer runs start a new cluster.
+            (``HangError``) and stopped; time a busy machine kept the ranks waiting
+            for a CPU does not count (:mod:`.runclock`). ``cluster.timeout`` may be
+            changed between runs; gloo's own collective timeout is fixed when the ranks
+            start (``timeout + 60`` s), so to allow longer runs start a new cluster.
         threads: Intra-op threads per rank; default ``max(1, cores // world_size)``
             so ranks do not fight over cores.
         start_method: ``"forkserver"`` (default on Linux), ``"fork"`` or ``"spawn"``
@@ -112,7 +112,7 @@ class Cluster:
         try:
             self._procs.start()
             start_s = max(self.timeout, _START_TIMEOUT_S)
-            result = collect(self._procs, time.monotonic() + start_s)
+            result = collect(self._procs, start_s)
         except BaseException:
             self.kill()
             raise
@@ -210,7 +210,7 @@ class Cluster:
             self._procs.send_all(wire.Run(job))
             result = collect(
                 self._procs,
-                time.monotonic() + timeout,
+                timeout,
                 on_event=self.on_event,
                 events=self.events,
             )

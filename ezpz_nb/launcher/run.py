@@ -3,6 +3,9 @@
 :func:`collect` only watches and records; it never kills a rank, and an interrupt
 is recorded, not raised (what ``on_event`` raises still propagates: it is the caller's). What to do with what it saw is
 decided by :func:`ezpz_nb.launcher.policy.decide`, over the :class:`RunResult`.
+The run's ``timeout`` is counted by :class:`~.runclock.RunClock`: the time a busy machine
+kept the ranks waiting for a CPU does not count, so a slow machine never turns a run that
+works into a hang.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from ezpz_nb.launcher import wire
 from ezpz_nb.launcher.failures import RankFailure, decode
 from ezpz_nb.launcher.plain import loads_reply
 from ezpz_nb.launcher.procs import RankProcesses
+from ezpz_nb.launcher.runclock import RunClock
 from ezpz_nb.launcher.wire import RankEvent
 
 __all__ = ["GRACE_S", "RunResult", "collect"]
 
 #: How long the other ranks get to finish after one rank failed.
 GRACE_S = 1.0
+#: Once the deadline moved later (:mod:`.runclock`), the soonest it is read again.
+_REREAD_S = 0.25
 
 
 @dataclass
@@ -67,23 +73,26 @@ class _Event:
 
 def collect(
     procs: RankProcesses,
-    deadline: float,
+    timeout: float,
     *,
     on_event: Callable[[RankEvent], None] | None = None,
     events: list[RankEvent] | None = None,
     grace_s: float = GRACE_S,
 ) -> RunResult:
-    """Wait for one reply per rank until ``deadline`` (``time.monotonic()``).
+    """Wait for one reply per rank for ``timeout`` seconds of the run's own time.
 
-    After the first failure the others get ``grace_s`` more to finish. Output is
-    relayed as it comes; events are appended to ``events`` (the caller's list, so
-    it fills while the run goes on) and passed to ``on_event`` as they arrive.
+    Those seconds are the wall clock's less the time the ranks were kept waiting for a
+    CPU (:class:`~.runclock.RunClock`). After the first failure the others get
+    ``grace_s`` more to finish. Output is relayed as it comes; events are appended to
+    ``events`` (the caller's list, so it fills while the run goes on) and passed to
+    ``on_event`` as they arrive.
     """
     result = RunResult(
         pending=set(range(procs.spec.world_size)), events=[] if events is None else events
     )
+    clock = RunClock(lambda: [p.pid for p in procs.procs if p.pid is not None])
     try:
-        _gather(procs, result, deadline, on_event, grace_s)
+        _gather(procs, result, clock, timeout, on_event, grace_s)
     except KeyboardInterrupt:
         # Recorded, not raised: the caller stops the ranks and says where they were.
         result.interrupted = True
@@ -117,12 +126,16 @@ def _take_waiting(procs: RankProcesses, result: RunResult) -> None:
 def _gather(
     procs: RankProcesses,
     result: RunResult,
-    deadline: float,
+    clock: RunClock,
+    timeout: float,
     on_event: Callable[[RankEvent], None] | None,
     grace_s: float,
 ) -> None:
     pending = result.pending
     grace_end: float | None = None
+    # Read again only once reached (the kernel's counters cost a read of /proc): the
+    # time the ranks were kept waiting for a CPU so far moves it later.
+    deadline = clock.start + timeout
     sentinels = procs.sentinels()
     by_conn = {id(c): r for r, c in enumerate(procs.conns)}
     output = procs.output
@@ -135,6 +148,11 @@ def _gather(
 
     while pending:
         now = time.monotonic()
+        if grace_end is None and now >= deadline:
+            later = clock.deadline(timeout)
+            # Moved later: read again a poll from now at the soonest, not at every turn
+            # of this loop as the ranks' waits creep up.
+            deadline = later if later <= now else max(later, now + _REREAD_S)
         limit = grace_end if grace_end is not None else deadline
         if now >= limit:
             break

@@ -2,10 +2,11 @@
 
 The whole path of a hang, and where each deadline lives:
 
-1. The run's deadline is ``Cluster.timeout`` (seconds), turned into a
-   ``time.monotonic()`` deadline by ``Cluster.run`` and watched by
-   :func:`ezpz_nb.launcher.run.collect`; ranks that have not answered by then are
-   *pending*, and :func:`ezpz_nb.launcher.policy.decide` calls that a hang. (gloo's
+1. The run's deadline is ``Cluster.timeout`` (seconds), watched by
+   :func:`ezpz_nb.launcher.run.collect` on a clock that leaves out the time the ranks
+   were kept waiting for a CPU (:mod:`.runclock`: a busy machine is not a hang); ranks
+   that have not answered by then are *pending*, and
+   :func:`ezpz_nb.launcher.policy.decide` calls that a hang. (gloo's
    own collective timeout, ``timeout + 60`` s, is fixed when the ranks start: it
    only ends a rank the notebook no longer watches.)
 2. Rank side: :func:`register_dump`, called once by ``rank.main``, makes SIGUSR1

@@ -27,8 +27,9 @@ __all__ = [
 ]
 
 #: Seconds a learner's code may run before the checker calls it a hang. A right
-#: answer takes well under a second; the margin is for busy machines (a shared CI
-#: runner), where starting ranks and first imports can take several seconds.
+#: answer takes well under a second; the margin is for first imports (a rank's first
+#: functional collective loads torch's compiler stack). Time a busy machine keeps the
+#: ranks waiting for a CPU is not counted (``launcher/runclock.py``).
 CHECK_TIMEOUT = 15.0
 
 

@@ -192,11 +192,13 @@ def _why_hung(err: HangError) -> str:
     who = f"rank {busy[0]}" if len(busy) == 1 else "ranks " + ", ".join(map(str, busy))
     if all(err.stacks[r].where is None for r in busy):
         # No line of the learner's below the rank loop: the check's own work (starting,
-        # reading its inputs) had not reached their function when the time ran out.
+        # importing, reading its inputs) had not reached their function when the time ran
+        # out. Not a busy machine: the time it kept the ranks off a CPU is not counted
+        # (launcher/runclock.py).
         return (
-            f"{who} had not reached your function yet, still in the checker's own code: "
-            "the machine was too busy to start the check in time (other programs or "
-            "notebooks running?). Close what you can and run this cell again"
+            f"{who} had not reached your function yet, still in the checker's own code "
+            "(starting, importing) when the time ran out. Run this cell again; if it "
+            "says so again, restart the kernel"
         )
     waiting = any(s.in_collective for s in stacks)
     return (
