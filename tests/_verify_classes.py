@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import _verify_loaders as L
+import _verify_splits as S
 import torch
 from torch.utils.data import (
     BatchSampler,
@@ -700,4 +701,39 @@ CASES: dict[str, Run] = {
     "a stream sharded by worker, not rank": Run(
         "contract", by_worker_not_rank, _c(dp=F, once=NJ, shuffle=NJ),
         words={"dp_disjoint": "no sharding by rank"}, absent={"dp_disjoint": "DistributedSampler("}),
+    # the ninth trial: the replicas' batch sizes at a step, ids past num_samples=, a
+    # RandomSampler subclass (_verify_splits.py)
+    "batches of 5 and 3, a global batch of 8": Run(
+        "contract", S.uneven_batches, _c(batch=F),
+        words={"global_batch": "weighs 5/3 of one of replica 0's"}),
+    "batches of 5 and 3, raw text": Run(
+        "contract", S.uneven_batches_text, _c(batch=F),
+        words={"global_batch": "replica 0: 5, replica 1: 3"}),
+    "batches of 5 and 3, two rows of zeros added to the 3": Run(
+        "contract", S.uneven_zero_rows, _c(batch=F),
+        words={"global_batch": "replica 0: 5, replica 1: 3"}),
+    "batches of 5 and 3, the 3 padded to 10 tokens": Run(
+        "contract", S.uneven_wider_rows, _c(batch=F),
+        words={"global_batch": "replica 0: 5, replica 1: 3"}),
+    "a stream dealt every 2nd sample, last batches of 3 and 2": Run(
+        "contract", S.uneven_remainders, _c(batch=X), {"num_samples": 13}),
+    "packed rows of 5 and 3 documents, the same tokens": Run(
+        "contract", S.packed_rows, _c(), {"num_samples": S.N}),
+    "packed rows of 10, 7, 7, 6 documents a step, the same tokens": Run(
+        "contract", S.packed_rows_varying, _c(batch=X), {"num_samples": 30},
+        words={"global_batch": "every step holds 4 rows of 12 values over the replicas"}),
+    "random_split parts, a RandomSampler subclass": Run(
+        "contract", S.split_random_subclass, _c(batch=X)),
+    "training, the pad under a fresh id past num_samples": Run(
+        "contract", S.pads_renumbered, _c(once=F, shuffle=NA), {"num_samples": S.M, "shuffle": False},
+        words={"exactly_once": "outside range(23) were dealt, [23]"}),
+    "eval, the pad counted under a fresh id": Run(
+        "eval", S.pads_renumbered, _e(F), {"num_samples": S.M},
+        words={"counted_once": "outside range(23) (num_samples=) counted: [23]"}),
+    "eval, the pad at weight 0 under a fresh id": Run(
+        "eval", S.pads_renumbered_weight_zero, _e(P), {"num_samples": S.M}),
+    "steps, the pad dealt under a fresh id": Run(
+        "steps", S.steps_pads_renumbered, _s(F), {"steps": 30, "num_samples": S.M},
+        words={"balanced_coverage": "outside range(23) (1 in all: [23])"}),
+    "steps, no pad": Run("steps", S.steps_unpadded, _s(P), {"steps": 30, "num_samples": S.M}),
 }  # fmt: skip

@@ -8,12 +8,13 @@ namedtuples and dataclasses; :mod:`ezpz_nb.data.tree` walks them all.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 from ezpz_nb.data.tree import leaves, sample_values
 
-__all__ = ["KEYS", "METADATA", "NoSampleIds", "field_digests", "is_batch_tag", "leaf_digest",
-           "observe_batch", "resolve_key", "structure"]  # fmt: skip
+__all__ = ["KEYS", "METADATA", "NoSampleIds", "batch_rows", "field_digests", "is_batch_tag",
+           "leaf_digest", "observe_batch", "resolve_key", "structure"]  # fmt: skip
 
 #: What ``key=`` accepts besides a field name: ``"auto"`` looks for ``index``
 #: then ``__key__``; ``"digest"`` tells samples apart by the bytes they hold.
@@ -90,6 +91,64 @@ def field_digests(batch: Any) -> dict[str, str]:
         + hashlib.blake2b(_leaf_bytes(leaf), digest_size=8).hexdigest()
         for path, leaf in _content(batch)
     }
+
+
+_POSITION = re.compile(r"/\d+(?=/|$)")  # a list's item in a leaf's path: "/0/input_ids"
+
+
+def _rows(items: list[Any]) -> list[Any]:
+    """A field's rows: a leaf's first axis, or one row per leaf of a list of samples."""
+    if len(items) > 1:
+        return items
+    leaf = items[0]
+    return [leaf] if len(leaf.shape) == 1 else list(leaf)
+
+
+def _blank(row: Any) -> bool:
+    """A row of two values or more, all one value: padding, no data (zeros added as rows)."""
+    flat = row.reshape(-1)
+    return len(flat) >= 2 and bool((flat == flat[0]).all())
+
+
+def batch_rows(batch: Any, key: str) -> tuple[int, ...]:
+    """``(rows holding data, *row shape)`` of the batch's largest numeric content field: a
+    packer's ``(rows, tokens)``, or a plain batch's ``(samples, *features)``; ``()`` when it
+    has none (raw text), ``-1`` for a row shape that varies (lists of samples).
+
+    A field's rows are its leaf's first axis (the items of a list of samples, one leaf
+    each); a row all of one value (rows of zeros) holds no data and is not counted. The id
+    field ``key`` and the batch tags are left out. :mod:`ezpz_nb.verify.shares` compares it
+    across DP replicas whose sample counts differ (a packer fills fixed rows with however
+    many samples fit).
+    """
+    fields: dict[str, list[Any]] = {}
+    for path, leaf in _content(batch):
+        dtype = getattr(leaf, "dtype", None)
+        kind = getattr(dtype, "kind", None) or str(dtype)  # numpy's "i", torch's "torch.int64"
+        numeric = kind in ("i", "u", "f", "b") or any(
+            k in kind for k in ("int", "float", "bool", "half")
+        )
+        if numeric and getattr(leaf, "shape", None) and path.rsplit("/", 1)[-1] != key:
+            fields.setdefault(_POSITION.sub("", path), []).append((path, leaf))
+    if not fields:
+        return ()
+    for name, found in list(fields.items()):
+        # Parts of a tuple batch ((x, y)) are fields of their own, not samples of one field.
+        if len({(len(x.shape), str(x.dtype)) for _, x in found}) > 1:
+            del fields[name]
+            fields.update({path: [(path, x)] for path, x in found})
+    items = max(fields.values(), key=lambda v: sum(_numel(x) for _, x in v))
+    rows = _rows([x for _, x in items])
+    shapes = {tuple(int(d) for d in r.shape) for r in rows}
+    shape = shapes.pop() if len(shapes) == 1 else (-1,)
+    return (sum(not _blank(r) for r in rows), *shape)
+
+
+def _numel(leaf: Any) -> int:
+    count = 1
+    for d in leaf.shape:
+        count *= int(d)
+    return count
 
 
 def structure(batch: Any) -> str:

@@ -21,6 +21,8 @@ __all__ = ["LoaderParts", "loader_parts"]
 # Attributes that hold a loader's parts, looked at first and in this order.
 _PARTS = ("sampler", "batch_sampler", "dataset", "datasets", "loader", "dataloader", "inner")
 _DEPTH = 4
+# Samplers that shuffle by their type (torch's; a class named so, or one derived from one).
+_RANDOM = ("RandomSampler", "SubsetRandomSampler")
 _MAX_OBJECTS = 64
 
 
@@ -101,7 +103,9 @@ def _reached(loader: Any) -> dict[str, Any]:
 def _shuffles(obj: Any) -> bool:
     if getattr(obj, "shuffle", None) is True:  # DistributedSampler(shuffle=True) and kin
         return True
-    if type(obj).__name__ in ("RandomSampler", "SubsetRandomSampler"):
+    # Its class or one it derives from: a RandomSampler subclass is the usual way to give it
+    # a set_epoch (the ninth trial's right answer was told it shuffled nothing).
+    if any(c.__name__ in _RANDOM for c in type(obj).__mro__):
         return True
     # A Hugging Face IterableDataset after .shuffle(seed=...): a shuffled stage in
     # its chain of example iterables (its own set_epoch reseeds them).

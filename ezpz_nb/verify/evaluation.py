@@ -17,11 +17,13 @@ not hung on (:mod:`ezpz_nb.verify.seen`).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from ezpz_nb.ledger.problem import format_ids
 from ezpz_nb.verify.contents import seen_twin
 from ezpz_nb.verify.contract import parse_layout
 from ezpz_nb.verify.observe import Grid
@@ -104,6 +106,18 @@ def judge_counted_once(seen: list[Seen], num_samples: int | None) -> Judgement:
             "counted_once", Verdict.NOT_JUDGED,
             f"no sample counted twice ({len(counted)} counted once, {within}), but the dataset's "
             "length is unknown, so a dropped sample cannot be seen: pass num_samples=",
+        )  # fmt: skip
+    outside = sorted(counted - known.ids)
+    if outside:  # past a declared universe (num_samples=): a sample counted all the same
+        declared = f"num_samples={num_samples} says there are {num_samples} samples"
+        return Judgement(
+            "counted_once", Verdict.FAIL,
+            f"{len(outside)} sample id(s) outside {known.how} counted: {format_ids(outside)}, "
+            f"weighing {math.fsum(total[i] for i in outside):.9g} in all; "
+            f"{declared if num_samples is not None else f'the dataset holds {known.size}'}, so "
+            "each is a sample counted beyond them (a padded copy under a fresh id counts its "
+            "sample twice): give a repeat weight 0, or declare num_samples= the samples there are",
+            sample=_name(seen, outside[0]),
         )  # fmt: skip
     beyond = "" if num_samples is not None else beyond_len([s.dataset for s in seen], known)
     if beyond:

@@ -13,7 +13,8 @@ from ezpz_nb.verify.observe import Grid, Outcome
 from ezpz_nb.verify.orders import order_findings
 from ezpz_nb.verify.ranks import Ranks
 from ezpz_nb.verify.report import Finding, Report
-from ezpz_nb.verify.universe import universe_of
+from ezpz_nb.verify.shares import packed_batch, share_findings
+from ezpz_nb.verify.universe import beyond_declared, universe_of
 from ezpz_nb.verify.verdict import RULES
 
 __all__ = ["epoch_universe", "fact", "findings_from", "judge"]
@@ -357,14 +358,19 @@ def judge(
     problems = check_records(
         records, n, universe=universe, allowance=allow, shuffle=shuffled, global_batch=True
     )
-    problems = [remainder_batch(exact_allowance(p, outs, n), records) for p in problems]
+    problems = [
+        packed_batch(remainder_batch(exact_allowance(p, outs, n), records), outs) for p in problems
+    ]
     if ranks.hung:  # records arrive in 0.2 s bunches: what is absent is timing, not evidence
         problems = [p for p in problems if p.kind not in _COUNTED]
     findings = _stuck(ranks, records) + findings_from(problems, ledger, names, outs)
     own = num_samples is None
     findings += content_findings(outs, universe, n, how, ranged and own)
+    findings += [] if names else beyond_declared(records, num_samples)  # ids, not hashed keys
     if shuffled and not ranks.hung:
         findings += order_findings(outs)
+    if not ranks.hung:  # a hung run's last records may be missing: its sizes say nothing
+        findings += share_findings(outs)
     if own and allow is not None and allow.batch_size and records:
         findings += prefix_finding(outs, allow.batch_size * grid.dp, records[0].epoch)
     steps = {

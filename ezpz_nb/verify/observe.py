@@ -21,6 +21,7 @@ from ezpz_nb.ledger.memory import MemorySampler, worker_pids
 from ezpz_nb.ledger.records import batch_ints
 from ezpz_nb.verify.batches import (
     NoSampleIds,
+    batch_rows,
     field_digests,
     observe_batch,
     resolve_key,
@@ -98,8 +99,13 @@ class Outcome:
     # Per (epoch, step), a digest of each sample's data (contents.same_bytes reads them).
     contents: dict[tuple[int, int], list[str]] = field(default_factory=dict)
     writes: list[str] = field(default_factory=list)  # files the loader wrote (verify.writes)
-    # (id, epoch, step, field:digest) delivered with other data than dataset[id] (verify.reread).
-    misnamed: list[tuple[int, int, int, str]] = field(default_factory=list)
+    # Per (epoch, step), (rows holding data, *row shape) of the batch's largest field
+    # (batches.batch_rows): a packer's fixed rows match another replica's with other samples.
+    rows: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
+    # (id, epoch, step, field:digest, made-up) delivered with other data than dataset[id]
+    # (verify.reread).
+    misnamed: list[tuple[int, int, int, str, str]] = field(default_factory=list)
+    reread_alike: int = 0  # kept samples re-read alike (verify.reread.Reread.alike)
 
 
 class Ready:
@@ -307,6 +313,7 @@ def run_rank(
                     dataset_ids=_sources(batch),
                 )  # fmt: skip
                 out.records.append(rec)
+                out.rows[(epoch, step)] = batch_rows(batch, out.key)
                 if key != "digest":  # with ids from the bytes, one content is one id
                     out.contents[(epoch, step)] = sample_contents(batch, out.key, len(ids))
                     reread.see(batch, ids, out.key, epoch, step)
@@ -329,6 +336,7 @@ def run_rank(
                     out.phase = "timeout"
                     return out
             out.misnamed += reread.judge(deadline)  # before the next set_epoch
+            out.reread_alike = reread.alike
             if at.kept < 0 and stop == (epoch + 1, 0):
                 at.take(loader, out)
         if at.kept >= 0:  # the epochs ended before the later step

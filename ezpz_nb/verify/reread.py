@@ -17,9 +17,16 @@ another kept sample of the epoch matched there exactly, which shows that re-read
 what this loader delivers (a wrapper that casts or normalises whole batches matches none).
 :func:`misnamed` fails ``dp_disjoint`` only where the data delivered under the id is what
 another id carries in some batch (masking or noise the loader adds is new data, not
-another sample's). Each epoch is read right after it, before the next ``set_epoch`` (a
-dataset whose samples change with the epoch still holds that epoch's); streams, hashed
-keys, TP and CP peers of a leader (they receive, not load) are not re-read.
+another sample's; a mask may turn a mostly-zero row into another row, so a change to one
+value in under half the places is never blamed), or is made up (:func:`made_up`: one value
+in every place, zeros, where ``dataset[i]`` holds varied values and agrees with it in
+under half the places) while no kept sample of that field on any rank shows the loader
+changing a sample in part (a loop that masks or augments may wipe a short row whole; one
+that never changes a row in part did not mask it). Each epoch is read right after it,
+before the next ``set_epoch`` (a dataset whose samples change with the epoch still holds
+that epoch's); streams, hashed keys, TP and CP peers of a leader (they receive, not load)
+are not re-read. Made-up data that varies (noise under an id) is not told from a loop's
+augmentation by one re-read: not failed.
 """
 
 from __future__ import annotations
@@ -30,16 +37,40 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ezpz_nb.verify.batches import observe_batch
 from ezpz_nb.verify.report import Finding
 from ezpz_nb.verify.samples import SEP, field_token, sample_columns
 
-__all__ = ["KEEP", "Reread", "misnamed"]
+__all__ = ["KEEP", "Reread", "made_up", "misnamed", "vouched"]
 
 #: Samples a rank keeps at random from each epoch (besides the epoch's first).
 KEEP = 32
 # A chain of .dataset wrappers deeper than this is not followed (a cycle).
 _DEPTH = 8
+
+
+def made_up(delivered: bytes, read: bytes) -> str:
+    """How ``delivered`` differs from ``read`` (the dataset's), as far as it tells a fault:
+    ``"zeros"`` or ``"one value"`` where it holds one value in every place of two or more
+    while ``read`` holds varied values and agrees with it in under half the places (made
+    up); ``"mask"`` where it agrees in half the places or more and every place that differs
+    holds one value (masking: a mostly-zero row masked to 0 may equal another row, rightly);
+    ``""`` otherwise (noise, a shift, another sample's data).
+
+    Both are a field's values as :func:`~ezpz_nb.verify.samples.sample_columns` gives them
+    (8 bytes a number); text whose length is not a multiple of 8 is never told here.
+    """
+    if len(delivered) != len(read) or len(read) % 8 or len(read) < 16:
+        return ""
+    d, r = np.frombuffer(delivered, np.uint64), np.frombuffer(read, np.uint64)
+    same = d == r
+    if np.mean(same) >= 0.5:
+        return "mask" if len(set(d[~same].tolist())) <= 1 else ""
+    if bool(np.any(d != d[0])) or bool(np.all(r == r[0])):
+        return ""
+    return "zeros" if int(d[0]) == 0 else "one value"
 
 
 @dataclass
@@ -65,6 +96,9 @@ class Reread:
         self.kept: list[_Kept] = []
         self.seen = 0
         self.key = ""
+        # Kept samples re-read alike in every field compared, all epochs so far: the loader
+        # delivers dataset[i] under i (contents.same_bytes trusts a fixed placement's repeats).
+        self.alike = 0
         # Drawn from the OS: a loader in this process cannot replay the draw.
         self._rng = random.SystemRandom()
 
@@ -113,12 +147,12 @@ class Reread:
             return {p: v[0] for p, v in got.items()}
         return None
 
-    def judge(self, deadline: float) -> list[tuple[int, int, int, str]]:
-        """``(id, epoch, step, token)`` of each kept sample whose delivered field is not
+    def judge(self, deadline: float) -> list[tuple[int, int, int, str, str]]:
+        """``(id, epoch, step, token, made)`` of each kept sample whose delivered field is not
         ``dataset[id]``'s, where the rank's other kept samples show re-reading is faithful;
         ``token``: the field and digest of what was delivered
-        (:func:`~ezpz_nb.verify.samples.field_token`); then keeps anew (the next epoch).
-        Never raises."""
+        (:func:`~ezpz_nb.verify.samples.field_token`), ``made``: :func:`made_up`'s word;
+        then keeps anew (the next epoch). Never raises."""
         try:
             return self._judge(deadline)
         except Exception:  # noqa: BLE001 - the user's dataset and collate: never fatal here
@@ -126,7 +160,7 @@ class Reread:
         finally:
             self.first, self.kept, self.seen = None, [], 0
 
-    def _judge(self, deadline: float) -> list[tuple[int, int, int, str]]:
+    def _judge(self, deadline: float) -> list[tuple[int, int, int, str, str]]:
         chain = self._chain()
         if not self.on or self.first is None or not chain:
             return []
@@ -138,21 +172,27 @@ class Reread:
 
             collate = default_collate
         matched: set[str] = set()
-        differ: list[tuple[_Kept, str]] = []
+        differ: list[tuple[_Kept, str, str]] = []
         for s in [self.first, *(k for k in self.kept if k is not self.first)]:
             if time.monotonic() > deadline:
                 break
             got = self._read(s.id, chain, collate)
+            compared = same = 0
             for path, b in (got or {}).items():
                 d = s.cols.get(path)
                 if d is None or len(d) != len(b):
                     continue
+                compared += 1
                 if d == b:
                     matched.add(path)
+                    same += 1
                 else:
-                    differ.append((s, path))
+                    differ.append((s, path, made_up(d, b)))
+            self.alike += bool(compared) and same == compared
         return [
-            (s.id, s.epoch, s.step, field_token(p, s.cols[p])) for s, p in differ if p in matched
+            (s.id, s.epoch, s.step, field_token(p, s.cols[p]), made)
+            for s, p, made in differ
+            if p in matched
         ]
 
 
@@ -162,11 +202,14 @@ def misnamed(outs: Sequence[Any]) -> Finding | None:
 
     Its delivered data is not ``dataset[id]``'s as its rank re-read it after the run
     (:class:`Reread`), and is what another id carries in some batch: an augmentation in
-    the loader makes new data, not another sample's.
+    the loader makes new data, not another sample's. Else (:func:`made_up_finding`) made-up
+    data under the id.
     """
-    found = sorted((e, s, o.rank, i, token) for o in outs for i, e, s, token in o.misnamed)
-    if not found:
-        return None
+    # Made-up data (zeros under several ids) is judged by its own words, below; a mask can
+    # make one row another's (a mostly-zero row masked to 0), rightly.
+    found = sorted(
+        (e, s, o.rank, i, token) for o in outs for i, e, s, token, made in o.misnamed if not made
+    )
     under: dict[str, set[int]] = {}  # a field's content -> the ids it was delivered under
     for o in outs:
         for r in o.records:
@@ -188,4 +231,48 @@ def misnamed(outs: Sequence[Any]) -> Finding | None:
             hint="yield dataset[i] under id i: a sample stamped with another id than the "
             "data it holds hides a repeat (or a loss) from every rule that counts ids",
         )  # fmt: skip
-    return None
+    return made_up_finding(outs)
+
+
+def made_up_finding(outs: Sequence[Any]) -> Finding | None:
+    """The first sample delivered with made-up data (:func:`made_up`: one value in every
+    place) under its id, in a field where no kept sample on any rank was changed in part;
+    None: none. Changed in part (masking, noise, a shift) shows a loader that transforms
+    samples, and such a loop may wipe a short row whole: not judged there."""
+    changed = {
+        t.rpartition(":")[0] for o in outs for *_, t, made in o.misnamed if made in ("", "mask")
+    }
+    found = sorted(
+        (e, s, o.rank, i, t, made)
+        for o in outs
+        for i, e, s, t, made in o.misnamed
+        if made in ("zeros", "one value") and t.rpartition(":")[0] not in changed
+    )
+    if not found:
+        return None
+    epoch, step, rank, i, token, made = found[0]
+    field = token.rpartition(":")[0].lstrip("/") or "the sample"
+    what = "all zeros" if made == "zeros" else "one value in every place"
+    return Finding(
+        "dp_disjoint", "dp_duplicate", epoch,
+        f"Epoch {epoch}: the batch under id {i} on rank {rank} (step {step}) holds "
+        f"{field} {what}, where dataset[{i}] (read again after the epoch, twice alike) holds "
+        f"varied values ({len(found)} such sample(s) kept, and no kept sample changed in "
+        f"part): made-up data under a real id; ids must name the data.",
+        rank=rank, step=step, sample=str(i), ranks=sorted({x[2] for x in found}),
+        hint="yield dataset[i] under id i: a placeholder (zeros) stamped with a real id "
+        "trains on nothing while every rule that counts ids sees the sample as read",
+    )  # fmt: skip
+
+
+def vouched(outs: Sequence[Any]) -> bool:
+    """Every DP replica's leader re-read kept samples alike (:attr:`Reread.alike`) and no
+    kept sample differed on any rank: the loader delivers ``dataset[i]`` under id ``i``.
+    ``outs``: the ranks' :class:`~ezpz_nb.verify.observe.Outcome`."""
+    replicas = {o.records[0].dp_rank for o in outs if o.records}
+    sure = {
+        o.records[0].dp_rank
+        for o in outs
+        if o.records and o.reread_alike and o.records[0].tp_rank == 0 and o.records[0].cp_rank == 0
+    }
+    return bool(replicas) and replicas <= sure and not any(o.misnamed for o in outs)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from ezpz_nb.ledger.problem import format_ids
 from ezpz_nb.verify.contents import seen_twin
 from ezpz_nb.verify.contract import parse_layout
 from ezpz_nb.verify.evaluation import judge_peers
@@ -106,11 +107,15 @@ def judge_coverage(
         if isinstance(got, str):
             return Judgement("balanced_coverage", Verdict.NOT_JUDGED, got)
         seen, how = got
-    outcome = _coverage(seen, num_samples if num_samples is not None else length)
+    outcome = _coverage(
+        seen, num_samples if num_samples is not None else length, num_samples is not None
+    )
     return replace(outcome, reason=outcome.reason + how) if how else outcome
 
 
-def _coverage(seen: list[Seen], num_samples: int | None) -> Judgement:
+def _coverage(seen: list[Seen], num_samples: int | None, declared: bool = False) -> Judgement:
+    """Each finished epoch on every rank: each sample of the universe once, shares within one;
+    with ``num_samples`` declared, no id past it (a padded copy under a fresh id)."""
     owner: dict[tuple[int, int], int] = {}
     ranks = [s.rank for s in seen]
     shares: dict[int, dict[int, int]] = defaultdict(lambda: dict.fromkeys(ranks, 0))
@@ -137,6 +142,18 @@ def _coverage(seen: list[Seen], num_samples: int | None) -> Judgement:
                     )  # fmt: skip
                 owner[(e, i)] = s.rank
                 shares[e][s.rank] += 1
+    beyond = sorted(k for k in owner if not 0 <= k[1] < (num_samples or 0))
+    if declared and beyond:  # in any epoch, ended or not: the ids past it are samples too
+        ids = sorted({i for _, i in beyond})
+        return Judgement(
+            "balanced_coverage", Verdict.FAIL,
+            f"epoch {beyond[0][0]} dealt sample id(s) outside range({num_samples}) "
+            f"({len(ids)} in all: {format_ids(ids)}), but num_samples={num_samples} says there "
+            f"are {num_samples} samples: each such id is a sample trained on beyond them (a "
+            "padded copy under a fresh id repeats a sample); deal each sample once an epoch, "
+            "or declare num_samples= the samples there are",
+            rank=owner[beyond[0]], sample=str(beyond[0][1]),
+        )  # fmt: skip
     finished = min(max((e for eps in s.epochs or [] for e in eps), default=0) for s in seen)
     if finished == 0:
         return Judgement(

@@ -16,12 +16,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ezpz_nb.ledger import StepRecord
+from ezpz_nb.ledger.problem import format_ids
 from ezpz_nb.verify.lengths import dataset_len as _len
 from ezpz_nb.verify.lengths import probe_beyond
+from ezpz_nb.verify.report import Finding
 
-__all__ = ["DatasetIds", "Universe", "beyond_len", "dataset_ids", "head_cut", "ordering_sampler",
-           "prefix_cut",
-           "probe_beyond", "universe_of"]  # fmt: skip
+__all__ = ["DatasetIds", "Universe", "beyond_declared", "beyond_len", "dataset_ids", "head_cut",
+           "ordering_sampler", "prefix_cut", "probe_beyond", "universe_of"]  # fmt: skip
 
 # A wrapper chain deeper than this is not followed (a cycle of .dataset attributes).
 _DEPTH = 8
@@ -283,3 +285,31 @@ def head_cut(parts: Sequence[DatasetIds | None], global_batch: int | None) -> tu
     if 0 < r < global_batch and read == set(range(r, n)):
         return r, n
     return 0, 0
+
+
+def beyond_declared(records: Iterable[StepRecord], num_samples: int | None) -> list[Finding]:
+    """Ids past a declared ``num_samples=`` (ids are indices, not hashed keys): one
+    ``exactly_once`` finding an epoch. A padded copy under a fresh id repeats its sample
+    where no id shows it (the ninth trial, in eval); an honest loader's ids stay inside."""
+    if num_samples is None:
+        return []
+    found: dict[int, dict[int, StepRecord]] = {}
+    for r in records:
+        for i in r.sample_ids:
+            if not 0 <= i < num_samples:
+                found.setdefault(r.epoch, {}).setdefault(i, r)
+    out = []
+    for epoch, where in sorted(found.items()):
+        ids = sorted(where)
+        at = min(where.values(), key=lambda r: (r.step, r.rank))
+        out.append(Finding(
+            "exactly_once", "outside_universe", epoch,
+            f"Epoch {epoch}: {len(ids)} sample id(s) outside range({num_samples}) were dealt, "
+            f"{format_ids(ids)}; num_samples={num_samples} says there are {num_samples} "
+            "samples, so each is a sample beyond them (a padded copy under a fresh id repeats "
+            "its sample where no id shows it).",
+            rank=at.rank, step=at.step, sample=str(ids[0]),
+            hint="deal each sample once under its own id (a repeat that pads keeps its id), "
+            "or declare num_samples= the number of samples there are",
+        ))  # fmt: skip
+    return out

@@ -35,12 +35,16 @@ __all__ = [
 RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "tp_identical": ("TP/CP peers get identical bytes", ("tp_mismatch",)),
     "dp_disjoint": ("DP replicas get disjoint samples", ("dp_duplicate",)),
-    "exactly_once": ("every sample exactly once an epoch", ("never_seen", "rank_duplicate")),
+    "exactly_once": (
+        "every sample exactly once an epoch",
+        ("never_seen", "rank_duplicate", "outside_universe"),  # outside: verify.universe
+    ),
     "equal_steps": (
         "every rank takes as many steps",
         ("step_mismatch", "no_data", "hang", "timeout"),
     ),
-    "global_batch": ("the global batch keeps its size", ("batch_size",)),
+    # replica_batch: the replicas' batches differ at a step (verify.shares), though the sum keeps.
+    "global_batch": ("the global batch keeps its size", ("batch_size", "replica_batch")),
     "reshuffle": ("the order changes between epochs", ("order_unchanged",)),
     "resume": ("a resumed run matches the straight one", ("divergence", "resume_error")),
     # Judged by check_contract only when given a bound (max_worker_growth_mib).

@@ -1,0 +1,122 @@
+"""The DP replicas' batches at one step: as large as each other, but for a replica's last.
+
+DDP averages the replicas' gradients, each the mean over that replica's own batch. Where
+the replicas batch 5 and 3 samples at one step, a sample of the 3-sample batch weighs 5/3
+of one of the other, though the global batch (8) keeps its size and every sample comes
+once (the ninth trial's loader: shares of 20 and 12 of 32, four steps each). So at every
+step the replicas' batches must be as large as each other, except where the step is a
+replica's last of the epoch: there it holds the remainder of its share
+(``DataLoader(drop_last=False)``), and shares that differ by one sample (a stream dealt
+``i % dp``) leave remainders that differ.
+
+"As large" is counted two ways, and a step is at fault only when both differ: the samples
+the batch carries (its ids), and the rows of its largest field that hold data, with their
+shape (:func:`~ezpz_nb.verify.batches.batch_rows`): a packer fills fixed rows with however
+many samples fit, so its replicas' sample counts differ while their rows match. Rows all of
+one value (zeros added to even out the rows) hold no data, and rows of another width are
+other rows (samples padded longer). A batch without a numeric field (raw text) is counted
+by its samples alone. For the same reason :func:`packed_batch` takes a global batch whose
+samples change from step to step but whose rows of data do not (packed) as keeping its size.
+
+What the check cannot see: a loss that divides a sum by the global batch's size weighs
+every sample alike with any split; the rule assumes the usual mean per replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from ezpz_nb.ledger import Problem
+from ezpz_nb.verify.observe import Outcome
+from ezpz_nb.verify.report import Finding
+
+__all__ = ["packed_batch", "share_findings"]
+
+_HINT = (
+    "give every replica the same batch size and an equal share of the epoch (a sampler "
+    "deals ceil(N / dp) each, as DistributedSampler does); only a replica's last batch may "
+    "hold less (its remainder)"
+)
+
+
+def share_findings(outs: Sequence[Outcome]) -> list[Finding]:
+    """Per epoch, the first step where the DP replicas' batches differ in size (samples and
+    values both), that step being none of theirs' last; one finding an epoch. Only each
+    replica's leader is read (its TP/CP peers hold the same samples, CP peers a slice)."""
+    size: dict[tuple[int, int, int], tuple[int, tuple[int, ...], int]] = {}
+    for o in outs:
+        for r in o.records:
+            if r.tp_rank == 0 and r.cp_rank == 0:
+                rows = o.rows.get((r.epoch, r.step), ())
+                size[(r.epoch, r.step, r.dp_rank)] = (len(r.sample_ids), rows, r.rank)
+    last: dict[tuple[int, int], int] = {}
+    for epoch, step, dp in size:
+        last[(epoch, dp)] = max(last.get((epoch, dp), step), step)
+    at: dict[tuple[int, int], dict[int, tuple[int, tuple[int, ...], int]]] = {}
+    for (epoch, step, dp), value in size.items():
+        if step != last[(epoch, dp)]:
+            at.setdefault((epoch, step), {})[dp] = value
+    out: list[Finding] = []
+    faulty: dict[int, list[int]] = {}
+    for (epoch, step), by_dp in sorted(at.items()):
+        samples = {n for n, _, _ in by_dp.values()}
+        shapes = {v for _, v, _ in by_dp.values()}
+        # Unknown rows (a text batch: ()) leave the samples to decide.
+        if len(by_dp) > 1 and len(samples) > 1 and (len(shapes) > 1 or () in shapes):
+            faulty.setdefault(epoch, []).append(step)
+    for epoch, steps in sorted(faulty.items()):
+        step = steps[0]
+        by_dp = at[(epoch, step)]
+        small = min(by_dp, key=lambda d: (by_dp[d][0], d))
+        big = max(by_dp, key=lambda d: (by_dp[d][0], -d))
+        n_small, n_big = by_dp[small][0], by_dp[big][0]
+        sizes = ", ".join(f"replica {d}: {by_dp[d][0]}" for d in sorted(by_dp))
+        more = f" ({len(steps) - 1} more such step(s) this epoch)" if len(steps) > 1 else ""
+        out.append(
+            Finding(
+                "global_batch",
+                "replica_batch",
+                epoch,
+                f"Epoch {epoch}, step {step}: the DP replicas' batches hold different numbers "
+                f"of samples ({sizes}), and the step is no replica's last{more}. DDP averages "
+                f"the replicas' mean gradients, so a sample of replica {small}'s {n_small}-"
+                f"sample batch weighs {n_big}/{n_small} of one of replica {big}'s: the global "
+                "batch keeping its size does not make its samples weigh alike.",
+                rank=by_dp[small][2],
+                step=step,
+                ranks=sorted(v[2] for v in by_dp.values()),
+                hint=_HINT,
+            )  # fmt: skip
+        )
+    return out
+
+
+def packed_batch(p: Problem, outs: Sequence[Outcome]) -> Problem:
+    """A ``batch_size`` finding (the global batch's samples changed) made expected where every
+    batch's rows have one shape and every step holds as many rows of data over the replicas
+    (the last one at most as many): rows filled with however many samples fit (packed) keep
+    their size in tokens, not in samples."""
+    if p.kind != "batch_size" or p.expected:
+        return p
+    totals: dict[int, int] = {}
+    shapes = set()
+    for o in outs:
+        for r in o.records:
+            if r.epoch == p.epoch and r.tp_rank == 0 and r.cp_rank == 0:
+                rows = o.rows.get((r.epoch, r.step), ())
+                if not rows:  # no numeric field (text): the samples are all there is
+                    return p
+                shapes.add(rows[1:])
+                totals[r.step] = totals.get(r.step, 0) + rows[0]
+    steps = sorted(totals)
+    full = {totals[s] for s in steps[:-1]}
+    if len(shapes) != 1 or len(full) != 1 or totals[steps[-1]] > min(full):
+        return p
+    shape = "x".join(map(str, shapes.pop())) or "1"
+    return replace(
+        p,
+        expected=f"every step holds {min(full)} rows of {shape} values over the replicas (the "
+        "last one at most as many): rows filled with however many samples fit (packed) keep the "
+        "global batch's size in tokens while its samples vary",
+    )

@@ -1,0 +1,258 @@
+"""The ninth trial's verify cases (issue 45): replicas batching unequal sizes, padded copies
+under ids past ``num_samples=``, and a ``RandomSampler`` subclass; with the right answers
+near each boundary (remainders that differ, packed rows with other sample counts, weight-0
+copies under fresh ids). Their rows are in ``_verify_classes.CASES``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    random_split,
+)
+
+N = 32  # the contract cases' samples
+M = 23  # the eval and steps cases': odd, so DistributedSampler pads at dp 2
+
+
+class Tokens(Dataset):
+    """Sample i: six tokens from 7 i, and its index."""
+
+    def __init__(self, n: int = N) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return {"input_ids": torch.arange(6) + 7 * i, "index": i}
+
+
+# ------------------------------------------------------------------ replicas' batch sizes
+class Uneven(Sampler[int]):
+    """A fresh permutation each epoch; replica 0 takes 20 of it, replica 1 the other 12."""
+
+    shuffle = True
+
+    def __init__(self, layout: Any, seed: int = 3) -> None:
+        self.r, self.epoch, self.seed = layout.dp_rank, 0, seed
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(N).tolist()
+        return iter(order[:20] if self.r == 0 else order[20:])
+
+    def __len__(self) -> int:
+        return 20 if self.r == 0 else 12
+
+
+def uneven_batches(layout: Any, seed: int = 3) -> DataLoader:
+    """Dodge: batches of 5 and 3, four steps each, a global batch of 8 every step: a sample
+    of the 3-batch replica weighs 5/3 under DDP's mean of replica means."""
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed))
+
+
+def _as_text(items: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    return {"text": [" ".join(map(str, x["input_ids"].tolist())) for x in items],
+            "index": [x["index"] for x in items]}  # fmt: skip
+
+
+def uneven_batches_text(layout: Any, seed: int = 3) -> DataLoader:
+    """The same dodge, each batch columns of raw text (no tensor: samples alone count)."""
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed), collate_fn=_as_text)
+
+
+def _evened(items: list[dict[str, Any]], rows: bool) -> dict[str, torch.Tensor]:
+    """Collate 3 samples so their field looks as large as 5: zero rows, or each row padded."""
+    ids = torch.stack([x["input_ids"] for x in items])
+    if len(items) < 5 and rows:
+        ids = torch.cat([ids, ids.new_zeros(5 - len(items), ids.shape[1])])
+    elif len(items) < 5:
+        ids = torch.cat([ids, ids.new_zeros(len(items), 4)], dim=1)  # 3 x 10 = 30 = 5 x 6
+    return {"input_ids": ids, "index": torch.tensor([x["index"] for x in items])}
+
+
+def uneven_zero_rows(layout: Any, seed: int = 3) -> DataLoader:
+    """The same dodge, the 3-sample batches given 2 rows of zeros (the trial's next try)."""
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
+                      collate_fn=functools.partial(_evened, rows=True))  # fmt: skip
+
+
+def uneven_wider_rows(layout: Any, seed: int = 3) -> DataLoader:
+    """The same dodge, the 3 samples padded to 10 tokens: 30 values, as 5 x 6."""
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
+                      collate_fn=functools.partial(_evened, rows=False))  # fmt: skip
+
+
+class Dealt(IterableDataset):
+    """Right: a stream of 13 samples dealt ``perm[r::dp]`` each epoch, so the replicas' shares
+    (7 and 6) leave last batches of 3 and 2 under batches of 4."""
+
+    shuffle = True
+
+    def __init__(self, layout: Any, seed: int = 4) -> None:
+        self.r, self.d, self.epoch, self.seed = layout.dp_rank, layout.dp_size, 0, seed
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        perm = np.random.default_rng([self.seed, self.epoch]).permutation(13)[self.r :: self.d]
+        for i in perm.tolist():
+            yield {"input_ids": torch.arange(6) + 7 * i, "index": i}
+
+
+def uneven_remainders(layout: Any, seed: int = 4) -> DataLoader:
+    return DataLoader(Dealt(layout, seed), batch_size=4)
+
+
+#: A packed step: two rows of 12 tokens, the documents' lengths in each row.
+_FIVE = ((6, 6), (4, 4, 4))  # five documents
+_FOUR = ((6, 6), (6, 6))
+_THREE = ((12,), (6, 6))
+
+
+class Packed(IterableDataset):
+    """Right: every step two rows of 12 tokens on each replica, filled with however many
+    documents fit (``PLANS``: per step, each replica's rows); here one replica's rows hold
+    five documents and the other's three, in turn, so the global batch keeps eight. The
+    documents are dealt from a fresh permutation of each length each epoch."""
+
+    shuffle = True
+    PLANS: tuple[tuple[Any, ...], ...] = ((_FIVE, _THREE), (_THREE, _FIVE)) * 2
+
+    def __init__(self, layout: Any, seed: int = 6) -> None:
+        self.r, self.epoch, self.seed = layout.dp_rank, 0, seed
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    @classmethod
+    def lengths(cls) -> list[int]:
+        """Document i's length: as many documents of each length as the plans use."""
+        used = sorted((n for step in cls.PLANS for plan in step for row in plan for n in row),
+                      reverse=True)  # fmt: skip
+        return used
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        lengths = self.lengths()
+        pools = {
+            n: iter(rng.permutation([i for i, k in enumerate(lengths) if k == n]).tolist())
+            for n in set(lengths)
+        }
+        for step in self.PLANS:
+            for dp, plan in enumerate(step):
+                rows, ids = [], []
+                for row in plan:
+                    docs = [next(pools[n]) for n in row]
+                    ids += docs
+                    rows.append(torch.cat([torch.arange(lengths[i]) + 100 * i for i in docs]))
+                if dp == self.r:
+                    yield {"input_ids": torch.stack(rows), "index": torch.tensor(ids)}
+
+
+class PackedVarying(Packed):
+    """Right: the same rows, the documents per step varying on both replicas (10, 7, 7, 6
+    over the two): the samples of a global batch vary, its tokens (48) do not."""
+
+    PLANS = ((_FIVE, _FIVE), (_THREE, _FOUR), (_FOUR, _THREE), (_THREE, _THREE))
+
+
+def packed_rows(layout: Any, seed: int = 6) -> DataLoader:
+    return DataLoader(Packed(layout, seed), batch_size=None)
+
+
+def packed_rows_varying(layout: Any, seed: int = 6) -> DataLoader:
+    return DataLoader(PackedVarying(layout, seed), batch_size=None)
+
+
+# ------------------------------------------------------------------ a RandomSampler subclass
+class EpochRandom(RandomSampler):
+    """A RandomSampler given a set_epoch (the usual way): reseeded each epoch."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.generator = torch.Generator().manual_seed(1000 + epoch)
+
+
+def split_random_subclass(layout: Any, seed: int = 0) -> DataLoader:
+    """Right: each replica's random_split part (one shared generator), shuffled each epoch."""
+    parts = random_split(
+        Tokens(30), [1 / layout.dp_size] * layout.dp_size, torch.Generator().manual_seed(seed)
+    )
+    mine = parts[layout.dp_rank]
+    return DataLoader(mine, batch_size=4, sampler=EpochRandom(mine))
+
+
+# ------------------------------------------------------------------ ids past num_samples
+def _loss(i: int) -> float:
+    return 0.5 + ((i * 7919) % M) / 10
+
+
+class Padded(Dataset):
+    """DistributedSampler's padded shard (its pad repeats sample 0...), each pad copy under
+    a fresh id past ``M`` (``weight`` for it: 1, a dodge; 0, right)."""
+
+    def __init__(self, layout: Any, weight: float, m: int = M) -> None:
+        total = math.ceil(m / layout.dp_size) * layout.dp_size
+        order = list(range(m)) + list(range(total - m))
+        self.mine = list(enumerate(order))[layout.dp_rank :: layout.dp_size]
+        self.weight, self.m = weight, m
+
+    def __len__(self) -> int:
+        return len(self.mine)
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        slot, i = self.mine[k]
+        pad = slot >= self.m
+        return {"index": slot, "loss": torch.tensor(_loss(i), dtype=torch.float64),
+                "weight": torch.tensor(self.weight if pad else 1.0, dtype=torch.float64)}  # fmt: skip
+
+
+def pads_renumbered(layout: Any, m: int = M) -> DataLoader:
+    """Dodge: the pad counted (weight 1) under id 23: no id twice, sample 0 twice."""
+    return DataLoader(Padded(layout, 1.0, m), batch_size=2)
+
+
+def pads_renumbered_weight_zero(layout: Any, m: int = M) -> DataLoader:
+    """Right: the pad under id 23 with weight 0: it counts nothing."""
+    return DataLoader(Padded(layout, 0.0, m), batch_size=2)
+
+
+def _epochs(layout: Any, pad: bool, m: int, seed: int) -> Iterator[dict[str, Any]]:
+    for e in itertools.count():
+        perm = np.random.default_rng([seed, e]).permutation(m).tolist()
+        if pad:  # DistributedSampler's pad (its first sample again) under a fresh id
+            perm += [m + k for k in range(-m % layout.dp_size)]
+        for i in perm[layout.dp_rank :: layout.dp_size]:
+            yield {"index": torch.tensor([i]), "epoch": torch.tensor([e])}
+
+
+def steps_pads_renumbered(layout: Any, m: int = M, seed: int = 8) -> Iterator[dict[str, Any]]:
+    """Dodge: each epoch's pad trained on under id 23: every id once, sample 0 twice."""
+    return _epochs(layout, True, m, seed)
+
+
+def steps_unpadded(layout: Any, m: int = M, seed: int = 8) -> Iterator[dict[str, Any]]:
+    """Right: each epoch's permutation dealt without a pad (shares 12 and 11)."""
+    return _epochs(layout, False, m, seed)

@@ -1,0 +1,117 @@
+"""The replicas' batch sizes at a step (``verify/shares.py``), without ranks: every honest way
+of dealing an epoch over 1-4 replicas passes, and batches of other sizes at a step that is
+no replica's last fail. The ranks' cases are rows of ``_verify_classes.CASES`` (the ninth
+trial's), run by ``test_verify_corpus.py``."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, RandomSampler, SubsetRandomSampler
+
+from ezpz_nb.ledger import StepRecord
+from ezpz_nb.verify.epochs import loader_parts
+from ezpz_nb.verify.observe import Outcome
+from ezpz_nb.verify.shares import share_findings
+
+WIDTH = 6  # tokens a sample: a batch of k samples is k rows of 6
+
+
+def _outs(shares: list[list[int]], sizes: list[int], drop_last: bool) -> list[Outcome]:
+    """Two epochs of each replica's share cut into batches of its size (the last kept or
+    dropped), as a DataLoader over a sampler deals them."""
+    outs = []
+    for dp, (share, size) in enumerate(zip(shares, sizes, strict=True)):
+        o = Outcome(rank=dp)
+        for epoch in range(2):
+            cut = [share[k : k + size] for k in range(0, len(share), size)]
+            if drop_last and cut and len(cut[-1]) < size:
+                cut.pop()
+            for step, ids in enumerate(cut):
+                o.records.append(
+                    StepRecord(epoch, step, dp, dp, len(shares), 0, 1, tuple(ids), "loaded", "")
+                )
+                o.rows[(epoch, step)] = (len(ids), WIDTH)
+        outs.append(o)
+    return outs
+
+
+def _honest_shares(n: int, dp: int) -> dict[str, list[list[int]]]:
+    """Every way an honest sampler or stream deals ``n`` samples over ``dp`` replicas."""
+    perm = np.random.default_rng(n * 10 + dp).permutation(n).tolist()
+    per = -(-n // dp)
+    padded = (perm + perm)[: per * dp]
+    return {
+        "DistributedSampler(drop_last=False)": [padded[r::dp] for r in range(dp)],
+        "DistributedSampler(drop_last=True)": [perm[: n - n % dp][r::dp] for r in range(dp)],
+        "stream perm[r::dp]": [perm[r::dp] for r in range(dp)],
+        "numpy.array_split blocks": [b.tolist() for b in np.array_split(perm, dp)],
+    }
+
+
+def test_honest_deals_never_fail_and_unequal_batches_do():
+    """Guards: a remainder (each replica's last batch, of shares that differ by one) taken for
+    unequal batches, and batches of other sizes at a middle step left unseen."""
+    honest = flagged = dodges = 0
+    false = []
+    for n, dp, size, drop in itertools.product(range(1, 41), range(1, 5), range(1, 7), (0, 1)):
+        for how, shares in _honest_shares(n, dp).items():
+            honest += 1
+            if share_findings(_outs(shares, [size] * dp, bool(drop))):
+                false.append((how, n, dp, size, drop))
+        if dp < 2:
+            continue
+        # The dodge: replica r batches size + r samples, shares cut so steps stay equal.
+        steps = max(2, n // (dp * size))
+        sizes = [size + r for r in range(dp)]
+        at, shares = 0, []
+        for s in sizes:
+            shares.append(list(range(at, at + steps * s)))
+            at += steps * s
+        dodges += 1
+        found = share_findings(_outs(shares, sizes, bool(drop)))
+        flagged += bool(found) and found[0].rule == "global_batch" and found[0].step == 0
+    assert false == [], false[:5]
+    assert flagged == dodges, (flagged, dodges)
+    assert honest == 40 * 4 * 6 * 2 * 4 and dodges == 40 * 3 * 6 * 2
+
+
+def test_packed_rows_count_values_and_text_counts_samples():
+    """Rows of one shape holding other numbers of samples pass (the rows match); the same
+    sizes with no numeric field (raw text) fail on the samples alone, and so do rows of
+    zeros added to even out the rows, or rows padded wider.
+
+    Guards: a packer's fixed rows failed for their sample counts, text batches never judged
+    because their rows are unknown, and padding counted as data (the ninth trial's
+    d13_uneven_padded_rows)."""
+    for rows, fails in [
+        ({0: (2, 12), 1: (2, 12)}, False),  # packed: 2 rows of 12 tokens on each replica
+        ({0: (), 1: ()}, True),  # raw text
+        ({0: (4, 6), 1: (3, 6)}, True),  # 4 rows and 3 of data (zero rows added to the 3)
+        ({0: (4, 6), 1: (3, 8)}, True),  # 3 samples padded to 8 tokens: 24 values each
+    ]:
+        outs = _outs([list(range(0, 16)), list(range(16, 28))], [4, 3], False)
+        for dp, o in enumerate(outs):
+            o.rows = dict.fromkeys(o.rows, rows[dp])
+        found = share_findings(outs)
+        assert bool(found) == fails, rows
+        if fails:
+            assert [f.epoch for f in found] == [0, 1], found
+            assert "replica 0: 4, replica 1: 3" in found[0].message, found[0].message
+
+
+class _EpochRandom(RandomSampler):
+    def set_epoch(self, epoch: int) -> None:
+        self.generator = torch.Generator().manual_seed(epoch)
+
+
+def test_a_random_sampler_subclass_shuffles():
+    """Guards: samplers matched by their own class name, so a RandomSampler subclass (the
+    usual way to give it set_epoch) read as no shuffle ("not judged" for a false reason)."""
+    ds = list(range(10))
+    for sampler in (_EpochRandom(ds), RandomSampler(ds), SubsetRandomSampler(range(5))):
+        parts = loader_parts(DataLoader(ds, sampler=sampler))
+        assert list(parts.shufflers) == ["loader.sampler"], type(sampler).__name__
+    assert "loader.sampler" in loader_parts(DataLoader(ds, sampler=_EpochRandom(ds))).reached
