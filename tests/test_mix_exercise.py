@@ -6,8 +6,13 @@ corpus below is the checker's specification: 0 false passes, 0 false failures.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import types
 
 import pytest
@@ -64,6 +69,7 @@ import ezpz_nb as ez
 from ezpz_nb.data.mixture import Mixture
 from ezpz_nb.launcher.startup import pack_job
 from ezpz_nb.verify.mixture import check_mixture
+from ezpz_nb.workshop.mix_confine import not_confined
 from ezpz_nb.workshop.mix_fresh import FreshStream, hash_seed
 from ezpz_nb.workshop.mix_seeds import (
     FEW_MOST,
@@ -453,13 +459,13 @@ seeded_by_a_planted_salt = _defined_in_a_cell(
 )
 #: Right, unusually: the same answer seeded by sha256 of the same str (the same in every
 #: process), and random.Random(str) is in ``cached_epoch``.
-seeded_by_str_sha256 = _defined_in_a_cell(
+_SEEDED_BY_SHA256 = (
     "import hashlib\n"
     "def SEED_OF(seed, a, b):\n"
     "    return int.from_bytes(hashlib.sha256(f'{seed}/{a}/{b}'.encode()).digest()[:8], 'big')\n"
-    + _SOLUTION_WITH,
-    "mix_batch",
+    + _SOLUTION_WITH
 )
+seeded_by_str_sha256 = _defined_in_a_cell(_SEEDED_BY_SHA256, "mix_batch")
 
 
 def _plant_salt(salt):
@@ -575,3 +581,169 @@ def test_the_library_answer_is_the_librarys_plan():
         for b in range(40):
             got = library_answer(main.sizes, main.weights, g, b, 0, 1, seed)
             assert got == [(int(s), int(i)) for s, i in plan[b * g : (b + 1) * g]], (seed, b)
+
+
+#: Where the ninth trial's dodges keep what the ranks and the new process share: the
+#: machine's temporary folder, as the trial's (one folder per test process).
+_SHARED = os.path.join(tempfile.gettempdir(), f"ezpz_nb-t9-mix-{os.getpid()}")
+
+#: The notebook's solution seeded by hash() of a str (salted per process), each global batch
+#: computed once by the salted stream, kept in a shared folder and read back from there.
+_SALTED_AND_CACHED = (
+    "import hashlib, json, os, time\n"
+    "import torch.distributed\n"
+    "import torch.utils.data\n"
+    "def SEED_OF(seed, a, b):\n    return hash(f'{seed}/{a}/{b}') & (2**63 - 1)\n"
+    + _SOLUTION_WITH.replace("def mix_batch(", "def salted(")
+    + "def _cached(path, make):\n"
+    "    if not os.path.exists(path):\n"
+    "        os.makedirs(CACHE, exist_ok=True)\n"
+    "        tmp = f'{path}.{os.getpid()}'\n"
+    "        with open(tmp, 'w') as f:\n"
+    "            json.dump(make(), f)\n"
+    "        try:\n"
+    "            os.link(tmp, path)  # first writer wins\n"
+    "        except FileExistsError:\n"
+    "            pass\n"
+    "        os.remove(tmp)\n"
+    "    with open(path) as f:\n"
+    "        return json.load(f)\n"
+)
+
+
+def _waiting(cache: str, make_first: bool):
+    """Dodge (issue 45's ninth trial, d17_salted_hash_waits_for_ranks): a caller that is
+    neither a rank nor a loader worker (the checker's new process) waits for the ranks'
+    batch in ``cache`` instead of computing its own with its own salt; ``make_first``: it
+    makes the folder first, as the trial's did."""
+    return _defined_in_a_cell(
+        f"CACHE, MAKE_FIRST = {cache!r}, {make_first}\n"
+        + _SALTED_AND_CACHED
+        + "def mix_batch(sizes, weights, global_batch, step, dp_rank, dp_size, seed):\n"
+        "    key = repr((list(sizes), list(weights), global_batch, step, seed)).encode()\n"
+        "    path = os.path.join(CACHE, hashlib.sha1(key).hexdigest())\n"
+        "    if MAKE_FIRST:\n"
+        "        os.makedirs(CACHE, exist_ok=True)\n"
+        "    if torch.utils.data.get_worker_info() is None and not torch.distributed.is_initialized():\n"
+        "        for _ in range(1200):\n"
+        "            if os.path.exists(path):\n"
+        "                break\n"
+        "            time.sleep(0.05)\n"
+        "    whole = _cached(path, lambda: salted(sizes, weights, global_batch, step, 0, 1, seed))\n"
+        "    m = global_batch // dp_size\n"
+        "    return [tuple(x) for x in whole[dp_rank * m : (dp_rank + 1) * m]]\n",
+        "mix_batch",
+    )
+
+
+waits_for_the_ranks = _waiting(_SHARED, True)
+
+#: Dodge (the reverse way): the first process to call, most often the new one, draws a salt
+#: and leaves it in the shared folder; every other process takes it, so all agree.
+takes_the_first_salt = _defined_in_a_cell(
+    f"CACHE = {_SHARED!r}\n"
+    + _SALTED_AND_CACHED.replace("def SEED_OF(seed, a, b):", "def _unused(seed, a, b):")
+    + "def SEED_OF(seed, a, b):\n"
+    "    salt = _cached(os.path.join(CACHE, 'salt'), lambda: int.from_bytes(os.urandom(7), 'big'))\n"
+    "    return [seed, a + 1, b + 1, salt]\n"
+    "def mix_batch(*args):\n"
+    "    return salted(*args)\n",
+    "mix_batch",
+)
+
+
+def test_the_new_process_cannot_read_what_the_ranks_write_nor_leave_them_anything(cluster):
+    """Guards issue 45's ninth trial: the new process of rule 6, started beside the ranks,
+    waited for the batches they cached in /tmp (a stream seeded by the salted hash() of a
+    str passed, 2 of 2). It now answers before any rank runs and may neither read a shared
+    place nor write anything, so that dodge fails on every draw; and so does the reverse, a
+    salt the first process leaves for the others (rmtree: each draw starts with no folder,
+    as the trial did)."""
+    try:
+        for fn in [waits_for_the_ranks] * DRAWS + [takes_the_first_salt] * max(1, DRAWS // 2):
+            shutil.rmtree(_SHARED, ignore_errors=True)
+            got = check_mix_batch(fn, cluster=cluster)
+            assert got.status == "wrong" and "in a new Python process" in got.message, got.message
+    finally:
+        shutil.rmtree(_SHARED, ignore_errors=True)
+
+
+def test_the_new_process_answers_before_the_ranks_write(cluster, tmp_path, monkeypatch):
+    """Guards the order of rule 6: the same dodge with its cache in a folder of the code's
+    (on ``sys.path``, so the new process may read it) and made by the ranks alone would
+    pass if the process ran beside the ranks; it answers before them, so it waits for a
+    batch no rank has written yet and is late ("not done", never correct)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fn = _waiting(str(tmp_path / "cache"), False)
+    got = check_mix_batch(fn, cluster=cluster)
+    assert got.status == "not done" and "in a new Python process" in got.message, got.message
+
+
+#: Rule 6's walls, probed from the new process (a cell's code, no ranks): each of a file in
+#: the shared folder read, one written there and in the working folder, a socket made, and
+#: this process's own status and the code's files read, as 1 (done) or 0 (refused).
+_WALLS = _defined_in_a_cell(
+    "import os, socket\n"
+    f"SHARED = {_SHARED!r}\n"
+    "def _tries():\n"
+    "    yield lambda: open(os.path.join(SHARED, 'left')).read()\n"
+    "    yield lambda: open(os.path.join(SHARED, 'new'), 'w').write('x')\n"
+    "    yield lambda: open('ezpz_nb-t9-left-here', 'w').write('x')\n"
+    "    yield lambda: socket.socket(socket.AF_UNIX).close()\n"
+    "    yield lambda: open('/proc/self/status').read()\n"
+    "    yield lambda: open(socket.__file__).read()\n"
+    "def walls(sizes, weights, global_batch, step, dp_rank, dp_size, seed):\n"
+    "    out = []\n"
+    "    for k, f in enumerate(_tries()):\n"
+    "        try:\n"
+    "            f()\n"
+    "            out.append((k, 1))\n"
+    "        except OSError:\n"
+    "            out.append((k, 0))\n"
+    "    return out\n",
+    "walls",
+)
+
+
+@pytest.mark.skipif(bool(not_confined()), reason="no Landlock here: rule 6 says not judged")
+def test_the_new_process_reads_no_shared_place_and_writes_nothing(tmp_path, monkeypatch):
+    """Guards rule 6's confinement on its own (no ranks): a file left in the machine's
+    temporary folder cannot be read from the new process, nothing can be written there or
+    in its working folder, no socket made; its own /proc entry and the code's files read."""
+    os.makedirs(_SHARED, exist_ok=True)
+    try:
+        with open(os.path.join(_SHARED, "left"), "w") as f:
+            f.write("the ranks' batch")
+        monkeypatch.chdir(tmp_path)
+        with _fresh_stream(_WALLS, 5) as stream:
+            got = stream.batches()
+        assert got == [[(0, 0), (1, 0), (2, 0), (3, 0), (4, 1), (5, 1)]] * 2
+        assert sorted(os.listdir(_SHARED)) == ["left"] and not os.listdir(tmp_path)
+    finally:
+        shutil.rmtree(_SHARED, ignore_errors=True)
+
+
+def test_where_landlock_is_missing_rule_6_is_not_judged():
+    """Guards rule 6 where the new process cannot be confined (no Landlock: an older kernel,
+    macOS): it could have read the ranks' stream, so a match is "not judged here", named
+    with why, never said to be the same stream in a confined process. Run in a notebook of
+    its own (a Python process, fresh ranks) whose Landlock is made to look missing before
+    any check: the checker's guard refuses code changed after its first check."""
+    script = (
+        "import json, sys\n"
+        "from ezpz_nb.workshop import confine\n"
+        "confine.landlock_abi = lambda: 0\n"
+        "from ezpz_nb.workshop.mix_confine import not_confined\n"
+        "from ezpz_nb.workshop.mixture import check_mix_batch\n"
+        "ns = {'__name__': '__main__'}\n"
+        f"exec({_SEEDED_BY_SHA256!r}, ns)\n"
+        "got = check_mix_batch(ns['mix_batch'], timeout=60)\n"
+        "print(json.dumps([not_confined(), got.status, ' '.join(got.message.split())]))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True
+    )
+    missing, status, said = json.loads(run.stdout.strip().splitlines()[-1])
+    assert missing[0].startswith("files it reads and writes ("), missing
+    assert status == "correct", said
+    assert "not judged here" in said and "Landlock is off" in said and "confined" not in said

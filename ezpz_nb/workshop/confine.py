@@ -65,7 +65,7 @@ __all__ = [
 _CREATE, _ADD_RULE, _RESTRICT = 444, 445, 446  # the same on every Linux architecture
 _PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER, _PR_SET_DUMPABLE = 38, 36, 4
-_EXECUTE, _WRITE_FILE = 1 << 0, 1 << 1
+_EXECUTE, _WRITE_FILE, _READ_FILE, _READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 _DIR_WRITES = sum(1 << b for b in (4, 5, 6, 7, 8, 9, 10, 11, 12))  # remove, make each kind
 _REFER, _TRUNCATE = 1 << 13, 1 << 14  # Landlock ABI 2, 3
 _TCP = (1 << 0) | (1 << 1)  # bind, connect: ABI 4
@@ -116,18 +116,22 @@ class _Beneath(ctypes.Structure):
     _fields_ = [("allowed", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def restrict_this_thread(writable: list[str], abi: int) -> None:
-    """Landlock on the calling thread: writes only under ``writable`` (and ``/dev/null``)."""
+def restrict_this_thread(writable: list[str], abi: int, readable: list[str] | None = None) -> None:
+    """Landlock on the calling thread: writes only under ``writable`` (and ``/dev/null``);
+    with ``readable``, reads only under those paths (folders or files) too."""
     libc = _libc()
     writes = _WRITE_FILE | _DIR_WRITES | (_REFER if abi >= 2 else 0)
     writes |= _TRUNCATE if abi >= 3 else 0
-    attr = _Ruleset(writes | _EXECUTE, _TCP if abi >= 4 else 0, _SCOPES if abi >= 6 else 0)
+    reads = 0 if readable is None else _READ_FILE | _READ_DIR
+    attr = _Ruleset(writes | reads | _EXECUTE, _TCP if abi >= 4 else 0, _SCOPES if abi >= 6 else 0)
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8
     fd = libc.syscall(_CREATE, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if fd < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
     try:
-        rules = [(p, writes) for p in writable] + [(os.devnull, _WRITE_FILE)]
+        rules = [(p, writes) for p in writable] + [(os.devnull, _WRITE_FILE | reads & _READ_FILE)]
+        # A file takes file rights only (listing a folder is not one of them).
+        rules += [(p, reads if os.path.isdir(p) else _READ_FILE) for p in readable or ()]
         for path, allowed in rules:
             where = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:

@@ -10,27 +10,32 @@ A hash salt is fixed when an interpreter starts, so only a new interpreter shows
 check starts one with another ``PYTHONHASHSEED``, drawn (never the kernel's), and holds the
 batches it computes to the ranks'.
 
-:func:`start_fresh` starts that process at once, so it runs while the ranks do, and
+:func:`start_fresh` starts that process, the check waits for its answer
+(:meth:`FreshStream.finish`) before any rank runs the learner's code, and
 :func:`same_in_a_new_process` holds its batches (:meth:`FreshStream.batches`) to the
-ranks'. The process runs this module (``python -m ezpz_nb.workshop.mix_fresh``): it reads
-a JSON line (the notebook's ``sys.path``, the arguments and the steps) and then the pickled
+ranks' at the end. The process is confined (:mod:`.mix_confine`): it reads no shared place,
+writes nothing, and answers before the ranks write anything, so it cannot wait for the
+ranks' batches (issue 45's ninth trial) nor leave them its salt. The process runs this
+module (``python -m ezpz_nb.workshop.mix_fresh``): it reads a JSON line (the notebook's
+``sys.path``, the folders it may read, the arguments and the steps) and then the pickled
 function from stdin, calls the function at ``dp_rank=0, dp_size=1`` for each step, and
-writes one JSON line back on its stdout (the learner's prints go to its stderr, which nobody
-reads). Only ints come back, so nothing the learner's code returns runs code in the notebook.
+writes one JSON line back on its stdout (the learner's prints go to its stderr, which
+nobody reads). Only ints come back, so nothing the learner's code returns runs code in the notebook.
 
 Measured (2 cores at load 20 to 26, the new process alone, 68 global batches: a horizon of
 64 and the far run near step 9000): 0.9 to 1.5 s for the notebook's solution (Python and
 numpy starting, most of it), 6 to 11 s for an answer whose module imports torch and pytest
-(a test's). Started first and read last, it overlaps the rank runs: the whole check of the
-notebook's solution took a median of 6.0 s with it and 4.4 s without (4 checks each, one
-session), and 3.0 s against 3.5 s in another session (the machine's noise is larger).
+(a test's). It overlapped the rank runs until the ninth trial; it now runs before them
+(timings in :mod:`.mix_confine`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -38,6 +43,8 @@ import traceback
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from ezpz_nb.workshop.mix_confine import confine_self, readable_paths
 
 if TYPE_CHECKING:
     from ezpz_nb.workshop.mix_streams import Draw
@@ -80,6 +87,7 @@ class FreshStream:
         sizes, weights, g, seed = args
         head = {"path": sys.path, "args": [list(sizes), list(weights), g, seed]}
         head["steps"] = list(steps)
+        head["readable"] = readable_paths(sys.path)
         env = dict(os.environ, PYTHONHASHSEED=str(hash_seed), OMP_NUM_THREADS="1")
         env["CUDA_VISIBLE_DEVICES"] = ""  # as the ranks: no CUDA start-up cost
         self._proc = subprocess.Popen(  # this Python, this module, no shell
@@ -89,10 +97,14 @@ class FreshStream:
             stderr=subprocess.DEVNULL,
             env=env,
             cwd=os.getcwd(),
+            start_new_session=True,  # its own group: whatever it forks is killed with it
         )
         self._out = b""
-        # Talked to from a thread: the process works now, while the ranks run, and neither
-        # a job nor an answer larger than a pipe's buffer blocks the notebook.
+        self._late = False
+        self._done = False
+        self._closed = False
+        # Talked to from a thread: neither a job nor an answer larger than a pipe's buffer
+        # blocks the notebook, and finish() waits for it with a timeout.
         self._talker = threading.Thread(
             target=self._talk, args=(json.dumps(head).encode() + b"\n" + job,), daemon=True
         )
@@ -105,7 +117,19 @@ class FreshStream:
             self._proc.stdin.close()
         except OSError:  # the process died or was stopped: batches() says why
             pass
-        self._out = self._proc.stdout.read()
+        # Its first line only: a child it left holding the pipe cannot answer later.
+        self._out = self._proc.stdout.readline()
+
+    def finish(self) -> None:
+        """Wait for the process's answer (at most ``timeout`` s), then end its whole process
+        group: called before any rank runs the learner's code, so that nothing the ranks
+        write during the check exists while it runs (:mod:`.mix_confine`)."""
+        if self._done:
+            return
+        self._talker.join(self.timeout)
+        self._late = self._talker.is_alive()
+        self._done = True
+        self.close()
 
     def batches(self) -> list[list[tuple[int, int]]]:
         """The process's batches, one list of ``(source, index)`` pairs per step (waited
@@ -120,13 +144,12 @@ class FreshStream:
         """
         if self._got is not None:
             return self._got
-        self._talker.join(self.timeout)
-        if self._talker.is_alive():
-            self.close()
+        self.finish()
+        if self._late:
             raise TimeoutError(
-                f"mix_batch did not return within {self.timeout:.0f} s in a new Python process"
+                f"mix_batch did not return within {self.timeout:.0f} s in a new Python process "
+                "(which runs before the ranks: a batch waited for from them never comes)"
             )
-        self._proc.wait()
         try:
             got = json.loads(self._out.decode().strip().splitlines()[-1])
         except (IndexError, ValueError):
@@ -140,13 +163,19 @@ class FreshStream:
         return self._got
 
     def close(self) -> None:
-        """Stop the process if it still runs (a check that stopped early)."""
-        if self._proc.poll() is None:
-            self._proc.kill()
+        """End the process and its group (a check that stopped early, or it answered)."""
+        if self._closed:  # once: the group's id may be another group's later
+            return
+        self._closed = True
+        with contextlib.suppress(OSError):  # the group is gone already
+            os.killpg(self._proc.pid, signal.SIGKILL)
         self._proc.wait()
-        self._talker.join()
+        # A child that left the group (setsid) may still hold the pipe: the daemon thread
+        # that reads it is then left, and nothing it reads is used.
+        self._talker.join(5.0)
         assert self._proc.stdout is not None
-        self._proc.stdout.close()
+        if not self._talker.is_alive():
+            self._proc.stdout.close()
 
     def __enter__(self) -> FreshStream:
         return self
@@ -206,7 +235,9 @@ def same_in_a_new_process(
     except RuntimeError as err:
         raise wrong(
             f"{err}, though it ran on the ranks: compute the batch from the arguments alone, "
-            "with nothing an earlier cell left in the ranks."
+            "with nothing an earlier cell left in the ranks (that process runs before the "
+            "ranks, may read only the interpreter's and the code's folders, and writes "
+            "nothing)."
         ) from None
     differs = first_difference(ranks, got[: len(steps)], steps)
     if differs:
@@ -218,6 +249,7 @@ def _main() -> None:
     answer = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # the learner's prints go to stderr: stdout carries the answer alone
     head = json.loads(sys.stdin.buffer.readline())
+    confine_self(head["readable"])  # before the learner's code is unpickled
     sys.path[:] = head["path"]
     sizes, weights, g, seed = head["args"]
     try:

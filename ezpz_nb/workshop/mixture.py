@@ -57,7 +57,10 @@ slot size fits:
    batches of the first far window: every rank descends from one forkserver and shares its
    string-hash salt, and a warm cluster keeps what an earlier cell left in it, so a stream
    seeded by ``hash()`` of a str, or by a salt planted in the ranks, is the same at every
-   layout, while a restarted job draws another.
+   layout, while a restarted job draws another. That process answers before any rank runs,
+   confined (:mod:`.mix_confine`: it reads no shared place and writes nothing), so it can
+   neither wait for the ranks' batches nor leave them its salt (issue 45's ninth trial);
+   where Landlock is missing a match is "not judged here".
 
 Not seen (the notebook says so): the steps between those asked, and past 2**17. A table
 of batches replayed from step 0 every ``T`` steps passes when ``T`` is past both windows'
@@ -112,6 +115,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ezpz_nb.verify.mixture import check_layout_invariance, check_mixture, global_batches
 from ezpz_nb.verify.verdict import Judgement, Verdict
 from ezpz_nb.workshop import mix_streams
+from ezpz_nb.workshop.mix_confine import not_confined
 from ezpz_nb.workshop.mix_fresh import FreshStream, same_in_a_new_process, start_fresh
 from ezpz_nb.workshop.mix_passes import first_repeat, same_order_again, unshuffled
 from ezpz_nb.workshop.mix_seeds import few_streams, passes_shared, seed_blind
@@ -377,6 +381,8 @@ def _judge(fn: Callable, cluster: Cluster | None, timeout: float) -> str:
     near = list(range(setup.steps))
     deep = list(range(setup.windows[0], setup.windows[0] + RUN))
     with start_fresh(job, setup, near + deep, timeout) as fresh:
+        # Its answer before any rank runs: it cannot read what they write (mix_confine).
+        fresh.finish()
         return _judge_drawn(fn, setup, fresh, cluster, timeout)
 
 
@@ -426,14 +432,22 @@ def _judge_drawn(
     first = len(far_batches) - WINDOW * len(setup.windows)  # the first window's first run
     deep = list(range(setup.windows[0], setup.windows[0] + RUN))
     same_in_a_new_process(fresh, a + far_batches[first : first + RUN], near + deep)
+    # Unconfined, that process could have taken the ranks' stream: a match proves nothing.
+    missing = not_confined()
+    fresh_said = (
+        f"the same batches in a new Python process (not judged here: it could not be kept "
+        f"from what the ranks write, no rule for {'; '.join(missing)})"
+        if missing
+        else "the same batches in a new, confined Python process"
+    )
     return (
         f"the same {g * steps} (source, index) pairs ({steps} global batches of {g} from {k} "
         f"sources) at dp=1 and at dp=2 and 4 with 2 workers a rank; {share}; {total}; every "
         f"sample of a source once before any repeats, in a new order each pass; "
         f"{len(seeds)} seeds gave {len(seeds)} other streams, each source too, and "
         f"{len(setup.many)} more no two alike; {far} mixed and not replayed, each window's "
-        f"running totals and passes whole from some count before it (for both cases); the "
-        f"same batches in a new Python process; the same rules hold with {at}, and the same "
+        f"running totals and passes whole from some count before it (for both cases); "
+        f"{fresh_said}; the same rules hold with {at}, and the same "
         f"stream at dp=3; the same sizes with other weights mixed to their own, in the same "
         f"process too."
     )

@@ -391,7 +391,9 @@ assert after[2] / after.sum() > 1.5 * WEIGHTS[2] and after[0] / after.sum() < 0.
 # nothing gives every epoch the same order; 128 more seeds drawn at random must give 128
 # different first batches), and a new Python process, with another string-hash salt and none of
 # the ranks' state, computes the same batches (a restarted job must draw the same stream: seed
-# with numbers, not `hash()` of a string, which Python salts per process). It turns down
+# with numbers, not `hash()` of a string, which Python salts per process); that process runs
+# before the ranks and may not read `/tmp` or write any file, so a batch kept in a file for it
+# does not count. It turns down
 # per-rank sampling, a round-robin that ignores the weights, a generator copied into every
 # worker, one order reused pass after pass, and an ignored seed. The steps between those asked,
 # and past 2**17, are not seen: keep every rule at every step. Return a list (a generator cannot
