@@ -732,6 +732,16 @@ CASES: dict[str, Run] = {
         words={"counted_once": "outside range(23) (num_samples=) counted: [23]"}),
     "eval, the pad at weight 0 under a fresh id": Run(
         "eval", S.pads_renumbered_weight_zero, _e(P), {"num_samples": S.M}),
+    "eval, the pad and its original at 0.5 each": Run(
+        "eval", S.split_weight, _e(P), {"num_samples": S.M}),
+    "eval, the pad at 0.5 with a made-up loss": Run(
+        "eval", S.split_weight_zero_pad, _e(F), {"num_samples": S.M},
+        words={"counted_once": "sample 0 is delivered twice with weight > 0 and the same"}),
+    "eval, the pad at 0.5 with a made-up loss, tokens alike": Run(
+        "eval", S.split_weight_zero_pad_tokens, _e(F), {"num_samples": S.M},
+        words={"counted_once": "holding other values (loss)"}),
+    "eval, a document's two chunks at 0.5, each its own tokens and loss": Run(
+        "eval", S.chunk_losses, _e(P), {"num_samples": S.M}),
     "steps, the pad dealt under a fresh id": Run(
         "steps", S.steps_pads_renumbered, _s(F), {"steps": 30, "num_samples": S.M},
         words={"balanced_coverage": "outside range(23) (1 in all: [23])"}),

@@ -256,3 +256,64 @@ def steps_pads_renumbered(layout: Any, m: int = M, seed: int = 8) -> Iterator[di
 def steps_unpadded(layout: Any, m: int = M, seed: int = 8) -> Iterator[dict[str, Any]]:
     """Right: each epoch's permutation dealt without a pad (shares 12 and 11)."""
     return _epochs(layout, False, m, seed)
+
+
+# ------------------------------------------------------------------ split weights (eval)
+class HalfWeighted(Dataset):
+    """DistributedSampler's padded shard, each pad copy and its original at weight 0.5;
+    ``zero``: the copy's loss made up (0) under the real id (a dodge), else its own (right)."""
+
+    def __init__(self, layout: Any, zero: bool, m: int = M, tokens: bool = False) -> None:
+        total = math.ceil(m / layout.dp_size) * layout.dp_size
+        self.tokens = tokens
+        self.halved = set(range(total - m))
+        order = list(range(m)) + list(range(total - m))
+        self.mine = [(k >= m, i) for k, i in enumerate(order)][layout.dp_rank :: layout.dp_size]
+        self.zero = zero
+
+    def __len__(self) -> int:
+        return len(self.mine)
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        pad, i = self.mine[k]
+        loss = 0.0 if pad and self.zero else _loss(i)
+        out = {"index": i, "loss": torch.tensor(loss, dtype=torch.float64),
+               "weight": torch.tensor(0.5 if i in self.halved else 1.0, dtype=torch.float64)}  # fmt: skip
+        return {**out, "tokens": torch.arange(4) + 10 * i} if self.tokens else out
+
+
+def split_weight(layout: Any, m: int = M) -> DataLoader:
+    """Right: the pad and its original weigh 0.5 each, both with the sample's loss."""
+    return DataLoader(HalfWeighted(layout, False, m), batch_size=2)
+
+
+def split_weight_zero_pad(layout: Any, m: int = M) -> DataLoader:
+    """Dodge: as split_weight, but the pad's loss is made up (0) under the real id."""
+    return DataLoader(HalfWeighted(layout, True, m), batch_size=2)
+
+
+def split_weight_zero_pad_tokens(layout: Any, m: int = M) -> DataLoader:
+    """Dodge: as split_weight_zero_pad, each sample with its tokens (the copy's alike)."""
+    return DataLoader(HalfWeighted(layout, True, m, tokens=True), batch_size=2)
+
+
+class HalfDocs(Dataset):
+    """``m`` documents in 2 chunks each (weight 0.5, the doc's id), each chunk its own
+    tokens and loss, dealt every ``dp_size``-th chunk: no padding (2 * m chunks, dp 2)."""
+
+    def __init__(self, layout: Any, m: int = M) -> None:
+        self.mine = list(range(2 * m))[layout.dp_rank :: layout.dp_size]
+
+    def __len__(self) -> int:
+        return len(self.mine)
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        c = self.mine[k]
+        return {"index": c // 2, "tokens": torch.arange(4) + 10 * c,
+                "loss": torch.tensor(_loss(c), dtype=torch.float64),
+                "weight": torch.tensor(0.5, dtype=torch.float64)}  # fmt: skip
+
+
+def chunk_losses(layout: Any, m: int = M) -> DataLoader:
+    """Right: each document's two chunks weigh 0.5, their tokens and losses their own."""
+    return DataLoader(HalfDocs(layout, m), batch_size=2)

@@ -29,7 +29,7 @@ from ezpz_nb.verify.contract import parse_layout
 from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
-from ezpz_nb.verify.seen import Seen, run_seen, seen_report
+from ezpz_nb.verify.seen import Seen, run_seen, seen_report, split_values
 from ezpz_nb.verify.universe import beyond_len, head_cut, prefix_cut, universe_of
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
@@ -64,6 +64,9 @@ def judge_counted_once(seen: list[Seen], num_samples: int | None) -> Judgement:
     twin = seen_twin(seen)
     if twin is not None:  # the ids say each sample once, the data says one sample twice
         return replace(twin, rule="counted_once")
+    split = split_values(seen)
+    if split is not None:  # each id's weights may sum to 1 while a copy's value is made up
+        return replace(split, rule="counted_once")
     dtype = next((s.dtype for s in seen if s.dtype), "") or "float64"
     eps = eps_of(dtype)
     total: dict[int, float] = defaultdict(float)

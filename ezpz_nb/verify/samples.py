@@ -28,7 +28,7 @@ import numpy as np
 from ezpz_nb.data.tree import fields
 from ezpz_nb.verify.batches import is_batch_tag
 
-__all__ = ["SEP", "field_token", "sample_columns", "sample_contents"]
+__all__ = ["SEP", "field_token", "sample_columns", "sample_contents", "sample_tags"]
 
 #: Between a sample's field digests in one string (``"<field path>:<digest>"`` each).
 SEP = "\n"
@@ -155,3 +155,37 @@ def sample_contents(batch: Any, field: str, count: int | None = None) -> list[st
     return [
         SEP.join(field_token(p, per[i]) for p, per in sorted(cols.items())) for i in range(count)
     ]
+
+
+def _tag_columns(
+    node: Any, skip: frozenset[str], count: int, path: str
+) -> list[tuple[str, list[bytes]]]:
+    named = fields(node)
+    if named is not None:
+        return [c for k, v in named if k not in skip and not is_batch_tag(k, v)
+                for c in _tag_columns(v, skip, count, f"{path}/{k}")]  # fmt: skip
+    if hasattr(node, "shape"):
+        a = _array(node)
+        if _numeric(a) and a.ndim >= 1 and a.shape[0] == count and a[:1].size == 1:
+            flat = np.ascontiguousarray(a.reshape(count), dtype=np.float64)
+            return [(path, [flat[i : i + 1].tobytes() for i in range(count)])]
+        return []
+    if isinstance(node, (list, tuple)):
+        if len(node) == count and all(isinstance(x, (int, float)) for x in node):
+            return [(path, [np.float64(x).tobytes() for x in node])]
+        return [c for i, v in enumerate(node) for c in _tag_columns(v, skip, count, f"{path}/{i}")]
+    return []
+
+
+def sample_tags(batch: Any, skip: frozenset[str], count: int) -> list[str]:
+    """Per sample, its one-number fields (a loss, a label) as one digest (``[]``: none);
+    fields named in ``skip`` (the ids, the weight) and batch tags are left out. What
+    :func:`sample_contents` calls tags, not content: an eval judge compares them between
+    two deliveries of one sample. Never raises."""
+    try:
+        cols = _tag_columns(batch, skip, count, "") if count else []
+    except Exception:  # noqa: BLE001 - the user's data, read only to compare: never fatal
+        return []
+    if not cols:
+        return []
+    return [SEP.join(field_token(p, per[i]) for p, per in sorted(cols)) for i in range(count)]

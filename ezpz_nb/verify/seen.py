@@ -20,11 +20,11 @@ from ezpz_nb.verify.batches import observe_batch, resolve_key
 from ezpz_nb.verify.observe import Grid, rank_layout
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
-from ezpz_nb.verify.samples import sample_contents
+from ezpz_nb.verify.samples import SEP, sample_contents, sample_tags
 from ezpz_nb.verify.universe import DatasetIds, dataset_ids
-from ezpz_nb.verify.verdict import Judgement
+from ezpz_nb.verify.verdict import Judgement, Verdict
 
-__all__ = ["Seen", "dataset_size", "run_seen", "seen_on_rank", "seen_report"]
+__all__ = ["Seen", "dataset_size", "run_seen", "seen_on_rank", "seen_report", "split_values"]
 
 
 @dataclass
@@ -43,6 +43,8 @@ class Seen:
     counts: bool = True  # the first rank of its TP/CP group: the only one whose samples count
     # Per step, a digest of each sample's data (contents.seen_twin: ids stamped on one data).
     contents: list[list[str]] = field(default_factory=list)
+    # Per step, a digest of each sample's one-number fields (a loss): split_values.
+    tags: list[list[str]] = field(default_factory=list)
 
 
 def seen_on_rank(
@@ -70,7 +72,9 @@ def seen_on_rank(
                     f"{weight!r} values and {len(epochs or ids)} 'epoch' values: give one per sample"
                 )
             seen.ids.append(ids)
-            seen.contents.append(sample_contents(batch, resolve_key(batch, key), len(ids)))
+            field_key = resolve_key(batch, key)
+            seen.contents.append(sample_contents(batch, field_key, len(ids)))
+            seen.tags.append(sample_tags(batch, frozenset({field_key, weight, "epoch"}), len(ids)))
             seen.names.update(names)
             seen.weights.append(weights)
             if epochs is not None:
@@ -158,3 +162,49 @@ def seen_report(
     layout = {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp}
     return EvalReport(f"{name} on {grid}, {what}", layout, mode, judged,
                       {s.rank: len(s.ids) for s in seen})  # fmt: skip
+
+
+def _at(rows: list[list[str]], step: int, k: int, count: int) -> str:
+    row = rows[step] if step < len(rows) else []
+    return row[k] if len(row) == count else ""
+
+
+def split_values(seen: list[Seen]) -> Judgement | None:
+    """The first sample delivered twice or more with weight > 0 and the same contents (a
+    padded copy and its original at 0.5 each) whose one-number fields (a loss) differ
+    between the deliveries, as a failure whose ``rule`` the caller fills in; None: none.
+
+    The weights of an id may sum to 1 while a copy carries a made-up value (a loss of 0)
+    under the real id: the weighted mean is then off though every id counts once. The same
+    input (contents: tokens, pixels; or none at all) gives the same loss and label, so such
+    copies must agree in every one-number field but the id and the weight. Deliveries whose
+    contents differ are pieces of one sample (a document's chunks, weights summed) or views
+    of it (test-time augmentation), rightly valued apart: not judged here.
+    """
+    first: dict[tuple[int, str], tuple[str, int, int]] = {}
+    for s in (s for s in seen if s.counts):  # TP/CP peers share their leader's samples
+        for step, (ids, ws) in enumerate(zip(s.ids, s.weights, strict=True)):
+            for k, (i, w) in enumerate(zip(ids, ws, strict=True)):
+                if w == 0:  # padding at weight 0 counts nothing, whatever it holds
+                    continue
+                tags = _at(s.tags, step, k, len(ids))
+                was = first.setdefault(
+                    (i, _at(s.contents, step, k, len(ids))), (tags, s.rank, step)
+                )
+                if was[0] == tags:
+                    continue
+                mine, theirs = set(tags.split(SEP)), set(was[0].split(SEP))
+                differ = sorted({t.rpartition(":")[0].lstrip("/") for t in mine ^ theirs})
+                name = s.names.get(i, str(i))
+                return Judgement(
+                    "", Verdict.FAIL,
+                    f"sample {name} is delivered twice with weight > 0 and the same contents "
+                    f"(rank {was[1]} step {was[2]}, rank {s.rank} step {step}), holding other "
+                    f"values ({', '.join(x or 'a value' for x in differ)}): split weights "
+                    "average the deliveries, so a copy with a made-up value (a loss of 0) under "
+                    "a real id biases the metric while the weights still sum to 1; deliver the "
+                    "sample's very values in each copy, or give the repeat weight 0 (distinct "
+                    "pieces of one sample, a document's chunks, must carry their own contents)",
+                    rank=s.rank, step=step, sample=name,
+                )  # fmt: skip
+    return None
