@@ -57,11 +57,14 @@ def _below(pids: Iterable[int]) -> set[int]:
     return found
 
 
-def run_delays(pids: Iterable[int], skip: int | None = None) -> dict[int, int]:
+def run_delays(
+    pids: Iterable[int], skip: int | None = None, alone: Iterable[int] = ()
+) -> dict[int, int]:
     """``{thread id: nanoseconds it waited, ready, for a CPU}`` of every thread of ``pids``
-    and the processes below them, but thread ``skip``; empty where the kernel does not say."""
+    and the processes below them, and of ``alone`` (not what is below it), but thread
+    ``skip``; empty where the kernel does not say."""
     out: dict[int, int] = {}
-    for pid in _below(pids):
+    for pid in _below(pids) | set(alone):
         for tid in _tasks(pid):
             fields = _read(f"/proc/{pid}/task/{tid}/schedstat").split()
             if len(fields) >= 2 and fields[1].isdigit() and int(tid) != skip:
@@ -87,7 +90,9 @@ class RunClock:
         self._before = self._delays()
 
     def _delays(self) -> dict[int, int]:
-        return run_delays([*self._pids(), os.getpid()], skip=self._skip)
+        # This process's own threads, not all it started: a standby pool or another
+        # cluster below the notebook is no part of this run (and a walk of /proc each run).
+        return run_delays(self._pids(), skip=self._skip, alone=[os.getpid()])
 
     def denied(self) -> float:
         """Seconds since the start that the thread kept waiting longest was kept waiting."""
