@@ -13,56 +13,21 @@ makes, is still a hang.
 
 from __future__ import annotations
 
-import os
 import random
-import threading
 
 import pytest
 import torch
 import torch.distributed as dist
+from _starve import NEEDS_SCHEDSTAT, kept_off_the_cpu
 
 import ezpz_nb as ez
 from ezpz_nb.workshop.exact_eval import check_exact_mean, draw_case
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat")
-    or not hasattr(os, "sched_setaffinity"),
-    reason="needs Linux's per-thread run delay (/proc/<pid>/task/<tid>/schedstat)",
-)
-
-
-def _waited(pid: int, tid: int) -> int:
-    """Nanoseconds thread ``tid`` of ``pid`` has waited, ready to run, for a CPU."""
-    with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-        return int(fh.read().split()[1])
-
-
-def _kept_off_the_cpu(seconds: float) -> float:
-    """Rank side: stay ready to run while the kernel keeps this thread off its CPU for
-    ``seconds`` (its own count), as a long import on a busy machine would; return that count.
-
-    A child forked here, pinned to the same CPU, spins at this thread's priority while this
-    thread drops to the lowest (nice 19: irreversible, so fresh ranks only), until the
-    kernel says this thread has waited ``seconds``.
-    """
-    me, tid = os.getpid(), threading.get_native_id()
-    start = _waited(me, tid)
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # this thread, and the child
-    child = os.fork()
-    if child == 0:
-        while _waited(me, tid) - start < seconds * 1e9 and os.getppid() == me:
-            for _ in range(10_000):
-                pass
-        os._exit(0)
-    os.setpriority(os.PRIO_PROCESS, 0, 19)  # on Linux: this thread only
-    while _waited(me, tid) - start < seconds * 1e9:
-        pass
-    os.waitpid(child, 0)
-    return (_waited(me, tid) - start) / 1e9
+pytestmark = NEEDS_SCHEDSTAT
 
 
 def _starved_then_sum(seconds: float) -> tuple[float, float]:
-    waited = _kept_off_the_cpu(seconds)
+    waited = kept_off_the_cpu(seconds)
     t = torch.ones(1)
     dist.all_reduce(t)
     return waited, float(t)
@@ -92,7 +57,7 @@ def test_a_rank_that_spins_is_still_a_hang():
 def _right_on_a_busy_machine(ds, rank, world):
     """Right, on ranks a busy machine holds back: kept off the CPU for 6 s (twice the
     check's timeout below), then each rank's pair all-reduced."""
-    _kept_off_the_cpu(6.0)
+    kept_off_the_cpu(6.0)
     idx = range(rank, len(ds), world)
     pair = torch.tensor([sum(ds[i]["loss"] for i in idx), len(idx)], dtype=torch.float64)
     dist.all_reduce(pair)

@@ -11,7 +11,9 @@ import statistics
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+import torch.distributed as dist
+from _starve import NEEDS_SCHEDSTAT, held_back
+from torch.utils.data import DataLoader, Dataset
 
 import ezpz_nb as ez
 from ezpz_nb.examples import throughput
@@ -149,6 +151,55 @@ def test_a_straggler_is_named_by_the_verdict_and_the_timeline_and_a_balanced_run
         "straggler:" in x or "(straggler)" in x for x in labels[1:]
     )
     assert labels[0].startswith("no straggler")
+
+
+class _HeldBack(Dataset):
+    """Notebook 12's documents, but the first sample of each batch holds the loading
+    thread ready to run and off its CPU for ``hold`` seconds (the kernel's count), as a
+    machine busy with other programs would."""
+
+    def __init__(self, ds: Dataset, hold: float, batch: int, world: int) -> None:
+        self.ds, self.hold, self.first = ds, hold, batch * world
+
+    def __len__(self) -> int:
+        return len(self.ds)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> dict:
+        if i % self.first == 0:
+            held_back(self.hold)
+        return self.ds[i]
+
+
+def _balanced_rank0_held_back(hold: float, num_samples: int, words: int) -> Ledger:
+    # throughput.run's loop, rank 0's loader wrapped: an unshuffled DistributedSampler
+    # gives rank 0 the indices i % world == 0, so i % (8 * world) == 0 starts its batches.
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ds: Dataset = TokenizingDataset(num_samples, 32, words, None, 5, world)
+    if rank == 0:
+        ds = _HeldBack(ds, hold, 8, world)
+    with record(throughput.make_loader(ds, batch_size=8)) as rec:
+        throughput.train(rec)
+    return rec.ledger()
+
+
+@NEEDS_SCHEDSTAT
+def test_a_balanced_rank_a_busy_machine_holds_back_is_not_the_straggler():
+    """Guards the CI failure of stop 57 (a balanced rank named the straggler at 1.5x beside
+    a Slurm cluster and test workers): rank 0 does the others' work but is kept off its
+    CPU 50 ms a step by the kernel's count, no clock involved. Its wall time makes it the
+    slowest and the busiest in most steps; its own time (less the delay) does not."""
+    from ezpz_nb.ledger.timing import step_timings
+
+    ledger = Ledger.from_results(
+        ez.launch(_balanced_rank0_held_back, 0.05, 384, 300, world_size=3, timeout=120)
+    )
+    steady = [t for t in step_timings(ledger.records) if t.step > 0]
+    wall = {r: statistics.median(t.busy_s for t in steady if t.rank == r) for r in range(3)}
+    held = {r: statistics.median(t.delay_s for t in steady if t.rank == r) for r in range(3)}
+    # The premise: judged by the wall clock, rank 0 would be named.
+    assert held[0] >= 0.05 and wall[0] > 1.5 * max(wall[1], wall[2]), (wall, held)
+    verdict = ledger.diagnose()
+    assert verdict.straggler is None and verdict.text.startswith("No straggler"), verdict.text
 
 
 def test_a_ledger_without_times_draws_a_note_not_a_figure_of_nothing():

@@ -25,51 +25,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-__all__ = ["RunClock", "run_delays"]
+from ezpz_nb._sched import run_delays
 
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="ascii") as fh:
-            return fh.read()
-    except (OSError, ValueError):  # gone meanwhile, or not Linux
-        return ""
-
-
-def _tasks(pid: int) -> list[str]:
-    try:
-        return os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-
-
-def _below(pids: Iterable[int]) -> set[int]:
-    """``pids`` and every live process below them (a rank's loader workers and theirs)."""
-    found: set[int] = set()
-    todo = list(pids)
-    while todo:
-        pid = todo.pop()
-        if pid in found:
-            continue
-        found.add(pid)
-        for tid in _tasks(pid):
-            todo += [int(p) for p in _read(f"/proc/{pid}/task/{tid}/children").split()]
-    return found
-
-
-def run_delays(
-    pids: Iterable[int], skip: int | None = None, alone: Iterable[int] = ()
-) -> dict[int, int]:
-    """``{thread id: nanoseconds it waited, ready, for a CPU}`` of every thread of ``pids``
-    and the processes below them, and of ``alone`` (not what is below it), but thread
-    ``skip``; empty where the kernel does not say."""
-    out: dict[int, int] = {}
-    for pid in _below(pids) | set(alone):
-        for tid in _tasks(pid):
-            fields = _read(f"/proc/{pid}/task/{tid}/schedstat").split()
-            if len(fields) >= 2 and fields[1].isdigit() and int(tid) != skip:
-                out[int(tid)] = int(fields[1])
-    return out
+__all__ = ["RunClock"]
 
 
 class RunClock:

@@ -38,8 +38,10 @@ reads them), one object per line with a ``kind``:
   :meth:`RecordingLoader.log_loss` (a step's line is written before its loss exists).
 * ``time`` (version 3): ``{"kind": "time", "rank": 3, "epoch": 0, "step": 5,
   "data_s": 0.004, "compute_s": 0.011, "collective_s": 0.002, "other_s": 0.0,
-  "start_at": 1.7e9, "entered_at": 1.7e9}``, how the step's time was spent
-  (:class:`StepTimes`), written when the loop comes back for the next batch.
+  "start_at": 1.7e9, "entered_at": 1.7e9, "delay_s": 0.0}``, how the step's time was
+  spent (:class:`StepTimes`), written when the loop comes back for the next batch.
+  Version 6 added ``delay_s``, the time the kernel kept the rank ready to run but off
+  a CPU (a busy machine's stretch, left out when the diagnosis compares ranks).
 * ``end``: ``{"kind": "end", "rank": 3, "steps": 32}``, written when the rank
   finished; a file without one was cut short (``Ledger.complete``).
 

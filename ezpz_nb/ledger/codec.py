@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 #: Version of the ledger file format this module writes.
-VERSION = 5
+VERSION = 6
 
 #: What each version added: the decoder reads all of them.
 HISTORY = {
@@ -40,6 +40,8 @@ HISTORY = {
     "of each packed row); -1, -1 and [] where a batch does not say",
     5: "dataset_ids in step lines: the source of each sample of a mixed batch "
     "([] where a batch does not say)",
+    6: "delay_s in time lines: how long the kernel kept the rank ready to run but off a CPU "
+    "outside its collective (0 where it did not say); older files read as 0",
 }
 
 # Readers skip kinds and keys they do not know, and give keys an older writer

@@ -41,6 +41,10 @@ class StepTimes:
         end_s: On an epoch's last step only: the time in the loader's final
             ``next()``, which found the epoch over (workers shut down there
             unless ``persistent_workers``); 0 on other steps.
+        delay_s: Of the step's time outside its collective, how long the kernel kept
+            the rank ready to run but off a CPU (its loop thread's wait, plus the longest
+            wait of a loader worker, at most ``data_s``): the stretch a machine busy with
+            other programs adds; 0 where the kernel does not say (not Linux).
     """
 
     data_s: float
@@ -50,6 +54,7 @@ class StepTimes:
     start_at: float = 0.0
     entered_at: float | None = None
     end_s: float = 0.0
+    delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
