@@ -6,7 +6,9 @@ rank doing five times the CPU work makes wide, never a wall-clock figure.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import statistics
 
 import pytest
@@ -54,6 +56,12 @@ def test_times_tile_each_step_and_the_marks_split_it(tmp_path):
     # One time line a step, and the last step's again with the epoch's end.
     assert path.read_text().count('"kind": "time"') == len(times) + 1 == 5
     assert times[-1].end_s > 0 and all(t.end_s == 0 for t in times[:-1])
+    # The clock's /proc files (its run-delay reads) are open only while an epoch runs.
+    held = []
+    for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed since
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+    assert not [x for x in held if x.endswith(("/schedstat", "/children"))], held
 
 
 def test_without_marks_the_loop_is_compute_and_timings_off_records_none(tmp_path):

@@ -133,6 +133,8 @@ class RecordingLoader:
 
     def close(self, *, finished: bool = True) -> None:
         """Close the ledger file, after an end record if ``finished``; then a no-op."""
+        if self._clock is not None:
+            self._clock.delays.close()  # an epoch left early holds them still
         if self._file is None:
             return
         if finished:
@@ -198,6 +200,8 @@ class RecordingLoader:
                     self._amend(with_times(last, ended))
                     if self._file is not None:
                         self._write(codec.encode_times(self.records[-1]))
+                if clock is not None:
+                    clock.delays.close()  # its /proc files, open only while an epoch runs
                 return
             if clock is not None:
                 clock.got()
