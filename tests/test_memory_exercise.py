@@ -9,6 +9,7 @@ from __future__ import annotations
 import array
 import ctypes
 import gc
+import json
 import mmap
 import os
 import pickle
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -754,6 +756,66 @@ class BehindABoundGetitem(BehindAFakeLibraryFunction):
         return self.n
 
 
+class BehindAModuleObject(Dataset):
+    """Trial 10: an array per row on a module object the learner made (never imported: the
+    walk skipped every module as code), and a decoy flat array that is never read."""
+
+    def __init__(self, rows):
+        self.store = types.ModuleType("row_store")
+        self.store.rows = [np.array(r["tokens"], dtype=np.int64) for r in rows]
+        self.tokens = np.concatenate(self.store.rows)
+
+    def __len__(self):
+        return len(self.store.rows)
+
+    def __getitem__(self, i):
+        return _row_sample(i, self.store.rows[i])
+
+
+class OnALibraryClass(BehindAModuleObject):
+    """Trial 10: the arrays set on a standard library's class (``json.JSONDecoder``, held by
+    its module under its name: library code, not entered), the dataset holding the class."""
+
+    def __init__(self, rows):
+        json.JSONDecoder._ezpz_rows = [np.array(r["tokens"], dtype=np.int64) for r in rows]
+        self.store = types.SimpleNamespace(cls=json.JSONDecoder)
+        self.tokens = np.concatenate(json.JSONDecoder._ezpz_rows)
+
+    def __len__(self):
+        return len(self.store.cls._ezpz_rows)
+
+    def __getitem__(self, i):
+        return _row_sample(i, self.store.cls._ezpz_rows[i])
+
+
+class InAFunctionsOwnDict(BehindAModuleObject):
+    """The arrays as an attribute of the learner's function (``row_of.rows``), which the walk
+    read for its closure, defaults and globals only."""
+
+    def __init__(self, rows):
+        def row_of(i):
+            return row_of.rows[i]
+
+        row_of.rows = [np.array(r["tokens"], dtype=np.int64) for r in rows]
+        self.row_of, self.n = row_of, len(rows)
+        self.tokens = np.concatenate(row_of.rows)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return _row_sample(i, self.row_of(i))
+
+
+class HoldsLibraryModules(NumpyFlat):
+    """Right: one array, and the modules it uses kept on the dataset (their data is not the
+    learner's storage)."""
+
+    def __init__(self, rows):
+        super().__init__(rows)
+        self.np, self.json, self.torch = np, json, torch
+
+
 def not_started(rows):
     raise NotImplementedError
 
@@ -837,6 +899,7 @@ def test_an_instance_is_told_to_pass_the_class():
         pytest.param(OffsetsAsArrayQ, marks=SLOW),
         pytest.param(AnonymousMmap, marks=SLOW),
         pytest.param(TwoArrays, marks=SLOW),
+        HoldsLibraryModules,
     ],
 )
 @pytest.mark.parametrize("draw", range(DRAWS))
@@ -894,6 +957,9 @@ def test_what_the_checker_trusts_is_out_of_reach(draw, dodge, says, cluster):
         pytest.param(ChunksOfNineRows, "rows each (in chunks, a list)", marks=SLOW),
         pytest.param(BehindAFakeLibraryFunction, "one per row", marks=SLOW),
         pytest.param(BehindABoundGetitem, "one per row", marks=SLOW),
+        pytest.param(BehindAModuleObject, "one per row", marks=SLOW),
+        pytest.param(OnALibraryClass, "one per row", marks=SLOW),
+        pytest.param(InAFunctionsOwnDict, "one per row", marks=SLOW),
     ],
 )
 @pytest.mark.parametrize("draw", range(DRAWS))

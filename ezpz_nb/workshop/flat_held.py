@@ -51,7 +51,7 @@ _MANY = 64
 #: Buffers a walk visits at most (its objects, not ints): a walk cut short judges no hiding.
 _LIMIT = 300_000
 _ATOMIC = (int, float, complex, bool, type(None))
-_SKIPPED = (types.ModuleType, types.CodeType, types.FrameType)
+_SKIPPED = (types.CodeType, types.FrameType)
 # Every test of a kind below is on type(obj): isinstance would believe an object's own
 # __class__ (a property of the learner's can say int, and hide what it holds).
 
@@ -70,7 +70,7 @@ def _library(module: str) -> bool:
 
 
 def _code(obj: Any) -> bool:
-    """A class or function of a library (see :func:`_library`), or a module: not entered.
+    """A class, function or module of a library (see :func:`_library`): not entered.
 
     What an object says of itself is not trusted: a learner's function or class may set
     ``__module__ = "json"`` (the ninth trial hid an array per row in such a function's
@@ -80,6 +80,12 @@ def _code(obj: Any) -> bool:
     """
     if issubclass(type(obj), _SKIPPED):
         return True
+    if issubclass(type(obj), types.ModuleType):
+        # A library's module, as imported: not entered. A module object the learner made
+        # (types.ModuleType("store"), never imported; the tenth trial kept a row per array
+        # in one) or the learner's own module is entered like any object.
+        name = vars(obj).get("__name__")
+        return isinstance(name, str) and sys.modules.get(name) is obj and _library(name)
     if issubclass(type(obj), types.BuiltinFunctionType):
         bound = obj.__self__
         return bound is None or issubclass(type(bound), types.ModuleType)
@@ -209,8 +215,52 @@ def _children(obj: Any) -> list[Any]:
         cells = [c.cell_contents for c in obj.__closure__ or () if _full(c)]
         names = _named_globals(obj.__code__, set())
         found = [obj.__globals__[k] for k in names if k in obj.__globals__]
-        return [*cells, *(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values(), *found]
+        kw = (obj.__kwdefaults__ or {}).values()
+        return [*cells, *(obj.__defaults__ or ()), *kw, *found, *_set_on(obj)]
     return gc.get_referents(obj)
+
+
+#: What a class's own dict holds as code: not entered when the class is a library's.
+_CLASS_CODE = (
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodDescriptorType,
+    types.ClassMethodDescriptorType,
+    types.GetSetDescriptorType,
+    types.MemberDescriptorType,
+    types.WrapperDescriptorType,
+    classmethod,
+    staticmethod,
+    property,
+    type,
+    types.ModuleType,
+    str,
+    *_ATOMIC,
+)
+
+
+#: A module's entries that lead into the import system, not to what was set on it.
+_MODULE_PLUMBING = ("__builtins__", "__spec__", "__loader__", "__cached__", "__path__")
+
+
+def _set_on(obj: Any) -> list[Any]:
+    """The values of a library class's, function's or module's own dict that are not code:
+    a list set on it at run time (the tenth trial kept an array per row on
+    ``json.JSONDecoder``, and on a module object). Methods, descriptors, strings and numbers
+    stay out: a worker touches code (its reference counts) on every call."""
+    kind = type(obj)
+    if issubclass(kind, type):  # not cls.__dict__: a metaclass could answer for it
+        own: Any = type.__dict__["__dict__"].__get__(obj)
+    elif issubclass(kind, types.ModuleType | types.FunctionType):
+        own = object.__getattribute__(obj, "__dict__")
+    else:
+        return []
+    return [
+        v
+        for k, v in dict(own).items()
+        if not issubclass(type(v), _CLASS_CODE)
+        and not (issubclass(kind, types.ModuleType) and k in _MODULE_PLUMBING)
+    ]
 
 
 def _file(obj: Any) -> tuple[Any, int] | None:
@@ -265,8 +315,11 @@ def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str
             if not issubclass(type(obj), np.ndarray) or not obj.dtype.hasobject:
                 continue
         if _code(obj):
-            continue
-        for child in _children(obj):
+            # Of a library's class, function or module, only what was set on it as data.
+            kids = _set_on(obj)
+        else:
+            kids = _children(obj)
+        for child in kids:
             if issubclass(type(child), _ATOMIC):  # a token as a Python int: its count's page
                 pages.add(id(child) // PAGE)
                 continue
