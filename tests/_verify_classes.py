@@ -712,6 +712,9 @@ CASES: dict[str, Run] = {
     "batches of 5 and 3, two rows of zeros added to the 3": Run(
         "contract", S.uneven_zero_rows, _c(batch=F),
         words={"global_batch": "replica 0: 5, replica 1: 3"}),
+    "batches of 5 and 3, the 3 given copies of 2 of its rows": Run(
+        "contract", S.uneven_copied_rows, _c(batch=F),
+        words={"global_batch": "replica 0: 5, replica 1: 3"}),
     "batches of 5 and 3, the 3 padded to 10 tokens": Run(
         "contract", S.uneven_wider_rows, _c(batch=F),
         words={"global_batch": "replica 0: 5, replica 1: 3"}),

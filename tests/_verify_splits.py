@@ -80,10 +80,13 @@ def uneven_batches_text(layout: Any, seed: int = 3) -> DataLoader:
     return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed), collate_fn=_as_text)
 
 
-def _evened(items: list[dict[str, Any]], rows: bool) -> dict[str, torch.Tensor]:
-    """Collate 3 samples so their field looks as large as 5: zero rows, or each row padded."""
+def _evened(items: list[dict[str, Any]], rows: bool, copies: bool = False) -> dict[str, Any]:
+    """Collate 3 samples so their field looks as large as 5: zero rows, copies of its own
+    first rows, or each row padded."""
     ids = torch.stack([x["input_ids"] for x in items])
-    if len(items) < 5 and rows:
+    if len(items) < 5 and copies:
+        ids = torch.cat([ids, ids[: 5 - len(items)]])
+    elif len(items) < 5 and rows:
         ids = torch.cat([ids, ids.new_zeros(5 - len(items), ids.shape[1])])
     elif len(items) < 5:
         ids = torch.cat([ids, ids.new_zeros(len(items), 4)], dim=1)  # 3 x 10 = 30 = 5 x 6
@@ -95,6 +98,14 @@ def uneven_zero_rows(layout: Any, seed: int = 3) -> DataLoader:
     size = 5 if layout.dp_rank == 0 else 3
     return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
                       collate_fn=functools.partial(_evened, rows=True))  # fmt: skip
+
+
+def uneven_copied_rows(layout: Any, seed: int = 3) -> DataLoader:
+    """The same dodge, the 3-sample batches given copies of their own first 2 rows (the
+    tenth trial's d13_uneven_rows_padded_with_copies): rows of data, but no more data."""
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
+                      collate_fn=functools.partial(_evened, rows=True, copies=True))  # fmt: skip
 
 
 def uneven_wider_rows(layout: Any, seed: int = 3) -> DataLoader:

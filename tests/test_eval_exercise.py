@@ -1295,6 +1295,26 @@ def test_code_the_answer_leaves_for_the_ranks_main_thread_is_confined_too(warm):
     assert "Not judged here: code the answer leaves" in warm_only.message
 
 
+def mean_in_a_new_group(dataset, dp_rank, dp_size):
+    """Right but for the check's rule (the tenth trial's): the DP ranks' own group."""
+    group = dist.new_group(list(range(dp_size)))
+    pair = torch.zeros(2, dtype=torch.float64)
+    for i in range(dp_rank, len(dataset), dp_size):
+        pair += torch.tensor([float(dataset[i]["loss"]), 1.0], dtype=torch.float64)
+    dist.all_reduce(pair, group=group)
+    return (pair[0] / pair[1]).item()
+
+
+@pytest.mark.skipif(not landlock_abi(), reason="a rank is sealed only where Landlock is")
+def test_a_new_process_group_is_refused_in_words():
+    """Guards the tenth trial's note: a sealed rank refuses a new group's connections, and the
+    learner read gloo's "Cannot resolve 127.0.0.1"; the refusal now says what and why."""
+    result = check_exact_mean(mean_in_a_new_group, seed=SEEDS[2][0])
+    assert result.status == "wrong", result.message
+    assert "make no new process group" in result.message, result.message
+    assert "Cannot resolve" not in result.message, result.message
+
+
 @pytest.mark.system
 @pytest.mark.parametrize("dp", (3, 4))
 def test_a_collective_per_sample_hangs_and_is_named_at_every_degree(dp):

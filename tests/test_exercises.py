@@ -875,3 +875,23 @@ def test_a_rank_running_an_exercise_job_loads_none_of_the_notebook_side():
     assert not loaded & (NOTEBOOK_SIDE | {"ezpz_nb.workshop.verdicts"}), sorted(
         loaded & (NOTEBOOK_SIDE | {"ezpz_nb.workshop.verdicts"})
     )
+
+
+def _set_up_fails_on_rank_1() -> None:
+    from ezpz_nb.workshop.stops import CouldNotJudge
+
+    if dist.get_rank() == 1:
+        raise CouldNotJudge("gloo's worker threads could not all be confined in 20 rounds")
+
+
+def test_a_check_that_could_not_set_itself_up_says_not_done_not_wrong():
+    """Guards the tenth trial's note: sealing a rank (workshop/seal.py) missed a gloo thread
+    on a busy machine, and a right answer was told "not right yet" with the checker's own
+    error as if it were the learner's. The check's own set-up failing is "not done"."""
+    from ezpz_nb.workshop.verdicts import stopped_by
+
+    with pytest.raises(ez.RankError) as info:
+        ez.launch(_set_up_fails_on_rank_1, world_size=2)
+    stop = stopped_by(info.value)
+    assert stop.status == "not done", stop.message
+    assert "rank 1" in stop.message and "Run the check again" in stop.message, stop.message

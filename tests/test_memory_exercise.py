@@ -807,6 +807,52 @@ class InAFunctionsOwnDict(BehindAModuleObject):
         return _row_sample(i, self.row_of(i))
 
 
+class OnTheSysModule(InAFunctionsOwnDict):
+    """Trial 10: the arrays set on ``sys`` (a library's module, skipped as code), read as
+    ``sys._ezpz_rows[i]``: the walk reaches ``sys`` through the method's globals."""
+
+    def __init__(self, rows):
+        sys._ezpz_rows = [np.array(r["tokens"], dtype=np.int64) for r in rows]
+        self.n, self.tokens = len(rows), np.concatenate(sys._ezpz_rows)
+
+    def __getitem__(self, i):
+        return _row_sample(i, sys._ezpz_rows[i])
+
+
+class InACodeObjectsConstants(InAFunctionsOwnDict):
+    """Trial 10: the arrays as the constants of a code object the dataset holds (code
+    objects were skipped as code)."""
+
+    def __init__(self, rows):
+        arrays = tuple(np.array(r["tokens"], dtype=np.int64) for r in rows)
+        self.code = (lambda: None).__code__.replace(co_consts=(None, *arrays))
+        self.n, self.tokens = len(arrays), np.concatenate(arrays)
+
+    def __getitem__(self, i):
+        return _row_sample(i, self.code.co_consts[i + 1])
+
+
+class InAKeptFrame(InAFunctionsOwnDict):
+    """Trial 10: the arrays as a local of a finished call's frame the dataset keeps (frames
+    were skipped as code)."""
+
+    def __init__(self, rows):
+        def keep(arrays, out):
+            out.append(sys._getframe())
+
+        # Called in a thread: the frame's caller is the thread's start, which holds no rows.
+        out: list = []
+        arrays = tuple(np.array(r["tokens"], dtype=np.int64) for r in rows)
+        thread = threading.Thread(target=keep, args=(arrays, out))
+        thread.start()
+        thread.join()
+        self.frame = out[0]
+        self.n, self.tokens = len(rows), np.concatenate(arrays)
+
+    def __getitem__(self, i):
+        return _row_sample(i, self.frame.f_locals["arrays"][i])
+
+
 class HoldsLibraryModules(NumpyFlat):
     """Right: one array, and the modules it uses kept on the dataset (their data is not the
     learner's storage)."""
@@ -960,6 +1006,9 @@ def test_what_the_checker_trusts_is_out_of_reach(draw, dodge, says, cluster):
         pytest.param(BehindAModuleObject, "one per row", marks=SLOW),
         pytest.param(OnALibraryClass, "one per row", marks=SLOW),
         pytest.param(InAFunctionsOwnDict, "one per row", marks=SLOW),
+        pytest.param(OnTheSysModule, "one per row", marks=SLOW),
+        pytest.param(InACodeObjectsConstants, "one per row", marks=SLOW),
+        pytest.param(InAKeptFrame, "one per row", marks=SLOW),
     ],
 )
 @pytest.mark.parametrize("draw", range(DRAWS))

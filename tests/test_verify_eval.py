@@ -118,6 +118,43 @@ def test_eval_mode_fails_padding_and_drop_last_and_passes_weight_zero(cluster):
     assert r.judgement("equal_steps").verdict == "pass" and r.steps == {0: 2, 1: 2, 2: 2}
 
 
+class _Scaled(torch.utils.data.Dataset):
+    """WeightedShard's deal, each weight multiplied: by 1/N for every sample (normalised, so
+    the weighted sum is the mean itself), or for samples under 5 only."""
+
+    def __init__(self, layout, every: bool) -> None:
+        self.ws, self.every = WeightedShard(Indexed(), layout.dp_rank, layout.dp_size), every
+
+    def __len__(self) -> int:
+        return len(self.ws)
+
+    def __getitem__(self, k: int) -> dict:
+        x = dict(self.ws[k])
+        if self.every or int(x["index"]) < 5:
+            x["weight"] = float(x["weight"]) / N
+        return x
+
+
+def test_normalised_weights_pass_and_weights_scaled_for_some_samples_fail(cluster):
+    """Guards the tenth trial's right answer (weights of 1/N, pads 0: a uniform scale leaves the
+    weighted mean exact), and that a scale on some samples only is still a miscount."""
+    r = check_eval(
+        lambda lay: DataLoader(_Scaled(lay, True), batch_size=2),
+        "dp=3",
+        num_samples=N,
+        cluster=cluster,
+    )
+    got = r.judgement("counted_once")
+    assert got.verdict == "pass" and "a uniform scale" in got.reason, r.table()
+    r = check_eval(
+        lambda lay: DataLoader(_Scaled(lay, False), batch_size=2),
+        "dp=3",
+        num_samples=N,
+        cluster=cluster,
+    )
+    assert r.judgement("counted_once").verdict == "fail" and "in all" in r.table(), r.table()
+
+
 def test_eval_mode_uneven_shards_are_exact_but_unequal(cluster):
     """Guards the equal-steps rule's three answers: uneven shards count each sample once, fail
     equal steps when the eval step makes a collective (FSDP), and leave it "not asked" (with

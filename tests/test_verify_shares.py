@@ -115,3 +115,18 @@ def test_a_random_sampler_subclass_shuffles():
         parts = loader_parts(DataLoader(ds, sampler=sampler))
         assert list(parts.shufflers) == ["loader.sampler"], type(sampler).__name__
     assert "loader.sampler" in loader_parts(DataLoader(ds, sampler=_EpochRandom(ds))).reached
+
+
+def test_rows_alike_count_once_and_rows_of_one_value_not_at_all():
+    """Guards the tenth trial's dodge (a short batch given copies of its own rows to look as
+    large as the others'): rows alike are one row of data; a packer's distinct rows count."""
+    from ezpz_nb.verify.batches import batch_rows
+
+    ids = torch.arange(18).reshape(3, 6)
+    padded = torch.cat([ids, ids[:2], torch.zeros(1, 6, dtype=torch.int64)])
+    assert batch_rows({"input_ids": padded, "index": torch.arange(3)}, "index") == (3, 6)
+    assert batch_rows({"input_ids": ids, "index": torch.arange(3)}, "index") == (3, 6)
+    assert batch_rows({"x": np.arange(20.0).reshape(5, 4), "index": np.arange(5)}, "index") == (
+        5,
+        4,
+    )

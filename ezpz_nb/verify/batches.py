@@ -116,7 +116,8 @@ def batch_rows(batch: Any, key: str) -> tuple[int, ...]:
     has none (raw text), ``-1`` for a row shape that varies (lists of samples).
 
     A field's rows are its leaf's first axis (the items of a list of samples, one leaf
-    each); a row all of one value (rows of zeros) holds no data and is not counted. The id
+    each); a row all of one value (rows of zeros) holds no data and is not counted, and rows
+    alike count once. The id
     field ``key`` and the batch tags are left out. :mod:`ezpz_nb.verify.shares` compares it
     across DP replicas whose sample counts differ (a packer fills fixed rows with however
     many samples fit).
@@ -141,7 +142,10 @@ def batch_rows(batch: Any, key: str) -> tuple[int, ...]:
     rows = _rows([x for _, x in items])
     shapes = {tuple(int(d) for d in r.shape) for r in rows}
     shape = shapes.pop() if len(shapes) == 1 else (-1,)
-    return (sum(not _blank(r) for r in rows), *shape)
+    # A row equal to another of the batch counts once: copies of its own rows added to pad
+    # a short batch to the others' size are no more data (the tenth trial's dodge).
+    held = {tuple(r.reshape(-1).tolist()) for r in rows if not _blank(r)}
+    return (len(held), *shape)
 
 
 def _numel(leaf: Any) -> int:

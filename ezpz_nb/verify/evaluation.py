@@ -18,6 +18,7 @@ not hung on (:mod:`ezpz_nb.verify.seen`).
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -57,6 +58,17 @@ def _tolerance(pieces: int, smallest: float, eps: float) -> float:
     return min(max(pieces, 1) * eps, smallest / 2)
 
 
+def _uniform_scale(total: dict[int, float], tols: dict[int, float]) -> float | None:
+    """The one total every counted sample's weights reach, under 1 (normalised weights, as
+    1/N each: the tenth trial's right answer), or None when the totals differ."""
+    counted = {i: w for i, w in total.items() if w > tols[i]}
+    if not counted:
+        return None
+    c = statistics.median(counted.values())
+    same = all(abs(w - c) <= max(tols[i], 1e-12) for i, w in counted.items())
+    return c if same and c < 1 else None
+
+
 def judge_counted_once(seen: list[Seen], num_samples: int | None) -> Judgement:
     """Each sample's weights summed over every rank and step must be 1, within the weights'
     dtype's rounding (:func:`_tolerance`), over the dataset's universe (a ``Subset``'s indices).
@@ -93,7 +105,8 @@ def judge_counted_once(seen: list[Seen], num_samples: int | None) -> Judgement:
     tols = {i: _tolerance(pieces[i], smallest.get(i, 1.0), eps) for i in total}
     worst = max(tols.values(), default=0.0)
     short = sorted(i for i, w in total.items() if w < 1 - tols[i] and w > tols[i])
-    if short:
+    scale = _uniform_scale(total, tols) if short else None
+    if short and scale is None:
         return Judgement(
             "counted_once", Verdict.FAIL,
             f"sample {_name(seen, short[0])} has weight {total[short[0]]:.9g} in all (beyond "
@@ -102,6 +115,11 @@ def judge_counted_once(seen: list[Seen], num_samples: int | None) -> Judgement:
         )  # fmt: skip
     counted = {i for i, w in total.items() if w > tols[i]}
     within = f"weights summed in {dtype}, within {worst:.2g} of 1"
+    if scale is not None:  # weights normalised (1/N each): the weighted sum is the mean
+        within = (
+            f"weights summed in {dtype}, each sample's to {scale:.9g}, the same for every one "
+            "(a uniform scale leaves the weighted mean exact)"
+        )
     hashed = any(s.names for s in seen)
     known = universe_of([s.dataset for s in seen], num_samples, total)
     if known.ids is None or hashed:

@@ -51,7 +51,6 @@ _MANY = 64
 #: Buffers a walk visits at most (its objects, not ints): a walk cut short judges no hiding.
 _LIMIT = 300_000
 _ATOMIC = (int, float, complex, bool, type(None))
-_SKIPPED = (types.CodeType, types.FrameType)
 # Every test of a kind below is on type(obj): isinstance would believe an object's own
 # __class__ (a property of the learner's can say int, and hide what it holds).
 
@@ -78,8 +77,6 @@ def _code(obj: Any) -> bool:
     its name; and a C function bound to an object (``rows.__getitem__``) is entered, as
     what it is bound to may hold the rows.
     """
-    if issubclass(type(obj), _SKIPPED):
-        return True
     if issubclass(type(obj), types.ModuleType):
         # A library's module, as imported: not entered. A module object the learner made
         # (types.ModuleType("store"), never imported; the tenth trial kept a row per array
@@ -147,7 +144,11 @@ def _buffer(obj: Any) -> tuple[Any, int] | None:
             return ("fd", obj.fileno()), os.fstat(obj.fileno()).st_size
         except (OSError, ValueError):
             return None
-    if kind.__module__.startswith("pyarrow") and isinstance(getattr(obj, "nbytes", None), int):
+    # A class's __module__ need not be a str (Cython's method class holds a descriptor there:
+    # the tenth trial's pyarrow column crashed the walk on it).
+    module = getattr(kind, "__module__", None)
+    arrow = isinstance(module, str) and module.startswith("pyarrow")
+    if arrow and isinstance(getattr(obj, "nbytes", None), int):
         return id(obj), obj.nbytes  # an Arrow table or array: values and offsets buffers
     return None
 
@@ -207,6 +208,10 @@ def _full(cell: types.CellType) -> bool:
 def _children(obj: Any) -> list[Any]:
     if issubclass(type(obj), np.ndarray):  # an object array does not show its items to gc
         return obj.ravel().tolist()
+    if issubclass(type(obj), types.CodeType):  # held as data (the tenth trial: rows as consts)
+        return list(obj.co_consts)
+    if issubclass(type(obj), types.FrameType):  # a frame kept: its locals (rows, the trial's)
+        return list(dict(obj.f_locals).values())
     if issubclass(type(obj), dict):  # gc skips a dict's keys when all are str: a row may be one
         return [*dict.keys(obj), *dict.values(obj)]
     if issubclass(type(obj), types.FunctionType):
@@ -216,7 +221,7 @@ def _children(obj: Any) -> list[Any]:
         names = _named_globals(obj.__code__, set())
         found = [obj.__globals__[k] for k in names if k in obj.__globals__]
         kw = (obj.__kwdefaults__ or {}).values()
-        return [*cells, *(obj.__defaults__ or ()), *kw, *found, *_set_on(obj)]
+        return [*cells, *(obj.__defaults__ or ()), *kw, *found, *_set_on(obj, library=False)]
     return gc.get_referents(obj)
 
 
@@ -243,11 +248,23 @@ _CLASS_CODE = (
 _MODULE_PLUMBING = ("__builtins__", "__spec__", "__loader__", "__cached__", "__path__")
 
 
-def _set_on(obj: Any) -> list[Any]:
-    """The values of a library class's, function's or module's own dict that are not code:
-    a list set on it at run time (the tenth trial kept an array per row on
-    ``json.JSONDecoder``, and on a module object). Methods, descriptors, strings and numbers
-    stay out: a worker touches code (its reference counts) on every call."""
+def _import_system() -> set[int]:
+    """The interpreter's registries of every module (``sys.modules`` and the importers'
+    caches): reached from ``sys``, they would lead the walk into every library's data."""
+    held = (sys.modules, sys.path_importer_cache, sys.meta_path, sys.path_hooks)
+    return {id(x) for x in held}
+
+
+def _set_on(obj: Any, library: bool = True) -> list[Any]:
+    """The values of a class's, function's or module's own dict that are not code: of a
+    library's, what was set on it at run time (the tenth trial kept an array per row on
+    ``json.JSONDecoder``, on ``sys`` and on a module object it made).
+
+    Methods, descriptors, anything callable, strings and numbers stay out: a worker touches
+    code (its reference counts) on every call. Of a library's, only what could be rows: a
+    buffer, a container of :data:`_MANY` items or more, or an object of a class not a
+    library's; its own settings, registries and open files are the library's.
+    """
     kind = type(obj)
     if issubclass(kind, type):  # not cls.__dict__: a metaclass could answer for it
         own: Any = type.__dict__["__dict__"].__get__(obj)
@@ -255,12 +272,27 @@ def _set_on(obj: Any) -> list[Any]:
         own = object.__getattribute__(obj, "__dict__")
     else:
         return []
+    plumbing = _import_system()
+    module = issubclass(kind, types.ModuleType)
     return [
         v
         for k, v in dict(own).items()
         if not issubclass(type(v), _CLASS_CODE)
-        and not (issubclass(kind, types.ModuleType) and k in _MODULE_PLUMBING)
+        and not callable(v)  # a library's functions of any kind (Cython's too): code
+        and id(v) not in plumbing
+        and not (module and k in _MODULE_PLUMBING)
+        and (not library or _could_be_rows(v))
     ]
+
+
+def _could_be_rows(v: Any) -> bool:
+    kind = type(v)
+    if issubclass(kind, list | tuple | dict | set | frozenset):
+        return len(v) >= _MANY
+    if issubclass(kind, io.IOBase):
+        return False
+    module = getattr(kind, "__module__", None)
+    return _buffer(v) is not None or not (isinstance(module, str) and _library(module))
 
 
 def _file(obj: Any) -> tuple[Any, int] | None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from ezpz_nb.workshop import confine
 from ezpz_nb.workshop.no_sockets import available, refuse_sockets
-from ezpz_nb.workshop.stops import wrong
+from ezpz_nb.workshop.stops import CouldNotJudge, wrong
 
 __all__ = ["call_sealed", "packed", "seal_rank"]
 
@@ -125,9 +125,29 @@ def _seal_workers(abi: int) -> set[int]:
         dist.all_reduce(missing, op=dist.ReduceOp.MAX)
         if not int(missing):
             return sealed
-    raise RuntimeError(
-        f"gloo's worker threads could not all be confined in {ROUNDS} rounds: run the check again"
+    raise CouldNotJudge(
+        f"gloo's worker threads could not all be confined in {ROUNDS} rounds (on a busy "
+        "machine a callback can miss its thread)"
     )
+
+
+def _refuse_new_groups() -> None:
+    """A new process group connects anew, which a sealed rank refuses: said in words, not
+    as gloo's "Cannot resolve 127.0.0.1" (the tenth trial's ``dist.new_group`` answer)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            "this check's ranks make no new process group: a group opens connections of "
+            "its own, which the check refuses (it counts what crosses between the ranks). "
+            "Use the default group, or the group the exercise hands you."
+        )
+
+    for name in ("new_group", "new_subgroups", "new_subgroups_by_enumeration"):
+        for where in (dist, c10d):
+            if hasattr(where, name):
+                setattr(where, name, refused)
 
 
 def seal_rank(writable: list[str]) -> None:
@@ -139,6 +159,7 @@ def seal_rank(writable: list[str]) -> None:
         return
     lifeline = _seal_lifeline(abi)
     sealed = _seal_workers(abi)
+    _refuse_new_groups()  # the rank is ended after the check: nothing else needs them
     confine.restrict_this_thread(writable, abi)
     if available() is None:
         refuse_sockets(all_threads=True)
@@ -146,13 +167,13 @@ def seal_rank(writable: list[str]) -> None:
     if lifeline is not None:
         done, got = lifeline
         if not done.wait(LIFELINE):
-            raise RuntimeError("the rank's lifeline watcher did not confine itself")
+            raise CouldNotJudge("the rank's lifeline watcher did not confine itself")
         if isinstance(got[0], BaseException):
             raise got[0]
         sealed.add(got[0])
     free = [t.name for t in threading.enumerate() if t.native_id not in sealed]
     if free:
-        raise RuntimeError(f"threads {free} of this rank run unconfined: run the check again")
+        raise CouldNotJudge(f"threads {free} of this rank run unconfined")
 
 
 def call_sealed(

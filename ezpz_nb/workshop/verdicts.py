@@ -231,6 +231,12 @@ def stopped_by(err: RankError | HangError) -> CheckStopped:
             "The function still raises NotImplementedError: replace "
             "that line with your code, run its cell, then this one."
         )
+    mine = [f for f in err.failures.values() if f.exc_type.endswith("CouldNotJudge")]
+    if mine:  # the check's own set-up, not the learner's code
+        return not_done(
+            f"The check could not be set up this time on rank {mine[0].rank} "
+            f"({mine[0].message}): your code was not judged. Run the check again."
+        )
     first = raising_rank(err)
     return wrong(
         f"rank {first.rank} raised {first.message}\n  in your code:\n{_user_frames(first)}"
