@@ -853,6 +853,19 @@ class InAKeptFrame(InAFunctionsOwnDict):
         return _row_sample(i, self.frame.f_locals["arrays"][i])
 
 
+class CtypesPerRow(InAFunctionsOwnDict):
+    """Trial 10: a ctypes int64 array per row in a plain list (ctypes arrays were no buffer
+    to the walk), read through numpy; a decoy flat array."""
+
+    def __init__(self, rows):
+        self.rows = [(ctypes.c_int64 * len(r["tokens"]))(*r["tokens"]) for r in rows]
+        self.n = len(rows)
+        self.tokens = np.concatenate([np.ctypeslib.as_array(x) for x in self.rows])
+
+    def __getitem__(self, i):
+        return _row_sample(i, np.ctypeslib.as_array(self.rows[i]))
+
+
 class HoldsLibraryModules(NumpyFlat):
     """Right: one array, and the modules it uses kept on the dataset (their data is not the
     learner's storage)."""
@@ -1009,6 +1022,7 @@ def test_what_the_checker_trusts_is_out_of_reach(draw, dodge, says, cluster):
         pytest.param(OnTheSysModule, "one per row", marks=SLOW),
         pytest.param(InACodeObjectsConstants, "one per row", marks=SLOW),
         pytest.param(InAKeptFrame, "one per row", marks=SLOW),
+        pytest.param(CtypesPerRow, "one per row", marks=SLOW),
     ],
 )
 @pytest.mark.parametrize("draw", range(DRAWS))

@@ -345,6 +345,13 @@ def pack_fraction_mask(docs, row_len):
     return {**out, "mask": out["mask"].float() * 0.7 + 0.3}
 
 
+def pack_float_input_ids(docs, row_len):
+    """Dodge (issue 45's tenth trial): the right rows with input_ids as float64 of whole
+    values, which an embedding refuses."""
+    out = pack(docs, row_len)
+    return {**out, "input_ids": out["input_ids"].double()}
+
+
 def pack_fraction_positions(docs, row_len):
     """Dodge (issue 45's ninth trial): position ids 0.75 past the right ones, as floats (a rotary
     embedding turns every token by 0.75 of a position; a cast to int read the right ids)."""
@@ -422,6 +429,8 @@ def test_pack_checker_accepts_right_answers(fn):
         (pack_fraction_mask, "hides nothing"),
         (pack_fraction_positions, "return integer position ids"),
         (pack_mask_as_float, ".float()"),
+        # Its tenth trial: token ids must be integers (an embedding looks them up).
+        (pack_float_input_ids, "refuses floats"),
     ],
 )
 def test_pack_checker_rejects_dodges(fn, words):

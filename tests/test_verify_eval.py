@@ -155,6 +155,40 @@ def test_normalised_weights_pass_and_weights_scaled_for_some_samples_fail(cluste
     assert r.judgement("counted_once").verdict == "fail" and "in all" in r.table(), r.table()
 
 
+class _Unshared(torch.utils.data.Dataset):
+    """The tenth trial's dodges: no sharding. ``how``: every rank everything at 1/dp; every
+    rank everything, weight 1 on rank ``i % dp`` only; or the set twice dealt, each at 0.5."""
+
+    def __init__(self, layout, how: str) -> None:
+        r, d = layout.dp_rank, layout.dp_size
+        if how == "twice":
+            self.items = [(i % N, 0.5) for i in range(2 * N)][r::d]
+        else:
+            mask = how == "mask"
+            self.items = [(i, (1.0 if i % d == r else 0.0) if mask else 1 / d) for i in range(N)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, k: int) -> dict:
+        i, w = self.items[k]
+        return {"index": i, "x": torch.tensor(float(i)), "weight": w}
+
+
+@pytest.mark.parametrize("how", ["split", "mask", "twice"])
+def test_replicas_that_do_not_share_the_work_out_fail(how, cluster):
+    """Guards the tenth trial's three passes of check_eval: exact weights, yet every rank
+    evaluated everything (or the set twice): counted_once bounds the deliveries."""
+    r = check_eval(
+        lambda lay: DataLoader(_Unshared(lay, how), batch_size=2),
+        "dp=3",
+        num_samples=N,
+        cluster=cluster,
+    )
+    got = r.judgement("counted_once")
+    assert got.verdict == "fail" and "deliveries" in got.reason and "repeat" in got.reason, r.table()
+
+
 def test_eval_mode_uneven_shards_are_exact_but_unequal(cluster):
     """Guards the equal-steps rule's three answers: uneven shards count each sample once, fail
     equal steps when the eval step makes a collective (FSDP), and leave it "not asked" (with

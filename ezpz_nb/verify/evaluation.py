@@ -178,11 +178,60 @@ def judge_counted_once(seen: list[Seen], num_samples: int | None) -> Judgement:
             ),
             sample=str(missing[0]),
         )  # fmt: skip
+    shared = _shared_work(seen, len(known.ids), dp, batch)
+    if shared:
+        return Judgement("counted_once", Verdict.FAIL, shared)
     return Judgement(
         "counted_once",
         Verdict.PASS,
         f"all {known.size} samples of {known.how} counted once, {within}",
     )
+
+
+def _shared_work(seen: list[Seen], n: int, dp: int, batch: int) -> str:
+    """Why the replicas did not share out the evaluation, '' when they did.
+
+    A delivery again of a sample with the same contents is work done twice. A sharded loader
+    repeats at most ``dp - 1`` (a sampler's pads, at weight 0 or split) plus a pad-to-a-full-
+    batch's rows (``batch`` a replica); a document's chunks are each their own contents, so
+    they repeat nothing (a sample that carries no data, ids and weights alone, is not
+    counted: a repeat cannot be told from a chunk). The tenth trial: every rank evaluated everything, each delivery at
+    1/dp or at weight 0 on all but one rank: exact weights, ``dp`` times the work.
+    """
+    seen_once: set[tuple[int, str, str]] = set()
+    again = again_weighted = 0
+    for s in (s for s in seen if s.counts):
+        for step, (ids, ws) in enumerate(zip(s.ids, s.weights, strict=True)):
+            contents = s.contents[step] if step < len(s.contents) else []
+            tags = s.tags[step] if step < len(s.tags) else []
+            for k, (i, w) in enumerate(zip(ids, ws, strict=True)):
+                key = (
+                    i,
+                    contents[k] if k < len(contents) else "",
+                    tags[k] if k < len(tags) else "",
+                )
+                if not key[1] and not key[2]:
+                    continue  # no data to tell a repeat from a chunk of its own: not counted
+                if key in seen_once:
+                    again += 1
+                    again_weighted += w > 0
+                seen_once.add(key)
+    if again_weighted > dp - 1:
+        return (
+            f"{again_weighted} deliveries with a weight repeat a sample already evaluated (the "
+            f"same id and data; {n} samples over {dp} replicas): the replicas evaluated samples "
+            "more than once between them (every sample on every rank, or the set twice, weights "
+            "split to sum to 1), which costs that many times the work: shard the set, each "
+            "replica its own ~N/dp samples, weight 0 only on the pads that even out the shards"
+        )
+    if again > dp - 1 + dp * batch:
+        return (
+            f"{again} deliveries repeat a sample already evaluated, at weight 0 (the same id "
+            f"and data; {n} samples over {dp} replicas): more than evening out the shards and "
+            f"the last batches needs (at most {dp - 1 + dp * batch}); a weight of 0 does not "
+            "make evaluating a sample free: shard the set, each replica its own ~N/dp samples"
+        )
+    return ""
 
 
 def judge_equal_steps(seen: list[Seen], collective_step: bool) -> Judgement:

@@ -121,6 +121,8 @@ def _buffer(obj: Any) -> tuple[Any, int] | None:
         return id(obj), len(obj) * getattr(obj, "itemsize", 1)
     if issubclass(kind, str):
         return id(obj), sys.getsizeof(obj) - sys.getsizeof("")
+    if issubclass(kind, ctypes.Array):  # memory of its own (the tenth trial: one per row)
+        return id(obj), ctypes.sizeof(obj)
     if issubclass(kind, mmap.mmap):
         return id(obj), (0 if obj.closed else len(obj))
     if issubclass(kind, memoryview):

@@ -97,8 +97,16 @@ def _first(t: torch.Tensor, odd: torch.Tensor) -> tuple[float | int, str]:
 
 
 def _ids_grid(t: torch.Tensor, name: str) -> list[Any] | str:
-    """Ids as plain ints: a float grid only when every value is a whole number (a rotary
-    embedding reads whole float positions as their ints, and a fraction as a turn between)."""
+    """Ids as plain ints. Token ids of an integer dtype only; position ids as floats too when
+    every value is a whole number (a rotary embedding reads whole float positions as their
+    ints, and a fraction as a turn between)."""
+    if t.is_floating_point() and name == "input_ids":
+        # An embedding looks ids up: nn.Embedding refuses a float grid, and float32 rounds
+        # ids past 2**24 (the tenth trial's float64 input_ids passed).
+        return (
+            f"input_ids is a grid of {t.dtype}: an embedding looks token ids up by integer "
+            f"(nn.Embedding refuses floats): return {_WANT[name]}."
+        )
     if t.is_floating_point():
         odd = ~torch.isfinite(t) | (t != t.round())
         if odd.any():
