@@ -186,7 +186,9 @@ def test_replicas_that_do_not_share_the_work_out_fail(how, cluster):
         cluster=cluster,
     )
     got = r.judgement("counted_once")
-    assert got.verdict == "fail" and "deliveries" in got.reason and "repeat" in got.reason, r.table()
+    assert got.verdict == "fail" and "deliveries" in got.reason and "repeat" in got.reason, (
+        r.table()
+    )
 
 
 def test_eval_mode_uneven_shards_are_exact_but_unequal(cluster):
