@@ -170,3 +170,49 @@ def test_under_torchrun_the_parts_run_in_place(in_place_reports, factory, verdic
     report = Report.from_json(out.read_text())
     assert report.verdict == verdict, report.table()
     assert report.rule_verdicts()["resume"] == verdict
+
+
+class _OwnLoader:
+    """The tenth trial's loader of its own (no ``.dataset``): each epoch's order from
+    ``default_rng([0, epoch])``, this replica's part by slicing; its state the samples of
+    the epoch taken."""
+
+    def __init__(self, layout, n: int = 24, batch: int = 4) -> None:
+        self.r, self.d, self.n, self.b = layout.dp_rank, layout.dp_size, n, batch
+        self.epoch = self.consumed = 0
+
+    def set_epoch(self, e: int) -> None:
+        if e != self.epoch:
+            self.epoch, self.consumed = e, 0
+
+    def __len__(self) -> int:
+        return -(-len(range(self.r, self.n, self.d)) // self.b)
+
+    def __iter__(self):
+        import numpy as np
+        import torch
+
+        mine = np.random.default_rng([0, self.epoch]).permutation(self.n)[self.r :: self.d]
+        rest = mine[self.consumed :].tolist()
+        for k in range(0, len(rest), self.b):
+            batch = rest[k : k + self.b]
+            self.consumed += len(batch)
+            yield {"input_ids": torch.tensor(batch).unsqueeze(1) * 7, "index": torch.tensor(batch)}
+        self.epoch, self.consumed = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "consumed": self.consumed}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.epoch, self.consumed = int(s["epoch"]), int(s["consumed"])
+
+
+def test_the_report_asks_for_num_samples_and_check_resume_takes_it(clusters):
+    """Guards the tenth trial's note: check_resume's report said "pass num_samples=", which
+    check_resume did not take."""
+    asked = check_resume(_OwnLoader, "dp=2", epochs=2, shuffle=True, cluster=clusters[2])
+    assert "num_samples=" in asked.table(), asked.table()
+    given = check_resume(
+        _OwnLoader, "dp=2", epochs=2, shuffle=True, num_samples=24, cluster=clusters[2]
+    )
+    assert not given.failed and given.rule_verdicts()["exactly_once"] == "pass", given.table()

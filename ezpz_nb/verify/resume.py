@@ -102,6 +102,7 @@ def check_resume(
     resume_options: Mapping[str, Any] | None = None,
     key: str = "auto",
     shuffle: bool | None = None,
+    num_samples: int | None = None,
     timeout: float = 60.0,
     start_method: str | None = None,
     cluster: Any = None,
@@ -131,6 +132,9 @@ def check_resume(
         key, timeout, start_method: As for :func:`check_contract` (timeout per part).
         shuffle: As for :func:`check_contract`: ``False`` says the order is meant to
             repeat (the reshuffle rule is then "not asked", no obstacle to a PASS).
+        num_samples: As for :func:`check_contract`: the samples of one epoch, for the
+            exactly-once rule where the loader's dataset does not say (the report asks
+            for it then).
         cluster: Run the straight run and each first part (those of ``cluster``'s
             world size) on its warm ranks; the resumed parts always start fresh ranks,
             so that only the state carries the position (not a rank's memory). Files
@@ -153,8 +157,8 @@ def check_resume(
 
         args = dict(layout=layout, epochs=epochs, scenarios=scenarios, options=options,
                     resume_layout=resume_layout, resume_options=resume_options, key=key,
-                    shuffle=shuffle, timeout=timeout, start_method=start_method,
-                    cluster=cluster)  # fmt: skip
+                    shuffle=shuffle, num_samples=num_samples, timeout=timeout,
+                    start_method=start_method, cluster=cluster)  # fmt: skip
         return resume_via(via, check_resume, make_loader, **args)
     grid = parse_layout(layout)
     grid2 = parse_layout(resume_layout) if resume_layout is not None else grid
@@ -186,7 +190,7 @@ def check_resume(
     name = getattr(make_loader, "__qualname__", type(make_loader).__name__)
     what = f"resuming {name} on {grid}" + (f", resumed on {grid2}" if grid2 != grid else "")
     report = judge(
-        straight, what=what, grid=grid, epochs=epochs, key=key, num_samples=None,
+        straight, what=what, grid=grid, epochs=epochs, key=key, num_samples=num_samples,
         shuffle=shuffle, wall_s=0.0,
     )  # fmt: skip
     changed = ""
