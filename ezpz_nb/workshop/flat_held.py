@@ -247,14 +247,17 @@ _CLASS_CODE = (
 
 
 #: A module's entries that lead into the import system, not to what was set on it.
-_MODULE_PLUMBING = ("__builtins__", "__spec__", "__loader__", "__cached__", "__path__")
+_MODULE_PLUMBING = ("__builtins__", "__spec__", "__loader__", "__cached__", "__path__", "__all__")
 
 
 def _import_system() -> set[int]:
     """The interpreter's registries of every module (``sys.modules`` and the importers'
     caches): reached from ``sys``, they would lead the walk into every library's data."""
-    held = (sys.modules, sys.path_importer_cache, sys.meta_path, sys.path_hooks)
-    return {id(x) for x in held}
+    held = (sys.modules, sys.path_importer_cache, sys.meta_path, sys.path_hooks, sys.path)
+    # ... and the interpreter's own lists of names (sys.stdlib_module_names: 305 strs that
+    # named a `make test` run's right answer "storage per row").
+    names = (sys.stdlib_module_names, sys.builtin_module_names, sys.argv, sys.orig_argv)
+    return {id(x) for x in (*held, *names)}
 
 
 def _set_on(obj: Any, library: bool = True) -> list[Any]:
