@@ -142,7 +142,7 @@ class StepClock:
         # behind: bounded by what the wall clock leaves after the thread's time on a CPU.
         busy = data + compute + other
         own = min(max(0, self.delay_ns), max(0, 1e9 * busy - self.cpu_ns)) / 1e9
-        delay = own + min(max([0, *workers]) / 1e9, data)
+        delay = min(busy, own + min(max([0, *workers]) / 1e9, data))
         return StepTimes(
             data_s=data,
             compute_s=compute,
