@@ -195,8 +195,9 @@ def _shared_work(seen: list[Seen], n: int, dp: int, batch: int) -> str:
     repeats at most ``dp - 1`` (a sampler's pads, at weight 0 or split) plus a pad-to-a-full-
     batch's rows (``batch`` a replica); a document's chunks are each their own contents, so
     they repeat nothing (a sample that carries no data, ids and weights alone, is not
-    counted: a repeat cannot be told from a chunk). The tenth trial: every rank evaluated everything, each delivery at
-    1/dp or at weight 0 on all but one rank: exact weights, ``dp`` times the work.
+    counted: a repeat cannot be told from a chunk). The tenth trial: every rank evaluated
+    everything, each delivery at 1/dp or at weight 0 on all but one rank: exact weights,
+    ``dp`` times the work.
     """
     seen_once: set[tuple[int, str, str]] = set()
     again = again_weighted = 0
