@@ -108,6 +108,24 @@ def uneven_copied_rows(layout: Any, seed: int = 3) -> DataLoader:
                       collate_fn=functools.partial(_evened, rows=True, copies=True))  # fmt: skip
 
 
+def _with_side_field(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Collate as is, plus a field of 5 fixed rows of 64 floats: larger than the tokens."""
+    out = {
+        "input_ids": torch.stack([x["input_ids"] for x in items]),
+        "index": torch.tensor([x["index"] for x in items]),
+    }
+    out["extra"] = torch.arange(5 * 64, dtype=torch.float32).view(5, 64) + float(out["index"][0])
+    return out
+
+
+def uneven_side_field(layout: Any, seed: int = 3) -> DataLoader:
+    """The same dodge, every batch given a side field of 5 fixed rows, the largest field (the
+    tenth trial's d13_uneven_with_big_dummy_field): rows not tied to the samples."""
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
+                      collate_fn=_with_side_field)  # fmt: skip
+
+
 def uneven_wider_rows(layout: Any, seed: int = 3) -> DataLoader:
     """The same dodge, the 3 samples padded to 10 tokens: 30 values, as 5 x 6."""
     size = 5 if layout.dp_rank == 0 else 3

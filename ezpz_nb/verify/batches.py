@@ -110,7 +110,7 @@ def _blank(row: Any) -> bool:
     return len(flat) >= 2 and bool((flat == flat[0]).all())
 
 
-def batch_rows(batch: Any, key: str) -> tuple[int, ...]:
+def batch_rows(batch: Any, key: str, samples: int | None = None) -> tuple[int, ...]:
     """``(rows holding data, *row shape)`` of the batch's largest numeric content field: a
     packer's ``(rows, tokens)``, or a plain batch's ``(samples, *features)``; ``()`` when it
     has none (raw text), ``-1`` for a row shape that varies (lists of samples).
@@ -138,7 +138,18 @@ def batch_rows(batch: Any, key: str) -> tuple[int, ...]:
         if len({(len(x.shape), str(x.dtype)) for _, x in found}) > 1:
             del fields[name]
             fields.update({path: [(path, x)] for path, x in found})
-    items = max(fields.values(), key=lambda v: sum(_numel(x) for _, x in v))
+    # Rows tied to the samples first: a field with a row per id (``samples`` of them) says
+    # how many rows of data the batch holds; a larger side field of fixed rows does not (the
+    # tenth trial's dodge evened 5 and 3 samples with one). A packer's rows are tied to no
+    # id count: its largest field counts, as before.
+    tied = {
+        name: found
+        for name, found in fields.items()
+        if samples
+        and len(rows := _rows([x for _, x in found])) == samples
+        and all(len(r.shape) >= 1 for r in rows)
+    }
+    items = max((tied or fields).values(), key=lambda v: sum(_numel(x) for _, x in v))
     rows = _rows([x for _, x in items])
     shapes = {tuple(int(d) for d in r.shape) for r in rows}
     shape = shapes.pop() if len(shapes) == 1 else (-1,)

@@ -313,7 +313,7 @@ def run_rank(
                     dataset_ids=_sources(batch),
                 )  # fmt: skip
                 out.records.append(rec)
-                out.rows[(epoch, step)] = batch_rows(batch, out.key)
+                out.rows[(epoch, step)] = batch_rows(batch, out.key, len(ids))
                 if key != "digest":  # with ids from the bytes, one content is one id
                     out.contents[(epoch, step)] = sample_contents(batch, out.key, len(ids))
                     reread.see(batch, ids, out.key, epoch, step)
