@@ -22,6 +22,7 @@ from torch.utils.data import (
     Sampler,
     random_split,
 )
+from torch.utils.data._utils.collate import default_collate
 
 N = 32  # the contract cases' samples
 M = 23  # the eval and steps cases': odd, so DistributedSampler pads at dp 2
@@ -110,10 +111,7 @@ def uneven_copied_rows(layout: Any, seed: int = 3) -> DataLoader:
 
 def _with_side_field(items: list[dict[str, Any]]) -> dict[str, Any]:
     """Collate as is, plus a field of 5 fixed rows of 64 floats: larger than the tokens."""
-    out = {
-        "input_ids": torch.stack([x["input_ids"] for x in items]),
-        "index": torch.tensor([x["index"] for x in items]),
-    }
+    out = default_collate(items)
     out["extra"] = torch.arange(5 * 64, dtype=torch.float32).view(5, 64) + float(out["index"][0])
     return out
 
