@@ -6,6 +6,7 @@ Memory figures are counts of pages, not clocks: bounds here come from the data's
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -113,6 +114,50 @@ def test_summary_per_process_start_peak_end():
     led = Ledger.from_results([Ledger([], memory=samples[:2]), Ledger([], memory=samples[2:])])
     assert len(led.memory) == 4 and "worker 0" in str(led.memory_report())
     assert "record(..., memory=True)" in str(Ledger().memory_report())
+
+
+def test_a_workers_growth_counts_from_its_first_batch():
+    """Guards (stop 58's CI): worker 1 read at step 0, before it made a batch, is still
+    starting up (a forked worker writes a few MiB of its parent's pages while it starts): its
+    growth counts from its reading at step 1, after its first batch; readings are due at
+    every step before the last worker's first batch, whatever the budget."""
+    samples = [_s(0, 10, 0, 7), _s(1, 11, 0, 2), _s(1, 11, 1, 7), _s(1, 11, 5, 8)]
+    samples += [_s(1, 12, 0, 2, epoch=1), _s(1, 12, 1, 7, epoch=1), _s(1, 12, 2, 8, epoch=1)]
+    got = {(g.worker, g.epoch): g for g in summarise(samples)}
+    assert got[1, 0].start == 7 * MIB and got[1, 0].growth == MIB and got[1, 0].samples == 2
+    assert got[1, 1].growth == MIB  # a new worker of epoch 1 starts at its step 1 too
+    assert got[0, 0].samples == 1 and got[0, 0].growth == 0
+    lone = summarise([_s(1, 13, 0, 3)])  # read only before its first batch: that reading
+    assert lone[0].start == 3 * MIB and lone[0].samples == 1
+    tiny = MemorySampler(budget=1e-9)
+    tiny.sample(0, 0, 0, [])
+    assert tiny.due(1, workers=2) and not tiny.due(2, workers=2)
+
+
+class _SlowStart(torch.utils.data.Dataset):
+    """Worker 1 takes its time over its first sample, then writes 8 MiB it keeps: start-up
+    work a reading at step 0 (worker 0's batch) falls before."""
+
+    kept: list[bytearray] = []
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor | int]:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 1 and not self.kept:
+            time.sleep(0.5)
+            self.kept.append(bytearray(os.urandom(8 * MIB)))
+        return {"index": i, "input_ids": torch.zeros(8, dtype=torch.int64)}
+
+
+@pytest.mark.system
+def test_a_slow_starting_worker_is_not_said_to_grow(short_tmp):
+    """Guards: a worker whose start-up outlasts the first batch of another (a busy machine)
+    is not charged its start-up: growth under 2 MiB where start-up wrote 8 MiB."""
+    got = measure_workers(_SlowStart(), n=256, length=8, folder=short_tmp, batch_size=8)
+    growth = {g.worker: g for g in got.ledger.memory_report().growth}
+    assert growth[1].peak >= growth[1].start and growth[1].growth < 2 * MIB, growth[1]
 
 
 def test_shm_prediction_counts_pages_and_the_held_batch():

@@ -162,9 +162,15 @@ class MemorySampler:
         self._first: float | None = None
         self._last = 0.0
 
-    def due(self) -> bool:
-        """Whether the budget allows a reading now (the first one always)."""
-        if self._first is None or self.budget >= 1:
+    def due(self, step: int = 0, workers: int = 0) -> bool:
+        """Whether a reading is due at ``step`` of an epoch with ``workers`` workers.
+
+        The first reading always is, and so is every step before ``workers``: worker
+        ``w``'s first batch is the epoch's step ``w`` (torch hands out indices round
+        robin and delivers in order), and its growth is counted from the reading
+        after it (see :func:`summarise`). After those, while the budget allows.
+        """
+        if self._first is None or self.budget >= 1 or step < workers:
             # 1.0 means every step: a count, whatever the readings cost. Costed, a
             # reading slowed by a loaded machine (longer than the step before it)
             # would skip steps, and which ones would depend on the load.
@@ -202,10 +208,10 @@ class MemoryGrowth:
         worker: Worker id, -1 for the rank itself.
         pid: The process.
         epoch: Epoch of its first sample.
-        start: Private memory at its first sample.
+        start: Private memory at its first sample (a worker's: once it made a batch).
         peak: The largest private memory sampled.
         end: Private memory at its last sample.
-        samples: How many samples there were.
+        samples: How many samples there were (from the start).
     """
 
     rank: int
@@ -229,18 +235,25 @@ class MemoryGrowth:
 
 
 def summarise(samples: Iterable[MemorySample]) -> list[MemoryGrowth]:
-    """Start, peak and end of each process's private memory, by rank, epoch and worker."""
+    """Start, peak and end of each process's private memory, by rank, epoch and worker.
+
+    A worker's start is its first reading at or after the step of its first batch
+    (step ``w`` for worker ``w``, in its first epoch): a forked worker writes a few
+    MiB of its parent's pages while it starts up, and a reading taken during that
+    (worker 1 read at step 0 on a busy machine, before it ran) would count its
+    start-up as growth by as much as the clock allowed it.
+    """
     by_proc: dict[tuple[int, int, int], list[MemorySample]] = {}
     for s in samples:
         by_proc.setdefault((s.rank, s.worker, s.pid), []).append(s)
     out = []
     for (rank, worker, pid), got in by_proc.items():
         got.sort(key=lambda s: (s.epoch, s.step))
+        first = got[0].epoch
+        got = [s for s in got if s.epoch > first or s.step >= worker] or got
         private = [s.memory.private for s in got]
         out.append(
-            MemoryGrowth(
-                rank, worker, pid, got[0].epoch, private[0], max(private), private[-1], len(got)
-            )
+            MemoryGrowth(rank, worker, pid, first, private[0], max(private), private[-1], len(got))
         )
     return sorted(out, key=lambda g: (g.epoch, g.rank, g.worker, g.pid))
 

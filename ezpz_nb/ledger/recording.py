@@ -232,7 +232,7 @@ class RecordingLoader:
             if self.publish:
                 events.publish(rec)
             # In the recorder's own time (before handed()): counted in no part of the step.
-            if sampler is not None and sampler.due():
+            if sampler is not None and sampler.due(step, len(workers)):
                 self.memory_samples += sampler.sample(lay.rank, epoch, step, workers)
             if clock is not None:
                 clock.handed()

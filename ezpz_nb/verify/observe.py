@@ -320,7 +320,7 @@ def run_rank(
                 out.names.update(names)
                 if keep_fields:
                     out.fields[(epoch, step)] = field_digests(batch)
-                if sampler is not None and sampler.due():  # counted as observing
+                if sampler is not None and sampler.due(step, len(procs)):  # counted as observing
                     out.memory += sampler.sample(layout.rank, epoch, step, procs)
                 # Published in bunches: one message per step doubled the cost of
                 # observing (measured, benchmarks/verify.py); a hang loses at most
