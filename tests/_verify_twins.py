@@ -58,7 +58,7 @@ class PairTwins:
 
 class Rows(Dataset):
     """Rows one per index, with the index: ``kind`` "tokens", "pixels" (floats), "twice"
-    (every row twice: rows 2j and 2j+1 alike), "zeros" (16 values, mostly zero: one or two
+    (every row twice: rows 2j and 2j+1 alike), "perm" (each a permutation of range(8)), "zeros" (16 values, mostly zero: one or two
     set a row, every fifth row all zeros)."""
 
     def __init__(self, n: int, kind: str = "tokens") -> None:
@@ -72,6 +72,8 @@ class Rows(Dataset):
             return torch.rand(2, 4, generator=torch.Generator().manual_seed(i))
         if self.kind == "twice":
             return tokens(i // 2)
+        if self.kind == "perm":  # a sorting task: every row the same values, in its own order
+            return torch.randperm(8, generator=torch.Generator().manual_seed(i))
         if self.kind == "zeros":
             x = torch.zeros(16, dtype=torch.int64)
             if i % 5:
@@ -204,6 +206,59 @@ def in_order(a: int) -> Any:
     return make
 
 
+class Views(Dataset):
+    """``d`` views of ``n`` token rows: view ``v`` of row ``j`` is index ``j + n * v``, its
+    tokens as they are, or (``turn`` "reversed", "rolled") reversed or rolled for ``v > 0``."""
+
+    def __init__(self, n: int, d: int, turn: str = "") -> None:
+        self.n, self.d, self.turn = n, d, turn
+
+    def __len__(self) -> int:
+        return self.n * self.d
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        v, j = divmod(i, self.n)
+        x = tokens(j, 8)
+        if v and self.turn == "reversed":
+            x = x.flip(0)
+        elif v and self.turn == "rolled":
+            x = x.roll(v)
+        return {"input_ids": x, "index": i}
+
+
+class FixedBlock(Sampler[int]):
+    """Replica r reads the r-th block of ``n`` ids, shuffled anew each epoch: a shard that
+    never moves (a file per rank), shuffled in place."""
+
+    def __init__(self, n: int, r: int, seed: int) -> None:
+        self.n, self.r, self.seed, self.epoch = n, r, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        perm = np.random.default_rng([self.seed, self.epoch, self.r]).permutation(self.n)
+        return iter((perm + self.n * self.r).tolist())
+
+
+def fixed_blocks(n: int, seed: int, turn: str | None = None, kind: str = "tokens") -> Any:
+    """DODGE (``turn`` given): each replica shuffles its own block of :class:`Views`, a copy
+    of the same ``n`` rows (the tenth trial's: ids i + n r, replica r > 0 reversed). RIGHT
+    (``turn`` None): each its own block of ``Rows(n * d, kind)``, distinct rows."""
+
+    def make(layout: Any) -> DataLoader:
+        d = layout.dp_size
+        ds = Rows(n * d, kind) if turn is None else Views(n, d, turn)
+        return DataLoader(ds, batch_size=B, sampler=FixedBlock(n, layout.dp_rank, seed))
+
+    return make
+
+
 #: name -> (seed -> factory); every dodge fails dp_disjoint, at dp 4.
 DODGES = {
     "replicas a and b alike, 24 rows": lambda s: lambda lay: PairTwins(lay, s, 24),
@@ -216,6 +271,9 @@ DODGES = {
     "fill -1 under one id": lambda s: lambda lay: MadeUp(lay, s, 30, "tokens", -1, "one"),
     "zero pixels under one id": lambda s: lambda lay: MadeUp(lay, s, 30, "pixels", 0.0, "one"),
     "zeros first on every replica": lambda s: lambda lay: MadeUp(lay, s, 30, "tokens", 0, "first"),
+    "a copy each, alike, shuffled in place": lambda s: fixed_blocks(12, s, ""),
+    "a copy each, alike reversed, shuffled in place": lambda s: fixed_blocks(12, s, "reversed"),
+    "a copy each, alike rolled, shuffled in place": lambda s: fixed_blocks(12, s, "rolled"),
 }
 
 #: name -> (seed -> factory); every right answer passes every rule, at dp 4.
@@ -231,4 +289,8 @@ RIGHT = {
     "rows wiped whole by masking at 0.7": lambda s: (
         lambda lay: Masking(lay, s, 30, "tokens", 0.7, 103)
     ),
+    "a fixed block each, shuffled in place": lambda s: fixed_blocks(8, s),
+    "a fixed block each, every row twice": lambda s: fixed_blocks(8, s, kind="twice"),
+    "a sorting task: every row the same values": lambda s: sharded(32, "perm", s),
+    "a sorting task in fixed blocks": lambda s: fixed_blocks(8, s, kind="perm"),
 }

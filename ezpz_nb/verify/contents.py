@@ -30,7 +30,7 @@ from ezpz_nb.verify.observe import Outcome
 from ezpz_nb.verify.pairs import PAIR_ALPHA, Pair, pair_twin, random_epochs
 from ezpz_nb.verify.report import Finding
 from ezpz_nb.verify.reread import misnamed, vouched
-from ezpz_nb.verify.samples import SEP
+from ezpz_nb.verify.samples import ANY_ORDER, SEP
 from ezpz_nb.verify.universe import Universe, beyond_len, head_cut, prefix_cut
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
@@ -175,6 +175,8 @@ def find_twin(reads: Iterable[Read], names: Mapping[int, str]) -> Twin | None:
         return None
     a, b = s.a, s.b
     field = s.field.lstrip("/") or "the sample"
+    # A field of values in any order: the same tokens, reversed or shuffled, not the same bytes.
+    same = "the same values" if s.field.endswith(ANY_ORDER) else "the same bytes"
     how = (
         f"{s.spread} of the {s.multi} contents read under several ids lie one copy per "
         f"replica, where a true shard puts about {s.expected:.0f} so"
@@ -186,7 +188,7 @@ def find_twin(reads: Iterable[Read], names: Mapping[int, str]) -> Twin | None:
         f"sample {names.get(b[1], b[1])} on rank {b[3]} (epoch {b[4]}, step {b[5]}) holds the "
         f"same data ({field}) as sample {names.get(a[1], a[1])} on rank {a[3]} (epoch {a[4]}, "
         f"step {a[5]}), and {how} (chance < {max(s.chance, 1e-9):.0e}): two DP replicas "
-        f"read the same bytes under other ids"
+        f"read {same} under other ids"
     )
     return Twin(a, b, reason, str(names.get(b[1], b[1])))
 
@@ -199,10 +201,10 @@ TWIN_HINT = (
 )
 
 
-def same_bytes(outs: Sequence[Outcome]) -> Finding | None:
+def same_bytes(outs: Sequence[Outcome], shuffled: bool = False) -> Finding | None:
     """The first sample whose data another DP replica held under another id (None: none, or
     the ranks vouch for their ids (:func:`~ezpz_nb.verify.reread.vouched`) over a placement
-    that never moved: no shuffle, or one epoch)."""
+    in the dataset's order: no shuffle asked, and none moved)."""
     reads = [
         (d, i, r.dp_rank, r.rank, r.epoch, r.step)
         for o in sorted(outs, key=lambda o: o.rank)
@@ -210,11 +212,20 @@ def same_bytes(outs: Sequence[Outcome]) -> Finding | None:
         if len(digests := o.contents.get((r.epoch, r.step), [])) == len(r.sample_ids)
         for i, d in zip(r.sample_ids, digests, strict=True)
     ]
+    fixed = not random_epochs(reads)
+    if fixed and shuffled and reads:
+        # A shuffling loader whose placement never moved (each replica shuffles its own
+        # fixed shard) dealt once: its first epoch is the one draw, counted once (each
+        # epoch again would multiply the evidence of one deal).
+        first = min(r[4] for r in reads)
+        reads = [r for r in reads if r[4] == first]
     t = find_twin(reads, {k: v for x in outs for k, v in x.names.items()})
     # A shard in the dataset's order puts a repeated dataset's copies on distinct replicas,
     # rightly (DistributedSampler(shuffle=False) over ConcatDataset([a] * 4), len(a) odd, at
     # dp 4), where the random-shard chance blames them: the ranks' re-read vouches there.
-    if t is None or (vouched(outs) and not random_epochs(reads)):
+    # Not where a shuffle was asked: a replica that shuffles its own fixed copy of the data
+    # (ids i + n * r, the tenth trial's) trains on what the others do.
+    if t is None or (fixed and not shuffled and vouched(outs)):
         return None
     return Finding(
         "dp_disjoint", "dp_duplicate", t.b[4], f"Epoch {t.b[4]}: {t.reason}.", rank=t.b[3],
@@ -247,7 +258,7 @@ def seen_twin(seen: Sequence[Any]) -> Judgement | None:
 
 def content_findings(
     outs: Sequence[Outcome], universe: frozenset[int] | None, n: int | None, how: str,
-    own_length: bool,
+    own_length: bool, shuffled: bool = False,
 ) -> list[Finding]:  # fmt: skip
     """What the ids alone cannot show: a dataset longer than its ``__len__`` (when the
     universe is that length), the same bytes under two ids on two DP replicas, else an id
@@ -258,7 +269,7 @@ def content_findings(
     if beyond:
         out.append(Finding("exactly_once", "never_seen", epoch, f"The universe {how} is short.",
                            hint=beyond))  # fmt: skip
-    same = same_bytes(outs)
+    same = same_bytes(outs, shuffled)
     if same is not None:
         out.append(same)
     elif (wrong := misnamed(outs)) is not None:

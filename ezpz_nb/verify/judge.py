@@ -365,7 +365,7 @@ def judge(
         problems = [p for p in problems if p.kind not in _COUNTED]
     findings = _stuck(ranks, records) + findings_from(problems, ledger, names, outs)
     own = num_samples is None
-    findings += content_findings(outs, universe, n, how, ranged and own)
+    findings += content_findings(outs, universe, n, how, ranged and own, shuffled)
     findings += [] if names else beyond_declared(records, num_samples)  # ids, not hashed keys
     if shuffled and not ranks.hung:
         findings += order_findings(outs)

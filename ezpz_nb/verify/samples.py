@@ -28,7 +28,7 @@ import numpy as np
 from ezpz_nb.data.tree import fields
 from ezpz_nb.verify.batches import is_batch_tag
 
-__all__ = ["SEP", "field_token", "sample_columns", "sample_contents", "sample_tags"]
+__all__ = ["ANY_ORDER", "SEP", "field_token", "sample_columns", "sample_contents", "sample_tags"]
 
 #: Between a sample's field digests in one string (``"<field path>:<digest>"`` each).
 SEP = "\n"
@@ -88,8 +88,29 @@ def _offsets(flat: dict[str, np.ndarray], count: int) -> tuple[str, list[int]] |
     return None
 
 
-def _columns(batch: Any, skip: str, count: int) -> dict[str, list[bytes]]:
-    """``{path: one bytes a sample}`` of every content field of ``batch``."""
+#: Appended to a token field's path for its values in any order (:func:`sample_contents`).
+ANY_ORDER = " in any order"
+
+# Sorting a sample's values costs; tokens are short, pixels need no such digest.
+_ORDERLESS_MAX = 1 << 16
+
+
+def _orderless(x: Any) -> bytes | None:
+    """An integer row's values sorted (the same tokens in another order alike), or None."""
+    if isinstance(x, (str, bytes)) or fields(x) is not None:
+        return None
+    try:
+        a = _array(x)
+    except (TypeError, ValueError):  # ragged lists, objects
+        return None
+    if a.dtype.kind not in "iu" or not 2 <= a.size <= _ORDERLESS_MAX:
+        return None
+    return np.sort(a, axis=None).astype(np.int64).tobytes()
+
+
+def _columns(batch: Any, skip: str, count: int, orderless: bool = False) -> dict[str, list[bytes]]:
+    """``{path: one bytes a sample}`` of every content field of ``batch``; ``orderless``:
+    with each integer field's values in any order too (path + :data:`ANY_ORDER`)."""
     cols: dict[str, list[bytes]] = {}
     flat: dict[str, np.ndarray] = {}
 
@@ -106,6 +127,7 @@ def _columns(batch: Any, skip: str, count: int) -> dict[str, list[bytes]]:
                 return
             if a.ndim >= 2 and a.shape[0] == count and a[0].size >= 2:
                 cols[path] = [_one(a[i]) or b"" for i in range(count)]
+                add_orderless(path, [a[i] for i in range(count)])
             elif a.ndim == 2 and a.shape[0] == 1 or a.ndim == 1 and len(a) != count:
                 flat[path] = a.reshape(-1)
             return
@@ -113,9 +135,15 @@ def _columns(batch: Any, skip: str, count: int) -> dict[str, list[bytes]]:
             per = [_one(x) for x in node] if len(node) == count else []
             if per and all(b is not None for b in per):
                 cols[path] = [b for b in per if b is not None]
+                add_orderless(path, list(node))
                 return
             for i, v in enumerate(node):
                 walk(v, f"{path}/{i}")
+
+    def add_orderless(path: str, rows: list[Any]) -> None:
+        got = [_orderless(r) for r in rows] if orderless else []
+        if got and all(b is not None for b in got):
+            cols[path + ANY_ORDER] = [b for b in got if b is not None]
 
     walk(batch, "")
     cut = _offsets(flat, count)
@@ -124,7 +152,9 @@ def _columns(batch: Any, skip: str, count: int) -> dict[str, list[bytes]]:
         total = bounds[-1]
         for path, a in flat.items():
             if path != at and len(a) == total:
-                cols[path] = [_one(a[bounds[k] : bounds[k + 1]]) or b"" for k in range(count)]
+                parts = [a[bounds[k] : bounds[k + 1]] for k in range(count)]
+                cols[path] = [_one(x) or b"" for x in parts]
+                add_orderless(path, parts)
     return cols
 
 
@@ -147,9 +177,15 @@ def sample_contents(batch: Any, field: str, count: int | None = None) -> list[st
 
     ``field`` (the ids) is left out; ``count``: the batch's samples (from its ids). Two
     samples sharing a field's digest hold that field's very same values whatever ids they
-    carry. Never raises: the user's data is read only to compare.
+    carry. An integer field (tokens) also gives its values sorted, as a field of its own
+    (path + :data:`ANY_ORDER`): a replica that reads the others' documents reversed or
+    shuffled holds no equal row, yet the same tokens (the tenth trial's dodge). Never
+    raises: the user's data is read only to compare.
     """
-    cols = sample_columns(batch, field, count or 0)
+    try:
+        cols = _columns(batch, field, count, orderless=True) if count else {}
+    except Exception:  # noqa: BLE001 - the user's data, read only to compare: never fatal
+        cols = {}
     if not count or not cols:
         return []
     return [
