@@ -81,11 +81,18 @@ def uneven_batches_text(layout: Any, seed: int = 3) -> DataLoader:
     return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed), collate_fn=_as_text)
 
 
-def _evened(items: list[dict[str, Any]], rows: bool, copies: bool = False) -> dict[str, Any]:
+def _evened(
+    items: list[dict[str, Any]], rows: bool, copies: bool = False, noise: bool = False
+) -> dict[str, Any]:
     """Collate 3 samples so their field looks as large as 5: zero rows, copies of its own
-    first rows, or each row padded."""
+    first rows, rows of random tokens, or each row padded."""
     ids = torch.stack([x["input_ids"] for x in items])
-    if len(items) < 5 and copies:
+    if len(items) < 5 and noise:  # seeded by the batch, so TP peers agree
+        g = torch.Generator().manual_seed(int(items[0]["index"]))
+        ids = torch.cat(
+            [ids, torch.randint(1000, 5000, (5 - len(items), ids.shape[1]), generator=g)]
+        )
+    elif len(items) < 5 and copies:
         ids = torch.cat([ids, ids[: 5 - len(items)]])
     elif len(items) < 5 and rows:
         ids = torch.cat([ids, ids.new_zeros(5 - len(items), ids.shape[1])])
@@ -107,6 +114,14 @@ def uneven_copied_rows(layout: Any, seed: int = 3) -> DataLoader:
     size = 5 if layout.dp_rank == 0 else 3
     return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
                       collate_fn=functools.partial(_evened, rows=True, copies=True))  # fmt: skip
+
+
+def uneven_noise_rows(layout: Any, seed: int = 3) -> DataLoader:
+    """The same dodge, the 3-sample batches given 2 rows of random tokens (the tenth trial's
+    d13_uneven_rows_padded_with_noise): rows unlike any other, yet no sample's."""
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
+                      collate_fn=functools.partial(_evened, rows=True, noise=True))  # fmt: skip
 
 
 def _with_side_field(items: list[dict[str, Any]]) -> dict[str, Any]:

@@ -40,15 +40,43 @@ _HINT = (
 )
 
 
+def _data_rows(outs: Sequence[Outcome]) -> dict[tuple[int, int, int], tuple[int, ...]]:
+    """Each leader's rows of data per ``(rank, epoch, step)``: :attr:`Outcome.rows`, less the
+    rows a short batch was padded with to the full batches' count.
+
+    Where every batch of the most samples (``m``) holds a row per sample, a batch of fewer
+    samples with more rows (``m`` at most) was padded to look full: its rows past its
+    samples are no data, whatever they hold (the tenth trial's rows of random tokens; blank
+    rows and copies count nothing already). A packer's or a chunker's rows follow no
+    sample count, so its full batches do not hold a row each and nothing changes.
+    """
+    got: dict[tuple[int, int, int], tuple[tuple[int, ...], int]] = {}
+    for o in outs:
+        for r in o.records:
+            if r.tp_rank == 0 and r.cp_rank == 0:
+                got[(r.rank, r.epoch, r.step)] = (
+                    o.rows.get((r.epoch, r.step), ()),
+                    len(r.sample_ids),
+                )
+    m = max((n for _, n in got.values()), default=0)
+    full = [rows for rows, n in got.values() if n == m]
+    tied = m > 0 and all(rows and rows[0] == m for rows in full)
+    return {
+        k: (n, *rows[1:]) if tied and rows and n < rows[0] <= m else rows
+        for k, (rows, n) in got.items()
+    }
+
+
 def share_findings(outs: Sequence[Outcome]) -> list[Finding]:
     """Per epoch, the first step where the DP replicas' batches differ in size (samples and
     values both), that step being none of theirs' last; one finding an epoch. Only each
     replica's leader is read (its TP/CP peers hold the same samples, CP peers a slice)."""
     size: dict[tuple[int, int, int], tuple[int, tuple[int, ...], int]] = {}
+    data = _data_rows(outs)
     for o in outs:
         for r in o.records:
             if r.tp_rank == 0 and r.cp_rank == 0:
-                rows = o.rows.get((r.epoch, r.step), ())
+                rows = data[(r.rank, r.epoch, r.step)]
                 size[(r.epoch, r.step, r.dp_rank)] = (len(r.sample_ids), rows, r.rank)
     last: dict[tuple[int, int], int] = {}
     for epoch, step, dp in size:
@@ -101,10 +129,11 @@ def packed_batch(p: Problem, outs: Sequence[Outcome]) -> Problem:
         return p
     totals: dict[int, int] = {}
     shapes = set()
+    data = _data_rows(outs)
     for o in outs:
         for r in o.records:
             if r.epoch == p.epoch and r.tp_rank == 0 and r.cp_rank == 0:
-                rows = o.rows.get((r.epoch, r.step), ())
+                rows = data[(r.rank, r.epoch, r.step)]
                 if not rows:  # no numeric field (text): the samples are all there is
                     return p
                 shapes.add(rows[1:])
