@@ -33,7 +33,7 @@ def test_times_tile_each_step_and_the_marks_split_it(tmp_path):
     """Guards the clock: each step's data wait is the loader's time (a slow loader waits
     longer than the loop's trivial work), marked compute and collective are counted
     apart, unmarked work goes to other_s, and a loss logged in the step is kept."""
-    ds = TokenizingDataset(8, words=600)
+    ds = TokenizingDataset(16, words=600)
     kept: list[StepRecord] = []
     path = tmp_path / "rank0.jsonl"
     with record(DataLoader(ds, batch_size=2), ledger_list=kept, path=path, publish=False) as rec:
@@ -51,10 +51,12 @@ def test_times_tile_each_step_and_the_marks_split_it(tmp_path):
         assert t is not None and t.entered_at is not None
         assert min(t.data_s, t.collective_s) >= 0 and min(t.compute_s, t.other_s) > 0
         assert t.start_at <= t.entered_at
-    # Summed over the steps: one preempted step cannot flip a 100x relation.
-    assert sum(t.data_s for t in times) > 5 * sum(t.collective_s for t in times)
+    # Medians of 8 steps: a step preempted inside its 10 us collective (10 ms on a busy
+    # machine, seen in a unit run beside a trial) cannot flip a 100x relation; a sum could.
+    data_s = statistics.median(t.data_s for t in times)
+    assert data_s > 5 * statistics.median(t.collective_s for t in times)
     # One time line a step, and the last step's again with the epoch's end.
-    assert path.read_text().count('"kind": "time"') == len(times) + 1 == 5
+    assert path.read_text().count('"kind": "time"') == len(times) + 1 == 9
     assert times[-1].end_s > 0 and all(t.end_s == 0 for t in times[:-1])
     # The clock's /proc files (its run-delay reads) are open only while an epoch runs.
     held = []
