@@ -66,6 +66,33 @@ class ShardShuffled(_Told):
         return iter(np.random.default_rng([self.seed, self.epoch]).permutation(mine).tolist())
 
 
+class ReversedOddEpochs(_Told):
+    """DODGE (eleventh trial): one permutation drawn once, dealt over the replicas; odd
+    epochs read each replica's part backwards: a new order, no new draw."""
+
+    def __iter__(self) -> Iterator[int]:
+        mine = np.random.default_rng(self.seed).permutation(self.n)[self.r :: self.d]
+        return iter((mine[::-1] if self.epoch % 2 else mine).tolist())
+
+
+class OneReplicaFixed(_Told):
+    """DODGE (eleventh trial): a fixed partition (ids r, r + dp, ...); replica 1 shuffles
+    its part by (seed, epoch), replica 0 ignores its epoch (the same order every epoch)."""
+
+    def __iter__(self) -> Iterator[int]:
+        mine = np.arange(self.r, self.n, self.d)
+        epoch = self.epoch if self.r else 0
+        return iter(np.random.default_rng([self.seed, self.r, epoch]).permutation(mine).tolist())
+
+
+def reversed_odd_epochs(layout: Any) -> DataLoader:
+    return DataLoader(Store(N9), batch_size=B9, sampler=ReversedOddEpochs(layout))
+
+
+def one_replica_fixed(layout: Any) -> DataLoader:
+    return DataLoader(Store(N9), batch_size=B9, sampler=OneReplicaFixed(layout))
+
+
 def swap_two(layout: Any) -> DataLoader:
     return DataLoader(Store(N9), batch_size=B9, sampler=SwapTwo(layout))
 

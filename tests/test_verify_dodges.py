@@ -39,6 +39,8 @@ pytestmark = pytest.mark.timeout(300)
         (D.Rotating, True, "reshuffle", "rotated"),
         (O.swap_two, True, "reshuffle", "4 of its 4 global batches"),
         (O.rotating_shards, True, "reshuffle", "4 of its 4 global batches"),
+        (O.reversed_odd_epochs, True, "reshuffle", "order reversed"),
+        (O.one_replica_fixed, True, "reshuffle", "order exactly (sample for sample), on DP"),
     ],
 )
 def test_contract_dodges_fail_the_rule_they_dodge(factory, shuffle, rule, words, two):
@@ -47,7 +49,8 @@ def test_contract_dodges_fail_the_rule_they_dodge(factory, shuffle, rule, words,
     contents compared only as integer rows of one sample each, and a shuffle judged by
     the order of the ids alone (frozen batches, a rotation), and (the ninth trial) only
     per replica and only where every batch came back (two samples swapped an epoch in one
-    permutation, each replica handed the next one's fixed shard)."""
+    permutation, each replica handed the next one's fixed shard); (the eleventh) an order
+    read backwards, and one replica's order fixed while the other reshuffles."""
     rep = check_contract(factory, "dp=2", epochs=2, shuffle=shuffle, cluster=two)
     assert rep.rule_verdicts()[rule] == "fail", rep.table()
     assert words in said(rep, rule), rep.table()
@@ -160,7 +163,29 @@ def test_honest_shuffles_are_never_blamed_and_the_two_patterns_always_are():
     assert "same batches" in order_findings(_outcomes(pairs))[0].message
     # The eighth trial: a shuffle seeded by epoch % 2 (epoch 2 replays epoch 0 exactly);
     # the next epoch alone was compared.
-    again = [[m, m[::-1], list(m)] for m in mine]
+    again = [[m, [int(x) for x in np.random.default_rng(7).permutation(m)], list(m)] for m in mine]
+    # The eleventh: epoch 1 the order read backwards, on every replica or on one.
+    assert "order reversed" in order_findings(_outcomes([[m, m[::-1]] for m in mine]))[0].message
+    one = order_findings(_outcomes([[mine[0], mine[0]], [mine[1], mine[1][::-1]]]))
+    assert "order exactly" in one[0].message and "on DP replica 0" in one[0].message
+    # At dp 4, 7 samples a replica: one epoch pair is 1/5040, all three epochs together blame.
+    parts = [list(range(r, 28, 4)) for r in range(4)]
+    rng2 = np.random.default_rng(3)
+    frozen = [[p, list(p), list(p)] if r == 3 else [list(rng2.permutation(p)) for _ in range(3)]
+              for r, p in enumerate(parts)]  # fmt: skip
+    said = order_findings(_outcomes(frozen))[0].message
+    assert "every epoch repeats the one before it" in said and "on DP replica 3" in said, said
+
+    # Samples glued in threes, the threes alone shuffled (not the batches of 2): most
+    # neighbours kept (28 of 41 a replica), no batch kept whole.
+    def glued(m, order):
+        return [i for j in order for i in m[3 * j : 3 * j + 3]]
+
+    wide = [list(range(0, 84, 2)), list(range(1, 84, 2))]
+    twice = [[int(j) for j in np.random.default_rng(k).permutation(14)] for k in (5, 6)]
+    threes = [[glued(m, twice[0]), glued(m, twice[1])] for m in wide]
+    said = order_findings(_outcomes(threes))[0].message
+    assert "neighbouring pairs" in said and "on every DP replica" in said, said
     found = order_findings(_outcomes(again))
     assert [f.epoch for f in found] == [2] and "epoch 0's order exactly" in found[0].message
     assert state_difference({"a": np.arange(3)}, {"a": np.arange(3)}) == ""

@@ -88,7 +88,55 @@ def order_findings(outs: Sequence[Outcome]) -> list[Finding]:
             if found is not None:
                 out.append(found)
                 break
+    if not out:  # small replicas: one epoch pair says too little, all of them together can
+        found = _never_reshuffled(outs, replicas, epochs, CHANCE)
+        out += [found] if found is not None else []
     return out
+
+
+def _pattern_chance(x: list[tuple[int, ...]], y: list[tuple[int, ...]]) -> float | None:
+    """The chance that a fresh shuffle of ``x``'s samples shows the pattern ``y`` repeats of
+    ``x`` (the same order, reversed, rotated, or the same batches); None: no pattern."""
+    a, b = [i for t in x for i in t], [i for t in y for i in t]
+    if len(a) < 2 or sorted(a) != sorted(b):
+        return None
+    if a == b or b == a[::-1]:
+        return math.exp(-math.lgamma(len(a) + 1))
+    if _rotated(a, b):
+        return _rotation_chance(len(a))
+    if Counter(map(frozenset, x)) == Counter(map(frozenset, y)):
+        return _frozen_chance(x)
+    return None
+
+
+def _never_reshuffled(
+    outs: Sequence[Outcome],
+    replicas: dict[int, dict[int, list[tuple[int, ...]]]],
+    epochs: list[int],
+    bound: float,
+) -> Finding | None:
+    """A replica whose every epoch repeats the one before it (a pattern of
+    :func:`_pattern_chance`), where the chances of all its epochs together fall below the
+    bound shared among the replicas: 7 samples fixed over 3 epochs (the eleventh trial's
+    replica that never heard ``set_epoch``, at dp 4) is 1/5040 an epoch pair, 4e-8 both."""
+    for dp in sorted(replicas):
+        chances = [
+            _pattern_chance(replicas[dp].get(e, []), replicas[dp].get(f, []))
+            for e, f in zip(epochs, epochs[1:], strict=False)
+        ]
+        if len(chances) < 2 or any(c is None for c in chances):
+            continue
+        if math.prod(c for c in chances if c is not None) < bound / len(replicas):
+            before, after = epochs[0], epochs[1]
+            rank = min(
+                r.rank for o in outs for r in o.records if r.epoch == after and r.dp_rank == dp
+            )
+            what = (
+                "epoch {0}'s order again: every epoch repeats the one before it (the same "
+                "order, reversed, rotated, or the same batches)"
+            )
+            return _finding(outs, before, after, what, _SAME_ORDER, f", on DP replica {dp}", rank)
+    return None
 
 
 def _pair_finding(
@@ -119,7 +167,113 @@ def _pair_finding(
         found = _reordered(pairs, flat, bound)
         if found is not None:
             return _finding(outs, before, after, *found)
-    return _shared_finding(outs, replicas, before, after, bound)
+    for found in (
+        _shared_finding(outs, replicas, before, after, bound),
+        _one_replica(outs, replicas, before, after, bound),
+        _neighbours(outs, replicas, before, after, bound),
+    ):
+        if found is not None:
+            return found
+    return None
+
+
+def _poisson_tail(k: int, lam: float) -> float:
+    """``P(X >= k)`` for ``X`` Poisson with mean ``lam``."""
+    if k <= 0:
+        return 1.0
+    if lam <= 0:
+        return 0.0
+    terms = (math.exp(-lam + i * math.log(lam) - math.lgamma(i + 1)) for i in range(k, k + 400))
+    return min(1.0, math.fsum(terms))
+
+
+def _adjacent(order: list[int]) -> set[frozenset[int]]:
+    return {frozenset(p) for p in zip(order, order[1:], strict=False)}
+
+
+def _neighbours(
+    outs: Sequence[Outcome],
+    replicas: dict[int, dict[int, list[tuple[int, ...]]]],
+    before: int,
+    after: int,
+    bound: float,
+) -> Finding | None:
+    """Half or more of the neighbouring pairs in each replica's order kept from epoch
+    ``before`` (over every replica, else on one): an order read backwards, or samples
+    glued in pairs whose pairs alone are shuffled (the eleventh trial). In a fresh
+    permutation of a replica's ``n`` samples a given pair is neighbours with chance
+    ``2 / n``; the count kept is near Poisson (its tail is heavier than the count's:
+    measured), and half the pairs is far above what a shuffle buffer keeps."""
+    each = []
+    for dp in sorted(replicas):
+        a = [i for b in replicas[dp].get(before, []) for i in b]
+        b = [i for t in replicas[dp].get(after, []) for i in t]
+        if len(b) < 3:
+            continue
+        mine = set(b)
+        could = [p for p in _adjacent(a) if p <= mine]
+        kept = len(_adjacent(b).intersection(could))
+        each.append((dp, kept, len(b) - 1, len(could) * 2 / len(b)))
+    groups = [each] + [[x] for x in each]  # every replica together, then each alone
+    for k, group in enumerate(groups):
+        kept, out_of = sum(g[1] for g in group), sum(g[2] for g in group)
+        chance = _poisson_tail(kept, sum(g[3] for g in group))
+        if out_of and 2 * kept >= out_of and chance < bound / (2 * len(groups)):
+            where = ", on every DP replica" if k == 0 else f", on DP replica {group[0][0]}"
+            what = (
+                f"{kept} of its {out_of} neighbouring pairs of samples as epoch {{0}}'s order "
+                "had them (read backwards, or samples kept in pairs)"
+            )
+            return _finding(outs, before, after, what, _SAME_ORDER, where + _rare(chance))
+    return None
+
+
+#: Epoch ``after`` is epoch ``before`` read backwards: ``(what, hint)``.
+_REVERSED = (
+    "epoch {0}'s order reversed: the samples keep their neighbours",
+    "one permutation is drawn once and read forwards, then backwards: draw a fresh "
+    "permutation each epoch (seed + epoch)",
+)
+
+
+def _one_replica(
+    outs: Sequence[Outcome],
+    replicas: dict[int, dict[int, list[tuple[int, ...]]]],
+    before: int,
+    after: int,
+    bound: float,
+) -> Finding | None:
+    """One replica whose order repeats epoch ``before``'s (exactly, reversed, rotated, or its
+    batches reordered) where the others reshuffle: the replica-wide rules above ask it of
+    every replica together (the eleventh trial: replica 0 ignored ``set_epoch``). Blamed
+    where a fresh shuffle of that replica alone shows it less often than the bound shared
+    among the replicas."""
+    each = bound / max(1, len(replicas))
+    for dp in sorted(replicas):
+        x, y = replicas[dp].get(before, []), replicas[dp].get(after, [])
+        a, b = [i for t in x for i in t], [i for t in y for i in t]
+        if len(a) < 2 or sorted(a) != sorted(b):
+            continue
+        fresh = math.exp(-math.lgamma(len(a) + 1))
+        if a == b and fresh < each:
+            what, hint = "epoch {0}'s order exactly (sample for sample)", _SAME_ORDER
+        elif b == a[::-1] and fresh < each:
+            what, hint = _REVERSED
+        elif _rotated(a, b) and _rotation_chance(len(a)) < each:
+            what, hint = "epoch {0}'s order rotated: the samples keep their neighbours", _SAME_ORDER
+        elif Counter(map(frozenset, x)) == Counter(map(frozenset, y)) and _frozen_chance(x) < each:
+            what, hint = "the same batches as epoch {0}, only in another order", _SAME_ORDER
+        else:
+            continue
+        rank = min(r.rank for o in outs for r in o.records if r.epoch == after and r.dp_rank == dp)
+        return _finding(outs, before, after, what, hint, f", on DP replica {dp}", rank)
+    return None
+
+
+_SAME_ORDER = (
+    "this replica's sampler draws its order without the epoch (set_epoch not called on "
+    "it, or its seed fixed): every replica's permutation must come from (seed, epoch)"
+)
 
 
 def _reordered(
@@ -139,6 +293,10 @@ def _reordered(
             "permutation of the samples each epoch (seed + epoch) and cut the batches from it"
         )
         return what, hint
+    if all(len(x) > 1 and y == x[::-1] for x, y in flat) and (
+        math.prod(math.exp(-math.lgamma(len(x) + 1)) for x, _ in flat) < bound
+    ):
+        return _REVERSED
     if all(_rotated(x, y) for x, y in flat) and (
         math.prod(_rotation_chance(len(x)) for x, _ in flat) < bound
     ):
@@ -207,9 +365,10 @@ _MOVED = (
 
 def _finding(
     outs: Sequence[Outcome], before: int, after: int, what: str, hint: str,
-    where: str = ", on every DP replica",
+    where: str = ", on every DP replica", rank: int | None = None,
 ) -> Finding:  # fmt: skip
-    rank = min(r.rank for o in outs for r in o.records if r.epoch == after)
+    if rank is None:
+        rank = min(r.rank for o in outs for r in o.records if r.epoch == after)
     return Finding(
         "reshuffle", "order_unchanged", after,
         f"Epoch {after} holds " + what.format(before) + where + ".",
