@@ -164,14 +164,11 @@ def _pair_finding(
         )
         return _finding(outs, before, after, what, hint)
     if not any(x == y for x, y in flat):  # an unchanged order on some replica: not reordered
-        found = _reordered(pairs, flat, bound)
-        if found is not None:
-            return _finding(outs, before, after, *found)
-    for found in (
-        _shared_finding(outs, replicas, before, after, bound),
-        _one_replica(outs, replicas, before, after, bound),
-        _neighbours(outs, replicas, before, after, bound),
-    ):
+        pattern = _reordered(pairs, flat, bound)
+        if pattern is not None:
+            return _finding(outs, before, after, *pattern)
+    for rule in (_shared_finding, _one_replica, _neighbours):
+        found = rule(outs, replicas, before, after, bound)
         if found is not None:
             return found
     return None
