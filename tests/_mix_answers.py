@@ -189,7 +189,27 @@ rotated_by_the_seed = _reordered(lambda seed, s, p, n: np.roll(np.arange(n), -(s
 same_order_every_pass = _reordered(lambda seed, s, p, n: _fresh(seed, s, 0, n))
 #: Dodge (third trial): two orders per source, alternating pass by pass.
 two_orders_alternating = _reordered(lambda seed, s, p, n: _fresh(seed, s, 0, n)[:: 1 - 2 * (p % 2)])
-#: Dodge: one permutation per source, shifted by one place each pass (every pass differs).
+
+#: Dodge (eleventh trial): a fresh order every other pass, the pass after it read backwards.
+reversed_every_other_pass = _reordered(
+    lambda seed, s, p, n: _fresh(seed, s, p // 2, n)[:: 1 - 2 * (p % 2)]
+)
+
+
+def _pairs_swapped(order):
+    out = np.array(order)
+    m = len(out) - len(out) % 2
+    out[:m] = out[:m].reshape(-1, 2)[:, ::-1].reshape(-1)
+    return out
+
+
+#: Dodge (eleventh trial): a fresh order every other pass, the pass after it with neighbours
+#: swapped in pairs (0 <-> 1, 2 <-> 3...).
+neighbours_swapped_every_other_pass = _reordered(
+    lambda seed, s, p, n: (
+        _pairs_swapped(_fresh(seed, s, p // 2, n)) if p % 2 else _fresh(seed, s, p // 2, n)
+    )
+)  #: Dodge: one permutation per source, shifted by one place each pass (every pass differs).
 one_order_shifted = _reordered(lambda seed, s, p, n: np.roll(_fresh(seed, s, 0, n), p))
 #: Dodge: small sources shuffled per pass, the others in index order rotated per pass.
 big_sources_rotated = _reordered(

@@ -31,6 +31,7 @@ from _mix_answers import (
     largest_source_hashed_to_50,
     library_answer,
     low_16_bits,
+    neighbours_swapped_every_other_pass,
     not_done,
     notebook_solution,
     numpy_array_answer,
@@ -44,6 +45,7 @@ from _mix_answers import (
     replays_16384_batches,
     replays_from,
     returns_an_iterator,
+    reversed_every_other_pass,
     right_for_eight_steps,
     rotated_by_the_seed,
     round_robin,
@@ -179,14 +181,20 @@ def _rejected(cluster, fn, says: str | tuple[str, ...], draws: int) -> None:
         (one_order_shifted, "a new order for each pass"),
         (one_bit_of_the_seed, "the seed changes nothing"),
         (replays_80_batches, "replays a table"),
+        (reversed_every_other_pass, "neighbouring pairs"),
+        (neighbours_swapped_every_other_pass, "neighbouring pairs"),
     ],
-    ids=["rotated", "same_order", "two_orders", "big_rotated", "shifted", "one_bit", "replay_80"],
-)
+    ids=[
+        "rotated", "same_order", "two_orders", "big_rotated", "shifted", "one_bit", "replay_80",
+        "reversed_every_other", "swapped_every_other",
+    ],
+)  # fmt: skip
 def test_the_third_trials_dodges_are_rejected(cluster, fn, says):
     """Guards issue 45's third trial: passes in the same order again (one order, a rotation
     by the seed, two alternating), passes in an arithmetic order, a seed that picks one of
     two streams and a table longer than the horizon replayed are each turned down, by the
-    rule each one breaks (offline, 500 draws each: the checker module's docstring).
+    rule each one breaks (offline, 500 draws each: the checker module's docstring); and the
+    eleventh's: every other pass the last one reversed, or its neighbours swapped.
     Half the file's draws: every one of these rules holds on every draw."""
     _rejected(cluster, fn, says, max(1, DRAWS // 2))
 

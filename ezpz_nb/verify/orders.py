@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ezpz_nb.ledger import StepRecord
+from ezpz_nb.verify.neighbours import Kept, kept_neighbours
 from ezpz_nb.verify.observe import Outcome
 from ezpz_nb.verify.overlap import global_shared, replica_shared, together
 from ezpz_nb.verify.report import Finding
@@ -174,20 +175,6 @@ def _pair_finding(
     return None
 
 
-def _poisson_tail(k: int, lam: float) -> float:
-    """``P(X >= k)`` for ``X`` Poisson with mean ``lam``."""
-    if k <= 0:
-        return 1.0
-    if lam <= 0:
-        return 0.0
-    terms = (math.exp(-lam + i * math.log(lam) - math.lgamma(i + 1)) for i in range(k, k + 400))
-    return min(1.0, math.fsum(terms))
-
-
-def _adjacent(order: list[int]) -> set[frozenset[int]]:
-    return {frozenset(p) for p in zip(order, order[1:], strict=False)}
-
-
 def _neighbours(
     outs: Sequence[Outcome],
     replicas: dict[int, dict[int, list[tuple[int, ...]]]],
@@ -197,29 +184,23 @@ def _neighbours(
 ) -> Finding | None:
     """Half or more of the neighbouring pairs in each replica's order kept from epoch
     ``before`` (over every replica, else on one): an order read backwards, or samples
-    glued in pairs whose pairs alone are shuffled (the eleventh trial). In a fresh
-    permutation of a replica's ``n`` samples a given pair is neighbours with chance
-    ``2 / n``; the count kept is near Poisson (its tail is heavier than the count's:
-    measured), and half the pairs is far above what a shuffle buffer keeps."""
-    each = []
+    glued in pairs whose pairs alone are shuffled (the eleventh trial); counted and bounded
+    by :mod:`~ezpz_nb.verify.neighbours`. Half the pairs is far above what a shuffle
+    buffer keeps (a buffer of 2 over 100 samples, 200 streams: never blamed)."""
+    each: list[tuple[int, Kept]] = []
     for dp in sorted(replicas):
         a = [i for b in replicas[dp].get(before, []) for i in b]
         b = [i for t in replicas[dp].get(after, []) for i in t]
-        if len(b) < 3:
-            continue
-        mine = set(b)
-        could = [p for p in _adjacent(a) if p <= mine]
-        kept = len(_adjacent(b).intersection(could))
-        each.append((dp, kept, len(b) - 1, len(could) * 2 / len(b)))
+        each.append((dp, kept_neighbours(a, b)))
     groups = [each] + [[x] for x in each]  # every replica together, then each alone
     for k, group in enumerate(groups):
-        kept, out_of = sum(g[1] for g in group), sum(g[2] for g in group)
-        chance = _poisson_tail(kept, sum(g[3] for g in group))
-        if out_of and 2 * kept >= out_of and chance < bound / (2 * len(groups)):
+        got = sum((g for _, g in group), Kept(0, 0, 0.0))
+        chance = got.chance()
+        if got.half() and chance < bound / (2 * len(groups)):
             where = ", on every DP replica" if k == 0 else f", on DP replica {group[0][0]}"
             what = (
-                f"{kept} of its {out_of} neighbouring pairs of samples as epoch {{0}}'s order "
-                "had them (read backwards, or samples kept in pairs)"
+                f"{got.kept} of its {got.out_of} neighbouring pairs of samples as epoch {{0}}'s "
+                "order had them (read backwards, or samples kept in pairs)"
             )
             return _finding(outs, before, after, what, _SAME_ORDER, where + _rare(chance))
     return None

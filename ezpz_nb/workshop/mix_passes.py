@@ -10,7 +10,9 @@ most :data:`~.mix_seeds.CHANCE`:
 * :func:`first_repeat`: every sample of a source once before any repeats (a pass);
 * :func:`same_order_again`: the passes of a source are not a few orders used again;
 * :func:`unshuffled`: a pass is not the samples in an arithmetic order (``0, 1, 2...``
-  from a seeded start, reversed, or by a fixed stride).
+  from a seeded start, reversed, or by a fixed stride);
+* :func:`kept_neighbours_again`: a pass is not the last one reversed, or with neighbours
+  swapped (half its neighbouring pairs kept: :mod:`~ezpz_nb.verify.neighbours`).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from ezpz_nb.verify.neighbours import Kept, kept_neighbours
 from ezpz_nb.workshop.mix_seeds import CHANCE, Stream
 
 __all__ = [
     "SHUFFLED_FROM",
     "draws",
     "first_repeat",
+    "kept_neighbours_again",
     "orders_needed",
     "same_order_again",
     "unshuffled",
@@ -128,5 +132,31 @@ def unshuffled(stream: Stream, sizes: Sequence[int]) -> str:
                 f"(its first: {judged[0][:5]}...): that is not shuffled. Draw each pass's order "
                 "as a permutation from the seed, the source and the pass number (as "
                 "np.random.default_rng([seed, 1 + source, pass]).permutation(size))."
+            )
+    return ""
+
+
+def kept_neighbours_again(stream: Stream, sizes: Sequence[int]) -> str:
+    """A source whose complete passes keep more of the neighbouring pairs of the pass before,
+    over all its passes, than fresh permutations keep but for a chance of
+    :data:`~.mix_seeds.CHANCE`: every other pass the last one reversed, or with neighbours
+    swapped in pairs (the eleventh trial's: distinct orders, one draw). Each pass must be a
+    fresh permutation (the notebook asks for one per seed, source and pass), so no "half
+    the pairs" floor as for a contract's epochs, where a shuffle buffer is right."""
+    for s, got in enumerate(draws(stream, len(sizes))):
+        n = sizes[s]
+        passes = [got[j : j + n] for j in range(0, len(got) - n + 1, n)]
+        kept = sum(
+            (kept_neighbours(a, b) for a, b in zip(passes, passes[1:], strict=False)),
+            Kept(0, 0, 0.0),
+        )
+        if kept.chance() < CHANCE:
+            return (
+                f"source {s} ({n} samples) keeps {kept.kept} of the {kept.out_of} neighbouring "
+                f"pairs of samples from one pass to the next (fresh permutations keep about "
+                f"{kept.expected:.0f}): a pass read backwards, or with neighbours swapped, is "
+                "not a new order. Draw each pass's order as a permutation from the seed, the "
+                "source and the pass number (as np.random.default_rng([seed, 1 + source, "
+                "pass]).permutation(size))."
             )
     return ""

@@ -117,7 +117,12 @@ from ezpz_nb.verify.verdict import Judgement, Verdict
 from ezpz_nb.workshop import mix_streams
 from ezpz_nb.workshop.mix_confine import not_confined
 from ezpz_nb.workshop.mix_fresh import FreshStream, same_in_a_new_process, start_fresh
-from ezpz_nb.workshop.mix_passes import first_repeat, same_order_again, unshuffled
+from ezpz_nb.workshop.mix_passes import (
+    first_repeat,
+    kept_neighbours_again,
+    same_order_again,
+    unshuffled,
+)
 from ezpz_nb.workshop.mix_seeds import few_streams, passes_shared, seed_blind
 from ezpz_nb.workshop.mix_streams import RUN, Case, Draw, draw_setup
 from ezpz_nb.workshop.mix_window import WINDOW, window_steps, windows_broken
@@ -242,7 +247,7 @@ def _mixed_and_fresh(stream: list[list[tuple[int, int]]], case: Case, at: str) -
         f"Within one sample per batch is not enough here{where}: the same rounding in every batch "
         "drifts. Give the extra samples to the sources furthest behind over all batches so far.",
     )
-    for rule in (first_repeat, same_order_again, unshuffled):
+    for rule in (first_repeat, same_order_again, unshuffled, kept_neighbours_again):
         broken = rule(stream, case.sizes)
         if broken:
             raise wrong(f"{at}: {broken}" if at else broken)
