@@ -995,6 +995,23 @@ def test_the_seventh_trials_dodge_fails_on_every_draw(check):
     _each_fails(check, expected)
 
 
+def balanced_by_batch_sizes(dataset, rank, world_size):
+    """Dodge (eleventh trial): the words evened by batch sizes: rank 0 the 64 light
+    documents and 32 heavy ones in batches of 12, rank 1 the other 32 heavy in batches of 4
+    (8 steps each): under DDP a sample of rank 1 weighs 3x one of rank 0."""
+    light, heavy = list(range(0, len(dataset), 2)), list(range(1, len(dataset), 2))
+    mine = light + heavy[:32] if rank == 0 else heavy[32:]
+    order = torch.randperm(len(mine), generator=torch.Generator().manual_seed(rank)).tolist()
+    return DataLoader(dataset, batch_size=len(mine) // 8, sampler=[mine[k] for k in order])
+
+
+def test_the_eleventh_trials_dodge_fails_on_every_draw(check):
+    """Guards issue 45's eleventh trial: the words balanced with unequal batch sizes (12 and
+    4 samples a step) turned the checker green; the ranks' batches must hold as many samples
+    at every step (but each rank's last)."""
+    _each_fails(check, {balanced_by_batch_sizes: "the ranks' batches hold different numbers"})
+
+
 def patches_the_checker_in_the_rank(dataset, rank, world_size):
     """Dodge (c): the checker's modules' ``os`` and ``time`` replaced in the rank, so no read
     looks like the rank's own and every clock stands still; the slow loader."""

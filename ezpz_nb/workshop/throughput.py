@@ -186,6 +186,30 @@ def _words_per_rank(ledger: Ledger, epoch: int) -> dict[int, int]:
     }
 
 
+def _unequal_batches(ledger: Ledger) -> str:
+    """The first step (no rank's last of its epoch) whose batches differ in size across the
+    ranks, in words; "" if none. DDP averages each rank's mean gradient, so a sample of a
+    batch of 4 weighs 3x one of a batch of 12: balancing the words by batch sizes changes
+    what is trained (the eleventh trial's rank of 12-sample and rank of 4-sample batches)."""
+    sizes: dict[tuple[int, int], dict[int, int]] = {}
+    last: dict[tuple[int, int], int] = {}
+    for r in ledger.records:
+        sizes.setdefault((r.epoch, r.step), {})[r.rank] = len(r.sample_ids)
+        last[(r.epoch, r.rank)] = max(last.get((r.epoch, r.rank), 0), r.step)
+    for (epoch, step), by_rank in sorted(sizes.items()):
+        if any(step == last[(epoch, rank)] for rank in by_rank) or len(set(by_rank.values())) < 2:
+            continue
+        said = ", ".join(f"rank {rank} {n}" for rank, n in sorted(by_rank.items()))
+        return (
+            f"In epoch {epoch}, step {step}, the ranks' batches hold different numbers of "
+            f"samples ({said}). DDP averages each rank's mean gradient, so a sample of the "
+            "smaller batch weighs more than one of the larger: balance the work with the same "
+            "batch size on every rank (spread the long documents, or load them beside the "
+            "steps), not with batch sizes."
+        )
+    return ""
+
+
 def _changed(ledger: Ledger, seed: int) -> list[tuple[int, int, int]]:
     """``(rank, epoch, step)`` of batches that differ from the reference (a few drawn per rank)."""
     reference, rng, out = dataset(), random.Random(seed), []
@@ -312,6 +336,9 @@ def _verdict(ledger: Ledger, words: dict[int, dict[str, Any]], bar: int) -> str:
                     "epoch's start, it did not go away: prefetch in a thread at most "
                     f"{PREFETCH_DEPTH} batches ahead (a bounded queue), or use DataLoader workers."
                 )
+    unequal = _unequal_batches(ledger)
+    if unequal:
+        raise wrong(unequal)
     worst = {e: max(words, key=lambda r: words[r]["waited"][e]) for e in range(EPOCHS)}
     e_max = max(worst, key=lambda e: words[worst[e]]["waited"][e])
     most = words[worst[e_max]]["waited"][e_max]
