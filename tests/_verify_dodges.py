@@ -264,6 +264,24 @@ def steps_of(ds: Dataset, steps: int) -> Any:
     return lambda layout: SteppedLoader(ds, B, layout.dp_rank, layout.dp_size, steps=steps)
 
 
+class Hidden:
+    """A loader without ``.dataset``: its iteration only (a stream's wrapper)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.inner)
+
+
+def skips_sample_0(steps: int) -> Any:
+    """DODGE (eleventh trial): a stepped loader dealing samples 1 to N - 1 only, without a
+    ``.dataset`` to say N: the universe is the ids seen."""
+    return lambda layout: Hidden(
+        SteppedLoader(Subset(Store(), range(1, N)), B, layout.dp_rank, layout.dp_size, steps=steps)
+    )
+
+
 class StepTwins:
     """SteppedLoader's ids and epochs over the c-th row read (the same on every replica)."""
 

@@ -179,6 +179,14 @@ def _coverage(seen: list[Seen], num_samples: int | None, declared: bool = False)
                 f"epoch {e}: shares per rank {list(sizes.values())} differ by more than one",
                 rank=big,
             )  # fmt: skip
+    if num_samples is None:  # the universe is the ids seen: a sample never dealt is not
+        return Judgement(  # among them (the eleventh trial's stream that skips sample 0)
+            "balanced_coverage", Verdict.NOT_JUDGED,
+            f"{finished} epoch(s) ended on every rank, each dealing the same {len(universe)} "
+            f"ids once, shares within one (epoch 0: {list(shares[0].values())}), but the "
+            "dataset's length is unknown (no len(loader.dataset)), so a sample never dealt "
+            "cannot be seen: pass num_samples=",
+        )  # fmt: skip
     return Judgement(
         "balanced_coverage", Verdict.PASS,
         f"{finished} epoch(s) ended on every rank, each dealing all {len(universe)} samples "
