@@ -110,7 +110,9 @@ def test_eval_and_steps_dodges_fail_and_the_right_ones_pass(two):
     got = blind.judgement("balanced_coverage")
     assert got.verdict == "not judged" and "pass num_samples=" in got.reason, blind.table()
     told = check_steps(D.skips_sample_0(12), "dp=2", steps=12, num_samples=D.N, cluster=two)
-    assert "on every rank without sample" in told.judgement("balanced_coverage").reason, told.table()
+    assert "on every rank without sample" in told.judgement("balanced_coverage").reason, (
+        told.table()
+    )
 
 
 @pytest.mark.parametrize("kind", [D.TicketInFile, D.TicketInMemory, D.Kept])
