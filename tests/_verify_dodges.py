@@ -52,6 +52,27 @@ class Store(Dataset):
         return {"input_ids": self.rows[i], "index": i, "loss": loss}
 
 
+class Pairs(Dataset):
+    """RIGHT (eleventh trial): torchvision-style ``(input_ids, index)`` samples, which
+    default_collate makes ``[ids, index]`` batches: the ids by their place, key="1"."""
+
+    def __init__(self) -> None:
+        self.store = Store()
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        x = self.store[i]
+        return x["input_ids"], x["index"]
+
+
+def pairs(layout: Any) -> DataLoader:
+    ds = Pairs()
+    s = DistributedSampler(ds, layout.dp_size, layout.dp_rank, shuffle=True, seed=0)
+    return DataLoader(ds, batch_size=B, sampler=s)
+
+
 class View(Dataset):
     """A view (``.dataset``, no ``.indices``) that reads the first ``n`` of what it wraps."""
 

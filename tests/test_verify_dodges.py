@@ -19,7 +19,7 @@ from _said import said
 from torch.utils.data import DataLoader, Subset
 
 from ezpz_nb.ledger import StepRecord
-from ezpz_nb.verify import check_contract, check_eval, check_resume, check_steps
+from ezpz_nb.verify import VerifyError, check_contract, check_eval, check_resume, check_steps
 from ezpz_nb.verify.observe import Outcome
 from ezpz_nb.verify.orders import order_findings
 from ezpz_nb.verify.stops import state_difference
@@ -54,6 +54,16 @@ def test_contract_dodges_fail_the_rule_they_dodge(factory, shuffle, rule, words,
     rep = check_contract(factory, "dp=2", epochs=2, shuffle=shuffle, cluster=two)
     assert rep.rule_verdicts()[rule] == "fail", rep.table()
     assert words in said(rep, rule), rep.table()
+
+
+def test_tuple_batches_name_their_ids_by_place(two):
+    """Guards the eleventh trial's right answer: (input_ids, index) samples collate to
+    [ids, index]; the error names key='1' (the place structure() prints as /1), and with it
+    every rule passes."""
+    with pytest.raises(VerifyError, match=r"key='1' \(the ids' place in the tuple\)"):
+        check_contract(D.pairs, "dp=2", epochs=2, shuffle=True, cluster=two)
+    rep = check_contract(D.pairs, "dp=2", epochs=2, shuffle=True, key="1", cluster=two)
+    assert not rep.failed and rep.ok, rep.table()
 
 
 @pytest.mark.parametrize(

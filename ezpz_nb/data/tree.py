@@ -173,7 +173,8 @@ def sample_values(batch: Any, key: str) -> list[Any] | None:
 
     Args:
         batch: One batch as a loader yields it.
-        key: The field to read (``"index"``, ``"__key__"``, ``"worker_id"``...).
+        key: The field to read (``"index"``, ``"__key__"``, ``"worker_id"``...), or a
+            tuple batch's place (``"1"``: the second of ``(input_ids, index)``).
     """
     named = fields(batch)
     if named is not None:
@@ -184,6 +185,11 @@ def sample_values(batch: Any, key: str) -> list[Any] | None:
             (found for v in here.values() if (found := sample_values(v, key)) is not None), None
         )
     if isinstance(batch, (list, tuple)):
+        position = key.lstrip("/")
+        if position.isdigit() and int(position) < len(batch) and fields(batch) is None:
+            # A tuple batch's field by its place ("1" or "/1", as structure() prints it):
+            # torchvision-style (input_ids, index) samples collate to [ids, index].
+            return _flat(batch[int(position)])
         parts = [found for v in batch if (found := sample_values(v, key)) is not None]
         return [x for p in parts for x in p] if parts else None
     return None

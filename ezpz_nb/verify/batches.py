@@ -203,6 +203,21 @@ def resolve_key(batch: Any, key: str) -> str:
     return next((n for n in ("index", "__key__") if sample_values(batch, n) is not None), key)
 
 
+def _id_place(batch: Any) -> str:
+    """The place of a tuple batch's field of one integer per sample (``"1"`` of
+    ``[input_ids, index]``), the last such; "" if none or not a tuple batch."""
+    if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+        return ""
+    rows = {len(x) for x in batch if hasattr(x, "__len__")}
+    found = ""
+    for k, x in enumerate(batch):
+        kind = getattr(getattr(x, "dtype", None), "is_floating_point", None)
+        shape = getattr(x, "shape", None)
+        if shape is not None and len(shape) == 1 and kind is False and len(rows) == 1:
+            found = str(k)
+    return found
+
+
 def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str, list[int]]:
     """Sample ids, their names (for hashed keys), the batch's content digest and worker ids.
 
@@ -226,11 +241,13 @@ def observe_batch(batch: Any, key: str) -> tuple[list[int], dict[int, str], str,
                 break
         if found is None:
             want = "'index' or '__key__' field" if key == "auto" else f"{key!r} field"
+            place = _id_place(batch)
+            name = f"key={place!r} (the ids' place in the tuple)" if place else "key='id'"
             raise NoSampleIds(
                 f"the batch has no {want} to tell its samples apart (its structure: "
                 f"{structure(batch)}). Add the sample's index to each sample "
                 "({'input_ids': ..., 'index': i}), name the field that identifies a sample "
-                "(key='id'), or pass key='digest' to identify samples by their bytes."
+                f"({name}), or pass key='digest' to identify samples by their bytes."
             )
         values = found
     ids = []
