@@ -715,6 +715,9 @@ CASES: dict[str, Run] = {
     "batches of 5 and 3, the 3 given copies of 2 of its rows": Run(
         "contract", S.uneven_copied_rows, _c(batch=F),
         words={"global_batch": "replica 0: 5, replica 1: 3"}),
+    "batches of 4, the last ones 5 and 1": Run(
+        "contract", S.lopsided_last_step, _c(batch=F),
+        words={"global_batch": "replica 0: 5, replica 1: 1"}),
     "batches of 5 and 3, the 3 given 2 rows of random tokens": Run(
         "contract", S.uneven_noise_rows, _c(batch=F),
         words={"global_batch": "replica 0: 5, replica 1: 3"}),

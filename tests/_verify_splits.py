@@ -70,6 +70,34 @@ def uneven_batches(layout: Any, seed: int = 3) -> DataLoader:
     return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed))
 
 
+class Lopsided(Sampler[list[int]]):
+    """A batch sampler: a fresh permutation each epoch, replica 0 takes 17 of the first 30
+    samples and replica 1 the other 13, both in batches of 4 but the last (5 and 1)."""
+
+    shuffle = True
+
+    def __init__(self, layout: Any, seed: int = 3) -> None:
+        self.r, self.epoch, self.seed = layout.dp_rank, 0, seed
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(30).tolist()
+        mine = order[:17] if self.r == 0 else order[17:]
+        cuts = [0, 4, 8, 12, len(mine)]
+        return iter([mine[a:b] for a, b in zip(cuts, cuts[1:], strict=False)])
+
+    def __len__(self) -> int:
+        return 4
+
+
+def lopsided_last_step(layout: Any, seed: int = 3) -> DataLoader:
+    """Dodge (eleventh trial): shares of 17 and 13 hidden in the last step, batches of 5
+    and 1 after batches of 4: a sample of replica 1 weighs 5x one of replica 0 there."""
+    return DataLoader(Tokens(30), batch_sampler=Lopsided(layout, seed))
+
+
 def _as_text(items: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {"text": [" ".join(map(str, x["input_ids"].tolist())) for x in items],
             "index": [x["index"] for x in items]}  # fmt: skip
