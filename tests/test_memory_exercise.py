@@ -866,6 +866,44 @@ class CtypesPerRow(InAFunctionsOwnDict):
         return _row_sample(i, np.ctypeslib.as_array(self.rows[i]))
 
 
+class RowsByAddress(InAFunctionsOwnDict):
+    """Trial 11: an array per row in a list the dataset does not reference, kept alive by
+    ``atexit`` (interpreter state), read back through its address (``ctypes``); a decoy
+    flat array."""
+
+    def __init__(self, rows):
+        import atexit
+
+        kept = [np.array(r["tokens"], dtype=np.int64) for r in rows]
+        atexit.register(len, kept)
+        self.at, self.n = id(kept), len(rows)
+        self.tokens = np.concatenate(kept)
+
+    def __getitem__(self, i):
+        return _row_sample(i, ctypes.cast(self.at, ctypes.py_object).value[i])
+
+
+class RowsMalloced(InAFunctionsOwnDict):
+    """Trial 11: each row copied into a ``malloc`` block of its own (C memory, no Python
+    object), the dataset holding only the addresses; a decoy flat array."""
+
+    def __init__(self, rows):
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = ctypes.c_void_p
+        self.width, self.n = len(rows[0]["tokens"]), len(rows)
+        at = []
+        for r in rows:
+            block, row = libc.malloc(8 * self.width), np.array(r["tokens"], dtype=np.int64)
+            ctypes.memmove(block, row.ctypes.data, 8 * self.width)  # row alive till copied
+            at.append(block)
+        self.at = np.array(at, dtype=np.uint64)
+        self.tokens = np.array([r["tokens"] for r in rows], dtype=np.int64).reshape(-1)
+
+    def __getitem__(self, i):
+        where = ctypes.cast(int(self.at[i]), ctypes.POINTER(ctypes.c_int64))
+        return _row_sample(i, np.ctypeslib.as_array(where, (self.width,)).copy())
+
+
 class HoldsLibraryModules(NumpyFlat):
     """Right: one array, and the modules it uses kept on the dataset (their data is not the
     learner's storage)."""
@@ -1023,6 +1061,8 @@ def test_what_the_checker_trusts_is_out_of_reach(draw, dodge, says, cluster):
         pytest.param(InACodeObjectsConstants, "one per row", marks=SLOW),
         pytest.param(InAKeptFrame, "one per row", marks=SLOW),
         pytest.param(CtypesPerRow, "one per row", marks=SLOW),
+        (RowsByAddress, "kept where the dataset does not reference them"),
+        pytest.param(RowsMalloced, "kept where the dataset does not reference them", marks=SLOW),
     ],
 )
 @pytest.mark.parametrize("draw", range(DRAWS))

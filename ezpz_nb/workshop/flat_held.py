@@ -331,16 +331,20 @@ def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str
     containers: dict[int, Any] = {}  # the small buffers' containers, by id
     holders: dict[int, Any] = {}  # each object's first container, to name the commonest
     pages: set[int] = set()
+    in_memory = 0  # the buffers' bytes but files'
     seen, queue = {id(ds)}, deque([(ds, None)])
     while queue and len(seen) < _LIMIT:
         obj, parent = queue.popleft()
         if not _code(obj):
             _add_pages(pages, obj)
-        found = _file(obj) or _buffer(obj)
+        on_file = _file(obj)
+        found = on_file or _buffer(obj)
         if found is not None:
             owner, size = found
             if owner not in owners:
                 owners[owner] = size
+                # A memory map's pages are the file's, not malloc's: not in the heap.
+                in_memory += 0 if on_file or isinstance(obj, (np.memmap, mmap.mmap)) else size
                 if size >= large:
                     large_ones.append(obj)
                 else:
@@ -373,6 +377,7 @@ def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str
         "small": count[kind],
         "small_bytes": size_of[kind],
         "all_bytes": sum(owners.values()),
+        "memory_bytes": in_memory,
         "kind": kind,
         "where": where,
         "complete": not queue,
@@ -394,6 +399,12 @@ def _named(container: Any, holders: dict[int, Any]) -> str:
         name = ""
     what = type(container).__name__
     return f"{name}, a {what}" if name else f"a {what}"
+
+
+#: The share of the data's bytes make_flat may leave allocated where the dataset's
+#: buffers do not reach (a right answer's temporaries are freed; what stays is its array).
+UNREACHED = 0.5
+_MIB = 1 << 20
 
 
 def judge_held(outs: list[dict[str, Any]], n: int, tokens_n: int) -> None:
@@ -447,4 +458,19 @@ def judge_held(outs: list[dict[str, Any]], n: int, tokens_n: int) -> None:
                 "it does not reference them (a global, a reference leaked with ctypes). Keep "
                 "the tokens in one array the dataset holds as an attribute (self.tokens = "
                 "np.array(..., dtype=np.int64))."
+            )
+        # What make_flat left allocated (malloc's bytes in use, the rows let go of) beyond
+        # the buffers the walk reached: tokens kept where the dataset references nothing
+        # (an address, a finalizer's arguments, C memory), beside a decoy array it holds
+        # (the eleventh trial). Right answers leave about none (offline: 0.00x the data).
+        heap, data = out.get("heap"), tokens_n * 8
+        unreached = heap - held.get("memory_bytes", 0) if heap is not None else 0
+        if held["complete"] and unreached >= UNREACHED * data:
+            raise wrong(
+                f"On rank {rank} make_flat left {heap / _MIB:.1f} MiB allocated, of which the "
+                f"buffers your dataset references hold {held.get('memory_bytes', 0) / _MIB:.1f} "
+                f"MiB (the tokens are {data / _MIB:.1f} MiB): {unreached / _MIB:.1f} MiB are "
+                "kept where the dataset does not reference them (an address, a finalizer, C "
+                "memory). Keep the tokens in one array the dataset holds as an attribute and "
+                "read every sample from it."
             )

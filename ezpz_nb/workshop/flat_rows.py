@@ -12,6 +12,7 @@ what reading writes; this sees what the dataset is, however it is read.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import hashlib
 import secrets
@@ -35,6 +36,7 @@ __all__ = [
     "Tokens",
     "digests",
     "given_rows",
+    "heap_in_use",
     "judge_kept",
     "row_digest",
 ]
@@ -88,6 +90,28 @@ def digests(data: np.ndarray) -> Expect:
     return tuple((row_digest(row[:-1]), row_digest(row[1:])) for row in data)
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                     "uordblks", "fordblks", "keepcost")
+    ]  # fmt: skip
+
+
+def heap_in_use() -> int | None:
+    """Bytes glibc's ``malloc`` has handed out and not got back (every arena, and the
+    blocks it maps apart: ``uordblks + hblkhd``); None where there is no ``mallinfo2``
+    (another libc, glibc before 2.33). numpy's and torch's buffers come from it; Python's
+    small objects do not (its own arenas)."""
+    try:
+        call = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    call.restype = _Mallinfo2
+    got = call()
+    return int(got.uordblks + got.hblkhd)
+
+
 class Given:
     """What the checker keeps of the rows it handed ``make_flat``: digests, weak references,
     and a sample of the rows' ints, for :meth:`kept` to say what the dataset holds.
@@ -108,9 +132,11 @@ class Given:
         rows: list[dict[str, Any]],
         before: int,
         *,
+        heap: int | None = None,
         _blocks: Callable[[], int] = sys.getallocatedblocks,
     ) -> None:
         mine = _blocks()
+        self.heap = heap
         self.expect = expect
         self.refs = tuple(weakref.ref(x) for r in rows for x in (r, r["tokens"]))
         # Every 32nd token's int: distinct objects (all above 256), referenced by their
@@ -137,13 +163,15 @@ class Given:
         _collect: Callable[[], int] = gc.collect,
         _blocks: Callable[[], int] = sys.getallocatedblocks,
         _count: Callable[[object], int] = sys.getrefcount,
+        _heap: Callable[[], int | None] = heap_in_use,
     ) -> dict[str, Any]:
         """What the dataset holds, the checker's rows let go of.
 
         ``alive``: rows or token lists still alive (of ``rows``); ``ints``: the share of the
         sampled ints something else references; ``blocks``: small-object blocks in use
         beyond those before the rows were made and the checker's own (the rows, if kept,
-        and what ``make_flat`` made). The tools are bound here, at import, not looked up
+        and what ``make_flat`` made); ``heap``: bytes of ``malloc`` in use beyond those
+        before the rows were made (:func:`heap_in_use`; None where it cannot be read). The tools are bound here, at import, not looked up
         after the learner's code ran in the rank.
         """
         _collect()
@@ -152,7 +180,11 @@ class Given:
         ints = sum(_count(t) > 3 for t in self.ints) / max(1, len(self.ints))
         self.ints = ()  # counted no more, and the epoch's workers fork without them
         blocks = _blocks() - self.before - self.own
-        return {"alive": alive, "rows": len(self.refs), "ints": ints, "blocks": blocks}
+        now = _heap()
+        # What make_flat left allocated, the rows let go of (None: not measured here).
+        heap = now - self.heap if now is not None and self.heap is not None else None
+        return {"alive": alive, "rows": len(self.refs), "ints": ints, "blocks": blocks,
+                "heap": heap}  # fmt: skip
 
 
 def given_rows(n: int, length: int) -> Given:
@@ -163,13 +195,14 @@ def given_rows(n: int, length: int) -> Given:
     outlive this call: while the learner's code runs, the answers are in the rows alone (and
     as digests), so a dataset can only be built from the rows.
     """
+    heap = heap_in_use()  # before the tokens and rows exist: what make_flat leaves is above
     data = tokens(n, length, secrets.randbits(62), high=VOCAB)
     expect = digests(data)
     before = sys.getallocatedblocks()
     rows: list[dict[str, Any]] = [
         Row(index=i, tokens=Tokens(row)) for i, row in enumerate(data.tolist())
     ]
-    return Given(expect, rows, before)
+    return Given(expect, rows, before, heap=heap)
 
 
 def judge_kept(outs: list[dict[str, Any]], tokens_n: int) -> None:
