@@ -104,3 +104,14 @@ def test_records_of_every_kind_are_read_and_key_is_honoured():
     tagged = observe_batch({"x": x, "index": ids, "worker_id": torch.tensor([1, 1])}, "auto")
     assert tagged[2] == plain and tagged[3] == [1, 1]
     assert observe_batch({"x": x + 1, "index": ids}, "auto")[2] != plain
+
+
+def test_ids_outside_the_dataset_length_are_said_so():
+    """Guards the eleventh trial's words: ids outside range(len(loader.dataset)) make the
+    universe the ids seen, and the report says why, not "no dataset length"."""
+    from ezpz_nb.verify.universe import DatasetIds, universe_of
+
+    part = DatasetIds(maps=[], kinds=[], lengths=[30], raws=[], under=[])
+    assert universe_of([part], None, [-1, 5, 45]).outside == 30
+    assert universe_of([part], None, [0, 5, 29]).ids == frozenset(range(30))
+    assert universe_of([None], None, [0]).outside is None

@@ -328,7 +328,12 @@ def epoch_universe(
     if len({r.epoch for r in records}) < 2:
         return None, None, "", False
     seen = frozenset(i for r in records for i in r.sample_ids)
-    return None, seen, f"the {len(seen)} ids the epochs saw together (no dataset length)", False
+    why = (
+        "no dataset length"
+        if known.outside is None
+        else f"ids outside range({known.outside}), len(loader.dataset)"
+    )
+    return None, seen, f"the {len(seen)} ids the epochs saw together ({why})", False
 
 
 def judge(

@@ -162,11 +162,13 @@ class Universe:
         size: ``len(ids)``, the dataset length the allowances count with.
         how: ``"range(16) (len(loader.dataset))"``, ``"the Subset's 12 indices"``...;
             with ``ids`` None, why the universe is unknown ("" when nothing says).
+        outside: With ``ids`` None, the dataset's length that the ids fall outside of.
     """
 
     ids: frozenset[int] | None
     size: int | None
     how: str
+    outside: int | None = None
 
     @property
     def is_range(self) -> bool:
@@ -205,8 +207,8 @@ def universe_of(
                 return _over_parts(known, level, ids)
     lengths = sorted({n for p in known for n in p.lengths if n is not None})
     fit = next((n for n in lengths if seen_ids <= set(range(n))), None)
-    if fit is None:
-        return Universe(None, None, "")
+    if fit is None:  # ids outside every range(len): the dataset's length does not say
+        return Universe(None, None, "", outside=max(lengths, default=None))
     which = "len(loader.dataset)" if fit == max(lengths) else "the length of a wrapped dataset"
     return Universe(frozenset(range(fit)), fit, f"range({fit}) ({which})")
 
