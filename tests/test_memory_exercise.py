@@ -49,6 +49,15 @@ class NumpyFlat(Dataset):
         return _row_sample(i, self.data[i])
 
 
+class ColumnMajor(NumpyFlat):
+    """Right (trial 11): one array in column-major order, as pandas' ``DataFrame.to_numpy``
+    gives it: a row's tokens lie apart in memory, read as ``tokens[i]``."""
+
+    def __init__(self, rows):
+        super().__init__(rows)
+        self.data = np.asfortranarray(self.data)
+
+
 class WithAnIdleThread(NumpyFlat):
     """Right (issue 45's seventh trial, as pyarrow and the datasets library do at import): a
     thread started in make_flat that sleeps through the epoch (a library's pool); it serves
@@ -936,6 +945,7 @@ DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "1"))
         pytest.param(TensorFlat, marks=SLOW),
         pytest.param(BytesFlat, marks=SLOW),
         pytest.param(MemmapFlat, marks=SLOW),
+        ColumnMajor,
     ],
 )
 def test_right_answers_of_every_shape_pass(answer, cluster):

@@ -329,7 +329,9 @@ def epoch_universe(
         return None, None, "", False
     seen = frozenset(i for r in records for i in r.sample_ids)
     why = (
-        "no dataset length"
+        "ids from keys or bytes: no range to hold them to"
+        if hashed
+        else "no dataset length"
         if known.outside is None
         else f"ids outside range({known.outside}), len(loader.dataset)"
     )

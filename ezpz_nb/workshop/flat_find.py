@@ -52,6 +52,10 @@ def _pieces(obj: Any) -> Iterator[bytes]:
     elif isinstance(obj, memoryview) and obj.obj is not None:
         yield from _pieces(obj.obj)
     elif isinstance(obj, np.ndarray):
+        if obj.ndim >= 2 and not obj.flags.c_contiguous:
+            # Its rows as a read gives them: a column-major array (pandas' to_numpy) holds a
+            # row's tokens apart in memory, where no run of them would be found.
+            yield np.ascontiguousarray(obj).tobytes()
         base = obj
         while isinstance(base.base, np.ndarray):
             base = base.base
