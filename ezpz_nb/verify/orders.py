@@ -95,18 +95,22 @@ def order_findings(outs: Sequence[Outcome]) -> list[Finding]:
     return out
 
 
-def _pattern_chance(x: list[tuple[int, ...]], y: list[tuple[int, ...]]) -> float | None:
-    """The chance that a fresh shuffle of ``x``'s samples shows the pattern ``y`` repeats of
-    ``x`` (the same order, reversed, rotated, or the same batches); None: no pattern."""
+def _pattern(x: list[tuple[int, ...]], y: list[tuple[int, ...]]) -> tuple[float, str, str] | None:
+    """``(chance, what, hint)`` of the pattern ``y`` repeats of ``x`` (the same order,
+    reversed, rotated, or the same batches), the chance that a fresh shuffle of ``x``'s
+    samples shows it; None: no pattern."""
     a, b = [i for t in x for i in t], [i for t in y for i in t]
     if len(a) < 2 or sorted(a) != sorted(b):
         return None
-    if a == b or b == a[::-1]:
-        return math.exp(-math.lgamma(len(a) + 1))
+    fresh = math.exp(-math.lgamma(len(a) + 1))
+    if a == b:
+        return fresh, *_EXACT
+    if b == a[::-1]:
+        return fresh, *_REVERSED
     if _rotated(a, b):
-        return _rotation_chance(len(a))
+        return _rotation_chance(len(a)), *_ROTATED
     if Counter(map(frozenset, x)) == Counter(map(frozenset, y)):
-        return _frozen_chance(x)
+        return _frozen_chance(x), *_SAME_BATCHES
     return None
 
 
@@ -117,17 +121,17 @@ def _never_reshuffled(
     bound: float,
 ) -> Finding | None:
     """A replica whose every epoch repeats the one before it (a pattern of
-    :func:`_pattern_chance`), where the chances of all its epochs together fall below the
+    :func:`_pattern`), where the chances of all its epochs together fall below the
     bound shared among the replicas: 7 samples fixed over 3 epochs (the eleventh trial's
     replica that never heard ``set_epoch``, at dp 4) is 1/5040 an epoch pair, 4e-8 both."""
     for dp in sorted(replicas):
-        chances = [
-            _pattern_chance(replicas[dp].get(e, []), replicas[dp].get(f, []))
+        found = [
+            _pattern(replicas[dp].get(e, []), replicas[dp].get(f, []))
             for e, f in zip(epochs, epochs[1:], strict=False)
         ]
-        if len(chances) < 2 or any(c is None for c in chances):
+        if len(found) < 2 or any(p is None for p in found):
             continue
-        if math.prod(c for c in chances if c is not None) < bound / len(replicas):
+        if math.prod(p[0] for p in found if p is not None) < bound / len(replicas):
             before, after = epochs[0], epochs[1]
             rank = min(
                 r.rank for o in outs for r in o.records if r.epoch == after and r.dp_rank == dp
@@ -228,21 +232,10 @@ def _one_replica(
     among the replicas."""
     each = bound / max(1, len(replicas))
     for dp in sorted(replicas):
-        x, y = replicas[dp].get(before, []), replicas[dp].get(after, [])
-        a, b = [i for t in x for i in t], [i for t in y for i in t]
-        if len(a) < 2 or sorted(a) != sorted(b):
+        found = _pattern(replicas[dp].get(before, []), replicas[dp].get(after, []))
+        if found is None or found[0] >= each:
             continue
-        fresh = math.exp(-math.lgamma(len(a) + 1))
-        if a == b and fresh < each:
-            what, hint = "epoch {0}'s order exactly (sample for sample)", _SAME_ORDER
-        elif b == a[::-1] and fresh < each:
-            what, hint = _REVERSED
-        elif _rotated(a, b) and _rotation_chance(len(a)) < each:
-            what, hint = "epoch {0}'s order rotated: the samples keep their neighbours", _SAME_ORDER
-        elif Counter(map(frozenset, x)) == Counter(map(frozenset, y)) and _frozen_chance(x) < each:
-            what, hint = "the same batches as epoch {0}, only in another order", _SAME_ORDER
-        else:
-            continue
+        _, what, hint = found
         rank = min(r.rank for o in outs for r in o.records if r.epoch == after and r.dp_rank == dp)
         return _finding(outs, before, after, what, hint, f", on DP replica {dp}", rank)
     return None
@@ -252,6 +245,10 @@ _SAME_ORDER = (
     "this replica's sampler draws its order without the epoch (set_epoch not called on "
     "it, or its seed fixed): every replica's permutation must come from (seed, epoch)"
 )
+#: One replica's patterns: ``(what, hint)``.
+_EXACT = ("epoch {0}'s order exactly (sample for sample)", _SAME_ORDER)
+_ROTATED = ("epoch {0}'s order rotated: the samples keep their neighbours", _SAME_ORDER)
+_SAME_BATCHES = ("the same batches as epoch {0}, only in another order", _SAME_ORDER)
 
 
 def _reordered(
