@@ -721,6 +721,11 @@ CASES: dict[str, Run] = {
     "batches of 5 and 3, the 3 given 2 rows of random tokens": Run(
         "contract", S.uneven_noise_rows, _c(batch=F),
         words={"global_batch": "replica 0: 5, replica 1: 3"}),
+    "batches of 5 and 3, each padded with random rows to 6": Run(
+        "contract", S.uneven_all_padded, _c(batch=F),
+        words={"global_batch": "replica 0: 5, replica 1: 3"}),
+    "batches of 4, each padded with 2 random rows": Run(
+        "contract", S.even_all_padded, _c()),
     "batches of 5 and 3, a side field of 5 fixed rows in each": Run(
         "contract", S.uneven_side_field, _c(batch=F),
         words={"global_batch": "replica 0: 5, replica 1: 3"}),

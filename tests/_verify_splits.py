@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import (
     DataLoader,
     Dataset,
+    DistributedSampler,
     IterableDataset,
     RandomSampler,
     Sampler,
@@ -150,6 +151,34 @@ def uneven_noise_rows(layout: Any, seed: int = 3) -> DataLoader:
     size = 5 if layout.dp_rank == 0 else 3
     return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
                       collate_fn=functools.partial(_evened, rows=True, noise=True))  # fmt: skip
+
+
+def _padded_to_six(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Collate, then add rows of random tokens (seeded by the batch: TP peers agree) up to 6
+    rows, or one row where the batch holds 6 samples or more."""
+    ids = torch.stack([x["input_ids"] for x in items])
+    g = torch.Generator().manual_seed(int(items[0]["index"]))
+    noise = torch.randint(1000, 5000, (max(6 - len(items), 1), ids.shape[1]), generator=g)
+    return {
+        "input_ids": torch.cat([ids, noise]),
+        "index": torch.tensor([x["index"] for x in items]),
+    }
+
+
+def uneven_all_padded(layout: Any, seed: int = 3) -> DataLoader:
+    """The same dodge, every batch padded with rows of random tokens to 6 rows, the full
+    ones too (5 + 1 and 3 + 3; the eleventh trial's d13_uneven_all_padded): no batch holds a
+    row per sample, so the counts alone cannot tell the padding from a packer's rows."""
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
+                      collate_fn=_padded_to_six)  # fmt: skip
+
+
+def even_all_padded(layout: Any, seed: int = 3) -> DataLoader:
+    """Right: batches of 4 on both replicas, each padded with 2 rows of random tokens (a
+    loader that pads to a fixed row count): the same samples a step on every replica."""
+    shard = DistributedSampler(Tokens(), layout.dp_size, layout.dp_rank, seed=seed)
+    return DataLoader(Tokens(), batch_size=4, sampler=shard, collate_fn=_padded_to_six)
 
 
 def _with_side_field(items: list[dict[str, Any]]) -> dict[str, Any]:

@@ -731,6 +731,19 @@ def test_the_new_process_reads_no_shared_place_and_writes_nothing(tmp_path, monk
         shutil.rmtree(_SHARED, ignore_errors=True)
 
 
+def test_the_new_process_starts_without_torch():
+    """Guards issue 47's fifth round: the new process imports what it runs, not torch (the
+    confinement's modules took it in: 1.5 s of CPU a check, for answers of plain Python or
+    numpy); an answer that uses torch imports it as it is unpickled."""
+    code = (
+        "import sys, ezpz_nb.workshop.mix_fresh, ezpz_nb.workshop.confine, "
+        "ezpz_nb.workshop.no_sockets, ezpz_nb.launcher.wire\n"
+        "print([m for m in ('torch', 'numpy') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out
+
+
 def test_where_landlock_is_missing_rule_6_is_not_judged():
     """Guards rule 6 where the new process cannot be confined (no Landlock: an older kernel,
     macOS): it could have read the ranks' stream, so a match is "not judged here", named

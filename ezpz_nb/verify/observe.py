@@ -28,6 +28,7 @@ from ezpz_nb.verify.batches import (
     structure,
 )
 from ezpz_nb.verify.epochs import loader_parts
+from ezpz_nb.verify.padding import Padding
 from ezpz_nb.verify.report import VerifyError
 from ezpz_nb.verify.reread import Reread
 from ezpz_nb.verify.samples import sample_contents
@@ -106,6 +107,9 @@ class Outcome:
     # (verify.reread).
     misnamed: list[tuple[int, int, int, str, str]] = field(default_factory=list)
     reread_alike: int = 0  # kept samples re-read alike (verify.reread.Reread.alike)
+    # (epoch, step, samples) of kept batches whose rows past their samples' own are padding
+    # (verify.padding): shares counts such a rank's rows of data by its samples.
+    padded: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 class Ready:
@@ -280,6 +284,7 @@ def run_rank(
     leader = layout.tp_rank == 0 and layout.cp_rank == 0
     reread = Reread(inner, leader and stop is None and states is None and key != "digest"
                     and not out.iterable)  # fmt: skip
+    padding = Padding(reread)
     sampler = MemorySampler(memory_budget) if memory_budget is not None else None
     try:
         for epoch in range(start_epoch, start_epoch + epochs):
@@ -317,6 +322,8 @@ def run_rank(
                 if key != "digest":  # with ids from the bytes, one content is one id
                     out.contents[(epoch, step)] = sample_contents(batch, out.key, len(ids))
                     reread.see(batch, ids, out.key, epoch, step)
+                    held = out.rows[(epoch, step)]
+                    padding.see(batch, ids, out.key, held[0] if held else 0, epoch, step)
                 out.names.update(names)
                 if keep_fields:
                     out.fields[(epoch, step)] = field_digests(batch)
@@ -336,6 +343,7 @@ def run_rank(
                     out.phase = "timeout"
                     return out
             out.misnamed += reread.judge(deadline)  # before the next set_epoch
+            out.padded += padding.judge(deadline)
             out.reread_alike = reread.alike
             if at.kept < 0 and stop == (epoch + 1, 0):
                 at.take(loader, out)

@@ -130,6 +130,24 @@ class Reread:
             ds = getattr(ds, "dataset", None)
         return out
 
+    def collate(self) -> Any:
+        """The loader's ``collate_fn`` (torch's default where it has none)."""
+        collate = getattr(self.loader, "collate_fn", None)
+        if collate is None:
+            from torch.utils.data import default_collate
+
+            collate = default_collate
+        return collate
+
+    def read_alone(self, i: int, collate: Any) -> dict[str, bytes] | None:
+        """Sample ``i`` read again from the dataset and collated alone by ``collate`` (see
+        :meth:`_read`); None where it cannot be, as :meth:`judge` would not judge it (off, a
+        loader whose persistent workers keep their own dataset)."""
+        chain = self._chain()
+        if not self.on or not chain or getattr(self.loader, "persistent_workers", False):
+            return None
+        return self._read(i, chain, collate)
+
     def _read(self, i: int, chain: list[Any], collate: Any) -> dict[str, bytes] | None:
         """Sample ``i`` read from the first level of ``chain`` that names it ``i``, collated
         alone; None when no level does, or the reads differ (augmentation)."""
@@ -166,11 +184,7 @@ class Reread:
             return []
         if getattr(self.loader, "persistent_workers", False):
             return []  # its workers keep their own copies of an epoch-dependent dataset
-        collate = getattr(self.loader, "collate_fn", None)
-        if collate is None:
-            from torch.utils.data import default_collate
-
-            collate = default_collate
+        collate = self.collate()
         matched: set[str] = set()
         differ: list[tuple[_Kept, str, str]] = []
         for s in [self.first, *(k for k in self.kept if k is not self.first)]:

@@ -48,8 +48,12 @@ def _data_rows(outs: Sequence[Outcome]) -> dict[tuple[int, int, int], tuple[int,
     samples with more rows (``m`` at most) was padded to look full: its rows past its
     samples are no data, whatever they hold (the tenth trial's rows of random tokens; blank
     rows and copies count nothing already). A packer's or a chunker's rows follow no
-    sample count, so its full batches do not hold a row each and nothing changes.
+    sample count, so its full batches do not hold a row each and nothing changes. And a
+    rank whose batches its re-read showed padded (:mod:`.padding`: every sample's own row
+    among more rows) holds a row of data per sample in each batch of more rows than
+    samples (the eleventh trial padded every batch, the full ones too).
     """
+    padded = {o.rank for o in outs if o.padded}
     got: dict[tuple[int, int, int], tuple[tuple[int, ...], int]] = {}
     for o in outs:
         for r in o.records:
@@ -62,7 +66,9 @@ def _data_rows(outs: Sequence[Outcome]) -> dict[tuple[int, int, int], tuple[int,
     full = [rows for rows, n in got.values() if n == m]
     tied = m > 0 and all(rows and rows[0] == m for rows in full)
     return {
-        k: (n, *rows[1:]) if tied and rows and n < rows[0] <= m else rows
+        k: (n, *rows[1:])
+        if rows and n < rows[0] and (tied and rows[0] <= m or k[0] in padded)
+        else rows
         for k, (rows, n) in got.items()
     }
 

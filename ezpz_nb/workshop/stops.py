@@ -3,7 +3,8 @@
 A checker stops at the first fault it finds by raising a :class:`CheckStopped`
 (made by :func:`wrong` or :func:`not_done`); :func:`~ezpz_nb.workshop.verdicts.judge`
 turns it into the verdict it prints. Kept apart from :mod:`.verdicts` because a rank
-imports each exercise module to run its jobs: this module needs only torch, while
+imports each exercise module to run its jobs: this module needs nothing (not even torch:
+notebook 17's new Python process imports it through :mod:`.confine`), while
 ``verdicts`` brings the launcher's notebook side (clusters, the pool) and the report
 vocabulary of ``verify`` with it. :mod:`.verdicts` re-exports every name here, so a
 checker may take them from either.
@@ -12,9 +13,8 @@ checker may take them from either.
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
-
-import torch
 
 __all__ = [
     "CouldNotJudge",
@@ -82,4 +82,6 @@ def fresh_seed() -> int:
 
 def as_text(t: Any) -> str:
     """A tensor as its list of values, anything else as its repr: how verdicts quote values."""
-    return str(t.tolist()) if isinstance(t, torch.Tensor) else repr(t)
+    # Where torch was never imported, ``t`` is no tensor: not imported here for that.
+    torch = sys.modules.get("torch")
+    return str(t.tolist()) if torch is not None and isinstance(t, torch.Tensor) else repr(t)
