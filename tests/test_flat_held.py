@@ -466,3 +466,16 @@ def test_the_checker_rejects_storage_per_row(draw, make, says):
 def test_the_checker_takes_one_array_with_offsets_or_metadata(draw, make):
     got = check_flat(make)
     assert got.status == "correct", got.message
+
+
+def test_where_the_heap_cannot_be_read_that_rule_says_not_judged():
+    """Guards issue 45 (trial 11's heap rule): on a libc without ``mallinfo2`` the rule that
+    finds tokens kept where the dataset references nothing cannot run; the verdict says so,
+    naming the ranks, instead of passing in silence; where it ran, nothing is added."""
+    n, length = 64, 16
+    data = tokens(n, length, 5)
+    ds = ViewsOfOne([{"index": i, "tokens": row} for i, row in enumerate(data.tolist())])
+    held = holdings(ds, n * length)
+    said = judge_held([{"held": held, "heap": None}, {"held": held, "heap": 0}], n, n * length)
+    assert said.startswith("Not judged here") and "rank(s) 0 cannot" in said, said
+    assert judge_held([{"held": held, "heap": 0}], n, n * length) == ""

@@ -914,6 +914,25 @@ class RowsMalloced(InAFunctionsOwnDict):
         return _row_sample(i, np.ctypeslib.as_array(where, (self.width,)).copy())
 
 
+class RowsMallocedSharedDecoy(RowsMalloced):
+    """Issue 45's open hole after trial 11: the same rows in ``malloc`` blocks, the decoy a
+    tensor in shared memory (``share_memory_()``): reached by the walk, yet not on the heap,
+    its bytes covered the rows' there."""
+
+    def __init__(self, rows):
+        super().__init__(rows)
+        self.tokens = torch.from_numpy(self.tokens).share_memory_()
+
+
+class TensorShared(TensorFlat):
+    """Right: one tensor moved to shared memory (``share_memory_()``), as a loader that hands
+    its storage to other processes does: its bytes are off the heap, and so is nothing else."""
+
+    def __init__(self, rows):
+        super().__init__(rows)
+        self.data.share_memory_()
+
+
 class HoldsLibraryModules(NumpyFlat):
     """Right: one array, and the modules it uses kept on the dataset (their data is not the
     learner's storage)."""
@@ -999,6 +1018,7 @@ def test_an_instance_is_told_to_pass_the_class():
     [
         Int32PerRead,
         WithAnIdleThread,
+        TensorShared,
         pytest.param(HFDatasetsTable, marks=_needs("datasets")),
         pytest.param(make_ragged, marks=SLOW),
         pytest.param(ArrayBlob, marks=SLOW),
@@ -1074,6 +1094,7 @@ def test_what_the_checker_trusts_is_out_of_reach(draw, dodge, says, cluster):
         pytest.param(CtypesPerRow, "one per row", marks=SLOW),
         (RowsByAddress, "kept where the dataset does not reference them"),
         pytest.param(RowsMalloced, "kept where the dataset does not reference them", marks=SLOW),
+        (RowsMallocedSharedDecoy, "kept where the dataset does not reference them"),
     ],
 )
 @pytest.mark.parametrize("draw", range(DRAWS))

@@ -12,6 +12,7 @@ what reading writes; this sees what the dataset is, however it is read.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import gc
 import hashlib
@@ -37,6 +38,8 @@ __all__ = [
     "digests",
     "given_rows",
     "heap_in_use",
+    "named_mappings",
+    "off_heap",
     "judge_kept",
     "row_digest",
 ]
@@ -110,6 +113,32 @@ def heap_in_use() -> int | None:
     call.restype = _Mallinfo2
     got = call()
     return int(got.uordblks + got.hblkhd)
+
+
+def named_mappings(path: str = "/proc/self/maps") -> list[tuple[int, int, str]]:
+    """``(start, end, name)`` of this process's mappings that have a name other than
+    ``[heap]`` (a file, ``/dev/shm``, a ``memfd``, shared ``/dev/zero``), sorted; ``[]``
+    where they cannot be read (not Linux). ``malloc``'s memory is never in one of them: its
+    arenas are the ``[heap]`` and anonymous maps, and so are the blocks it maps apart."""
+    out = []
+    try:
+        with open(path) as maps:
+            for line in maps:
+                parts = line.split(maxsplit=5)
+                name = parts[5].strip() if len(parts) > 5 else ""
+                if name and name != "[heap]":
+                    lo, hi = parts[0].split("-")
+                    out.append((int(lo, 16), int(hi, 16), name))
+    except (OSError, ValueError, IndexError):
+        return []
+    return sorted(out)
+
+
+def off_heap(address: int, named: list[tuple[int, int, str]]) -> bool:
+    """Whether ``address`` lies in one of ``named`` (:func:`named_mappings`): memory that
+    :func:`heap_in_use` does not count (a tensor's ``share_memory_()``, a memory map)."""
+    k = bisect.bisect_right(named, (address, float("inf"), "")) - 1
+    return k >= 0 and named[k][0] <= address < named[k][1]
 
 
 class Given:

@@ -389,19 +389,20 @@ def check_flat(
                         "reference counts the worker writes. Hold the tokens in one array."
                     )
         judge_kept(outs, n * length)
-        judge_held(outs, n, n * length)
+        unjudged = judge_held(outs, n, n * length)
+        unjudged = f" {unjudged}" if unjudged else ""
         worst = max(g for grown in growth.values() for g in grown.values())
         readable = all(on is not None for got in wrote.values() for on in got.values())
         if not readable:
             return (
                 f"Same {n} samples, and no worker grew by more than {worst / MIB:.1f} MiB over "
                 f"an epoch beyond a flat array's worker (bound {bound / MIB:.1f} MiB): nothing "
-                "in your storage is written by reading."
+                f"in your storage is written by reading.{unjudged}"
             )
         return (
             f"Same {n} samples, and no worker wrote more than {worst_on / MIB:.2f} MiB of the "
             f"pages that hold your storage over an epoch (bound {bound / MIB:.1f} MiB): "
-            "nothing in your storage is written by reading."
+            f"nothing in your storage is written by reading.{unjudged}"
         )
 
     return judge(EXERCISE, body)
