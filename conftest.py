@@ -17,7 +17,14 @@ from collections.abc import Iterator
 import pytest
 
 # Loads no torch: the package's names are lazy, and the launcher's settings import nothing.
-from ezpz_nb.launcher.settings import START_METHOD_ENV
+from ezpz_nb.launcher.settings import PRELOAD_ENV, START_METHOD_ENV
+
+# Every forkserver of the run (each test worker's, each kernel's) imports these once, instead
+# of every fresh rank: the checkers start ranks of their own for each check, and an
+# optimizer's torch._dynamo (1 s of CPU a rank) and DCP's modules (0.6 s) were a third of the
+# CPU of the files that use them (161 -> 107 CPU-s; benchmarks/preload.py: a rank's). Speed only: a rank
+# imports the same modules either way. A value set by hand (empty: none) is kept.
+os.environ.setdefault(PRELOAD_ENV, "torch._dynamo torch.distributed.checkpoint")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

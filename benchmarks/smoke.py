@@ -37,6 +37,7 @@ SMOKE: dict[str, list[str]] = {
     "packing.py": [],
     "pin_memory.py": [],  # without a GPU it says so and exits 0
     "plot_speed.py": ["--ranks", "4", "--tp", "2", "--steps", "10"],
+    "preload.py": ["--ranks", "2", "--launches", "2"],
     "submodules.py": ["--repeats", "1"],
     "timings.py": ["--steps", "10", "--blocks", "1"],
     "verify.py": ["--repeat", "1", "--steps", "10"],  # two epochs: a reshuffle to judge

@@ -11,8 +11,13 @@ import sys
 import pytest
 
 from ezpz_nb.errors import EzpzError
-from ezpz_nb.launcher.settings import START_METHOD_ENV
-from ezpz_nb.launcher.startup import StartMethodError, resolve_start_method
+from ezpz_nb.launcher.settings import PRELOAD_ENV, START_METHOD_ENV
+from ezpz_nb.launcher.startup import (
+    PreloadError,
+    StartMethodError,
+    preload_modules,
+    resolve_start_method,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -77,6 +82,36 @@ def test_bad_start_method_fails_before_any_rank_starts():
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("ezpz_nb.launcher.startup.StartMethodError: EZPZ_NB_START_METHOD=")
     assert "'spwan' is not a start method" in last
+
+
+_PRELOADED = """
+import sys, ezpz_nb as ez
+def loaded():
+    # What the forkserver imported before forking: in this rank without an import of its own.
+    return sorted(m for m in ("torch._dynamo", "torch.distributed.checkpoint") if m in sys.modules)
+print(ez.launch(loaded, world_size=2))
+"""
+
+
+def test_preloaded_modules_reach_every_rank_and_a_misspelt_one_stops_the_launch():
+    """Guards issue 47's fifth round: EZPZ_NB_PRELOAD's modules are imported once, in the
+    forkserver, and every rank has them without paying for them (the test run sets it: an
+    optimizer's torch._dynamo is 1 s of CPU a rank); a name no module has stops the first
+    launch, saying so, before any rank starts (the forkserver would skip it in silence)."""
+    both = "torch._dynamo, torch.distributed.checkpoint"
+    done = _python(_PRELOADED, **{PRELOAD_ENV: both})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == str([sorted(both.split(", "))] * 2)
+    done = _python(_PRELOADED, **{PRELOAD_ENV: ""})
+    assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "[[], []]"
+    done = _python(_PRELOADED, **{PRELOAD_ENV: "torch._dynamoo"})
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ezpz_nb.launcher.startup.PreloadError: EZPZ_NB_PRELOAD="), last
+    assert "no module 'torch._dynamoo'" in last
+    with pytest.raises(PreloadError, match="'nopkg.sub'"):
+        preload_modules("json nopkg.sub")
+    assert preload_modules(" json,, os ") == ["json", "os"]
 
 
 _HOW_STARTED = """

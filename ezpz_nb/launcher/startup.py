@@ -6,6 +6,7 @@ rather than as a crash inside N processes.
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing as mp
 import os
 import sys
@@ -16,6 +17,7 @@ from ezpz_nb.launcher.errors import LaunchTypeError, LaunchValueError
 from ezpz_nb.launcher.kernel import in_jupyter_kernel
 from ezpz_nb.launcher.settings import (
     MAX_WORLD_SIZE,
+    PRELOAD_ENV,
     START_METHOD_ENV,
     START_METHODS,
     WARMUP_ENV,
@@ -156,12 +158,45 @@ def pack_naming_culprit(
         raise LaunchTypeError(blame(*culprit)) from culprit[2]
 
 
+class PreloadError(LaunchValueError):
+    """``EZPZ_NB_PRELOAD`` names a module this Python cannot find."""
+
+
+def preload_modules(value: str | None) -> list[str]:
+    """The modules ``EZPZ_NB_PRELOAD`` names (``value``), each one found here.
+
+    Raises:
+        PreloadError: a name no installed module has (the forkserver would skip it in
+            silence, and every rank would pay for it again).
+    """
+    names = [n for n in (value or "").replace(",", " ").split() if n]
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package missing, or a bad name
+            found = False
+        if not found:
+            raise PreloadError(
+                f"{PRELOAD_ENV}={value!r}: no module {name!r} can be imported here. Name "
+                "installed modules (e.g. EZPZ_NB_PRELOAD='torch._dynamo "
+                "torch.distributed.checkpoint'), or unset it."
+            )
+    return names
+
+
 def forkserver_context() -> Any:
-    """multiprocessing's forkserver context, with torch and the rank code preloaded."""
+    """multiprocessing's forkserver context, with torch, the rank code and the modules of
+    ``EZPZ_NB_PRELOAD`` (:func:`preload_modules`) preloaded."""
     ctx = mp.get_context("forkserver")
     # One import of torch in the server; every rank after that is a fast fork.
     # forkserver first: it leaves the kernel's process group (see there).
-    ctx.set_forkserver_preload(["ezpz_nb.launcher.forkserver", "ezpz_nb.launcher.rank"])
+    ctx.set_forkserver_preload(
+        [
+            "ezpz_nb.launcher.forkserver",
+            "ezpz_nb.launcher.rank",
+            *preload_modules(os.environ.get(PRELOAD_ENV)),
+        ]
+    )
     return ctx
 
 

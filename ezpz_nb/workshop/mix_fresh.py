@@ -41,6 +41,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import traceback
 from collections import Counter
@@ -252,6 +253,13 @@ def _main() -> None:
     answer = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # the learner's prints go to stderr: stdout carries the answer alone
     head = json.loads(sys.stdin.buffer.readline())
+    job = sys.stdin.buffer.read()  # bytes only: no code of the learner's runs before confining
+    # What cannot be done once confined (no writes): find the temporary folder (torch's
+    # import asks, through dill, and the search writes a file), and import torch where the
+    # job names it (the ranks have it preloaded; an answer of Python or numpy never pays).
+    tempfile.gettempdir()
+    if b"torch" in job:
+        import torch  # noqa: F401
     confine_self(head["readable"])  # before the learner's code is unpickled
     sys.path[:] = head["path"]
     sizes, weights, g, seed = head["args"]
@@ -259,7 +267,7 @@ def _main() -> None:
         # Here: the launcher's pickles, which this process needs only now.
         from ezpz_nb.launcher.wire import loads_job
 
-        fn, _, _ = loads_job(sys.stdin.buffer.read())
+        fn, _, _ = loads_job(job)
         got: dict[str, Any] = {"batches": []}
         for step in head["steps"]:
             out = fn(sizes, weights, g, step, 0, 1, seed)
