@@ -416,3 +416,42 @@ class HalfDocs(Dataset):
 def chunk_losses(layout: Any, m: int = M) -> DataLoader:
     """Right: each document's two chunks weigh 0.5, their tokens and losses their own."""
     return DataLoader(HalfDocs(layout, m), batch_size=2)
+
+
+def _cp_half(layout: Any) -> slice:
+    """This rank's half of an 8-token row: the slice its CP rank keeps."""
+    h = 8 // layout.cp_size
+    return slice(layout.cp_rank * h, (layout.cp_rank + 1) * h)
+
+
+def cp_eval_slices(layout: Any) -> DataLoader:
+    """Right (the twelfth trial's r16eval_cp_slices): an even deal with weight-0 pads, every
+    CP rank of a replica the same samples in the same order, each keeping its half of the
+    tokens, as a context-parallel eval step reads them."""
+    padded = -(-M // layout.dp_size) * layout.dp_size
+    deal = DistributedSampler(range(padded), layout.dp_size, layout.dp_rank, shuffle=False)
+    cut = _cp_half(layout)
+
+    def collate(ks: list[int]) -> dict[str, torch.Tensor]:
+        ids = [k % M for k in ks]
+        return {"index": torch.tensor(ids),
+                "input_ids": torch.stack([torch.arange(8) + 9 * i for i in ids])[:, cut],
+                "weight": torch.tensor([float(k < M) for k in ks], dtype=torch.float64)}  # fmt: skip
+
+    return DataLoader(list(deal), batch_size=2, collate_fn=collate)
+
+
+class CpStepped:
+    """Right (the twelfth trial's r16steps_cp_slices): a stepped loader, each replica's strided
+    share wrapping with an epoch field, every CP rank the same samples, each its half."""
+
+    def __init__(self, layout: Any) -> None:
+        self.mine, self.cut = list(range(layout.dp_rank, M, layout.dp_size)), _cp_half(layout)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for step in range(8):
+            at = [2 * step + j for j in range(2)]
+            ids = [self.mine[k % len(self.mine)] for k in at]
+            yield {"index": torch.tensor(ids),
+                   "epoch": torch.tensor([k // len(self.mine) for k in at]),
+                   "input_ids": torch.stack([torch.arange(8) + 9 * i for i in ids])[:, self.cut]}  # fmt: skip

@@ -19,6 +19,7 @@ from typing import Any
 import _verify_classes as K
 import _verify_corpus as C
 import _verify_learners as L
+import _verify_splits as S
 import pytest
 from torch.utils.data import DataLoader
 
@@ -193,6 +194,18 @@ def test_loaders_as_users_write_them_rule_by_rule(name, clusters):
     if not isinstance(got, Judgement):  # a rule turned off never stops a PASS
         settled = set(verdicts.values()) <= {"pass", "expected", "not asked"}
         assert (got.verdict == "pass") == settled and got.ok == settled
+
+
+def test_context_parallel_peers_each_with_their_slice_pass_eval_and_steps(clusters):
+    """Guards the twelfth trial's two rejected right answers: at dp=2,cp=2 each CP peer keeps
+    its half of every sample's tokens, so its contents differ from its leader's; only the
+    samples, order, weights and epochs must match. (Its words said "another order" while
+    printing the same ids.)"""
+    four = {"cluster": clusters[4], "timeout": 60, "num_samples": S.M}
+    got = check_eval(S.cp_eval_slices, "dp=2,cp=2", **four)
+    assert got.verdict == "pass", got.table()
+    got = check_steps(S.CpStepped, "dp=2,cp=2", steps=8, **four)
+    assert got.verdict == "pass", got.table()
 
 
 def test_a_collective_hang_in_eval_is_blamed_on_the_collective(clusters):

@@ -256,11 +256,12 @@ def judge_equal_steps(seen: list[Seen], collective_step: bool) -> Judgement:
     )  # fmt: skip
 
 
-def _batch_at(s: Seen, step: int) -> tuple[Any, ...] | None:
-    """What rank ``s`` read at ``step``: ids, contents, weights and epochs; None past its end."""
+def _batch_at(s: Seen, step: int, sliced: bool = False) -> tuple[Any, ...] | None:
+    """What rank ``s`` read at ``step``: ids, contents (none where ``sliced``: a CP peer's
+    slice of the sequence), weights and epochs; None past its end."""
     if step >= len(s.ids):
         return None
-    contents = s.contents[step] if step < len(s.contents) else []
+    contents = s.contents[step] if step < len(s.contents) and not sliced else []
     epochs = s.epochs[step] if s.epochs is not None and step < len(s.epochs) else None
     return s.ids[step], contents, s.weights[step], epochs
 
@@ -282,8 +283,11 @@ def judge_peers(seen: list[Seen], grid: Grid) -> Judgement | None:
         if lead is None or lead is s:
             continue
         peer = f"rank {s.rank} (a TP/CP peer of rank {lead.rank}, its DP leader)"
+        # A CP peer holds its own slice of each sample's sequence: other contents, rightly
+        # (TP innermost: a rank's cp_rank is (rank // tp) % cp; the leader's is 0).
+        sliced = (s.rank // grid.tp) % grid.cp != 0
         for step in range(max(len(s.ids), len(lead.ids))):
-            mine, theirs = _batch_at(s, step), _batch_at(lead, step)
+            mine, theirs = _batch_at(s, step, sliced), _batch_at(lead, step, sliced)
             if mine == theirs:
                 continue
             if mine is None or theirs is None:
@@ -291,7 +295,7 @@ def judge_peers(seen: list[Seen], grid: Grid) -> Judgement | None:
                     f"{peer} took {len(s.ids)} steps, its leader {len(lead.ids)}: the peers of "
                     "one forward must step together"
                 )
-            elif sorted(i for ids in s.ids for i in ids) == sorted(
+            elif mine[0] != theirs[0] and sorted(i for ids in s.ids for i in ids) == sorted(
                 i for ids in lead.ids for i in ids
             ):
                 why = (
