@@ -7,14 +7,17 @@ imported ``torch.distributed.tensor``, every function naming ``torch.tensor`` an
 
 from __future__ import annotations
 
+import inspect
+import os
+import subprocess
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.distributed.tensor  # the notebook's state under test: DTensor imported
 
-import ezpz_nb as ez
 from ezpz_nb.launcher import wire
+from ezpz_nb.launcher.settings import PRELOAD_ENV
 from ezpz_nb.launcher.submodules import reached
 
 DTENSOR = sys.modules["torch.distributed.tensor"]
@@ -64,7 +67,24 @@ def test_the_pickled_job_names_dtensor_only_when_the_code_reaches_it():
 
 def test_ranks_import_dtensor_only_for_code_that_uses_it():
     """Guards both ends on real ranks: a plain collective leaves DTensor unimported, and a
-    function that reaches it through ``dist.tensor`` still finds it there."""
-    fresh = ez.launch(_calls_torch_tensor, world_size=2)
-    assert fresh == [False, False]
-    assert ez.launch(_uses_dtensor_through_dist, world_size=2) == [("DTensor", True)] * 2
+    function that reaches it through ``dist.tensor`` still finds it there. In a Python of its
+    own without ``EZPZ_NB_PRELOAD``: the test run preloads DCP, which imports DTensor into
+    every rank's forkserver."""
+    # The two functions above, defined in the script (sent by value, as a cell's are): a
+    # rank that unpickled them from this module would import it, and its DTensor with it.
+    code = (
+        "import sys, torch, torch.distributed as dist, torch.distributed.tensor\n"
+        "import ezpz_nb as ez\n"
+        + inspect.getsource(_calls_torch_tensor)
+        + inspect.getsource(_uses_dtensor_through_dist)
+        + "print(ez.launch(_calls_torch_tensor, world_size=2))\n"
+        "print(ez.launch(_uses_dtensor_through_dist, world_size=2))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != PRELOAD_ENV}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    fresh, reached = done.stdout.strip().splitlines()[-2:]
+    assert fresh == str([False, False])
+    assert reached == str([("DTensor", True)] * 2)
