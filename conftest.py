@@ -19,12 +19,13 @@ import pytest
 # Loads no torch: the package's names are lazy, and the launcher's settings import nothing.
 from ezpz_nb.launcher.settings import PRELOAD_ENV, START_METHOD_ENV
 
-# Every forkserver of the run (each test worker's, each kernel's) imports these once, instead
-# of every fresh rank: the checkers start ranks of their own for each check, and an
-# optimizer's torch._dynamo (1 s of CPU a rank) and DCP's modules (0.6 s) were a third of the
-# CPU of the files that use them (161 -> 107 CPU-s; benchmarks/preload.py: a rank's). Speed only: a rank
-# imports the same modules either way. A value set by hand (empty: none) is kept.
-os.environ.setdefault(PRELOAD_ENV, "torch._dynamo torch.distributed.checkpoint")
+# Every forkserver of the run (each test worker's, each kernel's) imports DCP's modules once,
+# instead of every fresh rank that saves or loads a checkpoint: the checkers start ranks of
+# their own for each check (0.6 s of CPU a rank; benchmarks/preload.py). Not torch._dynamo,
+# though it saves more (1 s a rank with an optimizer): its import makes a torchinductor_<user>
+# folder in the temporary folder, which the tests that check nothing is left would find.
+# Speed only: a rank imports the same modules either way. A value set by hand is kept.
+os.environ.setdefault(PRELOAD_ENV, "torch.distributed.checkpoint")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

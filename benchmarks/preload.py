@@ -2,8 +2,8 @@
 DCP import, and what a script's first launch pays for it, side by side.
 
 Each setting runs in a fresh Python (a forkserver is one per process): ``none`` (the
-default) and ``dynamo+dcp`` (``EZPZ_NB_PRELOAD="torch._dynamo
-torch.distributed.checkpoint"``, what the test suite sets). In each, ``--ranks`` ranks are
+default), ``dcp`` (``EZPZ_NB_PRELOAD=torch.distributed.checkpoint``, what the test suite
+sets) and ``dynamo+dcp`` (``torch._dynamo`` too). In each, ``--ranks`` ranks are
 launched ``--launches`` times (fresh ranks each time, as a checker starts them); every rank
 builds an SGD optimizer over a small model and imports ``torch.distributed.checkpoint``,
 timing that with its own CPU clock (``time.process_time``). The table gives the median of
@@ -21,8 +21,13 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
-SETTINGS = {"none": "", "dynamo+dcp": "torch._dynamo torch.distributed.checkpoint"}
+SETTINGS = {
+    "none": "",
+    "dcp": "torch.distributed.checkpoint",
+    "dynamo+dcp": "torch._dynamo torch.distributed.checkpoint",
+}
 
 _CHILD = """
 import json, sys, time
@@ -46,12 +51,15 @@ print(json.dumps({"walls": walls, "cpus": cpus}))
 
 
 def measure(preload: str, ranks: int, launches: int) -> dict[str, list[float]]:
-    """One setting's launches in a fresh Python: their walls and the ranks' CPU seconds."""
-    env = {**os.environ, "EZPZ_NB_PRELOAD": preload}
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(ranks), str(launches)],
-        capture_output=True, text=True, env=env, timeout=600, check=True,
-    )  # fmt: skip
+    """One setting's launches in a fresh Python: their walls and the ranks' CPU seconds.
+    Its temporary folder is its own, removed after (torch._dynamo's import makes a
+    ``torchinductor_<user>`` folder there)."""
+    with tempfile.TemporaryDirectory(prefix="ezpz-preload-") as tmp:
+        env = {**os.environ, "EZPZ_NB_PRELOAD": preload, "TMPDIR": tmp}
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(ranks), str(launches)],
+            capture_output=True, text=True, env=env, timeout=600, check=True,
+        )  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -178,8 +178,8 @@ def preload_modules(value: str | None) -> list[str]:
         if not found:
             raise PreloadError(
                 f"{PRELOAD_ENV}={value!r}: no module {name!r} can be imported here. Name "
-                "installed modules (e.g. EZPZ_NB_PRELOAD='torch._dynamo "
-                "torch.distributed.checkpoint'), or unset it."
+                "installed modules (e.g. EZPZ_NB_PRELOAD=torch.distributed.checkpoint), or "
+                "unset it."
             )
     return names
 
