@@ -475,7 +475,7 @@ def judge_held(outs: list[dict[str, Any]], n: int, tokens_n: int) -> str:
         # What make_flat left allocated (malloc's bytes in use, the rows let go of) beyond
         # the buffers the walk reached: tokens kept where the dataset references nothing
         # (an address, a finalizer's arguments, C memory), beside a decoy array it holds
-        # (the eleventh trial). Right answers leave about none (offline: 0.00x the data).
+        # (the eleventh trial). Right answers leave little (see UNREACHED for the figures).
         heap, data = out.get("heap"), tokens_n * 8
         if heap is None:  # not glibc: not measured
             unmeasured.append(rank)
