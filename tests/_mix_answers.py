@@ -209,7 +209,40 @@ neighbours_swapped_every_other_pass = _reordered(
     lambda seed, s, p, n: (
         _pairs_swapped(_fresh(seed, s, p // 2, n)) if p % 2 else _fresh(seed, s, p // 2, n)
     )
-)  #: Dodge: one permutation per source, shifted by one place each pass (every pass differs).
+)
+#: Dodge (twelfth trial): a fresh order every other pass, the pass after it riffled (its
+#: even places, then its odd ones): no neighbouring pair kept, one map from pass to pass.
+riffled_every_other_pass = _reordered(
+    lambda seed, s, p, n: (
+        np.concatenate([(o := _fresh(seed, s, p // 2, n))[0::2], o[1::2]])
+        if p % 2
+        else _fresh(seed, s, p // 2, n)
+    )
+)
+#: Dodge (twelfth trial): the same with one fixed random permutation of each source (from the
+#: seed and the source) as the map: the pass after is ``pass[sigma]``.
+permuted_every_other_pass = _reordered(
+    lambda seed, s, p, n: (
+        _fresh(seed, s, p // 2, n)[_fresh(seed, s, 10**9, n)]
+        if p % 2
+        else _fresh(seed, s, p // 2, n)
+    )
+)
+
+
+def _last_first(seed, s, p, n):
+    order = [int(x) for x in _fresh(seed, s, p, n)]
+    if p:  # the sample that ended the last pass's fresh draw, moved to the front
+        last = int(_fresh(seed, s, p - 1, n)[-1])
+        order.remove(last)
+        order.insert(0, last)
+    return order
+
+
+#: Dodge (twelfth trial): every pass a fresh permutation, moved so that it starts with the
+#: sample that ended the pass before: that sample drawn twice in a row at every seam.
+starts_with_the_last_sample = _reordered(_last_first)
+#: Dodge: one permutation per source, shifted by one place each pass (every pass differs).
 one_order_shifted = _reordered(lambda seed, s, p, n: np.roll(_fresh(seed, s, 0, n), p))
 #: Dodge: small sources shuffled per pass, the others in index order rotated per pass.
 big_sources_rotated = _reordered(

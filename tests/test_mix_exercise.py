@@ -15,6 +15,7 @@ import sys
 import tempfile
 import types
 
+import numpy as np
 import pytest
 from _mix_answers import (
     DRAWS_BEFORE_SOURCE,
@@ -39,6 +40,7 @@ from _mix_answers import (
     one_order_shifted,
     pass_off_by_one,
     per_rank_sampling,
+    permuted_every_other_pass,
     quotas_in_order,
     replays_24_batches,
     replays_80_batches,
@@ -46,6 +48,7 @@ from _mix_answers import (
     replays_from,
     returns_an_iterator,
     reversed_every_other_pass,
+    riffled_every_other_pass,
     right_for_eight_steps,
     rotated_by_the_seed,
     round_robin,
@@ -59,6 +62,7 @@ from _mix_answers import (
     seed_plus_pass,
     slot_size_for_four,
     slots_for_powers_of_two,
+    starts_with_the_last_sample,
     stops_at_128,
     three_sources_assumed,
     torch_randperm_per_pass,
@@ -73,6 +77,7 @@ from ezpz_nb.launcher.startup import pack_job
 from ezpz_nb.verify.mixture import check_mixture
 from ezpz_nb.workshop.mix_confine import not_confined
 from ezpz_nb.workshop.mix_fresh import FreshStream, hash_seed
+from ezpz_nb.workshop.mix_maps import log_same_map, map_repeated, seam_tail, seams_repeated
 from ezpz_nb.workshop.mix_seeds import (
     FEW_MOST,
     MANY,
@@ -197,6 +202,74 @@ def test_the_third_trials_dodges_are_rejected(cluster, fn, says):
     eleventh's: every other pass the last one reversed, or its neighbours swapped.
     Half the file's draws: every one of these rules holds on every draw."""
     _rejected(cluster, fn, says, max(1, DRAWS // 2))
+
+
+#: What each rule of mix_maps says: one map from pass to pass, or seams that repeat.
+_SAME_MAP, _SEAM = "by one and the same reordering", "started with the sample that ended"
+
+
+@pytest.mark.parametrize(
+    ("fn", "says"),
+    [
+        (riffled_every_other_pass, _SAME_MAP),
+        # A sigma that sends the last place first also repeats every other seam.
+        (permuted_every_other_pass, (_SAME_MAP, _SEAM)),
+        # Its maps all send the last place first: (n - 1)! of them, so a small source's
+        # repeat more often than fresh ones on some draws (offline: 1 in 40).
+        (starts_with_the_last_sample, (_SEAM, _SAME_MAP)),
+    ],
+    ids=["riffled", "sigma", "last_first"],
+)
+def test_the_twelfth_trials_dodges_are_rejected(cluster, fn, says):
+    """Guards issue 45's twelfth trial: every other pass made from the pass before by a
+    fixed map (riffled, or permuted by one sigma: no neighbouring pair kept), and each pass
+    started with the sample that ended the pass before, passed. Two draws each, here too:
+    offline each is turned down on 400 draws of 400."""
+    _rejected(cluster, fn, says, max(2, DRAWS // 2))
+
+
+def _in_process(fn, seed):
+    """``fn``'s dp=1 streams of both cases of ``seed``'s draw, in process, with their sizes."""
+    setup = draw_setup(seed)
+    return [
+        ([fn(*case, b, 0, 1, setup.seeds[0]) for b in range(setup.steps)], case.sizes)
+        for case in (setup.main, setup.other)
+    ]
+
+
+@pytest.mark.parametrize("seed", [41, 42])
+def test_the_pass_to_pass_rules_keep_right_answers_and_turn_the_dodges_down(seed):
+    """Guards mix_maps' two rules on their own, in process (no ranks): the right answers
+    (numpy, random.Random and torch per pass) keep both on both cases of a draw; each
+    twelfth-trial dodge breaks its rule; and fresh passes of sources as small as the draw
+    holds (4 samples in 200 passes, 9 in 30) never break either (200 runs each)."""
+    for fn in (notebook_solution, library_answer, cached_epoch, torch_randperm_per_pass):
+        for stream, sizes in _in_process(fn, seed):
+            assert map_repeated(stream, sizes) == seams_repeated(stream, sizes) == "", fn
+    for fn, rule in (
+        (riffled_every_other_pass, map_repeated),
+        (permuted_every_other_pass, map_repeated),
+        (starts_with_the_last_sample, seams_repeated),
+    ):
+        assert any(rule(*run) for run in _in_process(fn, seed)), fn
+    rng = np.random.default_rng(seed)
+    for n, passes in ((4, 200), (9, 30)):
+        for _ in range(200):
+            stream = [[(0, int(i))] for _ in range(passes) for i in rng.permutation(n)]
+            assert map_repeated(stream, (n,)) == seams_repeated(stream, (n,)) == ""
+
+
+def test_the_pass_to_pass_bounds():
+    """Guards the two rules' bounds: 6 passes of 4 samples (5 maps, 5 seams) judge neither
+    rule however they repeat, 3 maps of 5 being one map is judged from 7 samples on; 9 of 17
+    maps being one is judged at 4 samples; and the seams' tail is the Poisson binomial's."""
+    assert log_same_map(5, 3, 4) > math.log(1e-6) and seam_tail([1 / 4] * 5, 5) > 1e-6
+    assert log_same_map(5, 3, 6) > math.log(1e-6) > log_same_map(5, 3, 7)
+    assert log_same_map(17, 9, 4) < math.log(1e-6) and log_same_map(5, 1, 4) == 0.0
+    assert seam_tail([0.5, 0.25], 1) == pytest.approx(1 - 0.5 * 0.75)
+    assert seam_tail([0.5, 0.25], 2) == pytest.approx(0.125) and seam_tail([0.1], 0) == 1.0
+    # 18 passes of 4 that start with the last one's last sample at every seam: judged.
+    assert seam_tail([1 / 4] * 17, 17) < 1e-6
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,9 @@ slot size fits:
    bounds worked out so a fresh permutation per seed, source and pass fails with a chance
    of at most 1e-6 per source): a seed that is the same for every step or worker hands
    out the same samples again, and one order (or two, or one shifted) reused pass after
-   pass shows;
+   pass shows; and each pass drawn afresh, not made from the pass before
+   (:mod:`.mix_maps`: one map from a pass to the next used again and again, or passes
+   that start with the sample that ended the pass before, more often than fresh passes);
    the draw holds a small source in 6 passes or more and one of 12 samples or more in 2;
 4. the stream changes with the seed: 4 other seeds at dp=1 (spread over the ranks, in
    parallel), and every two of the 5 streams hold other samples in the first half and in
@@ -117,6 +119,7 @@ from ezpz_nb.verify.verdict import Judgement, Verdict
 from ezpz_nb.workshop import mix_streams
 from ezpz_nb.workshop.mix_confine import not_confined
 from ezpz_nb.workshop.mix_fresh import FreshStream, same_in_a_new_process, start_fresh
+from ezpz_nb.workshop.mix_maps import map_repeated, seams_repeated
 from ezpz_nb.workshop.mix_passes import (
     first_repeat,
     kept_neighbours_again,
@@ -247,7 +250,14 @@ def _mixed_and_fresh(stream: list[list[tuple[int, int]]], case: Case, at: str) -
         f"Within one sample per batch is not enough here{where}: the same rounding in every batch "
         "drifts. Give the extra samples to the sources furthest behind over all batches so far.",
     )
-    for rule in (first_repeat, same_order_again, unshuffled, kept_neighbours_again):
+    for rule in (
+        first_repeat,
+        same_order_again,
+        unshuffled,
+        kept_neighbours_again,
+        map_repeated,
+        seams_repeated,
+    ):
         broken = rule(stream, case.sizes)
         if broken:
             raise wrong(f"{at}: {broken}" if at else broken)
@@ -448,7 +458,8 @@ def _judge_drawn(
     return (
         f"the same {g * steps} (source, index) pairs ({steps} global batches of {g} from {k} "
         f"sources) at dp=1 and at dp=2 and 4 with 2 workers a rank; {share}; {total}; every "
-        f"sample of a source once before any repeats, in a new order each pass; "
+        f"sample of a source once before any repeats, in a new order each pass, drawn afresh "
+        f"(not made from the pass before); "
         f"{len(seeds)} seeds gave {len(seeds)} other streams, each source too, and "
         f"{len(setup.many)} more no two alike; {far} mixed and not replayed, each window's "
         f"running totals and passes whole from some count before it (for both cases); "

@@ -24,7 +24,10 @@ Every epoch is judged, on every rank:
   all-reduces: loading beside the steps, ahead of them, is not: workers prefetching at
   any depth, a prefetching thread, a cache), or
   the work is rebalanced: every rank's samples hold at most 1.5x the words of any
-  other's (a shuffled or balanced sampler);
+  other's, and at every step too (a shuffled or balanced sampler): summed over the epoch's
+  steps, each step's slowest rank holds at most 1.4x the ranks' mean words
+  (:mod:`.work_balance`; the slow loader's, and heavy documents read by each rank in
+  another half of the epoch, 1.67x: issue 45's twelfth trial);
 * wrong: samples changed, lost or repeated (checked against the reference by digest),
   or trained on without a read and a load through the dataset the function got, or with
   a load logged before the text it was made from was read (its end sent ahead of its
@@ -89,6 +92,13 @@ from ezpz_nb.models import TokenizingDataset
 from ezpz_nb.workshop.read_counts import PREFETCH_DEPTH, loaded_unread, unread, words_loaded
 from ezpz_nb.workshop.read_log import Marked, ReadLog, ServedDocuments, claim
 from ezpz_nb.workshop.stops import CHECK_TIMEOUT, fresh_seed, wrong
+from ezpz_nb.workshop.work_balance import (
+    STEP_BALANCED,
+    StepWords,
+    step_words,
+    unequal_batches,
+    words_per_rank,
+)
 
 if TYPE_CHECKING:
     from ezpz_nb.workshop.verdicts import CheckResult
@@ -170,44 +180,6 @@ def _skipped(log: ReadLog) -> list[str]:
                 f"{total / unit:.1f} steps' all-reduces"
             )
     return out
-
-
-def _words_per_rank(ledger: Ledger, epoch: int) -> dict[int, int]:
-    """``{rank: words of the documents it trained on in epoch}``, from the ledger's sample ids."""
-    data = dataset(len(ledger.ranks()))
-    return {
-        rank: sum(
-            data.words_of(i)
-            for r in ledger.records
-            if r.rank == rank and r.epoch == epoch
-            for i in r.sample_ids
-        )
-        for rank in ledger.ranks()
-    }
-
-
-def _unequal_batches(ledger: Ledger) -> str:
-    """The first step (no rank's last of its epoch) whose batches differ in size across the
-    ranks, in words; "" if none. DDP averages each rank's mean gradient, so a sample of a
-    batch of 4 weighs 3x one of a batch of 12: balancing the words by batch sizes changes
-    what is trained (the eleventh trial's rank of 12-sample and rank of 4-sample batches)."""
-    sizes: dict[tuple[int, int], dict[int, int]] = {}
-    last: dict[tuple[int, int], int] = {}
-    for r in ledger.records:
-        sizes.setdefault((r.epoch, r.step), {})[r.rank] = len(r.sample_ids)
-        last[(r.epoch, r.rank)] = max(last.get((r.epoch, r.rank), 0), r.step)
-    for (epoch, step), by_rank in sorted(sizes.items()):
-        if any(step == last[(epoch, rank)] for rank in by_rank) or len(set(by_rank.values())) < 2:
-            continue
-        said = ", ".join(f"rank {rank} {n}" for rank, n in sorted(by_rank.items()))
-        return (
-            f"In epoch {epoch}, step {step}, the ranks' batches hold different numbers of "
-            f"samples ({said}). DDP averages each rank's mean gradient, so a sample of the "
-            "smaller batch weighs more than one of the larger: balance the work with the same "
-            "batch size on every rank (spread the long documents, or load them beside the "
-            "steps), not with batch sizes."
-        )
-    return ""
 
 
 def _changed(ledger: Ledger, seed: int) -> list[tuple[int, int, int]]:
@@ -336,7 +308,7 @@ def _verdict(ledger: Ledger, words: dict[int, dict[str, Any]], bar: int) -> str:
                     "epoch's start, it did not go away: prefetch in a thread at most "
                     f"{PREFETCH_DEPTH} batches ahead (a bounded queue), or use DataLoader workers."
                 )
-    unequal = _unequal_batches(ledger)
+    unequal = unequal_batches(ledger)
     if unequal:
         raise wrong(unequal)
     worst = {e: max(words, key=lambda r: words[r]["waited"][e]) for e in range(EPOCHS)}
@@ -347,14 +319,17 @@ def _verdict(ledger: Ledger, words: dict[int, dict[str, Any]], bar: int) -> str:
         f"loads, {bar:,} an epoch; with yours the most any rank's waited for in an epoch is "
         f"{most:,} (rank {worst[e_max]}, epoch {e_max})."
     )
-    balanced = []
+    balanced: list[tuple[str, int, StepWords]] = []
+    ref = dataset(len(ledger.ranks()))
+    # The slow loader's heavy rank is every step's slowest: its shard against the mean.
+    slow = bar * len(ledger.ranks()) / sum(ref.words_of(i) for i in range(NUM_SAMPLES))
     for epoch in range(EPOCHS):
         if words[worst[epoch]]["waited"][epoch] <= bar / 2:
             continue
         # Rebalanced: judged on the work each rank loaded (the words of the samples the
         # ledger recorded), not on time: two ranks' clocks do not compare on the machines
         # this runs on (two vCPUs ran the same loop up to 1.45x apart).
-        work = _words_per_rank(ledger, epoch)
+        work = words_per_rank(ref, ledger, epoch)
         # Sorted by words, then rank: two different ranks named even when the counts tie.
         order = sorted(work, key=lambda r: (work[r], r))
         least, top = order[0], order[-1]
@@ -367,9 +342,24 @@ def _verdict(ledger: Ledger, words: dict[int, dict[str, Any]], bar: int) -> str:
                 "(more workers for the heavy rank, prefetching), or spread the long documents "
                 "over the ranks, so that no rank stalls the others."
             )
-        balanced.append(balance)
+        # And at every step: each step waits for its slowest rank's loads (the all-reduce).
+        steps = step_words(ref, ledger, epoch)
+        if steps.ratio() > STEP_BALANCED:
+            raise wrong(
+                f"{measured} {balance} Balancing the words over the epoch is not enough: "
+                f"{_per_step(epoch, steps, slow)}: at every step a rank still loads more "
+                "than the others, which wait for it in the all-reduce; only which rank "
+                "changes. Load beside the steps on every rank, in every epoch (more workers "
+                "for the heavy rank, prefetching), or spread the long documents over the "
+                "ranks within every step, so that no rank stalls the others."
+            )
+        balanced.append((balance, epoch, steps))
     if balanced:
-        return f"{measured} {balanced[-1]} The work is rebalanced."
+        _, epoch, steps = max(balanced, key=lambda x: x[2].ratio())
+        return (
+            f"{measured} Each rank waits for its own loads, but no rank for another's: "
+            f"{_per_step(epoch, steps, slow)}. {balanced[-1][0]} The work is rebalanced."
+        )
     if any(w["read"][EPOCHS - 1] for w in words.values()):
         return f"{measured} The loading runs beside the steps."
     return (
@@ -378,4 +368,13 @@ def _verdict(ledger: Ledger, words: dict[int, dict[str, Any]], bar: int) -> str:
         "at once at the first step, that step waits for the whole shard, and the other "
         "ranks wait for it in the all-reduce. A fix for several epochs over a shard "
         "that fits in memory; one epoch gains nothing."
+    )
+
+
+def _per_step(epoch: int, steps: StepWords, slow: float) -> str:
+    """What the steps of ``epoch`` wait for, in words: the slowest rank's against the mean."""
+    return (
+        f"summed over epoch {epoch}'s {steps.steps} steps, each step's slowest rank loaded "
+        f"{steps.slowest:,} words, {steps.ratio():.2f}x the ranks' mean of {steps.mean:,.0f} "
+        f"(the slow loader's {slow:.2f}x; rebalanced: at most {STEP_BALANCED}x)"
     )

@@ -364,7 +364,10 @@ print("GPU here:", torch.cuda.is_available())
 # while its loop waits for a batch, or a worker starts reading it only after its step asked for
 # the batch; loading that runs ahead, beside the steps, is not: workers, prefetching, a cache), or
 # when the work is rebalanced: every rank's samples in that epoch hold at most 1.5x the words of
-# any other's. Load every sample through the `dataset` your function gets (wrap it, cache what
+# any other's, and so do its steps: each step waits in its all-reduce for the rank that loads the
+# most, so summed over the epoch's steps that rank's words must stay within 1.4x the ranks' mean
+# (the slow loader's are 1.67x; long documents read by one rank in the epoch's first half and by
+# the other in its second hold equal words, yet make every step wait). Load every sample through the `dataset` your function gets (wrap it, cache what
 # `dataset[i]` returns, hand it to workers): its documents come from the notebook's process, which
 # numbers every read and every finished load in one order with the loop's steps (counted there
 # from the bytes of each step's all-reduce, as the kernel sees them), and checks them against the
