@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import _verify_loaders as L
 import _verify_splits as S
+import _verify_twelfth as T
 import torch
 from torch.utils.data import (
     BatchSampler,
@@ -726,6 +727,25 @@ CASES: dict[str, Run] = {
         words={"global_batch": "replica 0: 5, replica 1: 3"}),
     "batches of 4, each padded with 2 random rows": Run(
         "contract", S.even_all_padded, _c()),
+    # the twelfth trial's ways around the padding rule (verify/padding.py) and a chunker
+    "batches of 5 and 3 padded to 6, persistent workers": Run(
+        "contract", S.uneven_padded_persistent, _c(batch=F),
+        words={"global_batch": "replica 0: 5, replica 1: 3"}),
+    "batches of 5 and 3 padded to 6, rows rolled by the batch": Run(
+        "contract", S.uneven_padded_rolled, _c(batch=F),
+        words={"global_batch": "replica 0: 5, replica 1: 3"}),
+    "batches of 5 and 3 padded to 6, a list of rows": Run(
+        "contract", S.uneven_padded_list, _c(batch=F),
+        words={"global_batch": "replica 0: 5, replica 1: 3"}),
+    "batches of 5 and 3 padded to 6, a token masked per read": Run(
+        "contract", S.uneven_padded_masking, _c(batch=NJ),
+        words={"global_batch": "could not be read again alike"}),
+    "batches of 5 and 3 padded to 6, a stream": Run(
+        "contract", S.uneven_padded_stream, _c(batch=NJ), {"num_samples": S.N},
+        words={"global_batch": "a stream's samples cannot be read again"}),
+    "a chunker with a token budget, 2 and 3 samples in 4 rows": Run(
+        "contract", S.token_budget_chunks, _c(batch=X),
+        words={"global_batch": "every step holds 8 rows of 8 values"}),
     "batches of 5 and 3, a side field of 5 fixed rows in each": Run(
         "contract", S.uneven_side_field, _c(batch=F),
         words={"global_batch": "replica 0: 5, replica 1: 3"}),
@@ -763,4 +783,23 @@ CASES: dict[str, Run] = {
         "steps", S.steps_pads_renumbered, _s(F), {"steps": 30, "num_samples": S.M},
         words={"balanced_coverage": "outside range(23) (1 in all: [23])"}),
     "steps, no pad": Run("steps", S.steps_unpadded, _s(P), {"steps": 30, "num_samples": S.M}),
+    # the twelfth trial: a sample read again from loader.dataset (_verify_twelfth.py)
+    "eval, a worker gives sample 22 sample 0's loss": Run(
+        "eval", T.eval_worker_misreads, _e(F), {"num_samples": T.M},
+        words={"counted_once": "the metric counts sample 0's loss twice and sample 22's never"}),
+    "eval, every sample its own loss in a worker": Run(
+        "eval", T.eval_worker_reads, _e(P), {"num_samples": T.M},
+        absent={"counted_once": "trusted"}),
+    "eval, sample 0's loss made under id 22 in a collate over positions": Run(
+        "eval", T.eval_positions_misread, _e(P), {"num_samples": T.M},
+        words={"counted_once": "carries is trusted, not judged"}),
+    "eval, the pads of samples 0 and 1 flagged is_pad": Run(
+        "eval", T.eval_pads_flagged, _e(P), {"num_samples": 22},
+        absent={"counted_once": "trusted"}),
+    "steps, a worker gives sample 22 sample 0's loss": Run(
+        "steps", T.steps_worker_misreads, _s(F), {"steps": 8, "num_samples": T.M},
+        words={"balanced_coverage": "training reads sample 0's loss twice"}),
+    "steps, every sample its own loss in a worker": Run(
+        "steps", T.steps_worker_reads, _s(P), {"steps": 8, "num_samples": T.M},
+        absent={"balanced_coverage": "trusted"}),
 }  # fmt: skip

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import _verify_loaders as L
+import _verify_twelfth as T
 import torch
 from torch.utils.data import (
     BatchSampler,
@@ -328,6 +329,19 @@ CASES = {
     # TP and CP
     "TP broadcast": Case(tp_broadcast, "dp=2,tp=2", _v(tp=P)),
     "TP ids seeded by rank": Case(tp_random_ids, "dp=2,tp=2", _v(tp=F, dp=F, once=NJ, shuffle=NJ)),
-    "CP slices": Case(L.cp_slices, "dp=2,cp=2", _v(tp=P, once=NJ, shuffle=NJ)),
+    # A list of batches: no sample to read again, so the CP peers' slices are not judged.
+    "CP slices": Case(L.cp_slices, "dp=2,cp=2", _v(tp=NJ, once=NJ, shuffle=NJ)),
     "CP split samples": Case(L.cp_split_samples, "dp=2,cp=2", _v(tp=F, once=NJ, shuffle=NJ)),
+    # The twelfth trial (_verify_twelfth.py): the CP ranks together hold each sample's tokens.
+    "CP, every rank the first half": Case(T.cp_same_slice, "dp=2,cp=2", _v(tp=F)),
+    "CP, token 3 on no rank": Case(T.cp_gap, "dp=2,cp=2", _v(tp=F)),
+    "CP halves": Case(T.cp_halves, "dp=2,cp=2", _v(tp=P)),
+    "CP zigzag": Case(T.cp_zigzag, "dp=2,cp=2", _v(tp=P)),
+    "CP, whole rows on every rank": Case(T.cp_full_rows, "dp=2,cp=2", _v(tp=P)),
+    "CP halves of a next-token input": Case(T.cp_next_token_input, "dp=2,cp=2", _v(tp=P)),
+    # One replica (4 ranks, as the corpus's clusters): no dp_disjoint rule.
+    "CP halves, TP peers alike": Case(
+        T.cp_halves, "dp=1,tp=2,cp=2", {k: v for k, v in _v(tp=P).items() if k != "dp_disjoint"}
+    ),
+    "CP halves of padded rows": Case(T.cp_padded_halves, "dp=2,cp=2", _v(tp=NJ)),
 }

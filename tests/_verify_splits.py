@@ -181,6 +181,126 @@ def even_all_padded(layout: Any, seed: int = 3) -> DataLoader:
     return DataLoader(Tokens(), batch_size=4, sampler=shard, collate_fn=_padded_to_six)
 
 
+# The twelfth trial's ways around the padding rule: the same 5 and 3 samples padded to 6 rows,
+# through workers that persist, rows rolled by the batch, a list of rows, a stream, a dataset
+# that masks a token per read; and a chunker's right answer the counts alone rejected.
+def _six_rows(items: list[dict[str, Any]], roll: bool = False, as_list: bool = False) -> Any:
+    """:func:`_padded_to_six`, the rows then rolled by the batch's first id (a sample alone is
+    rolled by its own) or handed over as a list of 1-D rows."""
+    out = _padded_to_six(items)
+    if roll:
+        out["input_ids"] = out["input_ids"].roll(int(items[0]["index"]) % 5 + 1, dims=1)
+    if as_list:
+        out["input_ids"] = list(out["input_ids"])
+    return out
+
+
+def uneven_padded_persistent(layout: Any, seed: int = 3) -> DataLoader:
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
+                      collate_fn=_padded_to_six, num_workers=1, persistent_workers=True)  # fmt: skip
+
+
+def uneven_padded_rolled(layout: Any, seed: int = 3) -> DataLoader:
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
+                      collate_fn=functools.partial(_six_rows, roll=True))  # fmt: skip
+
+
+def uneven_padded_list(layout: Any, seed: int = 3) -> DataLoader:
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
+                      collate_fn=functools.partial(_six_rows, as_list=True))  # fmt: skip
+
+
+class _Masking(Tokens):
+    """Sample i with one token zeroed at a place that moves with every read (augmentation):
+    two reads differ, so no re-read vouches for its rows."""
+
+    reads = 0
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        self.reads += 1
+        out = super().__getitem__(i)
+        out["input_ids"][(self.reads * 5 + i) % 6] = 0
+        return out
+
+
+def uneven_padded_masking(layout: Any, seed: int = 3) -> DataLoader:
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(_Masking(), batch_size=size, sampler=Uneven(layout, seed),
+                      collate_fn=_padded_to_six)  # fmt: skip
+
+
+class _PaddedStream(IterableDataset):
+    """The same batches as a stream: 20 samples in batches of 5 on replica 0, 12 in 3s on
+    replica 1, each padded to 6 rows (a stream is never read again)."""
+
+    shuffle = True
+
+    def __init__(self, layout: Any, seed: int = 3) -> None:
+        self.order = Uneven(layout, seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.order.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        mine, size = list(self.order), 5 if self.order.r == 0 else 3
+        for k in range(0, len(mine), size):
+            yield _padded_to_six([Tokens()[i] for i in mine[k : k + size]])
+
+
+def uneven_padded_stream(layout: Any, seed: int = 3) -> DataLoader:
+    return DataLoader(_PaddedStream(layout, seed), batch_size=None)
+
+
+class _LongShort(Dataset):
+    """24 samples: 0-11 of 16 tokens, 12-23 of 8."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": torch.arange(16 if i < 12 else 8) + 20 * i + 1, "index": i}
+
+
+def _cut_rows(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The batch's tokens cut into rows of 8: a long sample fills two."""
+    rows = torch.cat([x["input_ids"] for x in items]).view(-1, 8)
+    return {"input_ids": rows, "index": torch.tensor([x["index"] for x in items])}
+
+
+class _TokenBudget(Sampler[list[int]]):
+    """32 tokens a batch: 2 long samples, 1 long and 2 short, or 4 short; each replica 6 long
+    and 6 short an epoch, its sample counts a step unlike the other's."""
+
+    shuffle = True
+
+    def __init__(self, layout: Any) -> None:
+        self.r, self.epoch = layout.dp_rank, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rng = np.random.default_rng(self.epoch)
+        longs = rng.permutation(12)[6 * self.r : 6 * self.r + 6].tolist()
+        shorts = (12 + rng.permutation(12))[6 * self.r : 6 * self.r + 6].tolist()
+        lo, sh = longs, shorts
+        if self.r == 0:
+            return iter([lo[0:2], lo[2:4], lo[4:6], sh[0:4], sh[4:6]])
+        return iter([[lo[0], *sh[0:2]], [lo[1], *sh[2:4]], lo[2:4], lo[4:6], sh[4:6]])
+
+    def __len__(self) -> int:
+        return 5
+
+
+def token_budget_chunks(layout: Any) -> DataLoader:
+    """Right: a chunker with a token budget (the twelfth trial's r13_chunker_token_budget):
+    every step 4 rows of 8 tokens on each replica, 2 samples on one and 3 on the other."""
+    return DataLoader(_LongShort(), batch_sampler=_TokenBudget(layout), collate_fn=_cut_rows)
+
+
 def _with_side_field(items: list[dict[str, Any]]) -> dict[str, Any]:
     """Collate as is, plus a field of 5 fixed rows of 64 floats: larger than the tokens."""
     out = default_collate(items)

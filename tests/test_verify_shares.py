@@ -6,15 +6,20 @@ trial's), run by ``test_verify_corpus.py``."""
 from __future__ import annotations
 
 import itertools
+import time
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, RandomSampler, SubsetRandomSampler
 
 from ezpz_nb.ledger import StepRecord
+from ezpz_nb.verify.batches import batch_rows
 from ezpz_nb.verify.epochs import loader_parts
 from ezpz_nb.verify.observe import Outcome
-from ezpz_nb.verify.shares import share_findings
+from ezpz_nb.verify.padding import Padding
+from ezpz_nb.verify.reread import Reread
+from ezpz_nb.verify.shares import share_findings, unvouched_rows
 
 WIDTH = 6  # tokens a sample: a batch of k samples is k rows of 6
 
@@ -130,3 +135,82 @@ def test_rows_alike_count_once_and_rows_of_one_value_not_at_all():
         5,
         4,
     )
+
+
+def _padding_of(rows: torch.Tensor, ids: list[int], dataset: Any = None) -> tuple[int, int, int]:
+    """``(padded, vouched, unsure)`` batches after :class:`Padding` judged one batch of
+    ``rows`` holding the samples ``ids`` of ``dataset`` (default: sample i is 8 tokens from
+    8 i + 1), re-read through a real :class:`Reread` over a DataLoader of it."""
+    loader = DataLoader(dataset if dataset is not None else _Eights(), batch_size=2)
+    reread = Reread(loader, True)
+    batch = {"input_ids": rows, "index": torch.tensor(ids)}
+    reread.see(batch, ids, "index", 0, 0)
+    padding = Padding(reread)
+    padding.see(batch, ids, "index", batch_rows(batch, "index", len(ids))[0], 0, 0)
+    padded = padding.judge(time.monotonic() + 30)
+    return len(padded), padding.vouched, padding.unsure
+
+
+class _Eights(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": torch.arange(8) + 8 * i + 1, "index": i}
+
+
+class _Augmenting(_Eights):
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        out = super().__getitem__(i)
+        out["input_ids"][int(torch.randint(8, ()))] = 0  # a new place each read
+        return out
+
+
+def test_rows_past_the_samples_are_data_only_where_the_samples_hold_them():
+    """The twelfth trial's padding escapes, read by value (a multiset), not by row bytes.
+
+    Guards: rows rolled or cut unlike a sample alone taken for padding (a chunker rejected);
+    rows of noise beside the samples' rows vouched for (rolled rows, a copy of 80% of a row);
+    a row half copied, half noise, or a dataset whose reads differ, judged either way."""
+    a, b = (torch.arange(8) + 8 * i + 1 for i in (3, 5))
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randint(1000, 5000, (2, 8), generator=g)
+    bos = torch.full((1,), 999)
+    cases = {
+        # two samples, each cut in halves over 4 rows, rolled: all data
+        "halves, rolled": (torch.stack([a[:4], a[4:], b[:4], b[4:]]).roll(3, 1), "data"),
+        # the same tokens packed in rows of 4 with a BOS each (1 value in 5 from no sample)
+        "a BOS a row": (torch.cat([bos.expand(4, 1), torch.cat([a, b]).view(4, 4)], 1), "data"),
+        "noise rows": (torch.cat([torch.stack([a, b]), noise]), "padded"),
+        "noise rows, rolled": (torch.cat([torch.stack([a, b]), noise]).roll(2, 1), "padded"),
+        # a row of 6 of a's tokens and 2 of noise: one row of a's data is now short
+        "80% of a row copied": (torch.stack([a, b, torch.cat([a[:6], noise[0, :2]])]), "padded"),
+        # the half copied was taken by a's own row: the copy's values are found nowhere
+        "half a row copied": (torch.stack([a, b, torch.cat([a[:4], noise[0, :4]])]), "padded"),
+        # a row half its sample's, half noise: neither clearly data nor clearly padding
+        "half noise": (torch.stack([torch.cat([a[:4], noise[0, :4]]), b, noise[1]]), "unsure"),
+        "only noise": (torch.cat([noise, noise[:1] + 7]), "unsure"),
+    }
+    for name, (rows, want) in cases.items():
+        padded, vouched, unsure = _padding_of(rows, [3, 5])
+        got = "padded" if padded else "data" if vouched else "unsure" if unsure else "none"
+        assert got == want, name
+    assert _padding_of(torch.stack([a, b, a + 1]), [3, 5], _Augmenting()) == (0, 0, 1)
+
+
+def test_unvouched_rows_leave_unequal_samples_not_judged():
+    """Rows past the samples (3 samples in 6 rows beside 5 in 6) excuse the unequal samples
+    only where a re-read vouched for them: else the step is not judged, with why.
+
+    Guards: the twelfth trial's stream padded with noise rows passing on its row counts."""
+    outs = _outs([list(range(0, 20)), list(range(20, 32))], [5, 3], False)
+    for o in outs:
+        o.rows = dict.fromkeys(o.rows, (6, WIDTH))
+    assert share_findings(outs) == []
+    why = unvouched_rows(outs)
+    assert "replica 0: 5, replica 1: 3 samples" in why and "not shown to hold" in why, why
+    for o in outs:
+        o.rows_vouched = 1
+    assert unvouched_rows(outs) == ""
+    outs[1].rows_unsure = 1
+    assert unvouched_rows(outs) != ""

@@ -13,7 +13,8 @@ from typing import Any
 
 from ezpz_nb.data.tree import leaves, sample_values
 
-__all__ = ["KEYS", "METADATA", "NoSampleIds", "batch_rows", "field_digests", "is_batch_tag",
+__all__ = ["KEYS", "METADATA", "NoSampleIds", "batch_rows", "data_field",
+           "field_values", "field_digests", "is_batch_tag",
            "leaf_digest", "observe_batch", "resolve_key", "structure"]  # fmt: skip
 
 #: What ``key=`` accepts besides a field name: ``"auto"`` looks for ``index``
@@ -110,6 +111,58 @@ def _blank(row: Any) -> bool:
     return len(flat) >= 2 and bool((flat == flat[0]).all())
 
 
+def _fields(batch: Any, key: str) -> dict[str, list[tuple[str, Any]]]:
+    """``{name: [(path, leaf)]}`` of the batch's numeric content fields, a list's items under
+    one name (``/input_ids/0`` ... as ``/input_ids``); the ids ``key`` and tags left out."""
+    fields: dict[str, list[tuple[str, Any]]] = {}
+    for path, leaf in _content(batch):
+        dtype = getattr(leaf, "dtype", None)
+        kind = getattr(dtype, "kind", None) or str(dtype)  # numpy's "i", torch's "torch.int64"
+        numeric = kind in ("i", "u", "f", "b") or any(
+            k in kind for k in ("int", "float", "bool", "half")
+        )
+        if numeric and getattr(leaf, "shape", None) and path.rsplit("/", 1)[-1] != key:
+            fields.setdefault(_POSITION.sub("", path), []).append((path, leaf))
+    for name, found in list(fields.items()):
+        # Parts of a tuple batch ((x, y)) are fields of their own, not samples of one field.
+        if len({(len(x.shape), str(x.dtype)) for _, x in found}) > 1:
+            del fields[name]
+            fields.update({path: [(path, x)] for path, x in found})
+    return fields
+
+
+def data_field(batch: Any, key: str, samples: int | None = None) -> tuple[str, list[Any]] | None:
+    """``(name, rows)`` of the field :func:`batch_rows` counts (None: no numeric field): its
+    leaf's first axis, or a list's items, as tensors or arrays. :mod:`~ezpz_nb.verify.padding`
+    reads the same field of a sample alone (:func:`field_values`) to tell data from padding."""
+    fields = _fields(batch, key)
+    if not fields:
+        return None
+    # Rows tied to the samples first: a field with a row per id (``samples`` of them) says
+    # how many rows of data the batch holds; a larger side field of fixed rows does not (the
+    # tenth trial's dodge evened 5 and 3 samples with one). A packer's rows are tied to no
+    # id count: its largest field counts, as before.
+    tied = {
+        name: found
+        for name, found in fields.items()
+        if samples
+        and len(rows := _rows([x for _, x in found])) == samples
+        and all(len(r.shape) >= 1 for r in rows)
+    }
+    chosen = tied or fields
+    name = max(chosen, key=lambda n: sum(_numel(x) for _, x in chosen[n]))
+    return name, _rows([x for _, x in chosen[name]])
+
+
+def field_values(batch: Any, key: str, name: str) -> list[Any] | None:
+    """Every value of the field ``name`` (:func:`data_field`'s) of ``batch``, flat, in order;
+    None where the batch has no such field."""
+    found = _fields(batch, key).get(name)
+    if not found:
+        return None
+    return [v for _, x in found for v in x.reshape(-1).tolist()]
+
+
 def batch_rows(batch: Any, key: str, samples: int | None = None) -> tuple[int, ...]:
     """``(rows holding data, *row shape)`` of the batch's largest numeric content field: a
     packer's ``(rows, tokens)``, or a plain batch's ``(samples, *features)``; ``()`` when it
@@ -122,35 +175,10 @@ def batch_rows(batch: Any, key: str, samples: int | None = None) -> tuple[int, .
     across DP replicas whose sample counts differ (a packer fills fixed rows with however
     many samples fit).
     """
-    fields: dict[str, list[Any]] = {}
-    for path, leaf in _content(batch):
-        dtype = getattr(leaf, "dtype", None)
-        kind = getattr(dtype, "kind", None) or str(dtype)  # numpy's "i", torch's "torch.int64"
-        numeric = kind in ("i", "u", "f", "b") or any(
-            k in kind for k in ("int", "float", "bool", "half")
-        )
-        if numeric and getattr(leaf, "shape", None) and path.rsplit("/", 1)[-1] != key:
-            fields.setdefault(_POSITION.sub("", path), []).append((path, leaf))
-    if not fields:
+    found = data_field(batch, key, samples)
+    if found is None:
         return ()
-    for name, found in list(fields.items()):
-        # Parts of a tuple batch ((x, y)) are fields of their own, not samples of one field.
-        if len({(len(x.shape), str(x.dtype)) for _, x in found}) > 1:
-            del fields[name]
-            fields.update({path: [(path, x)] for path, x in found})
-    # Rows tied to the samples first: a field with a row per id (``samples`` of them) says
-    # how many rows of data the batch holds; a larger side field of fixed rows does not (the
-    # tenth trial's dodge evened 5 and 3 samples with one). A packer's rows are tied to no
-    # id count: its largest field counts, as before.
-    tied = {
-        name: found
-        for name, found in fields.items()
-        if samples
-        and len(rows := _rows([x for _, x in found])) == samples
-        and all(len(r.shape) >= 1 for r in rows)
-    }
-    items = max((tied or fields).values(), key=lambda v: sum(_numel(x) for _, x in v))
-    rows = _rows([x for _, x in items])
+    rows = found[1]
     shapes = {tuple(int(d) for d in r.shape) for r in rows}
     shape = shapes.pop() if len(shapes) == 1 else (-1,)
     # A row equal to another of the batch counts once: copies of its own rows added to pad

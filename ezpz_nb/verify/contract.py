@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -167,7 +168,9 @@ def check_contract(
     it or its sampler before each) and records each batch. No collective runs
     while it iterates, so unequal step counts are measured, not hung on. Then the
     rules of :mod:`ezpz_nb.ledger.checks` judge the records: TP/CP peers hold
-    identical bytes at every step; DP replicas hold disjoint samples; every
+    identical bytes at every step (CP peers their own slices, which together must hold
+    each of a few samples read again from the dataset: :mod:`~ezpz_nb.verify.cp_slices`);
+    DP replicas hold disjoint samples; every
     sample is seen exactly once per epoch (or the report says why not, e.g.
     ``drop_last``); every rank takes the same number of steps; the global batch
     keeps its size; the order changes between epochs when shuffling.
@@ -221,6 +224,8 @@ def check_contract(
         epochs=epochs,
         key=key,
         memory_budget=float(memory_budget),
+        # Picks the samples a CP layout's ranks keep (verify.cp_slices), unknown to the loader.
+        salt=random.SystemRandom().getrandbits(32),
     )
     name = getattr(make_loader, "__qualname__", type(make_loader).__name__)
     report = judge(

@@ -31,6 +31,7 @@ from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
 from ezpz_nb.verify.seen import Seen, run_seen, seen_report, split_values
+from ezpz_nb.verify.seen_reread import with_contents
 from ezpz_nb.verify.universe import beyond_len, head_cut, prefix_cut, universe_of
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
@@ -340,7 +341,12 @@ def check_eval(
     Every rank calls ``make_loader(layout)`` and iterates it to its end. A sample's
     weight is its ``weight`` field (1 when batches carry none); the weights of each
     sample summed over every rank must be exactly 1: a repeat (``DistributedSampler``'s
-    padding) or a drop (``drop_last``) is a violation here, not "expected".
+    padding) or a drop (``drop_last``) is a violation here, not "expected". What a sample
+    carries is judged by reading a few samples again from ``loader.dataset`` in the rank
+    (:mod:`~ezpz_nb.verify.seen_reread`): a sample delivered with another's data (a loss
+    read wrong in a worker) fails ``counted_once``; where no sample can be read again (the
+    loader's dataset is a list of positions, a stream) the contents are trusted, and the
+    rule's reason says so.
 
     Args:
         make_loader: ``make_loader(layout) -> iterable of batches`` with sample ids
@@ -370,7 +376,8 @@ def check_eval(
     ):
         raise VerifyError(f"num_samples must be a positive int or None, got {num_samples!r}")
     seen = run_seen(make_loader, grid, key, weight, None, timeout, cluster)
-    judged = [judge_counted_once(seen, num_samples), judge_equal_steps(seen, collective_step)]
+    once = with_contents(judge_counted_once(seen, num_samples), seen, "eval")
+    judged = [once, judge_equal_steps(seen, collective_step)]
     peers = judge_peers(seen, grid)
     judged += [peers] if peers is not None else []
     # The report's first line names the universe the samples were counted over.

@@ -9,11 +9,12 @@ from ezpz_nb.ledger import Ledger, Problem, StepRecord, check_records
 from ezpz_nb.verify import hints
 from ezpz_nb.verify.allowances import exact_allowance, merged_allowance, remainder_batch
 from ezpz_nb.verify.contents import content_findings, prefix_finding
+from ezpz_nb.verify.cp_slices import cp_findings
 from ezpz_nb.verify.observe import Grid, Outcome
 from ezpz_nb.verify.orders import order_findings
 from ezpz_nb.verify.ranks import Ranks
 from ezpz_nb.verify.report import Finding, Report
-from ezpz_nb.verify.shares import packed_batch, share_findings
+from ezpz_nb.verify.shares import packed_batch, share_findings, unvouched_rows
 from ezpz_nb.verify.universe import beyond_declared, universe_of
 from ezpz_nb.verify.verdict import RULES
 
@@ -373,6 +374,8 @@ def judge(
     findings = _stuck(ranks, records) + findings_from(problems, ledger, names, outs)
     own = num_samples is None
     findings += content_findings(outs, universe, n, how, ranged and own, shuffled)
+    sliced, cp_unjudged = cp_findings(outs)  # CP peers' slices: the bytes cannot compare them
+    findings += sliced
     findings += [] if names else beyond_declared(records, num_samples)  # ids, not hashed keys
     if shuffled and not ranks.hung:
         findings += order_findings(outs)
@@ -409,8 +412,12 @@ def judge(
             f"a sample the loader never yields cannot be seen without the dataset's length: "
             f"{how}; pass num_samples= to judge every sample"
         )
+    if not ranks.hung and (rows := unvouched_rows(outs)):
+        unjudged["global_batch"] = rows
     if ranks.hung:
         unjudged.update(dict.fromkeys(("exactly_once", "global_batch"), HUNG))
+    if cp_unjudged and records:
+        unjudged.setdefault("tp_identical", cp_unjudged)
     off = {"reshuffle": "shuffle=False was passed"} if asked and not shuffled else {}
     return Report(
         what, {"dp": grid.dp, "tp": grid.tp, "cp": grid.cp}, epochs, key, findings, steps,

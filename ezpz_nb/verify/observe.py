@@ -27,6 +27,7 @@ from ezpz_nb.verify.batches import (
     resolve_key,
     structure,
 )
+from ezpz_nb.verify.cp_slices import CpKeep
 from ezpz_nb.verify.epochs import loader_parts
 from ezpz_nb.verify.padding import Padding
 from ezpz_nb.verify.report import VerifyError
@@ -110,6 +111,14 @@ class Outcome:
     # (epoch, step, samples) of kept batches whose rows past their samples' own are padding
     # (verify.padding): shares counts such a rank's rows of data by its samples.
     padded: list[tuple[int, int, int]] = field(default_factory=list)
+    # CP layouts (verify.cp_slices): (epoch, id) -> (step, {field: values delivered}) of a few
+    # samples, and at a replica's leader (epoch, id) -> {field: dataset[id]'s values}.
+    cp_kept: dict[tuple[int, int], tuple[int, dict[str, bytes]]] = field(default_factory=dict)
+    cp_rows: dict[tuple[int, int], dict[str, list[Any]]] = field(default_factory=dict)
+    # Kept batches whose rows past their samples held the samples' data, and those the
+    # re-read could not judge (verify.padding): rows excuse unequal samples only if vouched.
+    rows_vouched: int = 0
+    rows_unsure: int = 0
 
 
 class Ready:
@@ -225,6 +234,7 @@ def run_rank(
     publish_steps: bool = True,
     keep_fields: bool = False,
     memory_budget: float | None = None,
+    salt: int = 0,
 ) -> Outcome:
     """Build, iterate and observe the loader on this rank (run by the launcher).
 
@@ -247,6 +257,8 @@ def run_rank(
         memory_budget: Sample the private memory of the rank and its DataLoader
             workers into ``out.memory`` within this share of wall time
             (:class:`~ezpz_nb.ledger.memory.MemorySampler`); None: not at all.
+        salt: Picks the samples a CP layout's ranks keep (:func:`.cp_slices.picked`): the
+            same on every rank of a check.
     """
     deadline = time.monotonic() + budget_s
     layout = rank_layout(grid)
@@ -285,6 +297,8 @@ def run_rank(
     reread = Reread(inner, leader and stop is None and states is None and key != "digest"
                     and not out.iterable)  # fmt: skip
     padding = Padding(reread)
+    cp = CpKeep(layout, reread, salt, out.num_samples)
+    out.cp_kept, out.cp_rows = cp.kept, cp.rows
     sampler = MemorySampler(memory_budget) if memory_budget is not None else None
     try:
         for epoch in range(start_epoch, start_epoch + epochs):
@@ -322,6 +336,7 @@ def run_rank(
                 if key != "digest":  # with ids from the bytes, one content is one id
                     out.contents[(epoch, step)] = sample_contents(batch, out.key, len(ids))
                     reread.see(batch, ids, out.key, epoch, step)
+                    cp.see(batch, ids, out.key, epoch, step)
                     held = out.rows[(epoch, step)]
                     padding.see(batch, ids, out.key, held[0] if held else 0, epoch, step)
                 out.names.update(names)
@@ -344,7 +359,9 @@ def run_rank(
                     return out
             out.misnamed += reread.judge(deadline)  # before the next set_epoch
             out.padded += padding.judge(deadline)
+            cp.read(epoch, deadline)
             out.reread_alike = reread.alike
+            out.rows_vouched, out.rows_unsure = padding.vouched, padding.unsure
             if at.kept < 0 and stop == (epoch + 1, 0):
                 at.take(loader, out)
         if at.kept >= 0:  # the epochs ended before the later step

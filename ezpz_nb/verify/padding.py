@@ -1,40 +1,58 @@
-"""Rows a batch was padded with: a few batches holding more rows than samples, their
-samples read again after the epoch.
+"""Rows a batch holds past its samples: a packer's or a chunker's data, or padding. Told by
+reading the batch's samples again after the epoch.
 
 :mod:`.shares` compares the DP replicas' batches by samples and by rows of data (a packer
 fills fixed rows with however many samples fit). A loader can even out unequal shares by
-padding every batch with rows of noise to one count (issue 45's eleventh trial: 5 and 3
-samples a step, every batch 6 rows): no batch then holds a row per sample, and by the counts
-alone its rows look like a packer's. The contents tell them apart. A rank keeps a few
-batches of each epoch that hold more distinct rows than samples (the first such one, and
-others drawn at random), and after the epoch reads each of their samples again
-(:meth:`.reread.Reread.read_alone`); where every sample's own row is among the batch's rows
-of one field, the field's other rows are no sample's of that batch: padding, not data. A
-packer's rows hold parts of several samples, not one sample's row whole, and are never
-called padding; a batch of one row per sample holds no more rows than samples and is never
-kept.
+padding its batches with rows of noise to one count (the eleventh trial: 5 and 3 samples a
+step, every batch 6 rows); by the counts alone its rows look like a packer's. Their values
+tell them apart. A rank keeps a few batches of each epoch that hold more distinct rows than
+samples (the first such one, and others drawn at random), and after the epoch reads each of
+their samples again (:meth:`.reread.Reread.read_values`: ``dataset[i]`` twice alike, by
+torch's default collate, so nothing a collate adds counts as the sample's). The rows of the
+field :func:`~.batches.batch_rows` counts then draw on the samples' values as a multiset:
+a row whose values (but for the batch's most common one, the pad) are nearly all found in
+the samples and not yet taken by another row is data, in any order (a packer's, a
+chunker's, rows rolled or cut); a row whose values are nearly all found in none of them is
+padding. A copy of a row finds its values taken (the multiset counts them once).
 
-A sample is read again through the loader's ``collate_fn`` first (a collate that converts
-rows converts the re-read alike), then through torch's default collate for the fields the
-first left with more rows than one sample's (a collate that pads whatever it is given).
-A dataset that cannot say which sample it holds (:meth:`.reread.Reread.read_alone`), a
-stream or a TP/CP peer (not re-read) is not judged here: its rows count as before.
+Each kept batch is one of three:
+
+- data: every row is data. The rank's rows past its samples are vouched for
+  (:attr:`Padding.vouched`).
+- padded: some rows data, some padding. :mod:`.shares` counts that rank's batches by their
+  samples.
+- unsure (:attr:`Padding.unsure`): a sample could not be read again (a stream, no level of
+  the dataset names it, reads that differ: augmentation), a row between the two bounds, or
+  no row of data at all (workers that keep their own copy of a dataset that changes). Rows
+  that no re-read vouched for cannot excuse replicas' unequal samples: :mod:`.shares` says
+  the step is not judged.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from typing import Any
 
-from ezpz_nb.data.tree import leaves
+from ezpz_nb.verify.batches import data_field
 from ezpz_nb.verify.reread import Reread
-from ezpz_nb.verify.samples import sample_columns
 
-__all__ = ["KEEP_BATCHES", "Padding"]
+__all__ = ["DATA_SHARE", "KEEP_BATCHES", "PADDING_SHARE", "Padding"]
 
 #: Batches a rank keeps at random from each epoch to read their samples again.
 KEEP_BATCHES = 3
+#: A row is data where at most this share of its values is in no sample of the batch (a
+#: packer's separator or a BOS token a row), padding where at least :data:`PADDING_SHARE`
+#: is (noise); a row between is not judged (half a row copied, half noise).
+DATA_SHARE = 0.25
+PADDING_SHARE = 0.75
+
+
+def _row(r: Any) -> tuple[Any, ...] | None:
+    """A row's values, or None for a row of one value (blank: already no data)."""
+    values = tuple(r.reshape(-1).tolist())
+    return values if len(set(values)) > 1 or len(values) < 2 else None
 
 
 class Padding:
@@ -42,14 +60,16 @@ class Padding:
     their samples again after it.
 
     Args:
-        reread: The rank's :class:`~.reread.Reread` (its dataset chain, collate and switch).
+        reread: The rank's :class:`~.reread.Reread` (its dataset chain and switch).
     """
 
     def __init__(self, reread: Reread) -> None:
         self.reread = reread
-        # (epoch, step, ids, {field path: one bytes a row}) of each kept batch.
-        self.kept: list[tuple[int, int, list[int], dict[str, list[bytes]]]] = []
+        # (epoch, step, ids, field name, its distinct rows of more than one value).
+        self.kept: list[tuple[int, int, list[int], str, list[tuple[Any, ...]]]] = []
         self.seen = 0
+        self.vouched = 0  # kept batches whose every row held its samples' data, all epochs
+        self.unsure = 0  # kept batches not judged, all epochs
         self._rng = random.SystemRandom()  # drawn from the OS: not replayable in the rank
 
     def see(self, batch: Any, ids: list[int], key: str, held: int, epoch: int, step: int) -> None:
@@ -58,56 +78,65 @@ class Padding:
         if not self.reread.on or not ids or held <= len(ids):
             return
         try:
-            counts = {
-                int(leaf.shape[0])
-                for path, leaf in leaves(batch)
-                if len(getattr(leaf, "shape", ())) >= 2
-                and int(leaf.shape[0]) > len(ids)
-                and path.rsplit("/", 1)[-1] != key
-            }
             self.seen += 1
             slot = (
                 len(self.kept) if len(self.kept) < KEEP_BATCHES else self._rng.randrange(self.seen)
             )
-            if slot >= KEEP_BATCHES or not counts:
+            found = data_field(batch, key, len(ids)) if slot < KEEP_BATCHES else None
+            if found is None:
                 return
-            cols: dict[str, list[bytes]] = {}
-            for rows in counts:
-                cols.update(sample_columns(batch, key, rows))
-            self.kept[slot : slot + 1] = [(epoch, step, list(ids), cols)]
+            name, rows = found
+            distinct = list(dict.fromkeys(r for r in map(_row, rows) if r is not None))
+            self.kept[slot : slot + 1] = [(epoch, step, list(ids), name, distinct)]
         except Exception:  # noqa: BLE001 - the user's data, read only to compare
             return
 
     def judge(self, deadline: float) -> list[tuple[int, int, int]]:
-        """``(epoch, step, samples)`` of each kept batch whose every sample's own row is
-        among its rows of one field: the field's other rows are padding. Then keeps anew (the
-        next epoch). Never raises."""
+        """``(epoch, step, samples)`` of each kept batch found padded; counts the others in
+        :attr:`vouched` or :attr:`unsure`. Then keeps anew (the next epoch). Never raises."""
+        padded: list[tuple[int, int, int]] = []
         try:
-            return self._judge(deadline)
-        except Exception:  # noqa: BLE001 - the user's dataset and collate: never fatal here
-            return []
+            for epoch, step, ids, name, rows in self.kept:
+                what = self._batch(ids, name, rows, deadline)
+                if what == "padded":
+                    padded.append((epoch, step, len(ids)))
+                elif what == "data":
+                    self.vouched += 1
+                else:
+                    self.unsure += 1
+        except Exception:  # noqa: BLE001 - the user's dataset: never fatal here, never vouched
+            self.unsure += 1
         finally:
             self.kept, self.seen = [], 0
-
-    def _judge(self, deadline: float) -> list[tuple[int, int, int]]:
-        if not self.kept:
-            return []
-        from torch.utils.data import default_collate
-
-        own = self.reread.collate()
-        padded: list[tuple[int, int, int]] = []
-        for epoch, step, ids, cols in self.kept:
-            reads = []
-            for i in ids:
-                if time.monotonic() > deadline:
-                    return padded
-                got = self.reread.read_alone(i, own) or {}
-                if any(p not in got for p in cols):
-                    got = {**(self.reread.read_alone(i, default_collate) or {}), **got}
-                reads.append(got)
-            for path, rows in cols.items():
-                there = set(rows)
-                if len(rows) > len(ids) and all(r.get(path) in there for r in reads):
-                    padded.append((epoch, step, len(ids)))
-                    break
         return padded
+
+    def _batch(
+        self, ids: list[int], name: str, rows: list[tuple[Any, ...]], deadline: float
+    ) -> str:
+        if not rows:
+            return "unsure"
+        have: Counter[Any] = Counter()
+        for i in ids:
+            values = self.reread.read_values(i, name) if time.monotonic() < deadline else None
+            if values is None:
+                return "unsure"
+            have.update(values)
+        # The pad is whatever value the rows hold most (a packer pads each row's tail, a
+        # sample read alone pads otherwise): left out of both sides.
+        pad = Counter(v for r in rows for v in r).most_common(1)[0][0]
+        data = padding = 0
+        for row in rows:
+            need = Counter(v for v in row if v != pad)
+            if not need:
+                continue
+            missing = sum((need - have).values()) / sum(need.values())
+            if missing <= DATA_SHARE:
+                data += 1
+                have -= need  # taken: a copy of this row finds its values gone
+            elif missing >= PADDING_SHARE:
+                padding += 1
+            else:
+                return "unsure"
+        if padding and data:
+            return "padded"
+        return "data" if data else "unsure"

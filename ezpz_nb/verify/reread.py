@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from ezpz_nb.verify.batches import observe_batch
+from ezpz_nb.verify.batches import field_values, observe_batch
 from ezpz_nb.verify.report import Finding
-from ezpz_nb.verify.samples import SEP, field_token, sample_columns
+from ezpz_nb.verify.samples import SEP, field_token, sample_columns, tag_columns
 
 __all__ = ["KEEP", "Reread", "made_up", "misnamed", "vouched"]
 
@@ -88,10 +88,13 @@ class Reread:
         loader: The loader (or the DataLoader inside it) whose ``.dataset`` and
             ``collate_fn`` made the batches.
         enabled: False: keep nothing (a stream, a resumed run, a TP/CP peer...).
+        tags: Compare each sample's one-number fields too (a loss: an eval's batches may
+            hold nothing else), all but these (a weight, an epoch: a pad's weight is 0 under
+            a real id, rightly); None: content fields only.
     """
 
-    def __init__(self, loader: Any, enabled: bool) -> None:
-        self.loader, self.on = loader, enabled
+    def __init__(self, loader: Any, enabled: bool, tags: frozenset[str] | None = None) -> None:
+        self.loader, self.on, self.tags = loader, enabled, tags
         self.first: _Kept | None = None
         self.kept: list[_Kept] = []
         self.seen = 0
@@ -115,7 +118,7 @@ class Reread:
             if slot >= KEEP and not first:
                 continue
             if cols is None:
-                cols = sample_columns(batch, key, len(ids))
+                cols = self._cols(batch, len(ids))
             one = _Kept(i, epoch, step, {p: v[k] for p, v in cols.items()})
             if first:
                 self.first = one
@@ -139,18 +142,24 @@ class Reread:
             collate = default_collate
         return collate
 
-    def read_alone(self, i: int, collate: Any) -> dict[str, bytes] | None:
-        """Sample ``i`` read again from the dataset and collated alone by ``collate`` (see
-        :meth:`_read`); None where it cannot be, as :meth:`judge` would not judge it (off, a
-        loader whose persistent workers keep their own dataset)."""
-        chain = self._chain()
-        if not self.on or not chain or getattr(self.loader, "persistent_workers", False):
-            return None
-        return self._read(i, chain, collate)
+    def read_values(self, i: int, name: str) -> list[Any] | None:
+        """Every value of sample ``i``'s field ``name`` (:func:`~.batches.field_values`):
+        ``dataset[i]`` read twice alike and collated alone by torch's default collate (the
+        sample's own data, whatever the loader's collate adds); None where it cannot be
+        (off, no level names it ``i``, the reads differ)."""
+        from torch.utils.data import default_collate
 
-    def _read(self, i: int, chain: list[Any], collate: Any) -> dict[str, bytes] | None:
+        if not self.on:
+            return None
+        return self._read(i, self._chain(), default_collate,
+                          lambda a: field_values(a, self.key, name))  # fmt: skip
+
+    def _read(self, i: int, chain: list[Any], collate: Any, take: Any = None) -> Any:
         """Sample ``i`` read from the first level of ``chain`` that names it ``i``, collated
-        alone; None when no level does, or the reads differ (augmentation)."""
+        alone, as ``take`` gives it (default: ``{field path: bytes}``); None when no level
+        does, or the reads differ (augmentation)."""
+        if take is None:
+            take = self._columns
         for ds in chain:
             try:
                 a, b = collate([ds[i]]), collate([ds[i]])
@@ -159,11 +168,18 @@ class Reread:
                 continue
             if names or ids != [i]:
                 continue
-            got, again = sample_columns(a, self.key, 1), sample_columns(b, self.key, 1)
-            if got != again:
-                return None
-            return {p: v[0] for p, v in got.items()}
+            got = take(a)
+            return got if got is not None and got == take(b) else None
         return None
+
+    def _columns(self, batch: Any) -> dict[str, bytes]:
+        return {p: v[0] for p, v in self._cols(batch, 1).items()}
+
+    def _cols(self, batch: Any, count: int) -> dict[str, list[bytes]]:
+        cols = sample_columns(batch, self.key, count)
+        if self.tags is not None:  # the sample's one-number fields too (check_eval's loss)
+            cols.update(tag_columns(batch, self.tags | {self.key}, count))
+        return cols
 
     def judge(self, deadline: float) -> list[tuple[int, int, int, str, str]]:
         """``(id, epoch, step, token, made)`` of each kept sample whose delivered field is not

@@ -28,7 +28,15 @@ import numpy as np
 from ezpz_nb.data.tree import fields
 from ezpz_nb.verify.batches import is_batch_tag
 
-__all__ = ["ANY_ORDER", "SEP", "field_token", "sample_columns", "sample_contents", "sample_tags"]
+__all__ = [
+    "ANY_ORDER",
+    "SEP",
+    "field_token",
+    "sample_columns",
+    "sample_contents",
+    "sample_tags",
+    "tag_columns",
+]
 
 #: Between a sample's field digests in one string (``"<field path>:<digest>"`` each).
 SEP = "\n"
@@ -211,6 +219,16 @@ def _tag_columns(
             return [(path, [np.float64(x).tobytes() for x in node])]
         return [c for i, v in enumerate(node) for c in _tag_columns(v, skip, count, f"{path}/{i}")]
     return []
+
+
+def tag_columns(batch: Any, skip: frozenset[str], count: int) -> dict[str, list[bytes]]:
+    """``{field path: one bytes a sample}`` of ``batch``'s one-number fields (a loss, a
+    label: 8 bytes each, as :func:`sample_tags` digests them); fields named in ``skip`` and
+    batch tags are left out. Never raises."""
+    try:
+        return dict(_tag_columns(batch, skip, count, "")) if count else {}
+    except Exception:  # noqa: BLE001 - the user's data, read only to compare: never fatal
+        return {}
 
 
 def sample_tags(batch: Any, skip: frozenset[str], count: int) -> list[str]:

@@ -31,7 +31,7 @@ from ezpz_nb.ledger import Problem
 from ezpz_nb.verify.observe import Outcome
 from ezpz_nb.verify.report import Finding
 
-__all__ = ["packed_batch", "share_findings"]
+__all__ = ["packed_batch", "share_findings", "unvouched_rows", "vouched"]
 
 _HINT = (
     "give every replica the same batch size and an equal share of the epoch (a sampler "
@@ -44,16 +44,17 @@ def _data_rows(outs: Sequence[Outcome]) -> dict[tuple[int, int, int], tuple[int,
     """Each leader's rows of data per ``(rank, epoch, step)``: :attr:`Outcome.rows`, less the
     rows a short batch was padded with to the full batches' count.
 
-    Where every batch of the most samples (``m``) holds a row per sample, a batch of fewer
-    samples with more rows (``m`` at most) was padded to look full: its rows past its
-    samples are no data, whatever they hold (the tenth trial's rows of random tokens; blank
-    rows and copies count nothing already). A packer's or a chunker's rows follow no
-    sample count, so its full batches do not hold a row each and nothing changes. And a
-    rank whose batches its re-read showed padded (:mod:`.padding`: every sample's own row
-    among more rows) holds a row of data per sample in each batch of more rows than
-    samples (the eleventh trial padded every batch, the full ones too).
+    A rank whose batches its re-read showed padded (:mod:`.padding`: rows of values in none
+    of the batch's samples beside rows of theirs) holds a row of data per sample in each
+    batch of more rows than samples (the eleventh trial padded every batch, the full ones
+    too). Where the re-read vouched for no rank's rows (a stream), the counts decide:
+    where every batch of the most samples (``m``) holds a row per sample, a batch of fewer
+    samples with more rows (``m`` at most) was padded to look full (the tenth trial's rows
+    of random tokens; blank rows and copies count nothing already). A chunker whose short
+    batches hold two rows a sample does that too, so a vouched rank is never counted so.
     """
     padded = {o.rank for o in outs if o.padded}
+    sure = vouched(outs)
     got: dict[tuple[int, int, int], tuple[tuple[int, ...], int]] = {}
     for o in outs:
         for r in o.records:
@@ -67,16 +68,23 @@ def _data_rows(outs: Sequence[Outcome]) -> dict[tuple[int, int, int], tuple[int,
     tied = m > 0 and all(rows and rows[0] == m for rows in full)
     return {
         k: (n, *rows[1:])
-        if rows and n < rows[0] and (tied and rows[0] <= m or k[0] in padded)
+        if rows and n < rows[0] and (tied and rows[0] <= m and k[0] not in sure or k[0] in padded)
         else rows
         for k, (rows, n) in got.items()
     }
 
 
-def share_findings(outs: Sequence[Outcome]) -> list[Finding]:
-    """Per epoch, the first step where the DP replicas' batches differ in size (samples and
-    values both), that step being none of theirs' last; one finding an epoch. Only each
-    replica's leader is read (its TP/CP peers hold the same samples, CP peers a slice)."""
+def vouched(outs: Sequence[Outcome]) -> set[int]:
+    """Ranks whose rows past their samples the re-read showed to be the samples' data
+    (:mod:`.padding`), in every batch it judged."""
+    return {o.rank for o in outs if o.rows_vouched and not o.rows_unsure and not o.padded}
+
+
+def _by_step(
+    outs: Sequence[Outcome],
+) -> dict[tuple[int, int], dict[int, tuple[int, tuple[int, ...], int]]]:
+    """Per ``(epoch, step)``, each replica's ``(samples, rows of data, leader rank)``, less
+    the steps where only remainders differ (a replica's last, within one of the others)."""
     size: dict[tuple[int, int, int], tuple[int, tuple[int, ...], int]] = {}
     data = _data_rows(outs)
     for o in outs:
@@ -105,6 +113,51 @@ def share_findings(outs: Sequence[Outcome]) -> list[Finding]:
             and (max(n for n, _, _ in by_dp.values()) - min(n for n, _, _ in by_dp.values()) <= 1)
         ):
             del at[(epoch, step)]
+    return at
+
+
+def unvouched_rows(outs: Sequence[Outcome]) -> str:
+    """Why ``global_batch`` is not judged ("" where it is): steps whose replicas hold
+    different numbers of samples in as many rows, where no re-read vouched for the rows of
+    a replica holding more rows than samples (:func:`vouched`). Its rows may be a packer's
+    or padding added to look full: counted by rows the step keeps the global batch, by
+    samples it does not, and nothing shows which."""
+    sure = vouched(outs)
+    steps = [
+        (epoch, step, by_dp)
+        for (epoch, step), by_dp in sorted(_by_step(outs).items())
+        if len({n for n, _, _ in by_dp.values()}) > 1
+        and len({v for _, v, _ in by_dp.values()}) == 1
+        and () not in {v for _, v, _ in by_dp.values()}
+        and any(v[0] > n and rank not in sure for n, v, rank in by_dp.values())
+    ]
+    if not steps:
+        return ""
+    epoch, step, by_dp = steps[0]
+    sizes = ", ".join(f"replica {d}: {by_dp[d][0]}" for d in sorted(by_dp))
+    rows = "x".join(map(str, next(iter(by_dp.values()))[1]))
+    stream = any(o.iterable for o in outs)
+    why = (
+        "a stream's samples cannot be read again"
+        if stream
+        else "its samples could not be read again alike (dataset[i] naming sample i, read "
+        "twice the same), or some rows hold values neither clearly theirs nor clearly not"
+    )
+    return (
+        f"at {len(steps)} step(s) the DP replicas' batches hold different numbers of samples in "
+        f"as many rows (first: epoch {epoch}, step {step}: {sizes} samples, each {rows} rows "
+        f"of data), and the rows past the samples were not shown to hold the samples' data: "
+        f"{why}. Counted by rows the global batch keeps its size, by samples it does not. Give "
+        "every replica as many samples a step, or read a map-style dataset (dataset[i] holds "
+        "sample i) so the rows can be checked"
+    )
+
+
+def share_findings(outs: Sequence[Outcome]) -> list[Finding]:
+    """Per epoch, the first step where the DP replicas' batches differ in size (samples and
+    values both), that step being none of theirs' last; one finding an epoch. Only each
+    replica's leader is read (its TP/CP peers hold the same samples, CP peers a slice)."""
+    at = _by_step(outs)
     out: list[Finding] = []
     faulty: dict[int, list[int]] = {}
     for (epoch, step), by_dp in sorted(at.items()):

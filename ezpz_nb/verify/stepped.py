@@ -29,6 +29,7 @@ from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
 from ezpz_nb.verify.seen import Seen, dataset_size, run_seen, seen_report
+from ezpz_nb.verify.seen_reread import with_contents
 from ezpz_nb.verify.universe import Universe, beyond_len
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
@@ -206,6 +207,10 @@ def check_steps(
 ) -> EvalReport:
     """Run a (possibly endless) loader for ``steps`` batches on real ranks and judge it.
 
+    A few samples are read again from ``loader.dataset`` in the rank after the run, as in
+    :func:`~ezpz_nb.verify.check_eval`: one delivered with another sample's data fails
+    ``balanced_coverage``; where none can be read again, its reason says contents are trusted.
+
     Args:
         make_loader: ``make_loader(layout) -> iterable of batches`` with sample ids
             and, for the coverage rule, an ``epoch`` field per sample (or a
@@ -246,6 +251,7 @@ def check_steps(
                        f"short: {beyond}") if beyond
         else judge_coverage(dp_seen, num_samples, size),
     ]  # fmt: skip
+    judged[1] = with_contents(judged[1], seen, "steps")  # ids that name their data
     peers = judge_peers(seen, grid)  # only the leaders' samples are dealt: the peers follow
     judged += [peers] if peers is not None else []
     return seen_report(make_loader, grid, f"{steps} steps", "steps", judged, seen)

@@ -1,0 +1,199 @@
+"""Context-parallel slices: a replica's CP ranks together hold each sample's values.
+
+The ledger compares bytes only among the ranks of one ``cp_rank`` (TP peers): CP peers hold
+the same samples as different slices of each sequence, rightly, so their contents went
+unjudged, and a loader whose every CP rank kept the first half of each sequence (the
+``cp_rank`` offset forgotten), or whose split left token 3 on no CP rank, passed (the twelfth
+trial). So in a CP layout each rank with ``tp_rank`` 0 keeps (:class:`CpKeep`), for a few
+samples an epoch, what each content field delivered of them; the samples are picked by a hash
+of the id salted per check (:func:`picked`), so every CP peer keeps the same ones and a loader
+cannot tell which. The replica's leader reads each kept sample again whole (``dataset[i]``
+through torch's default collate, :meth:`.reread.Reread.read_values`), and :func:`cp_findings`
+asks that its CP ranks' values together be the sample's, as multisets: a contiguous split, a
+load-balanced zigzag or any other split passes, and so do peers that each hold the whole
+sample (PyTorch's ``context_parallel()`` shards the buffers itself) and peers that together
+hold the sample less its last (or first) value (the inputs, or labels, of a next-token loss
+cut from one row). A gap (a value on no CP rank) or an overlap (on two) fails.
+
+A field is judged only where every peer's values are among the sample's (a collate that pads,
+masks or tokenizes makes values of its own: not judged). Where no sample could be read again
+(a stream, a list of batches, a dataset whose items do not name their index, a resumed part)
+the rule is "not judged", with why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ezpz_nb.verify.report import Finding
+from ezpz_nb.verify.reread import Reread
+from ezpz_nb.verify.samples import sample_columns
+
+__all__ = ["KEEP", "CpKeep", "cp_findings", "picked"]
+
+#: Samples a CP rank keeps an epoch, about (a fixed share of the dataset's length).
+KEEP = 8
+# At most this many an epoch: a dataset of unknown length keeps its first ones.
+_MOST = 4 * KEEP
+
+
+def picked(salt: int, epoch: int, i: int, size: int | None) -> bool:
+    """Whether sample ``i`` of ``epoch`` is kept: about :data:`KEEP` of ``size`` samples,
+    alike on every rank of one check (the same ``salt``)."""
+    rate = max(1, (size or 0) // KEEP)
+    digest = hashlib.blake2b(f"{salt}:{epoch}:{i}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % rate == 0
+
+
+class CpKeep:
+    """What a CP rank delivered of a few samples an epoch; its leader reads them again whole.
+
+    Args:
+        layout: The rank's layout (kept only where ``cp_size > 1`` and ``tp_rank == 0``).
+        reread: The rank's :class:`~.reread.Reread` (on at the replica's leader only).
+        salt: The same on every rank of a check, drawn anew per check.
+        size: The dataset's length, where known.
+    """
+
+    def __init__(self, layout: Any, reread: Reread, salt: int, size: int | None) -> None:
+        self.on = layout.cp_size > 1 and layout.tp_rank == 0
+        self.reread, self.salt, self.size = reread, salt, size
+        # (epoch, id) -> (step, {field path: the values delivered, 8 bytes each}).
+        self.kept: dict[tuple[int, int], tuple[int, dict[str, bytes]]] = {}
+        # (epoch, id) -> {field path: the sample's values, dataset[id] read again}: the leader's.
+        self.rows: dict[tuple[int, int], dict[str, list[Any]]] = {}
+        self._count: Counter[int] = Counter()
+
+    def see(self, batch: Any, ids: list[int], key: str, epoch: int, step: int) -> None:
+        """Keep the picked samples of ``batch``. Never raises."""
+        if not self.on or self._count[epoch] >= _MOST:
+            return
+        mine = [k for k, i in enumerate(ids) if picked(self.salt, epoch, i, self.size)]
+        if not mine:
+            return
+        cols = sample_columns(batch, key, len(ids))
+        for k in mine[: _MOST - self._count[epoch]]:
+            self.kept[(epoch, ids[k])] = (step, {p: v[k] for p, v in cols.items()})
+            self._count[epoch] += 1
+
+    def read(self, epoch: int, deadline: float) -> None:
+        """At the leader, read this epoch's kept samples again whole. Never raises."""
+        if not self.reread.on:
+            return
+        for (e, i), (_, cols) in list(self.kept.items()):
+            if e != epoch or time.monotonic() > deadline:
+                continue
+            try:
+                got = {p: self.reread.read_values(i, p) for p in cols}
+            except Exception:  # noqa: BLE001 - the user's dataset: a sample that cannot say
+                continue
+            self.rows[(e, i)] = {p: v for p, v in got.items() if v is not None}
+
+
+def _compare(values: list[Any], parts: list[bytes]) -> tuple[Counter[Any], Counter[Any]] | None:
+    """``(missing, extra)`` values of the CP peers' ``parts`` together against the sample's
+    ``values`` (both empty: held); None where a part holds a value the sample has not (not
+    judged: the collate made it)."""
+    a = np.asarray(values)
+    if a.dtype.kind not in "iuf" or a.size < 2 or any(len(p) % 8 for p in parts):
+        return None
+    kind = np.int64 if a.dtype.kind in "iu" else np.float64
+    flat = a.astype(kind).reshape(-1).tolist()
+    want = Counter(flat)
+    held = [Counter(np.frombuffer(p, kind).tolist()) for p in parts]
+    if any(h - want for h in held):
+        return None
+    if all(h == want for h in held):
+        return Counter(), Counter()  # every peer holds the whole sample
+    total: Counter[Any] = sum(held, Counter())
+    # The sample less its last (or first) value: a next-token loss's inputs (labels).
+    if total in (want, Counter(flat[:-1]), Counter(flat[1:])):
+        return Counter(), Counter()
+    return want - total, total - want
+
+
+def _replicas(outs: Sequence[Any]) -> dict[int, dict[int, Any]]:
+    """``{dp_rank: {cp_rank: outcome}}`` of the ranks with ``tp_rank`` 0."""
+    out: dict[int, dict[int, Any]] = {}
+    for o in outs:
+        if o.records and o.records[0].tp_rank == 0:
+            out.setdefault(o.records[0].dp_rank, {})[o.records[0].cp_rank] = o
+    return out
+
+
+def cp_findings(outs: Sequence[Any]) -> tuple[list[Finding], str]:
+    """The first sample whose CP ranks together do not hold its values, as a ``tp_identical``
+    failure; and why the rule was not judged (``""``: judged, or no CP layout).
+    ``outs``: the ranks' :class:`~ezpz_nb.verify.observe.Outcome`."""
+    cp = max((o.records[0].cp_size for o in outs if o.records), default=1)
+    if cp < 2:
+        return [], ""
+    judged, unsure, read = 0, set(), 0
+    for d, peers in sorted(_replicas(outs).items()):
+        lead = peers.get(0)
+        if lead is None or len(peers) < cp:
+            continue
+        for (epoch, i), row in sorted(lead.cp_rows.items()):
+            held = [peers[c].cp_kept.get((epoch, i)) for c in range(cp)]
+            read += bool(row)
+            for path, values in sorted(row.items()):
+                parts = [h[1].get(path) for h in held if h is not None]
+                if len(parts) < cp or any(p is None for p in parts):
+                    continue
+                got = _compare(values, [p for p in parts if p is not None])
+                if got is None:
+                    unsure.add(path.lstrip("/") or "the sample")
+                    continue
+                judged += 1
+                if got[0] or got[1]:
+                    step = held[0][0] if held[0] is not None else None
+                    return [_finding(epoch, i, d, step, path, len(values), got, peers)], ""
+    if judged:
+        return [], ""
+    if read:
+        return [], (
+            f"CP peers hold their own slices: every CP rank's values of {', '.join(sorted(unsure))} "
+            "are not all among the sample's as dataset[i] holds them (a collate that pads, masks "
+            "or tokenizes), so whether the CP ranks together hold each sample is not judged"
+        )
+    return [], (
+        "CP peers hold their own slices, which their bytes cannot compare, and no sample could "
+        "be read again whole from loader.dataset (a stream, a list of batches, a dataset whose "
+        "items do not name their index, a resumed part): whether the CP ranks together hold "
+        "each sample's tokens is not judged"
+    )
+
+
+def _finding(
+    epoch: int, i: int, replica: int, step: int | None, path: str, n: int,
+    got: tuple[Counter[Any], Counter[Any]], peers: dict[int, Any],
+) -> Finding:  # fmt: skip
+    missing, extra = got
+    field = path.lstrip("/") or "the sample"
+    parts = []
+    for count, where in (
+        (sum(missing.values()), "no CP rank"),
+        (sum(extra.values()), "two or more"),
+    ):
+        if count:
+            parts.append(f"{count} of its {n} values {'is' if count == 1 else 'are'} on {where}")
+    ranks = sorted(o.rank for o in peers.values())
+    return Finding(
+        "tp_identical", "tp_mismatch", epoch,
+        f"Epoch {epoch}: sample {i}'s {field} (DP replica {replica}, step {step}) is not held "
+        f"whole by its {len(peers)} CP ranks together (read again from dataset[{i}]): "
+        f"{' and '.join(parts)}, so part of the sequence is "
+        f"{'never trained' if missing else 'trained twice'} in context parallel.",
+        rank=peers[max(peers)].rank, step=step, sample=str(i), ranks=ranks,
+        hint="each CP rank must keep its own part of every sequence: offset the slice by "
+        "cp_rank (positions cp_rank*L/cp_size to (cp_rank+1)*L/cp_size, or the load-balanced "
+        "chunks cp_rank and 2*cp_size-1-cp_rank), so that the CP ranks together hold every "
+        "token once; or give every CP rank the whole sequence, as torch's context_parallel() "
+        "shards it itself",
+    )  # fmt: skip

@@ -1,0 +1,134 @@
+"""Ids that name their data in an eval or steps check: a few delivered samples read again.
+
+:func:`~ezpz_nb.verify.check_eval` and :func:`~ezpz_nb.verify.check_steps` count ids,
+weights and epochs. A loader whose ids and weights are right while a sample carries another
+sample's data passes them: the twelfth trial's dataset gave sample 22 the loss of sample 0 in
+a DataLoader worker only, so the metric counted sample 0 twice and sample 22 never.
+``check_contract`` catches the same bug by reading samples again
+(:class:`~ezpz_nb.verify.reread.Reread`); the eval and steps checks run that re-read too: each
+DP leader whose loader has a map dataset keeps a few samples as delivered (its first, and
+others drawn at random), with their one-number fields (a loss, a label; not the weight or
+the epoch, which a pad or a later epoch changes rightly), reads ``dataset[i]`` again in the
+rank after the run and compares. :func:`judge_misread` fails a sample whose delivered data is
+not ``dataset[i]``'s and is what another id carries (the re-read's own guards hold: a field is
+judged only where another kept sample matched it exactly, a sample only where
+``dataset[i]`` names it ``i`` and reads alike twice), or is made up
+(:func:`~ezpz_nb.verify.reread.made_up_finding`).
+
+Where no leader could read a sample again (the loader's dataset is a list of positions, a
+stream, a dataset whose items do not name their index, persistent workers, a loader
+without ``.dataset``) the contents are trusted: :func:`trusted_note` says so in the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from ezpz_nb.verify.reread import Reread, made_up_finding
+from ezpz_nb.verify.samples import SEP
+from ezpz_nb.verify.verdict import Judgement, Verdict
+
+__all__ = ["REREAD_S", "judge_misread", "rank_reread", "trusted_note", "with_contents"]
+
+#: Seconds a rank may spend reading its kept samples again after the run.
+REREAD_S = 5.0
+
+
+def rank_reread(loader: Any, leader: bool, weight: str) -> Reread:
+    """The re-read of a rank's samples: on at a DP leader whose loader has a map dataset,
+    comparing one-number fields too, all but ``weight`` and ``epoch``."""
+    from torch.utils.data import IterableDataset
+
+    stream = isinstance(getattr(loader, "dataset", loader), IterableDataset)
+    return Reread(loader, leader and not stream, tags=frozenset({weight, "epoch"}))
+
+
+def _under(seen: Sequence[Any]) -> tuple[dict[str, set[int]], dict[tuple[str, int], set[str]]]:
+    """``(under, values)``: a field's delivered content or one-number value -> the ids it was
+    delivered under; and (a one-number field, an id) -> the values delivered under that id."""
+    under: dict[str, set[int]] = {}
+    values: dict[tuple[str, int], set[str]] = {}
+    for s in seen:
+        for step, ids in enumerate(s.ids):
+            for rows, tag in ((s.contents, False), (s.tags, True)):
+                row = rows[step] if step < len(rows) else []
+                for i, joined in zip(ids, row if len(row) == len(ids) else [], strict=False):
+                    for token in filter(None, joined.split(SEP)):
+                        under.setdefault(token, set()).add(i)
+                        if tag:
+                            values.setdefault((token.rpartition(":")[0], i), set()).add(token)
+    return under, values
+
+
+def judge_misread(seen: Sequence[Any], purpose: str) -> Judgement | None:
+    """The first kept sample delivered with another id's data (or made-up data), as a failure
+    whose ``rule`` the caller fills in; None: none. ``seen``: the ranks'
+    :class:`~ezpz_nb.verify.seen.Seen`; ``purpose``: ``"eval"`` or ``"steps"``.
+
+    A one-number field (a loss) blames another sample only where one other id carries the
+    value, in every delivery of it: that sample's own value. A value many ids share (a class
+    label) or one an id carries only sometimes (a pad flag, 1 on a padded copy) says nothing.
+    """
+    found = sorted((st, s.rank, i, t) for s in seen for i, _, st, t, made in s.misnamed if not made)
+    under, values = _under(seen) if found else ({}, {})
+    for step, rank, i, token in found:
+        others = sorted(under.get(token, set()) - {i})
+        path = token.rpartition(":")[0]
+        one = any(p == path for p, _ in values)  # a one-number field
+        if not others or one and (len(others) > 1 or values.get((path, others[0])) != {token}):
+            continue  # new data (noise, a mask), or a value not one other sample's own
+        field = token.rpartition(":")[0].lstrip("/") or "the sample"
+        cost = (
+            f"the metric counts sample {others[0]}'s {field} twice and sample {i}'s never"
+            if purpose == "eval"
+            else f"training reads sample {others[0]}'s {field} twice and sample {i}'s never"
+        )
+        return Judgement(
+            "", Verdict.FAIL,
+            f"sample {i} (rank {rank}, step {step}) was delivered with another sample's {field}: "
+            f"dataset[{i}], read again in the rank after the run (twice alike), holds other "
+            f"values, and the ones delivered are sample {others[0]}'s. The ids and weights look "
+            f"right, but {cost}. Yield dataset[i] under id i: look for what differs where the "
+            "sample is read (a DataLoader worker, where get_worker_info() is set; a cache or "
+            "file handle shared across the fork; an off-by-one at the data's end)",
+            rank=rank, step=step, sample=str(i),
+        )  # fmt: skip
+    made = made_up_finding(seen)
+    if made is None:
+        return None
+    return Judgement(
+        "", Verdict.FAIL, f"{made.message} {made.hint}", rank=made.rank, step=made.step,
+        sample=made.sample,
+    )  # fmt: skip
+
+
+def trusted_note(seen: Sequence[Any]) -> str:
+    """``"; what each sample carries is trusted ..."`` naming the DP leaders that read no kept
+    sample again alike (nothing there vouched that ids name their data), else ``""``."""
+    leaders = [s.rank for s in seen if s.counts]
+    unsure = [s.rank for s in seen if s.counts and not s.reread_alike]
+    if not unsure:
+        return ""
+    where = "on every rank" if unsure == leaders else f"on rank(s) {unsure}"
+    return (
+        f"; what each sample carries is trusted, not judged, {where}: no sample could be read "
+        "again from loader.dataset as delivered (a list of positions, a stream, a dataset whose "
+        "items do not name their index, persistent workers), so a sample holding another "
+        "sample's data under its own id would not show"
+    )
+
+
+def with_contents(judged: Judgement, seen: Sequence[Any], purpose: str) -> Judgement:
+    """``judged`` (the ids' rule: ``counted_once``, ``balanced_coverage``) failed where a
+    sample was delivered with another's data (:func:`judge_misread`) and it did not fail
+    already; a pass says where the contents were trusted (:func:`trusted_note`)."""
+    if judged.verdict is Verdict.FAIL:
+        return judged
+    misread = judge_misread(seen, purpose)
+    if misread is not None:
+        return replace(misread, rule=judged.rule)
+    if judged.verdict is Verdict.PASS:
+        return replace(judged, reason=judged.reason + trusted_note(seen))
+    return judged

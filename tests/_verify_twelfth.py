@@ -1,0 +1,199 @@
+"""The twelfth trial's verify cases (issue 45): a sample carrying another's loss in a
+DataLoader worker (check_eval, check_steps), and context-parallel slices that leave part of
+each sequence untrained (check_contract); with the right answers near each boundary (the
+same loaders reading right; CP splits contiguous, zigzag, whole rows, a next-token input,
+TP and CP together). The eval and steps rows are in ``_verify_classes.CASES``, the CP rows
+in ``_verify_corpus.CASES``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
+
+M = 23  # samples of the eval and steps cases: odd, so an even deal over 2 replicas pads one
+
+
+def _loss(i: int) -> torch.Tensor:
+    return torch.tensor(0.5 + ((i * 7919) % M) / 10, dtype=torch.float64)
+
+
+def _misread(i: int, bad: bool) -> int:
+    """The sample whose loss sample ``i`` carries: in a worker, the last one reads sample 0's
+    (a worker-side cache bug) where ``bad``; a read in the rank is always right."""
+    return 0 if bad and get_worker_info() is not None and i == M - 1 else i
+
+
+class Marked(Dataset):
+    """An even deal's padded positions: position ``k`` is sample ``k % M``, weight 0 past M."""
+
+    def __init__(self, bad: bool) -> None:
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return M + 1
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        i = k % M
+        return {"index": i, "loss": _loss(_misread(i, self.bad)), "weight": float(k < M)}
+
+
+def _eval(layout: Any, bad: bool) -> DataLoader:
+    deal = DistributedSampler(range(M + 1), layout.dp_size, layout.dp_rank, shuffle=False)
+    return DataLoader(Marked(bad), batch_size=2, sampler=deal, num_workers=1)
+
+
+def eval_worker_misreads(layout: Any) -> DataLoader:
+    """Dodge (d16eval_worker_misreads): ids and weights right, sample 22 carries sample 0's
+    loss in a worker: the metric counts sample 0 twice and 22 never."""
+    return _eval(layout, True)
+
+
+def eval_worker_reads(layout: Any) -> DataLoader:
+    """Right: the same deal, every sample its own loss in the worker too."""
+    return _eval(layout, False)
+
+
+def eval_positions_misread(layout: Any) -> DataLoader:
+    """Dodge, a limit (d16eval_ids_lie): the same wrong loss made in a collate over a list of
+    positions, nothing to read again: contents trusted, and the report says so."""
+    mine = list(range(layout.dp_rank, M + 1, layout.dp_size))
+
+    def collate(ks: list[int]) -> dict[str, torch.Tensor]:
+        return {"index": torch.tensor([k % M for k in ks]),
+                "loss": torch.stack([_loss(0 if k == M - 1 else k % M) for k in ks]),
+                "weight": torch.tensor([float(k < M) for k in ks], dtype=torch.float64)}  # fmt: skip
+
+    return DataLoader(mine, batch_size=2, collate_fn=collate)
+
+
+class Flagged(Dataset):
+    """22 samples padded to 24 (a full global batch of 2 x 2 at dp 2): the pads repeat
+    samples 0 and 1 at weight 0, flagged ``is_pad``."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        i = k % 22
+        return {"index": i, "loss": _loss(i), "weight": float(k < 22), "is_pad": int(k >= 22)}
+
+
+def eval_pads_flagged(layout: Any) -> DataLoader:
+    """Right: a pad's flag differs from its sample's, and its value (1) is another padded
+    sample's only some of the time: no sample's own value, so no misread."""
+    deal = DistributedSampler(range(24), layout.dp_size, layout.dp_rank, shuffle=False)
+    return DataLoader(Flagged(), batch_size=2, sampler=deal)
+
+
+class Tagged(Dataset):
+    """Position ``k = epoch * M + i``: sample ``i`` tagged with its epoch."""
+
+    def __init__(self, bad: bool) -> None:
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return M * 100
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        i = k % M
+        return {"index": i, "epoch": k // M, "loss": _loss(_misread(i, self.bad))}
+
+
+class Cycle(Sampler[int]):
+    """The replica's strided share, epoch after epoch, without end."""
+
+    def __init__(self, layout: Any) -> None:
+        self.mine = list(range(layout.dp_rank, M, layout.dp_size))
+
+    def __iter__(self) -> Iterator[int]:
+        k = 0
+        while True:
+            yield (k // len(self.mine)) * M + self.mine[k % len(self.mine)]
+            k += 1
+
+
+def steps_worker_misreads(layout: Any) -> DataLoader:
+    """Dodge (d16steps_worker_misreads): an endless DataLoader, sample 22 carrying sample 0's
+    loss in a worker."""
+    return DataLoader(Tagged(True), batch_size=2, sampler=Cycle(layout), num_workers=1)
+
+
+def steps_worker_reads(layout: Any) -> DataLoader:
+    """Right: the same endless loader, every sample its own loss."""
+    return DataLoader(Tagged(False), batch_size=2, sampler=Cycle(layout), num_workers=1)
+
+
+# ------------------------------------------------------------------ context parallel
+class Tok(Dataset):
+    """30 samples of ``width`` tokens, ``9 i + k``."""
+
+    def __init__(self, width: int = 8) -> None:
+        self.width = width
+
+    def __len__(self) -> int:
+        return 30
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": torch.arange(self.width) + 9 * i, "index": i}
+
+
+def _cp(cols: Callable[[int, int], Any], width: int = 8, cut: int = 0) -> Callable[..., Any]:
+    """A factory: DistributedSampler over the replicas, batches of 3, each rank keeping the
+    columns ``cols(cp_rank, cp_size)`` of input_ids (after dropping its last ``cut``)."""
+
+    def make(layout: Any) -> DataLoader:
+        ds = Tok(width)
+        deal = DistributedSampler(ds, layout.dp_size, layout.dp_rank, shuffle=True, seed=3)
+        mine = cols(layout.cp_rank, layout.cp_size)
+
+        def collate(xs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+            rows = torch.stack([x["input_ids"] for x in xs])
+            rows = rows[:, : rows.shape[1] - cut]
+            return {"input_ids": rows[:, mine], "index": torch.tensor([x["index"] for x in xs])}
+
+        return DataLoader(ds, batch_size=3, sampler=deal, collate_fn=collate)
+
+    return make
+
+
+def _halves(r: int, n: int) -> slice:
+    return slice(r * 8 // n, (r + 1) * 8 // n)
+
+
+def _zigzag(r: int, n: int) -> torch.Tensor:
+    c = 8 // (2 * n)
+    return torch.cat(
+        [torch.arange(r * c, (r + 1) * c), torch.arange((2 * n - 1 - r) * c, (2 * n - r) * c)]
+    )
+
+
+#: Dodge (d13_cp_same_slice): every CP rank the first half (the cp_rank offset forgotten).
+cp_same_slice = _cp(lambda r, n: slice(0, 8 // n))
+#: Dodge (d13_cp_gap): CP rank 0 tokens 0-2, rank 1 tokens 4-7: token 3 on no CP rank.
+cp_gap = _cp(lambda r, n: slice(0, 3) if r == 0 else slice(4, 8))
+#: Right: contiguous halves.
+cp_halves = _cp(_halves)
+#: Right (r13_cp_zigzag): Megatron's load-balanced chunks r and 2 cp - 1 - r.
+cp_zigzag = _cp(_zigzag)
+#: Right (d13_cp_full_rows_both): every CP rank the whole row (context_parallel() shards it).
+cp_full_rows = _cp(lambda r, n: slice(0, 8))
+#: Right: rows of 9 tokens, the input of a next-token loss (the first 8) cut in halves.
+cp_next_token_input = _cp(_halves, width=9, cut=1)
+
+
+def cp_padded_halves(layout: Any) -> DataLoader:
+    """Right, not judged: rows of 7 padded with -1 to 8, then cut in halves: the pad is no
+    value of the sample, so what the CP ranks hold cannot be held to it."""
+    ds = Tok(7)
+    deal = DistributedSampler(ds, layout.dp_size, layout.dp_rank, shuffle=True, seed=3)
+    mine = _halves(layout.cp_rank, layout.cp_size)
+
+    def collate(xs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        rows = torch.stack([torch.cat([x["input_ids"], torch.tensor([-1])]) for x in xs])
+        return {"input_ids": rows[:, mine], "index": torch.tensor([x["index"] for x in xs])}
+
+    return DataLoader(ds, batch_size=3, sampler=deal, collate_fn=collate)
