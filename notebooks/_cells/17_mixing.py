@@ -403,7 +403,11 @@ assert after[2] / after.sum() > 1.5 * WEIGHTS[2] and after[0] / after.sum() < 0.
 # everything it depends on (the weights and the global batch, not the batch alone): replaying the
 # quotas from step 0 on every call costs about half a second a call near step 10**5, and the
 # windows ask 128 such steps; go on from the last step asked, so a process pays for the steps
-# before its first call once. You may use numpy.
+# before its first call once. You may use numpy. The checker asks nothing of the order within a
+# global batch: DDP averages the ranks' gradients, each a mean over a batch of the same size, so
+# which slots a rank reads does not change the step. Shuffle within the batch anyway, as the
+# solution does: what a rank computes alone (BatchNorm's statistics, a per-rank loss in the logs)
+# sees only the sources in its slots, as with MosaicML's side-by-side blocks above.
 
 # %% tags=["workshop"]
 import ezpz_nb.workshop.mixture as ex
