@@ -127,7 +127,8 @@ stress: $(BIN)/.installed
 	$(BIN)/python tests/_stress_straggler.py --runs $(STRESS_RUNS) --busy $(STRESS_BUSY)
 	EZPZ_NB_DRAWS=$(STRESS_RUNS) $(BIN)/python -m pytest -q -n 0 -p no:randomly \
 		tests/test_text_exercises.py tests/test_dcp_exercise.py tests/test_eval_exercise.py \
-		tests/test_mix_exercise.py tests/test_throughput_exercise.py tests/test_verify_dodges.py
+		tests/test_mix_exercise.py tests/test_mix_fresh.py tests/test_throughput_exercise.py \
+		tests/test_verify_dodges.py
 	EZPZ_NB_DRAWS=$(STRESS_RUNS) $(BIN)/python -m pytest -q -n 0 -p no:randomly \
 		-m "not browser" tests/test_memory_exercise.py tests/test_flat_held.py
 

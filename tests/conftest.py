@@ -12,6 +12,7 @@ import pytest
 # a long file collected last would run alone at the end while the other workers idle;
 # longest first lets the short ones fill in. Order only: every test still runs.
 SLOW_FIRST = (
+    # system and browser files
     "test_browser.py",
     "test_agents.py",
     "test_slurm.py",
@@ -19,23 +20,29 @@ SLOW_FIRST = (
     "test_benchmarks.py",
     "test_dcp_torchrun.py",
     "test_torchrun.py",
-    "test_exercises.py",
-    "test_pool.py",
-    "test_verify.py",
-    "test_dcp_exercise.py",
+    # make unit's, by their seconds in a fresh clone's run (3 workers, 2 cores)
     "test_mix_exercise.py",
+    "test_memory_exercise.py",
+    "test_mix_fresh.py",
+    "test_throughput_exercise.py",
+    "test_eval_exercise.py",
+    "test_exercises.py",
+    "test_dcp_exercise.py",
+    "test_verify.py",
+    "test_text_exercises.py",
+    "test_verify_corpus.py",
+    "test_verify_dcp.py",
+    "test_errors_shown.py",
+    "test_pool.py",
     "test_cell_shapes.py",
     "test_launch_notebook.py",
     "test_launch.py",
-    "test_text_exercises.py",
-    "test_memory_exercise.py",
-    "test_throughput_exercise.py",
-    "test_eval_exercise.py",
+    "test_timing.py",
     "test_text.py",
-    "test_tp_plan.py",
+    "test_dodges_eighth.py",
     "test_examples.py",
+    "test_tp_plan.py",
     "test_widgets.py",
-    "test_verify_dcp.py",
     "test_plot.py",
 )
 
