@@ -538,6 +538,7 @@ class Run(NamedTuple):
         words: ``{rule: words}`` its reason, first finding or hint must hold
             (``"table"``: the whole report).
         absent: ``{rule: words}`` they must not hold (a hint that contradicts the evidence).
+        layout: The layout it runs on (its world size picks the warm cluster).
     """
 
     check: str
@@ -546,6 +547,7 @@ class Run(NamedTuple):
     kwargs: dict[str, Any] = {}
     words: dict[str, str] = {}
     absent: dict[str, str] = {}
+    layout: str = "dp=2"
 
 
 def _c(dp: str = P, once: str = P, steps: str = P, batch: str = P, shuffle: str = P,
@@ -569,6 +571,7 @@ _DCP = {**_MID, "via": "dcp"}
 _ENDS = {"scenarios": ["after an epoch's last batch", "after an epoch's first batch"],
          "shuffle": True}  # fmt: skip
 _NO_HINT = "drop_last is not set"
+_CP = "dp=2,cp=2"
 
 CASES: dict[str, Run] = {
     # the dataset's own universe
@@ -802,4 +805,25 @@ CASES: dict[str, Run] = {
     "steps, every sample its own loss in a worker": Run(
         "steps", T.steps_worker_reads, _s(P), {"steps": 8, "num_samples": T.M},
         absent={"balanced_coverage": "trusted"}),
+    # context parallel (dp=2,cp=2): the CP ranks of a replica together hold each sample read
+    # again (verify/cp_slices.py), as check_contract asks (_verify_corpus.py's CP rows)
+    "eval, every CP rank the first half of each sequence": Run(
+        "eval", T.cp_eval_same_slice, {**_e(P), "tp_identical": F}, {"num_samples": T.M},
+        words={"tp_identical": "4 of its 8 values are on no CP rank and 4 of its 8 values are "
+               "on two or more, so part of the sequence is never evaluated"},
+        layout=_CP),
+    "eval, CP ranks the zigzag chunks of each sequence": Run(
+        "eval", T.cp_eval_zigzag, {**_e(P), "tp_identical": P}, {"num_samples": T.M},
+        words={"tp_identical": "together hold every value of each sample read again"},
+        layout=_CP),
+    "steps, token 3 of each sequence on no CP rank": Run(
+        "steps", T.cp_steps_gap, {**_s(P), "tp_identical": F}, {"steps": 8, "num_samples": T.M},
+        words={"tp_identical": "1 of its 8 values is on no CP rank, so part of the sequence is "
+               "never trained in context parallel"},
+        layout=_CP),
+    "steps, CP ranks the zigzag chunks of each sequence": Run(
+        "steps", T.cp_steps_zigzag, {**_s(P), "tp_identical": P},
+        {"steps": 8, "num_samples": T.M},
+        words={"tp_identical": "together hold every value of each sample read again"},
+        layout=_CP),
 }  # fmt: skip

@@ -3,7 +3,8 @@ DataLoader worker (check_eval, check_steps), and context-parallel slices that le
 each sequence untrained (check_contract); with the right answers near each boundary (the
 same loaders reading right; CP splits contiguous, zigzag, whole rows, a next-token input,
 TP and CP together). The eval and steps rows are in ``_verify_classes.CASES``, the CP rows
-in ``_verify_corpus.CASES``.
+in ``_verify_corpus.CASES`` (check_contract) and ``_verify_classes.CASES`` (check_eval and
+check_steps at ``dp=2,cp=2``: the same slices, through the loaders below).
 """
 
 from __future__ import annotations
@@ -197,3 +198,64 @@ def cp_padded_halves(layout: Any) -> DataLoader:
         return {"input_ids": rows[:, mine], "index": torch.tensor([x["index"] for x in xs])}
 
     return DataLoader(ds, batch_size=3, sampler=deal, collate_fn=collate)
+
+
+# ------------------------------------------------------------------ context parallel, eval and steps
+class TokPositions(Dataset):
+    """Position ``k`` of an eval deal (``M + 1``, weight 0 past ``M``) or of an endless
+    stepped one (``epoch * M + i``): sample ``k % M``'s 8 tokens, named by its index."""
+
+    def __init__(self, length: int, epoch: bool) -> None:
+        self.length, self.epoch = length, epoch
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        i = k % M
+        tagged = {"epoch": k // M} if self.epoch else {"weight": float(k < M)}
+        return {"index": i, "input_ids": torch.arange(8) + 9 * i, **tagged}
+
+
+def _sliced(cols: Callable[[int, int], Any], layout: Any) -> Callable[[list[Any]], Any]:
+    """torch's default collate, then the rank's columns ``cols(cp_rank, cp_size)`` of input_ids."""
+    mine = cols(layout.cp_rank, layout.cp_size)
+
+    def collate(xs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = torch.utils.data.default_collate(xs)
+        return {**batch, "input_ids": batch["input_ids"][:, mine]}
+
+    return collate
+
+
+def cp_eval(cols: Callable[[int, int], Any]) -> Callable[..., DataLoader]:
+    """A factory: an even eval deal with a weight-0 pad, every CP rank of a replica the same
+    samples, each keeping ``cols`` of every row."""
+
+    def make(layout: Any) -> DataLoader:
+        deal = DistributedSampler(range(M + 1), layout.dp_size, layout.dp_rank, shuffle=False)
+        return DataLoader(TokPositions(M + 1, False), batch_size=2, sampler=deal,
+                          collate_fn=_sliced(cols, layout))  # fmt: skip
+
+    return make
+
+
+def cp_steps(cols: Callable[[int, int], Any]) -> Callable[..., DataLoader]:
+    """A factory: an endless stepped loader (each replica's strided share, an epoch field),
+    every CP rank of a replica the same samples, each keeping ``cols`` of every row."""
+
+    def make(layout: Any) -> DataLoader:
+        return DataLoader(TokPositions(M * 100, True), batch_size=2, sampler=Cycle(layout),
+                          collate_fn=_sliced(cols, layout))  # fmt: skip
+
+    return make
+
+
+#: Dodge: every CP rank the first half of each sequence in eval (the cp_rank offset forgotten).
+cp_eval_same_slice = cp_eval(lambda r, n: slice(0, 8 // n))
+#: Right: the load-balanced zigzag chunks in eval.
+cp_eval_zigzag = cp_eval(_zigzag)
+#: Dodge: CP rank 0 tokens 0-2, rank 1 tokens 4-7 in a steps run: token 3 never trained.
+cp_steps_gap = cp_steps(lambda r, n: slice(0, 3) if r == 0 else slice(4, 8))
+#: Right: the load-balanced zigzag chunks in a steps run.
+cp_steps_zigzag = cp_steps(_zigzag)

@@ -19,6 +19,12 @@ A field is judged only where every peer's values are among the sample's (a colla
 masks or tokenizes makes values of its own: not judged). Where no sample could be read again
 (a stream, a list of batches, a dataset whose items do not name their index, a resumed part)
 the rule is "not judged", with why.
+
+``check_contract``'s ranks (:class:`~ezpz_nb.verify.observe.Outcome`) say where they sit by
+their step records (:func:`record_place`); ``check_eval`` and ``check_steps``'s ranks
+(:class:`~ezpz_nb.verify.seen.Seen`) by the layout they kept, through
+:func:`~ezpz_nb.verify.seen_reread.with_slices`, which words what the eval counts or the
+steps train.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,7 +41,10 @@ from ezpz_nb.verify.report import Finding
 from ezpz_nb.verify.reread import Reread
 from ezpz_nb.verify.samples import sample_columns
 
-__all__ = ["KEEP", "CpKeep", "cp_findings", "picked"]
+#: Where a rank sits: ``(dp_rank, tp_rank, cp_rank, cp_size)``.
+Place = tuple[int, int, int, int]
+
+__all__ = ["KEEP", "CpKeep", "Place", "cp_findings", "picked", "record_place"]
 
 #: Samples a CP rank keeps an epoch, about (a fixed share of the dataset's length).
 KEEP = 8
@@ -118,27 +127,45 @@ def _compare(values: list[Any], parts: list[bytes]) -> tuple[Counter[Any], Count
     return want - total, total - want
 
 
-def _replicas(outs: Sequence[Any]) -> dict[int, dict[int, Any]]:
-    """``{dp_rank: {cp_rank: outcome}}`` of the ranks with ``tp_rank`` 0."""
+def record_place(o: Any) -> Place | None:
+    """Where a ``check_contract`` rank sits, as its first step record says (None: no step)."""
+    if not o.records:
+        return None
+    r = o.records[0]
+    return r.dp_rank, r.tp_rank, r.cp_rank, r.cp_size
+
+
+def _replicas(
+    outs: Sequence[Any], place: Callable[[Any], Place | None]
+) -> dict[int, dict[int, Any]]:
+    """``{dp_rank: {cp_rank: rank's outcome}}`` of the ranks with ``tp_rank`` 0."""
     out: dict[int, dict[int, Any]] = {}
     for o in outs:
-        if o.records and o.records[0].tp_rank == 0:
-            out.setdefault(o.records[0].dp_rank, {})[o.records[0].cp_rank] = o
+        at = place(o)
+        if at is not None and at[1] == 0:
+            out.setdefault(at[0], {})[at[2]] = o
     return out
 
 
-def cp_findings(outs: Sequence[Any]) -> tuple[list[Finding], str]:
+def cp_findings(
+    outs: Sequence[Any], place: Callable[[Any], Place | None] = record_place, done: str = "trained"
+) -> tuple[list[Finding], str]:
     """The first sample whose CP ranks together do not hold its values, as a ``tp_identical``
     failure; and why the rule was not judged (``""``: judged, or no CP layout).
-    ``outs``: the ranks' :class:`~ezpz_nb.verify.observe.Outcome`."""
-    cp = max((o.records[0].cp_size for o in outs if o.records), default=1)
+
+    ``outs``: the ranks' outcomes, each with ``rank``, ``cp_kept`` and ``cp_rows`` (a
+    :class:`CpKeep`'s); ``place``: where one sits (default: a
+    :class:`~ezpz_nb.verify.observe.Outcome`'s records); ``done``: what the sequence is for,
+    in the failure's words (``"trained"``, ``"evaluated"``)."""
+    cp = max((p[3] for p in map(place, outs) if p is not None), default=1)
     if cp < 2:
         return [], ""
-    judged, unsure, read = 0, set(), 0
-    for d, peers in sorted(_replicas(outs).items()):
+    judged, unsure, read, kept = 0, set(), 0, 0
+    for d, peers in sorted(_replicas(outs, place).items()):
         lead = peers.get(0)
         if lead is None or len(peers) < cp:
             continue
+        kept += len(lead.cp_kept)
         for (epoch, i), row in sorted(lead.cp_rows.items()):
             held = [peers[c].cp_kept.get((epoch, i)) for c in range(cp)]
             read += bool(row)
@@ -153,7 +180,7 @@ def cp_findings(outs: Sequence[Any]) -> tuple[list[Finding], str]:
                 judged += 1
                 if got[0] or got[1]:
                     step = held[0][0] if held[0] is not None else None
-                    return [_finding(epoch, i, d, step, path, len(values), got, peers)], ""
+                    return [_finding(epoch, i, d, step, path, len(values), got, peers, done)], ""
     if judged:
         return [], ""
     if read:
@@ -161,6 +188,13 @@ def cp_findings(outs: Sequence[Any]) -> tuple[list[Finding], str]:
             f"CP peers hold their own slices: every CP rank's values of {', '.join(sorted(unsure))} "
             "are not all among the sample's as dataset[i] holds them (a collate that pads, masks "
             "or tokenizes), so whether the CP ranks together hold each sample is not judged"
+        )
+    if not kept:
+        return [], (
+            "CP peers hold their own slices, which their bytes cannot compare, and none of the "
+            f"samples delivered was among the few picked to be read again (about {KEEP} of "
+            "num_samples or len(dataset): a run much shorter than that, or ids hashed from the "
+            "bytes): whether the CP ranks together hold each sample's tokens is not judged"
         )
     return [], (
         "CP peers hold their own slices, which their bytes cannot compare, and no sample could "
@@ -172,7 +206,7 @@ def cp_findings(outs: Sequence[Any]) -> tuple[list[Finding], str]:
 
 def _finding(
     epoch: int, i: int, replica: int, step: int | None, path: str, n: int,
-    got: tuple[Counter[Any], Counter[Any]], peers: dict[int, Any],
+    got: tuple[Counter[Any], Counter[Any]], peers: dict[int, Any], done: str,
 ) -> Finding:  # fmt: skip
     missing, extra = got
     field = path.lstrip("/") or "the sample"
@@ -189,7 +223,7 @@ def _finding(
         f"Epoch {epoch}: sample {i}'s {field} (DP replica {replica}, step {step}) is not held "
         f"whole by its {len(peers)} CP ranks together (read again from dataset[{i}]): "
         f"{' and '.join(parts)}, so part of the sequence is "
-        f"{'never trained' if missing else 'trained twice'} in context parallel.",
+        f"{f'never {done}' if missing else f'{done} twice'} in context parallel.",
         rank=peers[max(peers)].rank, step=step, sample=str(i), ranks=ranks,
         hint="each CP rank must keep its own part of every sequence: offset the slice by "
         "cp_rank (positions cp_rank*L/cp_size to (cp_rank+1)*L/cp_size, or the load-balanced "

@@ -31,7 +31,7 @@ from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
 from ezpz_nb.verify.seen import Seen, run_seen, seen_report, split_values
-from ezpz_nb.verify.seen_reread import with_contents
+from ezpz_nb.verify.seen_reread import with_contents, with_slices
 from ezpz_nb.verify.universe import beyond_len, head_cut, prefix_cut, universe_of
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
@@ -321,7 +321,8 @@ def judge_peers(seen: list[Seen], grid: Grid) -> Judgement | None:
     return Judgement(
         "tp_identical", Verdict.PASS,
         f"every TP/CP peer read its DP leader's batches: the same samples, in the same order, "
-        f"with the same contents ({len(seen)} ranks, groups of {inner})",
+        f"with the same contents{' where they share a cp_rank' if grid.cp > 1 else ''} "
+        f"({len(seen)} ranks, groups of {inner})",
     )  # fmt: skip
 
 
@@ -375,10 +376,10 @@ def check_eval(
         isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1
     ):
         raise VerifyError(f"num_samples must be a positive int or None, got {num_samples!r}")
-    seen = run_seen(make_loader, grid, key, weight, None, timeout, cluster)
+    seen = run_seen(make_loader, grid, key, weight, None, timeout, cluster, num_samples)
     once = with_contents(judge_counted_once(seen, num_samples), seen, "eval")
     judged = [once, judge_equal_steps(seen, collective_step)]
-    peers = judge_peers(seen, grid)
+    peers = with_slices(judge_peers(seen, grid), seen, "eval")  # CP peers hold each sample
     judged += [peers] if peers is not None else []
     # The report's first line names the universe the samples were counted over.
     ids = (i for x in seen for step in x.ids for i in step)

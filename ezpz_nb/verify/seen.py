@@ -10,6 +10,7 @@ epochs. :func:`seen_report` turns the judges' answers into an
 
 from __future__ import annotations
 
+import random
 import time
 import traceback
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any
 
 from ezpz_nb.data.tree import find_in_batch, sample_values
 from ezpz_nb.verify.batches import observe_batch, resolve_key
+from ezpz_nb.verify.cp_slices import CpKeep
 from ezpz_nb.verify.observe import Grid, rank_layout
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
@@ -51,19 +53,33 @@ class Seen:
     # and kept samples re-read alike (verify.seen_reread: a DP leader's few, after the run).
     misnamed: list[tuple[int, int, int, str, str]] = field(default_factory=list)
     reread_alike: int = 0
+    # (dp_rank, tp_rank, cp_rank, cp_size), and in a CP layout a few samples' values as this
+    # rank delivered them and (its replica's leader) read again whole: verify.cp_slices.
+    place: tuple[int, int, int, int] | None = None
+    cp_kept: dict[tuple[int, int], tuple[int, dict[str, bytes]]] = field(default_factory=dict)
+    cp_rows: dict[tuple[int, int], dict[str, list[Any]]] = field(default_factory=dict)
 
 
 def seen_on_rank(
-    make_loader: Callable[..., Any], grid: Grid, key: str, weight: str, limit: int | None
-) -> Seen:
-    """Build and iterate the loader on this rank (at most ``limit`` batches); run by the launcher."""
+    make_loader: Callable[..., Any], grid: Grid, key: str, weight: str, limit: int | None,
+    salt: int = 0, size: int | None = None,
+) -> Seen:  # fmt: skip
+    """Build and iterate the loader on this rank (at most ``limit`` batches); run by the
+    launcher. ``salt``: the same on every rank of a check, and ``size``: the samples declared
+    (else the dataset's length), pick the CP samples kept (:func:`.cp_slices.picked`)."""
     layout = rank_layout(grid)
     seen = Seen(layout.rank, counts=layout.tp_rank == 0 and layout.cp_rank == 0)
+    seen.place = layout.dp_rank, layout.tp_rank, layout.cp_rank, layout.cp_size
     try:
         loader = make_loader(layout)
         seen.dataset = dataset_ids(loader)
         reread = rank_reread(loader, seen.counts, weight)
         seen.num_samples = seen.dataset.length if seen.dataset is not None else None
+        # No epoch per batch here (an eval's one pass; a steps run's come per sample): every
+        # sample is kept under epoch 0, a later delivery of an id replacing its earlier one
+        # alike on every CP peer (they read the same ids in the same order: judge_peers).
+        cp = CpKeep(layout, reread, salt, seen.num_samples if size is None else size)
+        seen.cp_kept, seen.cp_rows = cp.kept, cp.rows
         for batch in loader:
             ids, names, _, _ = observe_batch(batch, key)
             w = sample_values(batch, weight)
@@ -83,6 +99,7 @@ def seen_on_rank(
             seen.contents.append(sample_contents(batch, field_key, len(ids)))
             seen.tags.append(sample_tags(batch, frozenset({field_key, weight, "epoch"}), len(ids)))
             reread.see(batch, ids, field_key, 0, len(seen.ids) - 1)
+            cp.see(batch, ids, field_key, 0, len(seen.ids) - 1)
             seen.names.update(names)
             seen.weights.append(weights)
             if epochs is not None:
@@ -91,6 +108,7 @@ def seen_on_rank(
             if limit is not None and len(seen.ids) >= limit:
                 break
         seen.misnamed = reread.judge(time.monotonic() + REREAD_S)
+        cp.read(0, time.monotonic() + REREAD_S)
         seen.reread_alike = reread.alike
     except BaseException:  # noqa: BLE001 - the user's code: reported with its rank, never raised here
         seen.error = traceback.format_exc()
@@ -105,8 +123,10 @@ def run_seen(
     limit: int | None,
     timeout: Any,
     cluster: Any,
+    num_samples: int | None = None,
 ) -> list[Seen]:
     """Check the arguments, run :func:`seen_on_rank` on every rank, raise the first failure.
+    ``num_samples``: the samples declared (a dataset of positions is longer), or None.
 
     Raises:
         VerifyError: Bad arguments (before any rank starts), a hang, or the loader raised.
@@ -118,7 +138,9 @@ def run_seen(
         raise VerifyError("make_loader must be a function: def make_loader(layout): return loader")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise VerifyError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    args = (make_loader, grid, key, weight, limit)
+    # The salt picks the samples a CP layout's ranks keep (verify.cp_slices), unknown to the loader.
+    salt = random.SystemRandom().getrandbits(32)
+    args = (make_loader, grid, key, weight, limit, salt, num_samples)
     try:
         out = run_on_ranks(seen_on_rank, args, world_size=grid.world_size, timeout=timeout,
                            cluster=cluster, what=f"layout {grid}")  # fmt: skip

@@ -18,6 +18,14 @@ judged only where another kept sample matched it exactly, a sample only where
 Where no leader could read a sample again (the loader's dataset is a list of positions, a
 stream, a dataset whose items do not name their index, persistent workers, a loader
 without ``.dataset``) the contents are trusted: :func:`trusted_note` says so in the report.
+
+In a CP layout the peers' contents differ rightly (each its slice of the sequence), so
+``judge_peers`` compares them only among peers of one ``cp_rank``, and a loader whose every
+CP rank kept the first half of each sequence, or left token 3 on none, passed.
+:func:`with_slices` holds the CP ranks of each replica to each re-read sample's values
+together (:func:`~ezpz_nb.verify.cp_slices.cp_findings`, as ``check_contract`` does) and fails
+``tp_identical`` where they leave a gap or an overlap; where nothing could be read again, the
+pass says that this part was not judged.
 """
 
 from __future__ import annotations
@@ -26,11 +34,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from ezpz_nb.verify.cp_slices import cp_findings
 from ezpz_nb.verify.reread import Reread, made_up_finding
 from ezpz_nb.verify.samples import SEP
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
-__all__ = ["REREAD_S", "judge_misread", "rank_reread", "trusted_note", "with_contents"]
+__all__ = [
+    "REREAD_S", "judge_misread", "rank_reread", "trusted_note", "with_contents", "with_slices",
+]  # fmt: skip
 
 #: Seconds a rank may spend reading its kept samples again after the run.
 REREAD_S = 5.0
@@ -132,3 +143,27 @@ def with_contents(judged: Judgement, seen: Sequence[Any], purpose: str) -> Judge
     if judged.verdict is Verdict.PASS:
         return replace(judged, reason=judged.reason + trusted_note(seen))
     return judged
+
+
+def with_slices(peers: Judgement | None, seen: Sequence[Any], purpose: str) -> Judgement | None:
+    """``peers`` (``judge_peers``' ``tp_identical``; None: no TP/CP peers) failed where the CP
+    ranks of a replica together do not hold a re-read sample's values (a gap, an overlap) and
+    it did not fail already; a pass says whether that was judged. ``seen``: the ranks'
+    :class:`~ezpz_nb.verify.seen.Seen`; ``purpose``: ``"eval"`` or ``"steps"``."""
+    if peers is None or peers.verdict is not Verdict.PASS:
+        return peers
+    done = "evaluated" if purpose == "eval" else "trained"
+    found, unjudged = cp_findings(seen, lambda s: s.place, done)
+    if found:
+        f = found[0]
+        # No epoch is known here (one pass, or epochs from a field): the words say none.
+        said = f.message.removeprefix(f"Epoch {f.epoch}: ")
+        hint = f.hint[:1].upper() + f.hint[1:]
+        return Judgement("tp_identical", Verdict.FAIL, f"{said} {hint}", rank=f.rank,
+                         step=f.step, sample=f.sample)  # fmt: skip
+    if unjudged:
+        return replace(peers, reason=f"{peers.reason}; {unjudged}")
+    if any(s.place is not None and s.place[3] > 1 for s in seen):
+        return replace(peers, reason=f"{peers.reason}; the CP ranks of each replica together "
+                       "hold every value of each sample read again from dataset[i], once")  # fmt: skip
+    return peers

@@ -29,7 +29,7 @@ from ezpz_nb.verify.observe import Grid
 from ezpz_nb.verify.outcomes import EvalReport
 from ezpz_nb.verify.report import VerifyError
 from ezpz_nb.verify.seen import Seen, dataset_size, run_seen, seen_report
-from ezpz_nb.verify.seen_reread import with_contents
+from ezpz_nb.verify.seen_reread import with_contents, with_slices
 from ezpz_nb.verify.universe import Universe, beyond_len
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
@@ -235,7 +235,7 @@ def check_steps(
     grid = parse_layout(layout)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise VerifyError(f"steps must be a positive int, got {steps!r}")
-    seen = run_seen(make_loader, grid, key, "weight", steps, timeout, cluster)
+    seen = run_seen(make_loader, grid, key, "weight", steps, timeout, cluster, num_samples)
     dp_seen = [s for s in seen if s.counts]
     size = dataset_size(seen, None)
     beyond = (
@@ -252,6 +252,7 @@ def check_steps(
         else judge_coverage(dp_seen, num_samples, size),
     ]  # fmt: skip
     judged[1] = with_contents(judged[1], seen, "steps")  # ids that name their data
-    peers = judge_peers(seen, grid)  # only the leaders' samples are dealt: the peers follow
+    # Only the leaders' samples are dealt: the peers follow, CP peers holding each sample.
+    peers = with_slices(judge_peers(seen, grid), seen, "steps")
     judged += [peers] if peers is not None else []
     return seen_report(make_loader, grid, f"{steps} steps", "steps", judged, seen)
