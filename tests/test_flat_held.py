@@ -13,8 +13,10 @@ import array
 import ctypes
 import gc
 import os
+import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -22,9 +24,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
+from ezpz_nb.workshop import flat_held
 from ezpz_nb.workshop.flat_find import needles
-from ezpz_nb.workshop.flat_held import holdings, judge_held
+from ezpz_nb.workshop.flat_held import holdings
+from ezpz_nb.workshop.flat_judge import judge_held
 from ezpz_nb.workshop.flat_pages import PAGE, written
+from ezpz_nb.workshop.flat_protect import memory, protect_and_read
 from ezpz_nb.workshop.flat_storage import check_flat
 from ezpz_nb.workshop.stops import CheckStopped
 from ezpz_nb.workshop.storages import tokens
@@ -324,6 +329,11 @@ RIGHT = [
 ]
 
 
+def _right(data):
+    """Whether a sample of the dataset holds row ``i`` of ``data`` (for :mod:`.flat_protect`)."""
+    return lambda i, got: np.array_equal(np.asarray(got["input_ids"]), data[i][:-1])
+
+
 def _judged(make, n=512, length=64):
     """``make``'s dataset, built from fresh rows here, walked and judged: the message or ''."""
     data = tokens(n, length, int.from_bytes(os.urandom(4), "little"))
@@ -333,7 +343,9 @@ def _judged(make, n=512, length=64):
     del rows
     try:
         assert all(np.array_equal(ds.row(i), data[i]) for i in (0, n // 2, n - 1))
-        judge_held([{"held": holdings(ds, n * length, runs)}], n, n * length)
+        held = holdings(ds, n * length, runs)
+        read = protect_and_read(ds, held.pop("spans"), held.pop("unprotected"), _right(data))
+        judge_held([{"held": held, "protect": read, "heap": 0}], n, n * length)
     except CheckStopped as stop:
         return stop.message
     finally:
@@ -476,6 +488,100 @@ def test_where_the_heap_cannot_be_read_that_rule_says_not_judged():
     data = tokens(n, length, 5)
     ds = ViewsOfOne([{"index": i, "tokens": row} for i, row in enumerate(data.tolist())])
     held = holdings(ds, n * length)
-    said = judge_held([{"held": held, "heap": None}, {"held": held, "heap": 0}], n, n * length)
+    read = {"reads": 8, "right": 0, "bytes": 1 << 20}  # the reads needed the buffers
+    outs = [{"held": held, "heap": h, "protect": read} for h in (None, 0)]
+    said = judge_held(outs, n, n * length)
     assert said.startswith("Not judged here") and "rank(s) 0 cannot" in said, said
-    assert judge_held([{"held": held, "heap": 0}], n, n * length) == ""
+    assert judge_held(outs[1:], n, n * length) == ""
+
+
+class _OneArray(_Rows):
+    def __init__(self, rows):
+        self.data = np.array([r["tokens"] for r in rows], dtype=np.int64)
+        self.n = len(rows)
+
+    def row(self, i):
+        return self.data[i]
+
+
+class HangsInACopy(_OneArray):
+    """Right, but its reads in another process than its maker (after a first one) start a
+    process and never end: as a read waiting on a lock a thread held at the fork."""
+
+    def __init__(self, rows, where):
+        super().__init__(rows)
+        self.maker, self.where, self.reads = os.getpid(), where, 0
+
+    def row(self, i):
+        self.reads += 1
+        if os.getpid() != self.maker and self.reads > 1:
+            started = subprocess.Popen(["sleep", "60"])
+            self.where.write_text(str(started.pid))
+            time.sleep(600)
+        return super().row(i)
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` is no live process (gone, or a zombie no one reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mprotect in a fork: Linux's")
+def test_a_copy_whose_reads_do_not_end_is_not_judged_and_leaves_no_process(tmp_path):
+    """Guards the protect-and-read rule's copy of the rank: a read that never ends is stopped
+    (its alarm, then its process group killed), the rule says why it did not judge instead
+    of passing, and nothing the copy started is left running."""
+    data = tokens(64, 64, 7)
+    where = tmp_path / "pid"
+    ds = HangsInACopy([{"index": i, "tokens": row} for i, row in enumerate(data.tolist())], where)
+    got = protect_and_read(ds, memory(ds.data), [], _right(data), seconds=3)
+    assert got == {"not": "its reads did not end in 3 s with the buffers unreadable"}, got
+    assert _gone(int(where.read_text())), "the process the copy started is left running"
+    said = judge_held([{"held": holdings(ds, data.size), "protect": got, "heap": 0}], 64, data.size)
+    assert "Not judged here: whether your samples are read from the arrays" in said, said
+
+
+def test_where_memory_cannot_be_made_unreadable_that_rule_says_not_judged(monkeypatch):
+    """Guards: off Linux the rule does not run, and the verdict says so (never a pass on
+    nothing); the tokens in a file read by path cannot be made unreadable either."""
+    data = tokens(64, 64, 8)
+    ds = _OneArray([{"index": i, "tokens": row} for i, row in enumerate(data.tolist())])
+    monkeypatch.setattr(sys, "platform", "darwin")
+    got = protect_and_read(ds, memory(ds.data), [], _right(data))
+    said = judge_held([{"held": holdings(ds, data.size), "protect": got, "heap": 0}], 64, data.size)
+    assert (
+        "(rank 0: the checker makes memory unreadable in a copy of the rank on Linux only)" in said
+    )
+    monkeypatch.undo()
+    rows = [{"index": i, "tokens": row} for i, row in enumerate(data.tolist())]
+    ds = FileRead(rows)
+    try:
+        held = holdings(ds, data.size, needles(rows))
+    finally:
+        ds.release()
+    assert held["unprotected"] == ["a str (a path)"] and held["spans"] == [], held["unprotected"]
+
+
+def test_a_walk_cut_short_is_not_judged_without_reads_that_need_what_it_reached(monkeypatch):
+    """Guards the twelfth trial's walk limit: where the walk stops before reaching every
+    object, the rules that need every buffer do not pass in silence; the verdict says "not
+    judged", unless samples read with the reached buffers unreadable failed (they are read
+    from what the walk reached). ``str`` are counted, not entered: 310,000 of them no longer
+    cut the walk (the test above); here 200 empty lists do, with the limit at 50."""
+    monkeypatch.setattr(flat_held, "WALK_MOST", 50)
+    data = tokens(64, 64, 9)
+    rows = [{"index": i, "tokens": row} for i, row in enumerate(data.tolist())]
+    ds = _OneArray(rows)
+    ds.lists = [[] for _ in range(200)]
+    held = holdings(ds, data.size, needles(rows))
+    assert not held["complete"], "the walk was not cut short: the test tests nothing"
+    read = protect_and_read(ds, held.pop("spans"), held.pop("unprotected"), _right(data))
+    assert read["right"] == 0, read  # each read needed the one array
+    assert judge_held([{"held": held, "protect": read, "heap": 0}], 64, data.size) == ""
+    unread = {"not": "the checker makes memory unreadable in a copy of the rank on Linux only"}
+    said = judge_held([{"held": held, "protect": unread, "heap": 0}], 64, data.size)
+    assert "Not judged here: where your dataset keeps the tokens (rank(s) 0: the walk" in said, said

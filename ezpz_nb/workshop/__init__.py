@@ -28,7 +28,8 @@ modules define.
 * :mod:`.exact_eval`: notebook 16: ``check_exact_mean``;
 * :mod:`.mixture`: notebook 17: ``check_mix_batch``;
 * :mod:`.flat_storage`: notebook 19: ``check_flat`` (its epoch :mod:`.flat_epoch`, its rows and
-  what a dataset holds of them :mod:`.flat_rows`, where it keeps the tokens :mod:`.flat_held` and :mod:`.flat_find`); the
+  what a dataset holds of them :mod:`.flat_rows`, where it keeps the tokens :mod:`.flat_held` and :mod:`.flat_find`,
+  whether its samples are read from there :mod:`.flat_protect`, the verdict :mod:`.flat_judge`); the
   lesson's storages and their per-worker measurement are :mod:`.storages` (whose tokens
   ``check_flat`` also uses), its loader that fills ``/dev/shm`` is :mod:`.shm_fill`, and
   :mod:`.witness` reads ``check_flat``'s workers' memory from the notebook's process;

@@ -5,11 +5,13 @@ walk cannot reach them (a reference leaked with ``ctypes``) and references a lar
 other values beside them would pass on sizes alone. So a few runs of tokens from rows drawn
 at random (:func:`needles`, taken from the rows before ``make_flat`` sees them) are looked
 for in those buffers' bytes, as int64, int32 and 16-bit values: storage holding the tokens
-holds them, in any of these widths.
+holds them, in any of these widths. Small buffers (:func:`small_found`) are storage per row
+only where they hold them too: a tokenizer's vocabulary of ``str`` holds none.
 """
 
 from __future__ import annotations
 
+import ctypes
 import io
 import mmap
 import os
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["NEEDLES", "found", "needles"]
+__all__ = ["NEEDLES", "holding", "needles", "small_found"]
 
 #: Rows whose runs are looked for, and tokens in a run (4 tokens: 8 bytes at 16 bits, which
 #: random bytes match by chance about once in 2**64 places).
@@ -67,7 +69,9 @@ def _pieces(obj: Any) -> Iterator[bytes]:
         storage = obj.untyped_storage() if isinstance(obj, torch.Tensor) else obj
         whole = torch.empty(0, dtype=torch.uint8).set_(storage.cpu())
         yield whole.numpy().tobytes()
-    elif isinstance(obj, bytes | bytearray | mmap.mmap) or hasattr(obj, "buffer_info"):
+    elif isinstance(obj, bytes | bytearray | mmap.mmap | memoryview | ctypes.Array):
+        yield bytes(memoryview(obj))
+    elif hasattr(obj, "buffer_info"):  # an array.array
         yield bytes(memoryview(obj))
     elif type(obj).__module__.startswith("pyarrow"):
         yield from _arrow(obj)
@@ -82,18 +86,46 @@ def _arrow(obj: Any) -> Iterator[bytes]:
         yield from (b.to_pybytes() for b in buffers() if b is not None)
 
 
-def found(buffers: list[Any], runs: np.ndarray) -> int:
-    """How many of the ``runs`` appear in the ``buffers``' bytes, at some width."""
-    wanted = [
-        {run.astype(dtype).tobytes() for dtype in (np.int64, np.int32, np.uint16)} for run in runs
-    ]
-    hits = [False] * len(wanted)
-    for buffer in buffers:
+def _forms(runs: np.ndarray) -> list[set[bytes]]:
+    return [{run.astype(t).tobytes() for t in (np.int64, np.int32, np.uint16)} for run in runs]
+
+
+def holding(buffers: list[Any], runs: np.ndarray) -> tuple[int, list[bool]]:
+    """How many of the ``runs`` appear in the ``buffers``' bytes, at some width, and which
+    buffers hold one or more (those :mod:`.flat_protect` makes unreadable)."""
+    wanted = _forms(runs)
+    hits, holds = [False] * len(wanted), [False] * len(buffers)
+    for b, buffer in enumerate(buffers):
         try:
             pieces = list(_pieces(buffer))
         except (OSError, ValueError, RuntimeError, TypeError, BufferError):
             continue  # closed, moved, not on the CPU: not counted
         for piece in pieces:
             for k, forms in enumerate(wanted):
-                hits[k] = hits[k] or any(piece.find(form) >= 0 for form in forms)
-    return sum(hits)
+                if any(piece.find(form) >= 0 for form in forms):
+                    hits[k] = holds[b] = True
+    return sum(hits), holds
+
+
+def _text(s: str) -> bytes:
+    """A ``str``'s characters as CPython stores them: a byte, 2 or 4 a character, by the
+    widest (a row's bytes decoded as latin-1 are stored as those bytes)."""
+    widest = max(map(ord, s), default=0)
+    if widest < 256:
+        return s.encode("latin-1")
+    return s.encode("utf-16-le" if widest < 65536 else "utf-32-le", "surrogatepass")
+
+
+def small_found(objects: list[Any], runs: np.ndarray) -> int:
+    """How many of the ``runs`` the small buffers ``objects`` hold, their bytes joined in
+    the walk's order (a row cut in chunks is whole again). A vocabulary's ``str`` holds
+    none: only storage of the rows does (the twelfth trial: a tokenizer's 128,256 ``str``
+    were taken for a ``str`` per row)."""
+    parts: list[bytes] = []
+    for obj in objects:
+        try:
+            parts.extend([_text(obj)] if isinstance(obj, str) else _pieces(obj))
+        except (OSError, ValueError, RuntimeError, TypeError, BufferError):
+            continue
+    joined = b"".join(parts)
+    return sum(any(joined.find(form) >= 0 for form in forms) for forms in _forms(runs))

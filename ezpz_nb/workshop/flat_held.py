@@ -7,10 +7,11 @@ write nothing: an object over 512 bytes is ``malloc``'d, outside the small-objec
 rank walks what the dataset references (its attributes, containers, slots, closures, class,
 an object array's items; a library's classes, functions and modules are not entered) and
 collects the buffers it reaches, each by the memory that owns it: numpy views of one array
-are one buffer, a tensor's views one storage. Judged by :func:`judge_held`: many small
-buffers holding the tokens' bytes is storage per row; buffers too small for the tokens, or
-large ones without them (:mod:`.flat_find` looks for runs of the rows' tokens), mean they
-are kept where the dataset does not reference them (a leaked reference, a global).
+are one buffer, a tensor's views one storage. Judged by :func:`.flat_judge.judge_held`: many
+small buffers holding runs of the rows' tokens (:mod:`.flat_find`) is storage per row;
+buffers too small for the tokens, or large ones without them, mean they are kept where the
+dataset does not reference them (a leaked reference, a global); :mod:`.flat_protect` then
+reads samples with the large buffers holding them made unreadable.
 """
 
 from __future__ import annotations
@@ -30,28 +31,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from ezpz_nb.workshop.flat_find import found as runs_found
+from ezpz_nb.workshop.flat_find import holding, small_found
 from ezpz_nb.workshop.flat_pages import PAGE
+from ezpz_nb.workshop.flat_protect import memory
 from ezpz_nb.workshop.flat_rows import named_mappings, off_heap
-from ezpz_nb.workshop.stops import wrong
 
-__all__ = ["FEW_ROWS", "holdings", "judge_held"]
+__all__ = ["WALK_MOST", "holdings"]
 
-#: Buffers below a 64th of the data's int64 size are small; as many small buffers as this
-#: share of the rows, holding a byte a token or more, is storage per row. Measured (4096
-#: rows of 256 tokens): 21 right answers' walks (numpy, a tensor and offsets, ``bytes``,
-#: ``bytearray``, ``array('q')``, ``mmap``, memory maps, a file, two arrays, a metadata dict
-#: beside them, a class attribute, a closure) reach 1-2 large buffers and of one type at
-#: most 14 small ones, 33 KiB (names, metadata, offsets); a buffer per row (an array, a
-#: ``bytes``, ``bytearray`` or ``str``; in a list, a tuple, a dict's keys, an object array, a
-#: closure) 4096, 3.2-8.5 MB. The walks took 50-150 ms, most of it :mod:`.flat_find`'s.
-FEW_ROWS = 1 / 8
-#: Where the tokens are not found in runs (:func:`judge_held`'s second rule), this many small
-#: objects holding them says why: storage cut in chunks of a few rows, not a leak.
+#: Containers of this many items or more on a library's class or module may hold rows.
 _MANY = 64
-#: Buffers a walk visits at most (its objects, not ints): a walk cut short judges no hiding.
-_LIMIT = 300_000
+#: Objects a walk enters at most (not ints, ``str`` or ``bytes``, counted as reached): a walk
+#: cut short is "not judged" for the rules that need every buffer (:mod:`.flat_judge`).
+WALK_MOST = 300_000
 _ATOMIC = (int, float, complex, bool, type(None))
+#: Exact types with nothing inside to walk: their memory is the whole object.
+_LEAVES = (str, bytes)
+_EMPTY_STR = sys.getsizeof("")
 # Every test of a kind below is on type(obj): isinstance would believe an object's own
 # __class__ (a property of the learner's can say int, and hide what it holds).
 
@@ -121,7 +116,7 @@ def _buffer(obj: Any) -> tuple[Any, int] | None:
     if issubclass(kind, bytes | bytearray | array.array):
         return id(obj), len(obj) * getattr(obj, "itemsize", 1)
     if issubclass(kind, str):
-        return id(obj), sys.getsizeof(obj) - sys.getsizeof("")
+        return id(obj), sys.getsizeof(obj) - _EMPTY_STR
     if issubclass(kind, ctypes.Array):  # memory of its own (the tenth trial: one per row)
         return id(obj), ctypes.sizeof(obj)
     if issubclass(kind, mmap.mmap):
@@ -311,84 +306,151 @@ def _file(obj: Any) -> tuple[Any, int] | None:
     return None
 
 
-def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str, Any]:
-    """On a rank: the buffers ``ds`` references, as few numbers for :func:`judge_held`.
+class _Tally:
+    """The buffers a walk reaches, each counted once, by the memory that owns it."""
 
-    Buffers under a 64th of ``tokens_n`` int64 tokens are small: ``kind`` is the type whose
-    small buffers hold the most bytes, ``small`` how many of them, ``small_bytes`` their
-    bytes, ``where`` the container most are in; ``all_bytes``: every buffer's (a file kept
-    by path or open counts its size); ``complete``: whether the walk reached everything;
-    ``found``: how many of the ``runs`` of tokens (:func:`.flat_find.needles`) the large
-    buffers hold (``None`` without runs); ``pages``: the page numbers of every object and
-    buffer reached (ints and floats included), where its workers' writes are looked for
-    (:mod:`.flat_pages`).
-    """
-    large = tokens_n * 8 // 64
-    owners: dict[Any, int] = {}
-    large_ones: list[Any] = []  # each large buffer's first object seen, for its bytes
-    count: Counter[str] = Counter()
-    size_of: Counter[str] = Counter()
-    parents: dict[str, Counter[int]] = {}
-    containers: dict[int, Any] = {}  # the small buffers' containers, by id
-    holders: dict[int, Any] = {}  # each object's first container, to name the commonest
-    pages: set[int] = set()
-    in_memory = 0  # the buffers' bytes on malloc's heap: not files', maps', shared memory's
-    named = named_mappings()  # where malloc's memory is not (read once: after make_flat)
-    seen, queue = {id(ds)}, deque([(ds, None)])
-    while queue and len(seen) < _LIMIT:
-        obj, parent = queue.popleft()
-        if not _code(obj):
-            _add_pages(pages, obj)
+    def __init__(self, large: int) -> None:
+        self.large = large
+        self.owners: dict[Any, int] = {}
+        self.large_ones: list[Any] = []  # each large buffer's first object seen
+        self.small: dict[str, list[Any]] = {}  # the small buffers, by type
+        self.size_of: Counter[str] = Counter()
+        self.parents: dict[str, Counter[int]] = {}
+        self.containers: dict[int, Any] = {}  # the small buffers' containers, by id
+        self.in_memory = 0  # on malloc's heap: not files', maps', shared memory's
+        self.named = named_mappings()  # where malloc's memory is not (read once: after make_flat)
+
+    def add(self, obj: Any, parent: Any) -> bool:
+        """Counts ``obj`` if it holds memory (or is a path to a file): True, not entered."""
         on_file = _file(obj)
         found = on_file or _buffer(obj)
-        if found is not None:
-            owner, size = found
-            if owner not in owners:
-                owners[owner] = size
-                # A memory map's pages are the file's, not malloc's: not in the heap; nor is
-                # a tensor's shared memory (a decoy there covered rows kept in the heap).
-                span = None if on_file else _span(obj)
-                elsewhere = span is not None and off_heap(span[0], named)
-                mapped = on_file or elsewhere or isinstance(obj, (np.memmap, mmap.mmap))
-                in_memory += 0 if mapped else size
-                if size >= large:
-                    large_ones.append(obj)
-                else:
-                    kind = type(obj).__name__
-                    count[kind] += 1
-                    size_of[kind] += size
-                    parents.setdefault(kind, Counter())[id(parent)] += 1
-                    containers[id(parent)] = parent
-            if not issubclass(type(obj), np.ndarray) or not obj.dtype.hasobject:
-                continue
-        if _code(obj):
-            # Of a library's class, function or module, only what was set on it as data.
-            kids = _set_on(obj)
+        if found is None:
+            return False
+        owner, size = found
+        if owner in self.owners:
+            return True
+        self.owners[owner] = size
+        # A memory map's pages are the file's, not malloc's: not in the heap; nor is a
+        # tensor's shared memory (a decoy there covered rows kept in the heap).
+        span = None if on_file or type(obj) in _LEAVES else _span(obj)  # inline: no span
+        elsewhere = span is not None and off_heap(span[0], self.named)
+        mapped = on_file or elsewhere or isinstance(obj, (np.memmap, mmap.mmap))
+        self.in_memory += 0 if mapped else size
+        if size >= self.large:
+            self.large_ones.append(obj)
         else:
-            kids = _children(obj)
-        for child in kids:
+            kind = type(obj).__name__
+            self.small.setdefault(kind, []).append(obj)
+            self.size_of[kind] += size
+            self.parents.setdefault(kind, Counter())[id(parent)] += 1
+            self.containers[id(parent)] = parent
+        return True
+
+    def leaf(self, obj: Any, parent: Any, pages: set[int]) -> None:
+        """:meth:`add` for a ``str``, ``bytes`` or numpy scalar, its pages into ``pages``: the
+        same counts, quicker (a vocabulary has 100,000s): a small one has no span, no file."""
+        start, size = id(obj), sys.getsizeof(obj)
+        first, last = start // PAGE, (start + size - 1) // PAGE
+        pages.add(first)
+        if last > first:
+            pages.update(range(first + 1, last + 1))
+        kind = type(obj)
+        if kind not in _LEAVES:
+            return
+        payload = len(obj) if kind is bytes else size - _EMPTY_STR
+        if payload >= self.large or (kind is str and os.sep in obj):  # a blob, a path
+            self.add(obj, parent)
+            return
+        self.owners[start] = payload
+        self.in_memory += payload
+        name = kind.__name__
+        self.small.setdefault(name, []).append(obj)
+        self.size_of[name] += payload
+        if name not in self.parents:  # (setdefault would build a Counter for every leaf)
+            self.parents[name] = Counter()
+        holder = id(parent)
+        self.parents[name][holder] += 1
+        self.containers[holder] = parent
+
+    def kind(self, tokens_n: int, runs: np.ndarray | None) -> tuple[str, int | None]:
+        """The type of small buffer most like storage per row, and how many ``runs`` its
+        buffers hold (None without runs): of the types holding a byte a token or more, the
+        one holding the most runs; else the one holding the most bytes."""
+        ranked = [kind for kind, _ in self.size_of.most_common()]
+        if not ranked or runs is None:
+            return (ranked[0] if ranked else ""), None
+        scored = [
+            (small_found(self.small[k], runs) if self.size_of[k] >= tokens_n else -1, k)
+            for k in ranked
+        ]
+        hits, kind = max(scored, key=lambda x: x[0])  # max keeps the first: the most bytes
+        return kind, max(hits, 0)
+
+
+def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str, Any]:
+    """On a rank: the buffers ``ds`` references, as few numbers for :func:`.flat_judge.judge_held`.
+
+    Buffers under a 64th of ``tokens_n`` int64 tokens are small: ``kind`` is the type whose
+    small buffers look most like rows (:meth:`_Tally.kind`), ``small`` how many of them,
+    ``small_bytes`` their bytes, ``small_found`` how many of the ``runs`` they hold,
+    ``where`` the container most are in; ``all_bytes``: every buffer's (a file kept by path
+    or open counts its size); ``complete``: whether the walk reached everything; ``found``:
+    how many of the ``runs`` of tokens (:func:`.flat_find.needles`) the large buffers hold
+    (``None`` without runs); ``spans``: the memory of the large buffers that hold one, and
+    ``unprotected``: those of them not in memory (a file), for :mod:`.flat_protect`;
+    ``pages``: the page numbers of every object and buffer reached (ints and floats
+    included), where its workers' writes are looked for (:mod:`.flat_pages`).
+    """
+    tally, pages, holders = _Tally(tokens_n * 8 // 64), set[int](), dict[int, Any]()
+    seen, queue, walked = {id(ds)}, deque([(ds, None)]), 0
+    while queue and walked < WALK_MOST:
+        obj, parent = queue.popleft()
+        walked += 1
+        if not _code(obj):
+            _add_pages(pages, obj)
+        if tally.add(obj, parent):
+            continue
+        # Of a library's class, function or module, only what was set on it as data.
+        for child in _set_on(obj) if _code(obj) else _children(obj):
             if issubclass(type(child), _ATOMIC):  # a token as a Python int: its count's page
                 pages.add(id(child) // PAGE)
                 continue
             if id(child) in seen:
                 continue
             seen.add(id(child))
+            if type(child) in _LEAVES or issubclass(type(child), np.generic):
+                # Nothing inside to walk (a vocabulary's 310,000 str, the twelfth trial,
+                # spent the walk's budget): counted here, not queued.
+                tally.leaf(child, obj, pages)
+                continue
             holders[id(child)] = obj
             queue.append((child, obj))
-    kind = size_of.most_common(1)[0][0] if size_of else ""
+    kind, small_hits = tally.kind(tokens_n, runs)
     where = ""
     if kind:
-        where = _named(containers[parents[kind].most_common(1)[0][0]], holders)
+        top = tally.parents[kind].most_common(1)[0][0]
+        where = _named(tally.containers[top], holders)
+    hits, holds = (None, []) if runs is None else holding(tally.large_ones, runs)
+    spans: list[tuple[int, int]] = []
+    unprotected = []
+    for obj in (b for b, held in zip(tally.large_ones, holds, strict=False) if held):  # []: no runs
+        got = memory(obj)
+        if got is None:
+            unprotected.append(f"a {type(obj).__name__}" + (" (a path)" if _file(obj) else ""))
+        spans += got or []
     return {
-        "small": count[kind],
-        "small_bytes": size_of[kind],
-        "all_bytes": sum(owners.values()),
-        "memory_bytes": in_memory,
+        "small": len(tally.small.get(kind, ())),
+        "small_bytes": tally.size_of[kind],
+        "small_found": small_hits,
+        "all_bytes": sum(tally.owners.values()),
+        "memory_bytes": tally.in_memory,
         "kind": kind,
         "where": where,
         "complete": not queue,
-        "found": None if runs is None else runs_found(large_ones, runs),
+        "found": hits,
         "runs": 0 if runs is None else len(runs),
+        "spans": spans,
+        "unprotected": unprotected,
         "pages": sorted(pages),
     }
 
@@ -405,95 +467,3 @@ def _named(container: Any, holders: dict[int, Any]) -> str:
         name = ""
     what = type(container).__name__
     return f"{name}, a {what}" if name else f"a {what}"
-
-
-#: The share of the data's bytes make_flat may leave allocated where the dataset's
-#: buffers do not reach (a right answer's temporaries are freed; what stays is its array).
-#: Measured (malloc's bytes in use less the reached buffers on the heap): one numpy array
-#: 0.01x the data; a ``datasets`` table 0.28x quiet, 0.50x once in a fresh clone's run
-#: (pyarrow keeps some of what it allocated), which 0.5 rejected; rows kept in malloc blocks
-#: beside a decoy (the eleventh trial) 1.03x. Halfway between.
-UNREACHED = 0.75
-_MIB = 1 << 20
-
-
-def judge_held(outs: list[dict[str, Any]], n: int, tokens_n: int) -> str:
-    """Wrong when a rank's dataset keeps its tokens per row, or nowhere it references.
-
-    Judged after the workers' growth and the rows (:func:`.flat_rows.judge_kept`): an array
-    or a ``bytes`` per row, read so that nothing is written, grows no worker, yet it is not
-    the one array the exercise asks for. Returns what could not be judged, in words for the
-    verdict (``""``: everything was): where ``malloc``'s bytes in use cannot be read (not
-    glibc), tokens kept where the dataset references nothing are not looked for.
-    """
-    unmeasured = []
-    for rank, out in enumerate(outs):
-        held = out.get("held")
-        if not isinstance(held, dict):
-            continue
-        count, kind = int(held["small"]), held["kind"]
-        if count >= FEW_ROWS * n and held["small_bytes"] >= tokens_n:
-            per = "one per row" if abs(count - n) <= n / 10 else f"{count / n:.1f} a row"
-            where = f" (in {held['where']})" if held["where"] else ""
-            raise wrong(
-                f"On rank {rank} your dataset keeps the tokens in {count:,} {kind} objects, "
-                f"{per}{where}: keep the tokens in one array. Each row is then a Python object "
-                "of its own, allocated apart, with a header and a reference count; the exercise "
-                "asks for one flat array (np.array([r['tokens'] for r in rows], "
-                "dtype=np.int64)), a sample a slice of it; rows of other lengths: one "
-                "np.concatenate of them and an array of offsets."
-            )
-        got, hits = held["all_bytes"], held.get("found")
-        missing = hits is not None and hits < held["runs"] / 2
-        if held["complete"] and (got < tokens_n or missing):
-            if count >= _MANY and held["small_bytes"] >= tokens_n:
-                # The tokens are there, cut into many small arrays (rows in chunks): runs that
-                # cross a cut are not found, which is not a leak; say what the storage is.
-                where = f" (in {held['where']})" if held["where"] else ""
-                raise wrong(
-                    f"On rank {rank} your dataset keeps the tokens in {count:,} {kind} "
-                    f"objects, about {n / count:.0f} rows each{where}: keep them in one array "
-                    "(np.concatenate of the rows, a sample a slice of it, and an array of "
-                    "offsets); each small array is an object of its own, with a header and a "
-                    "reference count a read writes."
-                )
-            said = (
-                f"{got:,} bytes in all"
-                if got < tokens_n
-                else (
-                    f"{hits} of {held['runs']} runs of tokens drawn from the rows found in its "
-                    f"{got:,} bytes"
-                )
-            )
-            raise wrong(
-                f"On rank {rank} the checker found no array holding the tokens in what your "
-                f"dataset references ({said}, for {tokens_n:,} tokens): they are kept where "
-                "it does not reference them (a global, a reference leaked with ctypes). Keep "
-                "the tokens in one array the dataset holds as an attribute (self.tokens = "
-                "np.array(..., dtype=np.int64))."
-            )
-        # What make_flat left allocated (malloc's bytes in use, the rows let go of) beyond
-        # the buffers the walk reached: tokens kept where the dataset references nothing
-        # (an address, a finalizer's arguments, C memory), beside a decoy array it holds
-        # (the eleventh trial). Right answers leave little (see UNREACHED for the figures).
-        heap, data = out.get("heap"), tokens_n * 8
-        if heap is None:  # not glibc: not measured
-            unmeasured.append(rank)
-            continue
-        unreached = heap - held.get("memory_bytes", 0)
-        if held["complete"] and unreached >= UNREACHED * data:
-            raise wrong(
-                f"On rank {rank} make_flat left {heap / _MIB:.1f} MiB allocated, of which the "
-                f"buffers your dataset references hold {held.get('memory_bytes', 0) / _MIB:.1f} "
-                f"MiB (the tokens are {data / _MIB:.1f} MiB): {unreached / _MIB:.1f} MiB are "
-                "kept where the dataset does not reference them (an address, a finalizer, C "
-                "memory). Keep the tokens in one array the dataset holds as an attribute and "
-                "read every sample from it."
-            )
-    if not unmeasured:
-        return ""
-    return (
-        "Not judged here: whether make_flat kept the tokens where your dataset references "
-        f"nothing (rank(s) {', '.join(map(str, unmeasured))} cannot count malloc's bytes in "
-        "use without glibc's mallinfo2, e.g. on macOS)."
-    )

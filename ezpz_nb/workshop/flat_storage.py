@@ -53,7 +53,9 @@ be built from the rows: the checker's answers are digests); its loader and compa
   every read): in one or a few buffers it references, not in a buffer per row (an array,
   a ``bytes``, a ``str`` per row, read through ``ctypes`` so that nothing is written), nor
   in none it references (a reference leaked, a global of a library's module): runs of the
-  rows' tokens, taken before ``make_flat`` ran, must be in its large buffers.
+  rows' tokens, taken before ``make_flat`` ran, must be in its large buffers; and samples
+  read in a forked copy of the rank with those buffers unreadable must not come out right
+  (:mod:`.flat_protect`: else they are read from memory the dataset does not reference).
 
 Margins, measured offline on 2 loaded cores (fresh tokens per draw, rows of 256 tokens),
 a worker's reading beyond the checker's own worker's (7.6-8.3 MiB), against the 2.0 MiB
@@ -81,8 +83,10 @@ from torch.utils.data._utils.signal_handling import _set_SIGCHLD_handler
 from ezpz_nb.ledger.memory import MIB, read_memory
 from ezpz_nb.workshop.flat_epoch import LENGTH, ORDER, WORKERS, N, Reads, batch_differs, differs
 from ezpz_nb.workshop.flat_epoch import run_epoch as _epoch  # flat_job holds it (see there)
-from ezpz_nb.workshop.flat_held import holdings, judge_held
+from ezpz_nb.workshop.flat_held import holdings
+from ezpz_nb.workshop.flat_judge import judge_held
 from ezpz_nb.workshop.flat_pages import PAGE
+from ezpz_nb.workshop.flat_protect import protect_and_read
 from ezpz_nb.workshop.flat_rows import digests, given_rows, judge_kept
 from ezpz_nb.workshop.stops import fresh_seed, wrong
 from ezpz_nb.workshop.storages import ArrayDataset, tokens
@@ -165,13 +169,14 @@ def flat_job(make: Callable[[list[dict[str, Any]]], Any], address: str) -> dict[
 
     # Held in locals before the learner's code runs here: rebinding the module's names
     # from make_flat changes nothing below (a second ask for a label is refused).
-    epoch, ask, private, judge_sample, judge_batch, walk = (
+    epoch, ask, private, judge_sample, judge_batch, walk, protect = (
         _epoch,
         ask_witness(address, dist.get_rank() if dist.is_initialized() else 0),
         _private,
         differs,
         batch_differs,
         holdings,
+        protect_and_read,
     )
     ask("start")
     # torch starts its intra-op threads at its first parallel op: here, not in make_flat
@@ -226,8 +231,12 @@ def flat_job(make: Callable[[list[dict[str, Any]]], Any], address: str) -> dict[
         batch_why.append("an epoch did not read every index twice, as the loader asked")
     if batch_why:
         return {"bad": f"the workers' batches differ from the rank's samples: {batch_why[0]}"}
-    # Walked last, once every read is done: nothing it touches is on a worker's pages.
-    return {"late": late, **kept, "held": walk(ds, n * LENGTH, given.runs)}
+    # Walked last, once every read is done: nothing it touches is on a worker's pages. Then
+    # samples read in a forked copy with the buffers the walk found the tokens in unreadable.
+    found = walk(ds, n * LENGTH, given.runs)
+    spans, unprotected = found.pop("spans"), found.pop("unprotected")
+    read = protect(ds, spans, unprotected, lambda i, got: judge_sample(i, expect, got) is None)
+    return {"late": late, **kept, "held": found, "protect": read}
 
 
 def _growth(own: Witness, witness: Witness, ranks: list[int]) -> dict[int, dict[int, int]]:
