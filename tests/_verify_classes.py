@@ -749,6 +749,16 @@ CASES: dict[str, Run] = {
     "a chunker with a token budget, 2 and 3 samples in 4 rows": Run(
         "contract", S.token_budget_chunks, _c(batch=X),
         words={"global_batch": "every step holds 8 rows of 8 values"}),
+    # the thirteenth trial's: pads holding a copied value, windows, text cut in the collate
+    "batches of 5 and 3, each padded with zero rows holding a copied token": Run(
+        "contract", S.uneven_pads_holding_a_value, _c(batch=F),
+        words={"global_batch": "replica 0: 5, replica 1: 3"}),
+    "windows by a stride, 2 and 4 samples in 6 rows": Run(
+        "contract", S.token_budget_windows, _c(batch=X),
+        words={"global_batch": "every step holds 12 rows of 8 values"}),
+    "a chunker over text tokenized in the collate": Run(
+        "contract", S.token_budget_text, _c(batch=NJ),
+        words={"global_batch": "could not be read again alike"}),
     "batches of 5 and 3, a side field of 5 fixed rows in each": Run(
         "contract", S.uneven_side_field, _c(batch=F),
         words={"global_batch": "replica 0: 5, replica 1: 3"}),

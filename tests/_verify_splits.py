@@ -301,6 +301,71 @@ def token_budget_chunks(layout: Any) -> DataLoader:
     return DataLoader(_LongShort(), batch_sampler=_TokenBudget(layout), collate_fn=_cut_rows)
 
 
+# The thirteenth trial's: pad rows that each hold one value copied from a sample, put first;
+# and two right answers, windows overlapping by a stride and a text dataset cut in the collate.
+def _pads_holding_a_value(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rows of zeros up to 6 before the rows, pad row k holding sample k's last value: each
+    distinct, none blank, each one value in no row's other places."""
+    ids = torch.stack([x["input_ids"] for x in items])
+    pads = ids.new_zeros(max(6 - len(items), 1), ids.shape[1])
+    pads[:, -1] = ids[torch.arange(len(pads)) % len(items), -1]
+    return {"input_ids": torch.cat([pads, ids]), "index": torch.tensor([x["index"] for x in items])}
+
+
+def uneven_pads_holding_a_value(layout: Any, seed: int = 3) -> DataLoader:
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),
+                      collate_fn=_pads_holding_a_value)  # fmt: skip
+
+
+def _windows(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Windows of 8 tokens by a stride of 4 (a tokenizer's overflowing tokens): a sample of 16
+    gives 3 windows, one of 8 gives 1."""
+    rows = [x["input_ids"][k : k + 8] for x in items for k in range(0, len(x["input_ids"]) - 7, 4)]
+    return {"input_ids": torch.stack(rows), "index": torch.tensor([x["index"] for x in items])}
+
+
+class _BudgetOfWindows(_TokenBudget):
+    """6 windows a batch: 2 long samples, or 1 long and 3 short... as :class:`_TokenBudget`
+    deals them, the short ones in fours or threes to fill 6 windows."""
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rng = np.random.default_rng(self.epoch)
+        lo = rng.permutation(12)[6 * self.r : 6 * self.r + 6].tolist()
+        sh = (12 + rng.permutation(12))[6 * self.r : 6 * self.r + 6].tolist()
+        if self.r == 0:
+            return iter([lo[0:2], lo[2:4], lo[4:6], sh[0:6]])
+        return iter([[lo[0], *sh[0:3]], [lo[1], *sh[3:6]], lo[2:4], lo[4:6]])
+
+    def __len__(self) -> int:
+        return 4
+
+
+def token_budget_windows(layout: Any) -> DataLoader:
+    """Right: overlapping windows, 6 a batch on each replica, 2 samples on one and 4 on the other."""
+    return DataLoader(_LongShort(), batch_sampler=_BudgetOfWindows(layout), collate_fn=_windows)
+
+
+class _Text(_LongShort):
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        # ASCII from 33, no row of 8 alike in two samples (13 i mod 90 apart: 13 and 90 are
+        # coprime), or the rows would count once
+        values = (torch.arange(16 if i < 12 else 8) + 13 * i) % 90 + 33
+        return {"text": bytes(values.tolist()).decode(), "index": i}
+
+
+def _bytes_cut(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each text's bytes as tokens, cut into rows of 8 (a tokenizer and group_texts)."""
+    ids = torch.tensor([b for x in items for b in x["text"].encode()]).view(-1, 8)
+    return {"input_ids": ids, "index": torch.tensor([x["index"] for x in items])}
+
+
+def token_budget_text(layout: Any) -> DataLoader:
+    """Right, not judged: the same chunker over text tokenized in the collate (dataset[i] holds
+    no tokens to compare the rows with)."""
+    return DataLoader(_Text(), batch_sampler=_TokenBudget(layout), collate_fn=_bytes_cut)
+
+
 def _with_side_field(items: list[dict[str, Any]]) -> dict[str, Any]:
     """Collate as is, plus a field of 5 fixed rows of 64 floats: larger than the tokens."""
     out = default_collate(items)

@@ -189,6 +189,14 @@ def test_rows_past_the_samples_are_data_only_where_the_samples_hold_them():
         "half a row copied": (torch.stack([a, b, torch.cat([a[:4], noise[0, :4]])]), "padded"),
         # a row half its sample's, half noise: neither clearly data nor clearly padding
         "half noise": (torch.stack([torch.cat([a[:4], noise[0, :4]]), b, noise[1]]), "unsure"),
+        # the thirteenth trial: a row of pads holding one of a's values, put first; a row
+        # pieced from halves of a and b, put first; windows of 4 by a stride of 2 (data)
+        "one value copied": (
+            torch.stack([torch.cat([torch.zeros(7, dtype=a.dtype), a[7:]]), a, b]),
+            "padded",
+        ),
+        "pieced from halves": (torch.stack([torch.cat([a[:4], b[4:]]), a, b]), "padded"),
+        "windows": (torch.stack([x[k : k + 4] for x in (a, b) for k in (0, 2, 4)]), "data"),
         "only noise": (torch.cat([noise, noise[:1] + 7]), "unsure"),
     }
     for name, (rows, want) in cases.items():

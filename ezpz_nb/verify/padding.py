@@ -9,11 +9,15 @@ tell them apart. A rank keeps a few batches of each epoch that hold more distinc
 samples (the first such one, and others drawn at random), and after the epoch reads each of
 their samples again (:meth:`.reread.Reread.read_values`: ``dataset[i]`` twice alike, by
 torch's default collate, so nothing a collate adds counts as the sample's). The rows of the
-field :func:`~.batches.batch_rows` counts then draw on the samples' values as a multiset:
-a row whose values (but for the batch's most common one, the pad) are nearly all found in
-the samples and not yet taken by another row is data, in any order (a packer's, a
-chunker's, rows rolled or cut); a row whose values are nearly all found in none of them is
-padding. A copy of a row finds its values taken (the multiset counts them once).
+field :func:`~.batches.batch_rows` counts then draw on the samples' values as a multiset,
+leaving out the pad (the value the rows hold most of those no sample holds). Rows that are
+one sample's run of values (a plain row, a chunk, a window) draw first, the fullest first,
+then rows made of several samples' (a packer's). A row whose values are nearly all found
+there and not yet taken is data, in any order (rows rolled, a BOS a row); a window may
+repeat a stride of the one before, as long as it adds a value; a row that adds no value
+not yet taken (a copy, a row of pads holding a copied value, a row pieced from parts of
+others: the thirteenth trial), or whose values are nearly all found in no sample (noise),
+is padding.
 
 Each kept batch is one of three:
 
@@ -53,6 +57,12 @@ def _row(r: Any) -> tuple[Any, ...] | None:
     """A row's values, or None for a row of one value (blank: already no data)."""
     values = tuple(r.reshape(-1).tolist())
     return values if len(set(values)) > 1 or len(values) < 2 else None
+
+
+def _within(part: list[Any], whole: list[Any]) -> bool:
+    """Whether ``part`` is a run of consecutive values of ``whole``."""
+    n = len(part)
+    return any(whole[k : k + n] == part for k in range(len(whole) - n + 1) if whole[k] == part[0])
 
 
 class Padding:
@@ -116,23 +126,38 @@ class Padding:
         if not rows:
             return "unsure"
         have: Counter[Any] = Counter()
+        seqs: list[list[Any]] = []
         for i in ids:
             values = self.reread.read_values(i, name) if time.monotonic() < deadline else None
             if values is None:
                 return "unsure"
             have.update(values)
-        # The pad is whatever value the rows hold most (a packer pads each row's tail, a
-        # sample read alone pads otherwise): left out of both sides.
-        pad = Counter(v for r in rows for v in r).most_common(1)[0][0]
+            seqs.append(values)
+        # The pad: the value the rows hold most of those no sample holds (a packer pads each
+        # row's tail; a sample read alone by the default collate holds none); none else.
+        known = set(have)
+        pads = Counter(v for r in rows for v in r if v not in known).most_common(1)
+        pad = pads[0][0] if pads else object()
+        kept = [[v for v in r if v != pad] for r in rows]
+        run = [bool(k) and any(_within(k, q) for q in seqs) for k in kept]
+        # One sample's run of values first (a plain row, a chunk, a window), the fullest
+        # first, then rows made of several (a packer's): a row of pads holding a value
+        # copied from a sample, or a row pieced from parts of others (the thirteenth
+        # trial), then finds those values taken by the rows they were copied from.
+        order = sorted(range(len(kept)), key=lambda j: (not run[j], -len(kept[j])))
         data = padding = 0
-        for row in rows:
-            need = Counter(v for v in row if v != pad)
+        for j in order:
+            need = Counter(kept[j])
             if not need:
                 continue
-            missing = sum((need - have).values()) / sum(need.values())
-            if missing <= DATA_SHARE:
+            new = need & have
+            missing = 1 - sum(new.values()) / sum(need.values())
+            if not new:
+                padding += 1  # every value already taken: a copy adds no data
+                continue
+            if missing <= DATA_SHARE or run[j]:  # a window may repeat a stride of the last
                 data += 1
-                have -= need  # taken: a copy of this row finds its values gone
+                have -= new
             elif missing >= PADDING_SHARE:
                 padding += 1
             else:

@@ -54,7 +54,9 @@ def _data_rows(outs: Sequence[Outcome]) -> dict[tuple[int, int, int], tuple[int,
     batches hold two rows a sample does that too, so a vouched rank is never counted so.
     """
     padded = {o.rank for o in outs if o.padded}
-    sure = vouched(outs)
+    # Ranks the re-read judged at all: vouched, padded, or unsure (a window, a text dataset:
+    # not judged then, never recounted by the rule below).
+    read = {o.rank for o in outs if o.rows_vouched or o.rows_unsure or o.padded}
     got: dict[tuple[int, int, int], tuple[tuple[int, ...], int]] = {}
     for o in outs:
         for r in o.records:
@@ -68,7 +70,7 @@ def _data_rows(outs: Sequence[Outcome]) -> dict[tuple[int, int, int], tuple[int,
     tied = m > 0 and all(rows and rows[0] == m for rows in full)
     return {
         k: (n, *rows[1:])
-        if rows and n < rows[0] and (tied and rows[0] <= m and k[0] not in sure or k[0] in padded)
+        if rows and n < rows[0] and (tied and rows[0] <= m and k[0] not in read or k[0] in padded)
         else rows
         for k, (rows, n) in got.items()
     }
