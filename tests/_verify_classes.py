@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import _verify_loaders as L
 import _verify_splits as S
+import _verify_thirteenth as R
 import _verify_twelfth as T
 import torch
 from torch.utils.data import (
@@ -603,8 +604,10 @@ CASES: dict[str, Run] = {
         words={"counted_once": "1 of 7 samples"}),
     "SubsetRandomSampler split, overlapping": Run(
         "contract", split_by_sampler_overlapping, _c(dp=F, batch=X)),
+    # Each rank's dataset its own positions (dataset[i] is not sample i): ids judged, the
+    # contents not (the thirteenth trial: a rule that did not run says so, never PASS).
     "random_split val, weight 0 padding": Run(
-        "eval", split_val_weighted, _e(P),
+        "eval", split_val_weighted, _e(NJ),
         words={"counted_once": "all 7 samples of range(7)",
                "table": "over range(7) (the dataset the ranks' WeightedShards are cut from)"}),
     "random_split val, padded": Run("eval", split_val_padded, _e(F),
@@ -753,6 +756,9 @@ CASES: dict[str, Run] = {
     "batches of 5 and 3, each padded with zero rows holding a copied token": Run(
         "contract", S.uneven_pads_holding_a_value, _c(batch=F),
         words={"global_batch": "replica 0: 5, replica 1: 3"}),
+    "batches of 5 and 3, each row a value short, pad rows holding those values": Run(
+        "contract", S.uneven_spread_thin, _c(batch=F),
+        words={"global_batch": "replica 0: 5, replica 1: 3"}),
     "windows by a stride, 2 and 4 samples in 6 rows": Run(
         "contract", S.token_budget_windows, _c(batch=X),
         words={"global_batch": "every step holds 12 rows of 8 values"}),
@@ -781,9 +787,11 @@ CASES: dict[str, Run] = {
         "eval", S.pads_renumbered, _e(F), {"num_samples": S.M},
         words={"counted_once": "outside range(23) (num_samples=) counted: [23]"}),
     "eval, the pad at weight 0 under a fresh id": Run(
-        "eval", S.pads_renumbered_weight_zero, _e(P), {"num_samples": S.M}),
+        "eval", S.pads_renumbered_weight_zero, _e(NJ), {"num_samples": S.M},
+        words={"counted_once": "but what each sample carries is not judged on rank(s) [1]"}),
     "eval, the pad and its original at 0.5 each": Run(
-        "eval", S.split_weight, _e(P), {"num_samples": S.M}),
+        "eval", S.split_weight, _e(NJ), {"num_samples": S.M},
+        words={"counted_once": "but what each sample carries is not judged on rank(s) [1]"}),
     "eval, the pad at 0.5 with a made-up loss": Run(
         "eval", S.split_weight_zero_pad, _e(F), {"num_samples": S.M},
         words={"counted_once": "sample 0 is delivered twice with weight > 0 and the same"}),
@@ -804,8 +812,9 @@ CASES: dict[str, Run] = {
         "eval", T.eval_worker_reads, _e(P), {"num_samples": T.M},
         absent={"counted_once": "trusted"}),
     "eval, sample 0's loss made under id 22 in a collate over positions": Run(
-        "eval", T.eval_positions_misread, _e(P), {"num_samples": T.M},
-        words={"counted_once": "carries is trusted, not judged"}),
+        "eval", T.eval_positions_misread, _e(NJ), {"num_samples": T.M},
+        words={"counted_once": "give the loader a map-style dataset whose dataset[i] holds "
+               "sample i"}),
     "eval, the pads of samples 0 and 1 flagged is_pad": Run(
         "eval", T.eval_pads_flagged, _e(P), {"num_samples": 22},
         absent={"counted_once": "trusted"}),
@@ -815,6 +824,33 @@ CASES: dict[str, Run] = {
     "steps, every sample its own loss in a worker": Run(
         "steps", T.steps_worker_reads, _s(P), {"steps": 8, "num_samples": T.M},
         absent={"balanced_coverage": "trusted"}),
+    # the thirteenth trial (_verify_thirteenth.py): a field drawn anew each read is left out,
+    # the others judged; a one-number field is judged by its value; persistent workers too
+    "eval, a worker gives sample 22 sample 0's loss beside a TTA draw": Run(
+        "eval", R.eval_tta_misreads, _e(F), {"num_samples": R.M},
+        words={"counted_once": "the metric counts sample 0's loss twice and sample 22's never"}),
+    "eval, a TTA draw beside honest fields": Run(
+        "eval", R.eval_tta_reads, _e(P), {"num_samples": R.M},
+        absent={"counted_once": "trusted"}),
+    "eval, a worker gives sample 22 a loss of 0.0": Run(
+        "eval", R.eval_worker_zero_loss, _e(F), {"num_samples": R.M},
+        words={"counted_once": "was delivered with loss 0 where dataset[22], read again in "
+               "the rank after the run (twice alike), holds"}),
+    "eval, a worker gives sample 22 sample 0's 0/1 flag": Run(
+        "eval", R.eval_worker_flag, _e(F), {"num_samples": R.M},
+        words={"counted_once": "delivered with correct 0 where dataset[22]"}),
+    "eval, a worker gives sample 22 sample 0's loss, persistent workers": Run(
+        "eval", R.eval_persistent_misreads, _e(F), {"num_samples": R.M},
+        words={"counted_once": "the metric counts sample 0's loss twice and sample 22's never"}),
+    "eval, a collate scales every sample's loss by the batch size": Run(
+        "eval", R.eval_collate_rescales, _e(P), {"num_samples": R.M},
+        absent={"counted_once": "trusted"}),
+    "steps, a worker gives sample 22 a loss of 0.0": Run(
+        "steps", R.steps_worker_stale_loss, _s(F), {"steps": 8, "num_samples": R.M},
+        words={"balanced_coverage": "training reads sample 22 with a loss not its own"}),
+    "steps, a worker gives sample 22 sample 0's loss, persistent workers": Run(
+        "steps", R.steps_persistent_misreads, _s(F), {"steps": 8, "num_samples": R.M},
+        words={"balanced_coverage": "training reads sample 0's loss twice"}),
     # context parallel (dp=2,cp=2): the CP ranks of a replica together hold each sample read
     # again (verify/cp_slices.py), as check_contract asks (_verify_corpus.py's CP rows)
     "eval, every CP rank the first half of each sequence": Run(
@@ -836,4 +872,19 @@ CASES: dict[str, Run] = {
         {"steps": 8, "num_samples": T.M},
         words={"tp_identical": "together hold every value of each sample read again"},
         layout=_CP),
+    # the thirteenth trial: a part out of order, a gap padded, nothing to read again
+    "eval, CP rank 1's half reversed": Run(
+        "eval", T.cp_eval_reversed, {**_e(P), "tp_identical": F}, {"num_samples": T.M},
+        words={"tp_identical": "CP rank 1's part holds the sample's values"}, layout=_CP),
+    "eval, token 3's gap on CP rank 0 padded with -100": Run(
+        "eval", T.cp_eval_gap_padded, {**_e(P), "tp_identical": F}, {"num_samples": T.M},
+        words={"tp_identical": "1 of its 8 values is on no CP rank"}, layout=_CP),
+    "steps, CP rank 1's half reversed": Run(
+        "steps", T.cp_steps_reversed, {**_s(P), "tp_identical": F},
+        {"steps": 8, "num_samples": T.M},
+        words={"tp_identical": "is trained as another sequence in context parallel"}, layout=_CP),
+    "steps, token 3 on no CP rank, a list of batches": Run(
+        "steps", T.cp_steps_listed, {**_s(NJ), "tp_identical": NJ},
+        {"steps": 8, "num_samples": T.M},
+        words={"tp_identical": "no sample could be read again whole"}, layout=_CP),
 }  # fmt: skip

@@ -312,6 +312,26 @@ def _pads_holding_a_value(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"input_ids": torch.cat([pads, ids]), "index": torch.tensor([x["index"] for x in items])}
 
 
+def _spread_thin(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each sample's row less its last value (-1 in its place), then rows of -1 up to 6 each
+    holding a sample's last value: every row a run of one sample's values."""
+    ids = torch.stack([x["input_ids"] for x in items])
+    rows = torch.cat([ids[:, :-1], -torch.ones_like(ids[:, :1])], 1)
+    pads = -torch.ones(max(6 - len(items), 1), ids.shape[1], dtype=ids.dtype)
+    pads[:, -1] = ids[torch.arange(len(pads)) % len(items), -1]
+    return {
+        "input_ids": torch.cat([pads, rows]),
+        "index": torch.tensor([x["index"] for x in items]),
+    }
+
+
+def uneven_spread_thin(layout: Any, seed: int = 3) -> DataLoader:
+    size = 5 if layout.dp_rank == 0 else 3
+    return DataLoader(
+        Tokens(), batch_size=size, sampler=Uneven(layout, seed), collate_fn=_spread_thin
+    )
+
+
 def uneven_pads_holding_a_value(layout: Any, seed: int = 3) -> DataLoader:
     size = 5 if layout.dp_rank == 0 else 3
     return DataLoader(Tokens(), batch_size=size, sampler=Uneven(layout, seed),

@@ -197,6 +197,15 @@ def test_rows_past_the_samples_are_data_only_where_the_samples_hold_them():
         ),
         "pieced from halves": (torch.stack([torch.cat([a[:4], b[4:]]), a, b]), "padded"),
         "windows": (torch.stack([x[k : k + 4] for x in (a, b) for k in (0, 2, 4)]), "data"),
+        # each row one value short, rows of pads each holding a dropped value: 16 values in 4
+        # rows of 8 (runs of one sample, each adding a value)
+        "spread thin": (
+            torch.stack(
+                [torch.cat([x[:7], -torch.ones(1, dtype=x.dtype)]) for x in (a, b)]
+                + [torch.cat([-torch.ones(7, dtype=x.dtype), x[7:]]) for x in (a, b)]
+            ),
+            "padded",
+        ),
         "only noise": (torch.cat([noise, noise[:1] + 7]), "unsure"),
     }
     for name, (rows, want) in cases.items():

@@ -17,7 +17,8 @@ there and not yet taken is data, in any order (rows rolled, a BOS a row); a wind
 repeat a stride of the one before, as long as it adds a value; a row that adds no value
 not yet taken (a copy, a row of pads holding a copied value, a row pieced from parts of
 others: the thirteenth trial), or whose values are nearly all found in no sample (noise),
-is padding.
+is padding. And rows of data that hold the samples' values in no more than half their
+places (a sample's values spread over more rows, one or two a row) were padded too.
 
 Each kept batch is one of three:
 
@@ -145,7 +146,7 @@ class Padding:
         # copied from a sample, or a row pieced from parts of others (the thirteenth
         # trial), then finds those values taken by the rows they were copied from.
         order = sorted(range(len(kept)), key=lambda j: (not run[j], -len(kept[j])))
-        data = padding = 0
+        data = padding = taken = 0
         for j in order:
             need = Counter(kept[j])
             if not need:
@@ -157,11 +158,15 @@ class Padding:
                 continue
             if missing <= DATA_SHARE or run[j]:  # a window may repeat a stride of the last
                 data += 1
+                taken += sum(new.values())
                 have -= new
             elif missing >= PADDING_SHARE:
                 padding += 1
             else:
                 return "unsure"
-        if padding and data:
+        # Samples' values spread thin over more rows (each row a run of a sample holding a
+        # value or two: the thirteenth trial) fill fewer than half the rows' places; a
+        # packer's rows are full but for their tails.
+        if padding and data or data and taken * 2 <= data * max(map(len, rows)):
             return "padded"
         return "data" if data else "unsure"
