@@ -12,11 +12,13 @@ from __future__ import annotations
 import array
 import ctypes
 import gc
+import mmap
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from multiprocessing import shared_memory
 
 import numpy as np
 import pytest
@@ -29,7 +31,7 @@ from ezpz_nb.workshop.flat_find import needles
 from ezpz_nb.workshop.flat_held import holdings
 from ezpz_nb.workshop.flat_judge import judge_held
 from ezpz_nb.workshop.flat_pages import PAGE, written
-from ezpz_nb.workshop.flat_protect import memory, protect_and_read
+from ezpz_nb.workshop.flat_protect import READS, memory, protect_and_read
 from ezpz_nb.workshop.flat_storage import check_flat
 from ezpz_nb.workshop.stops import CheckStopped
 from ezpz_nb.workshop.storages import tokens
@@ -344,7 +346,8 @@ def _judged(make, n=512, length=64):
     try:
         assert all(np.array_equal(ds.row(i), data[i]) for i in (0, n // 2, n - 1))
         held = holdings(ds, n * length, runs)
-        read = protect_and_read(ds, held.pop("spans"), held.pop("unprotected"), _right(data))
+        spans, at = held.pop("spans"), held.pop("at")
+        read = protect_and_read(ds, spans, held.pop("unprotected"), _right(data), at=at)
         judge_held([{"held": held, "protect": read, "heap": 0}], n, n * length)
     except CheckStopped as stop:
         return stop.message
@@ -530,7 +533,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mprotect in a fork: Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mmap in a fork: Linux's")
 def test_a_copy_whose_reads_do_not_end_is_not_judged_and_leaves_no_process(tmp_path):
     """Guards the protect-and-read rule's copy of the rank: a read that never ends is stopped
     (its alarm, then its process group killed), the rule says why it did not judge instead
@@ -539,23 +542,21 @@ def test_a_copy_whose_reads_do_not_end_is_not_judged_and_leaves_no_process(tmp_p
     where = tmp_path / "pid"
     ds = HangsInACopy([{"index": i, "tokens": row} for i, row in enumerate(data.tolist())], where)
     got = protect_and_read(ds, memory(ds.data), [], _right(data), seconds=3)
-    assert got == {"not": "its reads did not end in 3 s with the buffers unreadable"}, got
+    assert got["not"].startswith("the copy of the rank did not end in 3 s with the tokens'"), got
     assert _gone(int(where.read_text())), "the process the copy started is left running"
     said = judge_held([{"held": holdings(ds, data.size), "protect": got, "heap": 0}], 64, data.size)
     assert "Not judged here: whether your samples are read from the arrays" in said, said
 
 
-def test_where_memory_cannot_be_made_unreadable_that_rule_says_not_judged(monkeypatch):
+def test_where_memory_cannot_be_replaced_that_rule_says_not_judged(monkeypatch):
     """Guards: off Linux the rule does not run, and the verdict says so (never a pass on
-    nothing); the tokens in a file read by path cannot be made unreadable either."""
+    nothing); the tokens in a file read by path cannot be replaced in a copy either."""
     data = tokens(64, 64, 8)
     ds = _OneArray([{"index": i, "tokens": row} for i, row in enumerate(data.tolist())])
     monkeypatch.setattr(sys, "platform", "darwin")
     got = protect_and_read(ds, memory(ds.data), [], _right(data))
     said = judge_held([{"held": holdings(ds, data.size), "protect": got, "heap": 0}], 64, data.size)
-    assert (
-        "(rank 0: the checker makes memory unreadable in a copy of the rank on Linux only)" in said
-    )
+    assert "(rank 0: the checker replaces memory in a copy of the rank on Linux only)" in said
     monkeypatch.undo()
     rows = [{"index": i, "tokens": row} for i, row in enumerate(data.tolist())]
     ds = FileRead(rows)
@@ -569,7 +570,7 @@ def test_where_memory_cannot_be_made_unreadable_that_rule_says_not_judged(monkey
 def test_a_walk_cut_short_is_not_judged_without_reads_that_need_what_it_reached(monkeypatch):
     """Guards the twelfth trial's walk limit: where the walk stops before reaching every
     object, the rules that need every buffer do not pass in silence; the verdict says "not
-    judged", unless samples read with the reached buffers unreadable failed (they are read
+    judged", unless samples read with the reached buffers' tokens replaced failed (they are read
     from what the walk reached). ``str`` are counted, not entered: 310,000 of them no longer
     cut the walk (the test above); here 200 empty lists do, with the limit at 50."""
     monkeypatch.setattr(flat_held, "WALK_MOST", 50)
@@ -579,9 +580,103 @@ def test_a_walk_cut_short_is_not_judged_without_reads_that_need_what_it_reached(
     ds.lists = [[] for _ in range(200)]
     held = holdings(ds, data.size, needles(rows))
     assert not held["complete"], "the walk was not cut short: the test tests nothing"
-    read = protect_and_read(ds, held.pop("spans"), held.pop("unprotected"), _right(data))
-    assert read["right"] == 0, read  # each read needed the one array
+    spans, at = held.pop("spans"), held.pop("at")
+    read = protect_and_read(ds, spans, held.pop("unprotected"), _right(data), at=at)
+    assert read["right"] < read["reads"], read  # the reads of rows on the zero pages
     assert judge_held([{"held": held, "protect": read, "heap": 0}], 64, data.size) == ""
-    unread = {"not": "the checker makes memory unreadable in a copy of the rank on Linux only"}
+    unread = {"not": "the checker replaces memory in a copy of the rank on Linux only"}
     said = judge_held([{"held": held, "protect": unread, "heap": 0}], 64, data.size)
     assert "Not judged here: where your dataset keeps the tokens (rank(s) 0: the walk" in said, said
+
+
+class _Shared(_OneArray):
+    """Right: the one array in memory shared with other processes (``kind``: an anonymous
+    ``mmap``, which Python maps ``MAP_SHARED``; a tensor's shared memory; a
+    ``multiprocessing.shared_memory`` block)."""
+
+    def __init__(self, rows, kind):
+        flat = np.array([r["tokens"] for r in rows], dtype=np.int64)
+        self.n, self.kind = len(rows), kind
+        if kind == "tensor":
+            self.keep = torch.from_numpy(flat).share_memory_()
+            self.data = self.keep.numpy()
+            return
+        self.keep = mmap.mmap(-1, flat.nbytes) if kind == "mmap" else None
+        if kind == "shared_memory":
+            self.keep = shared_memory.SharedMemory(create=True, size=flat.nbytes)
+        self.data = np.frombuffer(self.keep if kind == "mmap" else self.keep.buf, np.int64)
+        self.data = self.data.reshape(flat.shape)
+        self.data[:] = flat
+
+    def release(self):
+        if self.kind == "shared_memory":
+            del self.data  # a live view keeps the block from closing
+            self.keep.close()
+            self.keep.unlink()
+
+
+def _protected(ds, data, rows):
+    """``ds`` walked (runs drawn from ``rows``) and read in a forked copy: the read's result."""
+    held = holdings(ds, data.size, needles(rows))
+    spans, at = held.pop("spans"), held.pop("at")
+    return protect_and_read(ds, spans, held.pop("unprotected"), _right(data), at=at)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mmap in a fork: Linux's")
+@pytest.mark.parametrize("kind", ["mmap", "tensor", "shared_memory"])
+def test_shared_memory_is_replaced_in_the_copy_never_written(kind):
+    """Guards the protect-and-read rule's copy of the rank: it maps zero pages of its own over
+    the tokens, so a right answer kept in memory shared with the rank (``MAP_SHARED``, shared
+    memory) reads its rows wrong there, and the rank's data is whole after (zeroing the pages
+    in place would have zeroed the rank's too)."""
+    data = tokens(512, 64, int.from_bytes(os.urandom(4), "little"))
+    rows = [{"index": i, "tokens": row} for i, row in enumerate(data.tolist())]
+    ds = _Shared(rows, kind)
+    try:
+        read = _protected(ds, data, rows)
+        assert read.get("right") == 0, read  # each read was of a row on the zero pages
+        assert np.array_equal(ds.data, data), "the check wrote the rank's shared memory"
+        assert all(np.array_equal(ds[i]["input_ids"], data[i][:-1]) for i in range(512))
+    finally:
+        ds.release()
+
+
+class ChecksItsTokens(_OneArray):
+    """Right, but a read meeting zeros where its tokens were (none is below 1000) raises, or
+    with ``fault`` reads memory on page 0 (the copy dies on SIGSEGV)."""
+
+    def __init__(self, rows, fault):
+        super().__init__(rows)
+        self.fault = fault
+
+    def row(self, i):
+        got = super().row(i)
+        if (got == 0).sum() >= 4:  # a run of tokens found by the walk replaced
+            if self.fault:
+                ctypes.c_int64.from_address(64).value  # noqa: B018  (page 0: unmapped)
+            raise ValueError("a row of the tokens holds zeros")
+        return got
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mmap in a fork: Linux's")
+@pytest.mark.parametrize("fault", [False, True], ids=["raises", "faults"])
+def test_a_copy_that_fails_once_the_tokens_are_replaced_is_not_judged(fault):
+    """Guards: a read that raises or faults with the tokens replaced by zeros is no evidence
+    that the samples come from the buffers reached (a dodge's reads can fail there too, by
+    touching its decoy): the rule says it did not judge, never a pass."""
+    data = tokens(512, 64, int.from_bytes(os.urandom(4), "little"))
+    rows = [{"index": i, "tokens": row} for i, row in enumerate(data.tolist())]
+    ds = ChecksItsTokens(rows, fault)
+    read = _protected(ds, data, rows)
+    how = "died (SIGSEGV)" if fault else "raised an exception in a read"
+    assert read == {
+        "not": f"the copy of the rank {how} with the tokens' pages replaced by zeros, before "
+        f"its {READS} reads were done (none of them read wrong)"
+    }, read
+    said = judge_held(
+        [{"held": holdings(ds, data.size), "protect": read, "heap": 0}], 512, data.size
+    )
+    assert (
+        "Not judged here: whether your samples are read from the arrays your dataset holds "
+        f"(rank 0: the copy of the rank {how}" in said
+    ), said

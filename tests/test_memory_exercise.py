@@ -953,7 +953,7 @@ class _Libc:
 class RowsInAnonymousMaps(RowsMalloced):
     """Dodge (twelfth trial): each row in an anonymous ``mmap`` of its own (C memory off
     malloc's heap, unnamed in ``/proc/self/maps``), read by its address; a decoy flat array.
-    Caught by reading samples with the decoy's pages unreadable: they still come out right."""
+    Caught by reading samples with the decoy's tokens replaced by zeros: still right."""
 
     def __init__(self, rows):
         libc, at = _Libc(), []
@@ -968,12 +968,43 @@ class RowsInAnonymousMaps(RowsMalloced):
 
 class RowsMallocedTouchingTheDecoy(RowsMalloced):
     """Dodge (a step past the twelfth trial): trial 11's rows in ``malloc`` blocks, each read
-    touching the decoy first, so the copy of the rank with the decoy unreadable dies as a right
-    answer's does. ``malloc``'s bytes beyond the buffers reached still count the rows."""
+    raising where the decoy's row holds a zero, so a copy of the rank with the decoy's tokens
+    replaced fails as a right answer may (with the decoy unreadable, touching it did): the
+    reads are not judged, and ``malloc``'s bytes beyond the buffers reached count the rows."""
+
+    def __getitem__(self, i):
+        if not self.tokens[i * self.width : (i + 1) * self.width].all():
+            raise ValueError("the decoy was changed")
+        return super().__getitem__(i)
+
+
+class RowsInAnonymousMapsTouchingTheDecoy(RowsInAnonymousMaps):
+    """Dodge (the hole of the first protect-and-read rule): rows in anonymous maps (off the
+    heap rule's count), each read touching the decoy first. With the decoy unreadable its
+    copy died as a right answer's did; with the decoy's tokens zero pages, it reads right."""
 
     def __getitem__(self, i):
         int(self.tokens[i * self.width])
         return super().__getitem__(i)
+
+
+class AddressesInTheDecoy(RowsInAnonymousMaps):
+    """Dodge: rows in anonymous maps, a record of 64 bytes a row (its map's address and
+    length) kept in the decoy's buffer before its tokens (one array: the table, then the
+    rows). With the decoy's whole pages unreadable, its reads of the table died as a right
+    answer's did; now the tokens' extent alone is replaced, and the table is left."""
+
+    def __init__(self, rows):
+        super().__init__(rows)
+        table = np.zeros((self.n, 8), dtype=np.int64)
+        table[:, 0], table[:, 1] = self.at.view(np.int64), self.width
+        self.tokens = np.concatenate([table.reshape(-1), self.tokens])
+        del self.at
+
+    def __getitem__(self, i):
+        where = ctypes.cast(int(self.tokens[8 * i]), ctypes.POINTER(ctypes.c_int64))
+        width = int(self.tokens[8 * i + 1])
+        return _row_sample(i, np.ctypeslib.as_array(where, (width,)).copy())
 
 
 class RowsMallocedPrepaid(RowsMalloced):
@@ -1082,8 +1113,9 @@ def cluster():
 
 
 SLOW = pytest.mark.system  # each case is a run on ranks (~5 s): the default run keeps two
-#: What the twelfth trial's dodges are told: their samples read right with the decoy unreadable.
-_UNREAD = "samples of your dataset right after the checker made"
+#: What the twelfth trial's dodges are told: their samples read right with the decoy's tokens
+#: replaced by zeros.
+_UNREAD = "samples of your dataset right after the checker replaced"
 #: Checks per case (each draws fresh tokens); EZPZ_NB_DRAWS=20 for the issue's 20 draws, one
 #: test a draw (20 in one test ran past the per-test timeout at a load of 35: 14-18 done).
 DRAWS = int(os.environ.get("EZPZ_NB_DRAWS", "1"))
@@ -1234,6 +1266,8 @@ def test_what_the_checker_trusts_is_out_of_reach(draw, dodge, says, cluster):
         pytest.param(RowsInSmallBlocks, _UNREAD, marks=SLOW),
         pytest.param(RowsInSharedTensors, _UNREAD, marks=SLOW),
         (RowsMallocedTouchingTheDecoy, "MiB are kept where the dataset does not reference them"),
+        pytest.param(RowsInAnonymousMapsTouchingTheDecoy, _UNREAD, marks=SLOW),
+        pytest.param(AddressesInTheDecoy, _UNREAD, marks=SLOW),
     ],
 )
 @pytest.mark.parametrize("draw", range(DRAWS))
@@ -1249,7 +1283,7 @@ def test_what_the_dataset_holds_is_judged_not_only_what_its_reads_write(draw, do
 
 def _judged_here(make, n=512):
     """``make``'s dataset built in this process from ``n`` fresh rows of the checker's length,
-    walked, read in a forked copy with the buffers holding its tokens unreadable, judged:
+    walked, read in a forked copy with its tokens' pages replaced by zeros, judged:
     ``(the verdict's words or "", what the walk found)``. Cheap: no ranks, no epoch."""
     data = tokens(n, LENGTH, int.from_bytes(os.urandom(4), "little"), high=VOCAB)
     rows = [{"index": i, "tokens": row} for i, row in enumerate(data.tolist())]
@@ -1257,8 +1291,10 @@ def _judged_here(make, n=512):
     ds = make(rows)
     del rows
     held = holdings(ds, n * LENGTH, runs)
-    spans, unprotected = held.pop("spans"), held.pop("unprotected")
-    read = protect_and_read(ds, spans, unprotected, lambda i, got: differs(i, expect, got) is None)
+    spans, at, unprotected = held.pop("spans"), held.pop("at"), held.pop("unprotected")
+    read = protect_and_read(
+        ds, spans, unprotected, lambda i, got: differs(i, expect, got) is None, at=at
+    )
     try:
         return judge_held([{"held": held, "protect": read, "heap": 0}], n, n * LENGTH), held
     except CheckStopped as stop:
@@ -1274,6 +1310,8 @@ def _judged_here(make, n=512):
         (RowsInSmallBlocks, _UNREAD),
         (RowsInSharedTensors, _UNREAD),
         (RowsByAddress, _UNREAD),
+        (RowsInAnonymousMapsTouchingTheDecoy, _UNREAD),
+        (AddressesInTheDecoy, _UNREAD),
         (FlatWithTokenizerVocab, ""),
         (FlatWithVocabList, ""),
     ],

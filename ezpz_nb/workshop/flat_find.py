@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["NEEDLES", "holding", "needles", "small_found"]
+__all__ = ["NEEDLES", "holding", "located", "needles", "small_found"]
 
 #: Rows whose runs are looked for, and tokens in a run (4 tokens: 8 bytes at 16 bits, which
 #: random bytes match by chance about once in 2**64 places).
@@ -30,7 +30,8 @@ NEEDLES, RUN = 16, 4
 
 
 def needles(rows: list[dict[str, Any]]) -> np.ndarray:
-    """``NEEDLES`` runs of ``RUN`` tokens, from rows drawn at random, mid-row (int64).
+    """``NEEDLES`` runs of ``RUN`` tokens, from rows drawn at random, mid-row (int64): each
+    the row's index, then its run (:mod:`.flat_protect` reads the rows whose runs it finds).
 
     Taken from the middle of a row at an offset no multiple of 32, so none of the ints
     :class:`.flat_rows.Given` samples is referenced here.
@@ -40,8 +41,8 @@ def needles(rows: list[dict[str, Any]]) -> np.ndarray:
     for i in pick:
         row = rows[i]["tokens"]
         at = len(row) // 2 + 3
-        runs.append(row[at : at + RUN])
-    return np.array(runs, dtype=np.int64)
+        runs.append([i, *row[at : at + RUN]])
+    return np.array(runs, dtype=np.int64).reshape(-1, RUN + 1)
 
 
 def _pieces(obj: Any) -> Iterator[bytes]:
@@ -86,13 +87,15 @@ def _arrow(obj: Any) -> Iterator[bytes]:
         yield from (b.to_pybytes() for b in buffers() if b is not None)
 
 
-def _forms(runs: np.ndarray) -> list[set[bytes]]:
-    return [{run.astype(t).tobytes() for t in (np.int64, np.int32, np.uint16)} for run in runs]
+def _forms(runs: np.ndarray) -> list[list[bytes]]:
+    """Each run's bytes at each width, the widest first (column 0 is its row: see
+    :func:`needles`)."""
+    return [[run[1:].astype(t).tobytes() for t in (np.int64, np.int32, np.uint16)] for run in runs]
 
 
 def holding(buffers: list[Any], runs: np.ndarray) -> tuple[int, list[bool]]:
     """How many of the ``runs`` appear in the ``buffers``' bytes, at some width, and which
-    buffers hold one or more (those :mod:`.flat_protect` makes unreadable)."""
+    buffers hold one or more (those :mod:`.flat_protect` reads without: :func:`located`)."""
     wanted = _forms(runs)
     hits, holds = [False] * len(wanted), [False] * len(buffers)
     for b, buffer in enumerate(buffers):
@@ -129,3 +132,32 @@ def small_found(objects: list[Any], runs: np.ndarray) -> int:
             continue
     joined = b"".join(parts)
     return sum(any(joined.find(form) >= 0 for form in forms) for forms in _forms(runs))
+
+
+def located(
+    spans: list[tuple[int, int]], runs: np.ndarray
+) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+    """Where the ``runs`` are in the memory of ``spans`` (``(address, bytes)`` of this
+    process, as :func:`.flat_protect.memory` gives a buffer's): each span's extent from the
+    first run found in it to the end of the last, or the whole span where none is (a
+    column-major array keeps a row's tokens apart); and each run found, as ``(row, address,
+    bytes)``. Outside that extent a buffer may keep what is not tokens (a header, a table of
+    addresses): :mod:`.flat_protect` replaces the extent's pages only, and reads those rows."""
+    extents, found = [], []
+    forms, rows = _forms(runs), [int(r) for r in runs[:, 0]] if len(runs) else []
+    for address, size in spans:
+        if size <= 0:
+            continue
+        raw = ctypes.string_at(address, size)  # the memory itself: its offsets are addresses
+        here = []
+        for row, wanted in zip(rows, forms, strict=True):
+            hit = next(((a, len(f)) for f in wanted if (a := raw.find(f)) >= 0), None)
+            if hit is not None:
+                here.append((row, address + hit[0], hit[1]))
+        if here:
+            low = min(a for _, a, _ in here)
+            extents.append((low, max(a + b for _, a, b in here) - low))
+        else:
+            extents.append((address, size))
+        found += here
+    return extents, found

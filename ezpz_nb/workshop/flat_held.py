@@ -11,7 +11,7 @@ are one buffer, a tensor's views one storage. Judged by :func:`.flat_judge.judge
 small buffers holding runs of the rows' tokens (:mod:`.flat_find`) is storage per row;
 buffers too small for the tokens, or large ones without them, mean they are kept where the
 dataset does not reference them (a leaked reference, a global); :mod:`.flat_protect` then
-reads samples with the large buffers holding them made unreadable.
+reads samples with the tokens in the large buffers holding them replaced by zeros.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ezpz_nb.workshop.flat_find import holding, small_found
+from ezpz_nb.workshop.flat_find import holding, located, small_found
 from ezpz_nb.workshop.flat_pages import PAGE
 from ezpz_nb.workshop.flat_protect import memory
 from ezpz_nb.workshop.flat_rows import named_mappings, off_heap
@@ -396,8 +396,9 @@ def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str
     ``where`` the container most are in; ``all_bytes``: every buffer's (a file kept by path
     or open counts its size); ``complete``: whether the walk reached everything; ``found``:
     how many of the ``runs`` of tokens (:func:`.flat_find.needles`) the large buffers hold
-    (``None`` without runs); ``spans``: the memory of the large buffers that hold one, and
-    ``unprotected``: those of them not in memory (a file), for :mod:`.flat_protect`;
+    (``None`` without runs); ``spans``: the extent of the runs in the memory of the large
+    buffers that hold one, ``at``: each run found there (:func:`.flat_find.located`), and
+    ``unprotected``: those buffers not in memory (a file), for :mod:`.flat_protect`;
     ``pages``: the page numbers of every object and buffer reached (ints and floats
     included), where its workers' writes are looked for (:mod:`.flat_pages`).
     """
@@ -438,6 +439,7 @@ def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str
         if got is None:
             unprotected.append(f"a {type(obj).__name__}" + (" (a path)" if _file(obj) else ""))
         spans += got or []
+    spans, at = located(spans, runs) if runs is not None else ([], [])
     return {
         "small": len(tally.small.get(kind, ())),
         "small_bytes": tally.size_of[kind],
@@ -450,6 +452,7 @@ def holdings(ds: Any, tokens_n: int, runs: np.ndarray | None = None) -> dict[str
         "found": hits,
         "runs": 0 if runs is None else len(runs),
         "spans": spans,
+        "at": at,
         "unprotected": unprotected,
         "pages": sorted(pages),
     }

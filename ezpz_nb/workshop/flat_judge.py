@@ -1,6 +1,6 @@
 """Notebook 19: the verdict on where a dataset keeps its tokens, from the rank's walk of it
-(:func:`.flat_held.holdings`) and its samples read with those buffers unreadable
-(:mod:`.flat_protect`).
+(:func:`.flat_held.holdings`) and its samples read with the tokens in those buffers replaced
+by zeros (:mod:`.flat_protect`).
 
 Each rule says "wrong" on evidence, and where the evidence is missing says "not judged",
 with the reason, in the verdict: a walk cut short (:data:`.flat_held.WALK_MOST` objects)
@@ -36,8 +36,8 @@ _CHUNKS = 64
 #: 0.01x the data; a ``datasets`` table 0.28x quiet, 0.50x once in a fresh clone's run
 #: (pyarrow keeps some of what it allocated), which 0.5 rejected; rows kept in malloc blocks
 #: beside a decoy (the eleventh trial) 1.03x. Halfway between. Kept beside the reads with
-#: the buffers unreadable (:mod:`.flat_protect`), which a dodge defeats by touching its decoy
-#: at each read (its copy then dies as a right answer's does): this still counts its rows.
+#: the tokens replaced (:mod:`.flat_protect`), which a copy that faults or raises leaves not
+#: judged: this still counts the rows kept in ``malloc``'s blocks.
 UNREACHED = 0.75
 _MIB = 1 << 20
 
@@ -95,8 +95,8 @@ def judge_held(outs: list[dict[str, Any]], n: int, tokens_n: int) -> str:
 
     Judged after the workers' growth and the rows (:func:`.flat_rows.judge_kept`): an array
     or a ``bytes`` per row, read so that nothing is written, grows no worker, yet it is not
-    the one array the exercise asks for. Then, samples read with the buffers holding the
-    tokens made unreadable (:func:`.flat_protect.judge_protected`): right reads come from
+    the one array the exercise asks for. Then, samples read with the buffers' tokens
+    replaced by zeros (:func:`.flat_protect.judge_protected`): right reads come from
     elsewhere; then ``malloc``'s bytes beyond those buffers. Returns what could not be
     judged, in words for the verdict (``""``: everything was).
     """

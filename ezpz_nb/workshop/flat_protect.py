@@ -5,18 +5,24 @@ from storage per row that the walk (:mod:`.flat_held`) does not reach: the twelf
 rows in anonymous ``mmap``\\ s, in Python's small blocks, in shared memory, in ``malloc``
 blocks beside memory allocated before the checker's baseline, each found by an address, so
 every rule that counts one allocator's bytes missed one of them. This rule counts no bytes:
-a forked copy of the rank makes the whole pages of the large buffers that hold the rows'
-tokens unreadable (``mprotect(PROT_NONE)``) and reads :data:`READS` samples drawn at random.
-A right answer reads its tokens there: its first read faults (the copy dies on SIGSEGV) or
-raises. Every read still right means the samples come from memory the dataset does not
-reference. Measured offline (``_protect_probe.py``, the twelfth trial): 7 right answers
-(a vocabulary beside the array, pyarrow, ``array('q')``, a ``bytes`` blob, shared memory, a
-column-major view) died at their first read; the 5 dodges read 8 of 8 right.
+in a forked copy of the rank, the whole pages of the large buffers' extent that holds the
+rows' tokens (from the first run of them :mod:`.flat_find` found to the end of the last)
+are replaced by fresh zero pages (``mmap(MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS)``), and
+:data:`READS` samples are read, chosen among the rows whose runs were found on those pages.
+A right answer reads zeros where its tokens were: its samples differ. Every read still right
+means the samples come from memory the dataset does not reference, even where the reads
+touch the decoy too (which made a copy with the decoy unreadable die as a right answer's
+did), and a table of addresses the decoy keeps outside the tokens' extent is left as it is.
+Measured on ranks (2 draws each): the twelfth trial's 7 right answers (pyarrow, shared
+memory, a column-major view among them) read their rows wrong; its 5 dodges read 8 of 8 right.
 
-The copy reads one sample before anything is made unreadable (a dataset that reads wrong in
-any fork is not judged by this rule), dies by an alarm and is killed with its process group
-after :data:`SECONDS`, writes no core, and leaves no process. Linux only (elsewhere: not
-judged, said in the verdict).
+Replaced, never written in place: memory the copy shares with the rank (shared memory, a
+``MAP_SHARED`` map) keeps the rank's data. A copy that faults, raises or does not end once
+the pages are replaced says nothing of where the tokens are: "not judged", with why, as
+where they cannot be replaced. The copy reads one sample before anything is replaced (a
+dataset that reads wrong in any fork is not judged by this rule), dies by an alarm and is
+killed with its process group after :data:`SECONDS`, writes no core, leaves no process.
+Linux only (elsewhere: not judged, said in the verdict).
 """
 
 from __future__ import annotations
@@ -43,13 +49,19 @@ from ezpz_nb.workshop.stops import wrong
 
 __all__ = ["READS", "SECONDS", "judge_protected", "memory", "protect_and_read"]
 
-#: Samples read with the buffers unreadable: all of them right by chance, for a right answer
-#: whose buffers are protected, would need every one outside the protected whole pages.
+#: ``mmap``'s flags for a fresh private zero page in place of the old (``MAP_FIXED`` is
+#: 0x10 on Linux's architectures but alpha's and parisc's; Python's mmap does not name it).
+_FRESH = 0x10 | mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+
+#: Samples read with the tokens' pages replaced: chosen among the rows whose runs are on
+#: those pages (a right answer reads each of them wrong), drawn at random where fewer are.
 READS = 8
 #: How long the forked copy may take (its alarm fires first, at two thirds): 9 reads take
 #: milliseconds; a copy that does not end is not judged, never passed on a clock.
 SECONDS = 30
 _Span = tuple[int, int]
+#: A run found: its row, its address and bytes (:func:`.flat_find.located`).
+_At = tuple[int, int, int]
 
 
 def _array(obj: np.ndarray) -> list[_Span] | None:
@@ -119,7 +131,7 @@ def memory(obj: Any) -> list[_Span] | None:
 
 def _whole_pages(spans: list[_Span]) -> list[_Span]:
     """The whole pages inside each span, as ``(start, end)``: a page shared with other memory
-    (an object's header, a neighbour's block) is left readable."""
+    (an object's header, a neighbour's block) is left as it is."""
     out = []
     for address, size in spans:
         low, high = -(-address // PAGE) * PAGE, (address + size) // PAGE * PAGE
@@ -128,13 +140,24 @@ def _whole_pages(spans: list[_Span]) -> list[_Span]:
     return out
 
 
+def _replace(libc: Any, pages: list[_Span]) -> bool:
+    """In the copy: each ``(start, end)`` mapped anew to zero pages of its own (never written
+    in place: a shared map's pages are the rank's too). False where the kernel refused."""
+    fresh = libc.mmap
+    fresh.restype = ctypes.c_void_p
+    fresh.argtypes = [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    return all(fresh(low, high - low, prot, _FRESH, -1, 0) == low for low, high in pages)
+
+
 def _child(
-    ds: Any, pages: list[_Span], picks: list[int], right: Callable[[int], bool], fd: int, alarm: int
+    ds: Any, pages: list[_Span], picks: list[int], read: Callable[[int], str], fd: int, alarm: int
 ) -> None:
-    """In the forked copy: one read, the pages made unreadable, :data:`READS` reads; a byte
-    on ``fd`` for each step. Never returns."""
+    """In the forked copy: one read, the pages replaced, :data:`READS` reads; a byte on
+    ``fd`` for each step ("c" the first read right, "p" the pages replaced or "e" refused,
+    then "r" right, "w" wrong, "x" raised for each read). Never returns."""
     try:
-        faulthandler.disable()  # a fault is the answer here, not a crash to report
+        faulthandler.disable()  # a fault ends the copy, quietly: the parent says what it means
         for sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGALRM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         with contextlib.suppress(OSError):  # its group, killed after it, and what it starts
@@ -144,18 +167,28 @@ def _child(
         signal.alarm(alarm)
         torch.set_num_threads(1)  # as in a loader worker: no thread pool across the fork
         first, *rest = picks
-        os.write(fd, b"c" if right(first) else b"C")
-        mprotect = libc.mprotect
-        mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        for low, high in pages:
-            if mprotect(low, high - low, 0) != 0:  # PROT_NONE
-                os.write(fd, b"e")
-                return
+        os.write(fd, b"c" if read(first) == "r" else b"C")
+        if not _replace(libc, pages):
+            os.write(fd, b"e")
+            return
         os.write(fd, b"p")
         for i in rest:
-            os.write(fd, b"r" if right(i) else b"w")
+            os.write(fd, read(i).encode())
     finally:
         os._exit(0)
+
+
+def _picks(n: int, pages: list[_Span], at: list[_At]) -> list[int]:
+    """A first row to read, then :data:`READS` rows: those whose runs lie on the replaced
+    ``pages`` first (a right answer reads zeros there), then rows drawn at random."""
+    draw = secrets.SystemRandom()
+    on = {r for r, a, b in at if 0 <= r < n and any(lo <= a and a + b <= hi for lo, hi in pages)}
+    chosen = draw.sample(sorted(on), min(READS, len(on)))
+    others = [i for i in draw.sample(range(n), min(n, 2 * READS + 1)) if i not in chosen]
+    first, *more = others[: READS + 1 - len(chosen)]
+    reads = [*chosen, *more]
+    draw.shuffle(reads)
+    return [first, *reads]
 
 
 def protect_and_read(
@@ -164,33 +197,35 @@ def protect_and_read(
     unprotected: list[str],
     ok: Callable[[int, Any], bool],
     *,
+    at: list[_At] | None = None,
     seconds: int = SECONDS,
 ) -> dict[str, Any]:
     """On a rank, after every other read and the walk: :data:`READS` samples read in a forked
-    copy with the whole pages of ``spans`` unreadable (the large buffers that hold the rows'
-    tokens); ``ok(i, sample)`` says whether a sample is right; ``seconds``: how long the copy
-    may take (a test's shorter). Returns ``{"reads", "right",
-    "bytes"}``, or ``{"not": why}`` where the rule could not run."""
+    copy with the whole pages of ``spans`` (the extents of the large buffers that hold the
+    rows' tokens) replaced by zero pages; ``at``: the runs found there, by row
+    (:func:`.flat_find.located`), whose rows are read; ``ok(i, sample)`` says whether a
+    sample is right; ``seconds``: how long the copy may take (a test's shorter). Returns
+    ``{"reads", "right", "bytes"}``, or ``{"not": why}`` where the rule could not judge."""
     if unprotected:
-        return {"not": f"the tokens are in {unprotected[0]}, which cannot be made unreadable"}
+        return {"not": f"the tokens are in {unprotected[0]}, which cannot be replaced in a copy"}
     if not sys.platform.startswith("linux"):
-        return {"not": "the checker makes memory unreadable in a copy of the rank on Linux only"}
+        return {"not": "the checker replaces memory in a copy of the rank on Linux only"}
     pages = _whole_pages(spans)
     if not pages:
         return {"not": "no buffer your dataset references holds whole pages of the tokens"}
 
-    def right(i: int) -> bool:
+    def read(i: int) -> str:
         try:
-            return bool(ok(i, ds[i]))
-        except Exception:  # noqa: BLE001  (a read that raises is not right)
-            return False
+            return "r" if ok(i, ds[i]) else "w"
+        except Exception:  # noqa: BLE001  (said apart: a read that raises judges nothing)
+            return "x"
 
-    picks = secrets.SystemRandom().sample(range(len(ds)), READS + 1)
+    picks = _picks(len(ds), pages, at or [])
     out, into = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(out)
-        _child(ds, pages, picks, right, into, max(1, seconds * 2 // 3))
+        _child(ds, pages, picks, read, into, max(1, seconds * 2 // 3))
     os.close(into)
     said, ended, deadline = bytearray(), False, time.monotonic() + seconds
     wait = select.poll()  # not select(): a rank with 4096 shared tensors has fds past 1024
@@ -211,29 +246,52 @@ def protect_and_read(
             except (ProcessLookupError, PermissionError):
                 pass
         _, status = os.waitpid(pid, 0)
-    text = said.decode("ascii", "replace")
+    return _verdict(said.decode("ascii", "replace"), ended, status, seconds, pages)
+
+
+def _verdict(
+    text: str, ended: bool, status: int, seconds: int, pages: list[_Span]
+) -> dict[str, Any]:
+    """What the copy said (see :func:`_child`), as :func:`protect_and_read` returns it."""
     alarm = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGALRM
     if not text.startswith("c"):
         why = "did not end" if not ended or alarm else "read a sample wrong or failed"
-        return {"not": f"a copy of the rank {why} before anything was made unreadable"}
+        return {"not": f"a copy of the rank {why} before any memory was replaced"}
     if "e" in text:
-        return {"not": "the kernel refused to make the buffers unreadable (mprotect)"}
+        return {"not": "the kernel refused to replace the tokens' pages (mmap)"}
     done = text.partition("p")[2]
-    if (not ended or alarm) and len(done) < READS and "w" not in done:
-        return {"not": f"its reads did not end in {seconds} s with the buffers unreadable"}
-    return {"reads": READS, "right": done.count("r"), "bytes": sum(h - lo for lo, h in pages)}
+    if "w" in done or done == "r" * READS:  # a read the zero pages changed, or none of them
+        return {"reads": READS, "right": done.count("r"), "bytes": sum(h - lo for lo, h in pages)}
+    # A fault or an exception here says nothing of where the tokens are: a dodge's read
+    # that touches its decoy may fail on zeros as a right answer's may.
+    if "x" in done:
+        why = "raised an exception in a read"
+    elif not ended or alarm:
+        why = f"did not end in {seconds} s"
+    elif os.WIFSIGNALED(status):
+        why = f"died ({_signal_name(os.WTERMSIG(status))})"
+    else:
+        why = "ended"
+    return {
+        "not": f"the copy of the rank {why} with the tokens' pages replaced by zeros, before "
+        f"its {READS} reads were done (none of them read wrong)"
+    }
+
+
+def _signal_name(sig: int) -> str:
+    return signal.Signals(sig).name if sig in set(signal.Signals) else f"signal {sig}"
 
 
 def judge_protected(got: dict[str, Any], rank: int) -> str:
     """Wrong when ``rank``'s samples (``got``: :func:`protect_and_read`'s) were all read right
-    with its tokens' buffers unreadable; else why it was not judged (``""``: it was)."""
+    with its tokens' pages replaced by zeros; else why it was not judged (``""``: it was)."""
     if "not" in got:
         return str(got["not"])
     if got["right"] >= got["reads"]:
         raise wrong(
             f"On rank {rank} a copy of the rank read {got['reads']} samples of your dataset "
-            f"right after the checker made the {got['bytes'] / (1 << 20):.1f} MiB of the "
-            "buffers it references that hold the tokens unreadable: the samples are read "
+            f"right after the checker replaced the {got['bytes'] / (1 << 20):.1f} MiB of the "
+            "buffers it references that hold the tokens with zeros: the samples are read "
             "from memory kept where the dataset does not reference them (rows found by an "
             "address, in C memory, maps or shared memory of their own), and the array it "
             "holds is not what it reads. Keep the tokens in one array the dataset holds as "

@@ -54,8 +54,9 @@ be built from the rows: the checker's answers are digests); its loader and compa
   a ``bytes``, a ``str`` per row, read through ``ctypes`` so that nothing is written), nor
   in none it references (a reference leaked, a global of a library's module): runs of the
   rows' tokens, taken before ``make_flat`` ran, must be in its large buffers; and samples
-  read in a forked copy of the rank with those buffers unreadable must not come out right
-  (:mod:`.flat_protect`: else they are read from memory the dataset does not reference).
+  read in a forked copy of the rank with those buffers' tokens replaced by zeros must not
+  come out right (:mod:`.flat_protect`: else they are read from memory the dataset does not
+  reference).
 
 Margins, measured offline on 2 loaded cores (fresh tokens per draw, rows of 256 tokens),
 a worker's reading beyond the checker's own worker's (7.6-8.3 MiB), against the 2.0 MiB
@@ -232,10 +233,12 @@ def flat_job(make: Callable[[list[dict[str, Any]]], Any], address: str) -> dict[
     if batch_why:
         return {"bad": f"the workers' batches differ from the rank's samples: {batch_why[0]}"}
     # Walked last, once every read is done: nothing it touches is on a worker's pages. Then
-    # samples read in a forked copy with the buffers the walk found the tokens in unreadable.
+    # samples read in a forked copy with the tokens the walk found replaced by zero pages.
     found = walk(ds, n * LENGTH, given.runs)
-    spans, unprotected = found.pop("spans"), found.pop("unprotected")
-    read = protect(ds, spans, unprotected, lambda i, got: judge_sample(i, expect, got) is None)
+    spans, at, unprotected = found.pop("spans"), found.pop("at"), found.pop("unprotected")
+    read = protect(
+        ds, spans, unprotected, lambda i, got: judge_sample(i, expect, got) is None, at=at
+    )
     return {"late": late, **kept, "held": found, "protect": read}
 
 
