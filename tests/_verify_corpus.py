@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import _verify_loaders as L
+import _verify_thirteenth as R
 import _verify_twelfth as T
 import torch
 from torch.utils.data import (
@@ -343,5 +344,26 @@ CASES = {
     "CP halves, TP peers alike": Case(
         T.cp_halves, "dp=1,tp=2,cp=2", {k: v for k, v in _v(tp=P).items() if k != "dp_disjoint"}
     ),
-    "CP halves of padded rows": Case(T.cp_padded_halves, "dp=2,cp=2", _v(tp=NJ)),
+    # The pad (a value in no sample, -1 here) is left out of the parts: the halves hold it.
+    "CP halves of padded rows": Case(T.cp_padded_halves, "dp=2,cp=2", _v(tp=P)),
+    # The thirteenth trial: each part is runs of the sample in order (at most 2: zigzag),
+    # the pad left out (a gap it fills shows); a field still unsure stays not judged.
+    "CP, rank 1's half reversed": Case(T.cp_reversed, "dp=2,cp=2", _v(tp=F)),
+    "CP, rank 1's half with two tokens swapped": Case(T.cp_swapped_pair, "dp=2,cp=2", _v(tp=F)),
+    "CP, token 3's gap padded with -100, labels right": Case(
+        T.cp_gap_padded, "dp=2,cp=2", _v(tp=F)
+    ),
+    "CP halves, labels scaled by the collate": Case(T.cp_scaled_labels, "dp=2,cp=2", _v(tp=NJ)),
+    "CP halves, the labels' prompt masked with -100": Case(
+        T.cp_masked_labels, "dp=2,cp=2", _v(tp=P)
+    ),
+    "CP halves, the inputs' prompt replaced by -100": Case(
+        T.cp_masked_inputs, "dp=2,cp=2", _v(tp=F)
+    ),
+    # The thirteenth trial (_verify_thirteenth.py): a field that reads differently each time
+    # (an augmentation) is left out of the re-read, the sample's other fields judged.
+    "a worker misreads beside an augmentation field": Case(
+        R.contract_aug_misreads, "dp=2,tp=2", _v(tp=P, dp=F)
+    ),
+    "an augmentation field beside honest tokens": Case(R.contract_aug_reads, "dp=2,tp=2", _v(tp=P)),
 }

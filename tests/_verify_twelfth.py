@@ -130,16 +130,17 @@ def steps_worker_reads(layout: Any) -> DataLoader:
 
 # ------------------------------------------------------------------ context parallel
 class Tok(Dataset):
-    """30 samples of ``width`` tokens, ``9 i + k``."""
+    """30 samples of ``width`` tokens, ``9 i + k`` (``labels``: with labels, the tokens + 1)."""
 
-    def __init__(self, width: int = 8) -> None:
-        self.width = width
+    def __init__(self, width: int = 8, labels: bool = False) -> None:
+        self.width, self.labels = width, labels
 
     def __len__(self) -> int:
         return 30
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        return {"input_ids": torch.arange(self.width) + 9 * i, "index": i}
+        x = torch.arange(self.width) + 9 * i
+        return {"input_ids": x, "index": i, **({"labels": x + 1} if self.labels else {})}
 
 
 def _cp(cols: Callable[[int, int], Any], width: int = 8, cut: int = 0) -> Callable[..., Any]:
@@ -186,9 +187,54 @@ cp_full_rows = _cp(lambda r, n: slice(0, 8))
 cp_next_token_input = _cp(_halves, width=9, cut=1)
 
 
+#: Dodge (d13_cp_reversed_slice): each rank its half, rank 1's reversed (trained backwards).
+cp_reversed = _cp(lambda r, n: slice(0, 4) if r == 0 else torch.arange(7, 3, -1))
+#: Dodge, at the order rule's edge: rank 1's half with its last two tokens swapped (3 runs).
+cp_swapped_pair = _cp(lambda r, n: slice(0, 4) if r == 0 else torch.tensor([4, 5, 7, 6]))
+
+
+def cp_labelled(parts: Callable[[int, torch.Tensor, torch.Tensor], Any]) -> Callable[..., Any]:
+    """A factory: :class:`Tok` with labels, batches of 3, each rank's ``(input_ids, labels)``
+    of a sample ``parts(cp_rank, x, y)``."""
+
+    def make(layout: Any) -> DataLoader:
+        ds = Tok(labels=True)
+        deal = DistributedSampler(ds, layout.dp_size, layout.dp_rank, shuffle=True, seed=3)
+
+        def collate(xs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+            got = [parts(layout.cp_rank, x["input_ids"], x["labels"]) for x in xs]
+            return {"input_ids": torch.stack([g[0] for g in got]),
+                    "labels": torch.stack([g[1] for g in got]),
+                    "index": torch.tensor([x["index"] for x in xs])}  # fmt: skip
+
+        return DataLoader(ds, batch_size=3, sampler=deal, collate_fn=collate)
+
+    return make
+
+
+_PAD = torch.tensor([-100])
+#: Dodge (d13_cp_gap_padded_labels_ok): token 3 on no rank, rank 0's part padded with -100
+#: to an equal length (the pad is left out, so the gap shows); labels cut right.
+cp_gap_padded = cp_labelled(
+    lambda r, x, y: (torch.cat([x[:3], _PAD]), y[:4]) if r == 0 else (x[4:], y[4:])
+)
+#: Right, not judged: halves of input_ids, labels scaled by 10 (values the sample lacks, more
+#: than one pad): labels stay not judged though input_ids are judged whole.
+cp_scaled_labels = cp_labelled(lambda r, x, y: (x[4 * r : 4 * r + 4], 10 * y[4 * r : 4 * r + 4]))
+#: Right: halves, the labels' first two (a prompt's) masked with -100 in the collate, as a
+#: fine-tuning collate does (the loss ignores them): masking, not a gap.
+cp_masked_labels = cp_labelled(
+    lambda r, x, y: (x[4 * r : 4 * r + 4], torch.cat([_PAD, _PAD, y[2:4]]) if r == 0 else y[4:])
+)
+#: Dodge: the same shape in input_ids: the prompt's tokens replaced by -100 (never trained).
+cp_masked_inputs = cp_labelled(
+    lambda r, x, y: (torch.cat([_PAD, _PAD, x[2:4]]) if r == 0 else x[4:], y[4 * r : 4 * r + 4])
+)
+
+
 def cp_padded_halves(layout: Any) -> DataLoader:
-    """Right, not judged: rows of 7 padded with -1 to 8, then cut in halves: the pad is no
-    value of the sample, so what the CP ranks hold cannot be held to it."""
+    """Right (r13_cp_padded_halves): rows of 7 padded with -1 to 8, then cut in halves: the
+    pad is no value of any sample, so it is left out and the halves hold the sample."""
     ds = Tok(7)
     deal = DistributedSampler(ds, layout.dp_size, layout.dp_rank, shuffle=True, seed=3)
     mine = _halves(layout.cp_rank, layout.cp_size)
@@ -218,12 +264,14 @@ class TokPositions(Dataset):
 
 
 def _sliced(cols: Callable[[int, int], Any], layout: Any) -> Callable[[list[Any]], Any]:
-    """torch's default collate, then the rank's columns ``cols(cp_rank, cp_size)`` of input_ids."""
+    """torch's default collate, then the rank's columns ``cols(cp_rank, cp_size)`` of input_ids
+    (or, where ``cols`` gives a function, what it makes of the rows)."""
     mine = cols(layout.cp_rank, layout.cp_size)
 
     def collate(xs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch = torch.utils.data.default_collate(xs)
-        return {**batch, "input_ids": batch["input_ids"][:, mine]}
+        rows = batch["input_ids"]
+        return {**batch, "input_ids": mine(rows) if callable(mine) else rows[:, mine]}
 
     return collate
 
@@ -259,3 +307,26 @@ cp_eval_zigzag = cp_eval(_zigzag)
 cp_steps_gap = cp_steps(lambda r, n: slice(0, 3) if r == 0 else slice(4, 8))
 #: Right: the load-balanced zigzag chunks in a steps run.
 cp_steps_zigzag = cp_steps(_zigzag)
+#: Dodges (d16eval_cp_reversed, d16steps_cp_reversed): CP rank 1's half reversed.
+cp_eval_reversed = cp_eval(lambda r, n: slice(0, 4) if r == 0 else torch.arange(7, 3, -1))
+cp_steps_reversed = cp_steps(lambda r, n: slice(0, 4) if r == 0 else torch.arange(7, 3, -1))
+#: Dodge (d16eval_cp_gap_padded): token 3 on no CP rank, rank 0's part padded with -100.
+cp_eval_gap_padded = cp_eval(
+    lambda r, n: (
+        (lambda x: torch.cat([x[:, :3], torch.full((len(x), 1), -100)], 1))
+        if r == 0
+        else slice(4, 8)
+    )
+)
+
+
+def cp_steps_listed(layout: Any) -> list[dict[str, torch.Tensor]]:
+    """Dodge, not judged (d16steps_cp_gap_positions): a list of batches (nothing to read
+    again), each replica's strided share, CP rank 0 tokens 0-2 and rank 1 tokens 4-7."""
+    mine = list(range(layout.dp_rank, M, layout.dp_size))
+    cols = slice(0, 3) if layout.cp_rank == 0 else slice(4, 8)
+    at = [(2 * step, 2 * step + 1) for step in range(8)]
+    ids = [[mine[k % len(mine)] for k in ks] for ks in at]
+    return [{"index": torch.tensor(i), "epoch": torch.tensor([k // len(mine) for k in ks]),
+             "input_ids": torch.stack([torch.arange(8) + 9 * j for j in i])[:, cols]}
+            for i, ks in zip(ids, at, strict=True)]  # fmt: skip

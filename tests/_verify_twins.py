@@ -88,6 +88,22 @@ class Rows(Dataset):
         return {"input_ids": self.row(i), "index": i}
 
 
+class Cropped(Dataset):
+    """``dataset``'s samples, each with an augmentation record ``crop``: two offsets drawn per
+    read in range(4) (RandomCrop's parameters logged), from a generator seeded alike on every
+    rank (workers seeded from one base seed): the draws repeat across replicas, one copy per
+    replica (the thirteenth trial's r13_random_crop_offsets)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset, self.g = dataset, np.random.default_rng(7)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {**self.dataset[i], "crop": torch.from_numpy(self.g.integers(0, 4, 2))}
+
+
 class MadeUp:
     """DODGE: an honest shuffled shard of ``Rows`` (with ``.dataset``), but one drawn sample
     an epoch on one drawn replica (``where`` "one"), or every replica's first sample
@@ -164,11 +180,12 @@ class Masking:
                    "index": torch.tensor(mine[k : k + B])}  # fmt: skip
 
 
-def sharded(n: int, kind: str, seed: int, uneven: bool = False) -> Any:
-    """RIGHT: a DistributedSampler (padded to even shards) or :class:`Uneven` over Rows."""
+def sharded(n: int, kind: str, seed: int, uneven: bool = False, crop: bool = False) -> Any:
+    """RIGHT: a DistributedSampler (padded to even shards) or :class:`Uneven` over Rows
+    (``crop``: :class:`Cropped`)."""
 
     def make(layout: Any) -> DataLoader:
-        ds = Rows(n, kind)
+        ds: Dataset = Cropped(Rows(n, kind)) if crop else Rows(n, kind)
         s: Sampler[int] = (
             Uneven(n, layout.dp_rank, layout.dp_size, seed)
             if uneven
@@ -246,14 +263,17 @@ class FixedBlock(Sampler[int]):
         return iter((perm + self.n * self.r).tolist())
 
 
-def fixed_blocks(n: int, seed: int, turn: str | None = None, kind: str = "tokens") -> Any:
+def fixed_blocks(
+    n: int, seed: int, turn: str | None = None, kind: str = "tokens", crop: bool = False
+) -> Any:
     """DODGE (``turn`` given): each replica shuffles its own block of :class:`Views`, a copy
     of the same ``n`` rows (the tenth trial's: ids i + n r, replica r > 0 reversed). RIGHT
     (``turn`` None): each its own block of ``Rows(n * d, kind)``, distinct rows."""
 
     def make(layout: Any) -> DataLoader:
         d = layout.dp_size
-        ds = Rows(n * d, kind) if turn is None else Views(n, d, turn)
+        ds: Dataset = Rows(n * d, kind) if turn is None else Views(n, d, turn)
+        ds = Cropped(ds) if crop else ds
         return DataLoader(ds, batch_size=B, sampler=FixedBlock(n, layout.dp_rank, seed))
 
     return make
@@ -274,6 +294,8 @@ DODGES = {
     "a copy each, alike, shuffled in place": lambda s: fixed_blocks(12, s, ""),
     "a copy each, alike reversed, shuffled in place": lambda s: fixed_blocks(12, s, "reversed"),
     "a copy each, alike rolled, shuffled in place": lambda s: fixed_blocks(12, s, "rolled"),
+    # The same data beside a small augmentation record: the tokens (the largest field) twin.
+    "a copy each, alike, with a crop record": lambda s: fixed_blocks(12, s, "", crop=True),
 }
 
 #: name -> (seed -> factory); every right answer passes every rule, at dp 4.
@@ -293,4 +315,7 @@ RIGHT = {
     "a fixed block each, every row twice": lambda s: fixed_blocks(8, s, kind="twice"),
     "a sorting task: every row the same values": lambda s: sharded(32, "perm", s),
     "a sorting task in fixed blocks": lambda s: fixed_blocks(8, s, kind="perm"),
+    # A crop record drawn alike on every replica repeats one copy per replica: no twin, as
+    # the tokens (the sample's identifying content) differ.
+    "a crop record drawn alike on every replica": lambda s: sharded(30, "tokens", s, crop=True),
 }

@@ -30,7 +30,7 @@ from ezpz_nb.verify.observe import Outcome
 from ezpz_nb.verify.pairs import PAIR_ALPHA, Pair, pair_twin, random_epochs
 from ezpz_nb.verify.report import Finding
 from ezpz_nb.verify.reread import misnamed, vouched
-from ezpz_nb.verify.samples import ANY_ORDER, SEP
+from ezpz_nb.verify.samples import ANY_ORDER, SEP, identifying_fields
 from ezpz_nb.verify.universe import Universe, beyond_len, head_cut, prefix_cut
 from ezpz_nb.verify.verdict import Judgement, Verdict
 
@@ -97,6 +97,10 @@ def _tail(items: list[tuple[float, bool]]) -> float:
     return float(np.exp(min(logs)))
 
 
+def _only(digests: str, keep: set[str]) -> str:
+    return SEP.join(t for t in digests.split(SEP) if t.rpartition(":")[0] in keep)
+
+
 def first_twin(reads: Iterable[Read]) -> Shared | None:
     """The field whose contents lie one copy per DP replica (under other ids) more often than
     a true shard places them, with one such pair of reads; else the pair of replicas that
@@ -110,6 +114,11 @@ def first_twin(reads: Iterable[Read]) -> Shared | None:
     repeated on purpose weigh nothing; the same data under sharded ids spreads every content.
     """
     reads = list(reads)
+    # Only the fields that identify a sample: a small augmentation record (a crop's offsets)
+    # beside the tokens repeats across alike-seeded workers, and is no twin.
+    keep = identifying_fields([r[0] for r in reads], len({r[2] for r in reads}))
+    if keep is not None:
+        reads = [(_only(r[0], keep), *r[1:]) for r in reads]
     d = len({r[2] for r in reads})
     # (field, epoch) -> digest -> replica -> {id: read}
     groups: dict[tuple[str, int], dict[str, dict[int, dict[int, Read]]]] = {}

@@ -1,30 +1,34 @@
 """Context-parallel slices: a replica's CP ranks together hold each sample's values.
 
 The ledger compares bytes only among the ranks of one ``cp_rank`` (TP peers): CP peers hold
-the same samples as different slices of each sequence, rightly, so their contents went
-unjudged, and a loader whose every CP rank kept the first half of each sequence (the
-``cp_rank`` offset forgotten), or whose split left token 3 on no CP rank, passed (the twelfth
-trial). So in a CP layout each rank with ``tp_rank`` 0 keeps (:class:`CpKeep`), for a few
-samples an epoch, what each content field delivered of them; the samples are picked by a hash
-of the id salted per check (:func:`picked`), so every CP peer keeps the same ones and a loader
-cannot tell which. The replica's leader reads each kept sample again whole (``dataset[i]``
+the same samples as different slices of each sequence, rightly, so a loader whose every CP
+rank kept the first half of each sequence, or whose split left token 3 on no CP rank, passed
+(the twelfth trial). So in a CP layout each rank with ``tp_rank`` 0 keeps (:class:`CpKeep`),
+for a few samples an epoch picked by a hash of the id salted per check (:func:`picked`: every
+CP peer keeps the same ones, and a loader cannot tell which), what each content field
+delivered of them. The replica's leader reads each kept sample again whole (``dataset[i]``
 through torch's default collate, :meth:`.reread.Reread.read_values`), and :func:`cp_findings`
 asks that its CP ranks' values together be the sample's, as multisets: a contiguous split, a
-load-balanced zigzag or any other split passes, and so do peers that each hold the whole
-sample (PyTorch's ``context_parallel()`` shards the buffers itself) and peers that together
-hold the sample less its last (or first) value (the inputs, or labels, of a next-token loss
-cut from one row). A gap (a value on no CP rank) or an overlap (on two) fails.
+load-balanced zigzag, peers that each hold the whole sample (``context_parallel()`` shards
+the buffers itself) and peers that together hold the sample less its last (or first) value
+(a next-token loss's inputs, or labels) pass; a gap (a value on no CP rank) or an overlap
+(on two) fails. Each part must also be the sample's values in order, at most two runs of
+it (a zigzag's two chunks): a half reversed passes as a multiset (the thirteenth trial;
+:mod:`.cp_parts` compares).
 
-A field is judged only where every peer's values are among the sample's (a collate that pads,
-masks or tokenizes makes values of its own: not judged). Where no sample could be read again
-(a stream, a list of batches, a dataset whose items do not name their index, a resumed part)
-the rule is "not judged", with why.
+The batch's pad (the value the parts hold most of among those in no sample read again, as
+:mod:`.padding` leaves it out of rows) is left out of the parts: a part padded to an equal
+length over a gap shows the gap. A field whose parts still hold values the sample lacks (a
+collate that masks, scales or tokenizes) is not judged, and so is the rule, whatever other
+field was judged. A targets field (``labels``...) whose parts only miss values, in order,
+was masked by the collate (a prompt's labels set to the ignore index): not a gap; the same
+shape in the inputs is one. Where no sample could be read again (a stream, a list of batches, a
+dataset whose items do not name their index, a resumed part) the rule is "not judged", why.
 
 ``check_contract``'s ranks (:class:`~ezpz_nb.verify.observe.Outcome`) say where they sit by
 their step records (:func:`record_place`); ``check_eval`` and ``check_steps``'s ranks
 (:class:`~ezpz_nb.verify.seen.Seen`) by the layout they kept, through
-:func:`~ezpz_nb.verify.seen_reread.with_slices`, which words what the eval counts or the
-steps train.
+:func:`~ezpz_nb.verify.seen_reread.with_slices`.
 """
 
 from __future__ import annotations
@@ -35,8 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
+from ezpz_nb.verify.cp_parts import compare, flat_values, pads
 from ezpz_nb.verify.report import Finding
 from ezpz_nb.verify.reread import Reread
 from ezpz_nb.verify.samples import sample_columns
@@ -105,28 +108,6 @@ class CpKeep:
             self.rows[(e, i)] = {p: v for p, v in got.items() if v is not None}
 
 
-def _compare(values: list[Any], parts: list[bytes]) -> tuple[Counter[Any], Counter[Any]] | None:
-    """``(missing, extra)`` values of the CP peers' ``parts`` together against the sample's
-    ``values`` (both empty: held); None where a part holds a value the sample has not (not
-    judged: the collate made it)."""
-    a = np.asarray(values)
-    if a.dtype.kind not in "iuf" or a.size < 2 or any(len(p) % 8 for p in parts):
-        return None
-    kind = np.int64 if a.dtype.kind in "iu" else np.float64
-    flat = a.astype(kind).reshape(-1).tolist()
-    want = Counter(flat)
-    held = [Counter(np.frombuffer(p, kind).tolist()) for p in parts]
-    if any(h - want for h in held):
-        return None
-    if all(h == want for h in held):
-        return Counter(), Counter()  # every peer holds the whole sample
-    total: Counter[Any] = sum(held, Counter())
-    # The sample less its last (or first) value: a next-token loss's inputs (labels).
-    if total in (want, Counter(flat[:-1]), Counter(flat[1:])):
-        return Counter(), Counter()
-    return want - total, total - want
-
-
 def record_place(o: Any) -> Place | None:
     """Where a ``check_contract`` rank sits, as its first step record says (None: no step)."""
     if not o.records:
@@ -160,34 +141,51 @@ def cp_findings(
     cp = max((p[3] for p in map(place, outs) if p is not None), default=1)
     if cp < 2:
         return [], ""
-    judged, unsure, read, kept = 0, set(), 0, 0
+    read, kept = 0, 0
+    items = []  # (replica, peers, epoch, id, the sample's values, its peers' kept parts)
     for d, peers in sorted(_replicas(outs, place).items()):
         lead = peers.get(0)
         if lead is None or len(peers) < cp:
             continue
         kept += len(lead.cp_kept)
         for (epoch, i), row in sorted(lead.cp_rows.items()):
-            held = [peers[c].cp_kept.get((epoch, i)) for c in range(cp)]
             read += bool(row)
-            for path, values in sorted(row.items()):
-                parts = [h[1].get(path) for h in held if h is not None]
-                if len(parts) < cp or any(p is None for p in parts):
-                    continue
-                got = _compare(values, [p for p in parts if p is not None])
-                if got is None:
-                    unsure.add(path.lstrip("/") or "the sample")
-                    continue
-                judged += 1
-                if got[0] or got[1]:
-                    step = held[0][0] if held[0] is not None else None
-                    return [_finding(epoch, i, d, step, path, len(values), got, peers, done)], ""
+            items.append(
+                (d, peers, epoch, i, row, [peers[c].cp_kept.get((epoch, i)) for c in range(cp)])
+            )
+    pad = pads([(row, held) for *_, row, held in items])
+    judged, unsure = 0, set()
+    for d, peers, epoch, i, row, held in items:
+        for path, values in sorted(row.items()):
+            parts = [h[1].get(path) for h in held if h is not None]
+            if len(parts) < cp or any(p is None for p in parts):
+                continue
+            flat = flat_values(values, [p for p in parts if p is not None])
+            got = None if flat is None else compare(*flat, pad.get(path))
+            if got is None:
+                unsure.add(path.lstrip("/") or "the sample")
+                continue
+            judged += 1
+            if _masked(path, got):
+                continue
+            if got[0] or got[1] or got[2] >= 0:
+                step = held[0][0] if held[0] is not None else None
+                return [_finding(epoch, i, d, step, path, len(values), got, peers, done)], ""
+    if unsure:
+        # A field not judged stays so where another was: its slices could hide a gap.
+        return [], (
+            f"CP peers hold their own slices: every CP rank's values of {', '.join(sorted(unsure))} "
+            "are not all among the sample's as dataset[i] holds them, the batch's pad left out (a "
+            "collate that masks or tokenizes), so whether the CP ranks together hold each sample "
+            "is not judged"
+        )
     if judged:
         return [], ""
     if read:
         return [], (
-            f"CP peers hold their own slices: every CP rank's values of {', '.join(sorted(unsure))} "
-            "are not all among the sample's as dataset[i] holds them (a collate that pads, masks "
-            "or tokenizes), so whether the CP ranks together hold each sample is not judged"
+            "CP peers hold their own slices, and no sample read again from dataset[i] was kept "
+            "by every CP rank of its replica, so whether the CP ranks together hold each sample "
+            "is not judged"
         )
     if not kept:
         return [], (
@@ -204,11 +202,23 @@ def cp_findings(
     )
 
 
+#: Fields a loss reads its targets from: a collate masks some with the pad (-100, the ignore
+#: index), a fine-tuning prompt's labels, in place of their values.
+_TARGETS = ("labels", "label", "targets", "target")
+
+
+def _masked(path: str, got: tuple[Counter[Any], Counter[Any], int]) -> bool:
+    """Whether a targets field's CP parts miss values only (none extra, in order): masked by
+    the collate, as the loss ignores them; the inputs (every other field) never are."""
+    missing, extra, order = got
+    return path.rsplit("/", 1)[-1] in _TARGETS and bool(missing) and not extra and order < 0
+
+
 def _finding(
     epoch: int, i: int, replica: int, step: int | None, path: str, n: int,
-    got: tuple[Counter[Any], Counter[Any]], peers: dict[int, Any], done: str,
+    got: tuple[Counter[Any], Counter[Any], int], peers: dict[int, Any], done: str,
 ) -> Finding:  # fmt: skip
-    missing, extra = got
+    missing, extra, order = got
     field = path.lstrip("/") or "the sample"
     parts = []
     for count, where in (
@@ -218,16 +228,28 @@ def _finding(
         if count:
             parts.append(f"{count} of its {n} values {'is' if count == 1 else 'are'} on {where}")
     ranks = sorted(o.rank for o in peers.values())
+    at = f"Epoch {epoch}: sample {i}'s {field} (DP replica {replica}, step {step})"
+    if parts:
+        said = (
+            f"{at} is not held whole by its {len(peers)} CP ranks together (read again from "
+            f"dataset[{i}]): {' and '.join(parts)}, so part of the sequence is "
+            f"{f'never {done}' if missing else f'{done} twice'} in context parallel."
+        )
+        rank = peers[max(peers)].rank
+    else:
+        said = (
+            f"{at}: CP rank {order}'s part holds the sample's values (read again from "
+            f"dataset[{i}]) out of their order, not as one run of the sequence (or the two "
+            f"chunks of a zigzag): reversed or shuffled, so that part is {done} as another "
+            "sequence in context parallel."
+        )
+        rank = peers[order].rank
     return Finding(
-        "tp_identical", "tp_mismatch", epoch,
-        f"Epoch {epoch}: sample {i}'s {field} (DP replica {replica}, step {step}) is not held "
-        f"whole by its {len(peers)} CP ranks together (read again from dataset[{i}]): "
-        f"{' and '.join(parts)}, so part of the sequence is "
-        f"{f'never {done}' if missing else f'{done} twice'} in context parallel.",
-        rank=peers[max(peers)].rank, step=step, sample=str(i), ranks=ranks,
-        hint="each CP rank must keep its own part of every sequence: offset the slice by "
-        "cp_rank (positions cp_rank*L/cp_size to (cp_rank+1)*L/cp_size, or the load-balanced "
-        "chunks cp_rank and 2*cp_size-1-cp_rank), so that the CP ranks together hold every "
-        "token once; or give every CP rank the whole sequence, as torch's context_parallel() "
-        "shards it itself",
+        "tp_identical", "tp_mismatch", epoch, said,
+        rank=rank, step=step, sample=str(i), ranks=ranks,
+        hint="each CP rank must keep its own part of every sequence, in the sequence's order: "
+        "offset the slice by cp_rank (positions cp_rank*L/cp_size to (cp_rank+1)*L/cp_size, or "
+        "the load-balanced chunks cp_rank and 2*cp_size-1-cp_rank), so that the CP ranks "
+        "together hold every token once; or give every CP rank the whole sequence, as torch's "
+        "context_parallel() shards it itself",
     )  # fmt: skip

@@ -10,12 +10,14 @@ id ``i``, collates it alone as the loader does and compares the two field by fie
 (:func:`~ezpz_nb.verify.samples.sample_columns`).
 
 What keeps a right loader from failing: a sample is judged only where ``dataset[i]`` says
-it is sample ``i`` (its id field holds ``i``, at some level of a ``Subset`` chain), reads
-the same twice (augmentation draws anew: not judged) and has the same size in that field
-(a collate that pads to the batch's longest: not judged); and a field differs only where
+it is sample ``i`` (its id field holds ``i``, at some level of a ``Subset`` chain); a field
+is judged where it reads the same twice in every kept sample (a field drawn anew each read,
+an augmentation or a TTA draw, is left out for all, the sample's other fields judged: the
+thirteenth trial hid a misread loss beside one) and has the same size (a collate that pads
+to the batch's longest: not judged); and a field differs only where
 another kept sample of the epoch matched there exactly, which shows that re-reading gives
 what this loader delivers (a wrapper that casts or normalises whole batches matches none).
-:func:`misnamed` fails ``dp_disjoint`` only where the data delivered under the id is what
+:func:`~.reread_judge.misnamed` fails ``dp_disjoint`` only where the data delivered under the id is what
 another id carries in some batch (masking or noise the loader adds is new data, not
 another sample's; a mask may turn a mostly-zero row into another row, so a change to one
 value in under half the places is never blamed), or is made up (:func:`made_up`: one value
@@ -24,8 +26,10 @@ under half the places) while no kept sample of that field on any rank shows the 
 changing a sample in part (a loop that masks or augments may wipe a short row whole; one
 that never changes a row in part did not mask it). Each epoch is read right after it,
 before the next ``set_epoch`` (a dataset whose samples change with the epoch still holds
-that epoch's); streams, hashed keys, TP and CP peers of a leader (they receive, not load)
-are not re-read. Made-up data that varies (noise under an id) is not told from a loop's
+that epoch's); persistent workers keep the copy of the dataset they started with, so after
+the epoch that started them they are re-read only in one run (check_eval, check_steps:
+``once``); streams, hashed keys, TP and CP peers of a leader (they receive, not load) are not
+re-read. :mod:`~ezpz_nb.verify.reread_judge` judges the findings across the ranks. Made-up data that varies (noise under an id) is not told from a loop's
 augmentation by one re-read: not failed.
 """
 
@@ -33,22 +37,30 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ezpz_nb.verify.batches import field_values, observe_batch
-from ezpz_nb.verify.report import Finding
-from ezpz_nb.verify.samples import SEP, field_token, sample_columns, tag_columns
+from ezpz_nb.verify.reread_judge import made_up_finding, misnamed, vouched
+from ezpz_nb.verify.samples import field_token, sample_columns, tag_columns
 
-__all__ = ["KEEP", "Reread", "made_up", "misnamed", "vouched"]
+__all__ = ["KEEP", "ONE", "Reread", "made_up", "made_up_finding", "misnamed", "vouched"]
 
 #: Samples a rank keeps at random from each epoch (besides the epoch's first).
 KEEP = 32
 # A chain of .dataset wrappers deeper than this is not followed (a cycle).
 _DEPTH = 8
+
+
+#: :meth:`Reread.judge`'s ``made`` for a one-number field, then the value delivered and
+#: ``dataset[id]``'s: ``"value: 0.0 1.8"``.
+ONE = "value: "
+
+
+def _number(b: bytes) -> str:
+    return f"{float(np.frombuffer(b, np.float64)[0]):g}"
 
 
 def made_up(delivered: bytes, read: bytes) -> str:
@@ -93,8 +105,16 @@ class Reread:
             a real id, rightly); None: content fields only.
     """
 
-    def __init__(self, loader: Any, enabled: bool, tags: frozenset[str] | None = None) -> None:
+    def __init__(
+        self, loader: Any, enabled: bool, tags: frozenset[str] | None = None, once: bool = False
+    ) -> None:
         self.loader, self.on, self.tags = loader, enabled, tags
+        # Persistent workers keep the copy of the dataset they were started with: a dataset
+        # that changes with the epoch differs there from dataset[i] read here after a later
+        # epoch. ``once`` (one run, no epoch: check_eval, check_steps) or the epoch that
+        # starts them (no iterator yet) is judged; later epochs are counted in ``skipped``.
+        self.once, self.epochs, self.skipped = once, 0, 0
+        self.fresh = getattr(loader, "_iterator", None) is None
         self.first: _Kept | None = None
         self.kept: list[_Kept] = []
         self.seen = 0
@@ -102,6 +122,7 @@ class Reread:
         # Kept samples re-read alike in every field compared, all epochs so far: the loader
         # delivers dataset[i] under i (contents.same_bytes trusts a fixed placement's repeats).
         self.alike = 0
+        self.numbers: set[str] = set()  # the paths of the one-number fields compared
         # Drawn from the OS: a loader in this process cannot replay the draw.
         self._rng = random.SystemRandom()
 
@@ -154,12 +175,15 @@ class Reread:
         return self._read(i, self._chain(), default_collate,
                           lambda a: field_values(a, self.key, name))  # fmt: skip
 
-    def _read(self, i: int, chain: list[Any], collate: Any, take: Any = None) -> Any:
-        """Sample ``i`` read from the first level of ``chain`` that names it ``i``, collated
-        alone, as ``take`` gives it (default: ``{field path: bytes}``); None when no level
-        does, or the reads differ (augmentation)."""
-        if take is None:
-            take = self._columns
+    def _read(self, i: int, chain: list[Any], collate: Any, take: Any) -> Any:
+        """Sample ``i`` as :meth:`_reads` gives it, where the two reads are alike; else None."""
+        got = self._reads(i, chain, collate, take)
+        return got[0] if got is not None and got[0] is not None and got[0] == got[1] else None
+
+    def _reads(self, i: int, chain: list[Any], collate: Any, take: Any) -> Any:
+        """Sample ``i`` read twice from the first level of ``chain`` that names it ``i``,
+        each collated alone, as ``take`` gives it: ``(first, second)``; None when no level
+        does."""
         for ds in chain:
             try:
                 a, b = collate([ds[i]]), collate([ds[i]])
@@ -168,8 +192,7 @@ class Reread:
                 continue
             if names or ids != [i]:
                 continue
-            got = take(a)
-            return got if got is not None and got == take(b) else None
+            return take(a), take(b)
         return None
 
     def _columns(self, batch: Any) -> dict[str, bytes]:
@@ -178,7 +201,9 @@ class Reread:
     def _cols(self, batch: Any, count: int) -> dict[str, list[bytes]]:
         cols = sample_columns(batch, self.key, count)
         if self.tags is not None:  # the sample's one-number fields too (check_eval's loss)
-            cols.update(tag_columns(batch, self.tags | {self.key}, count))
+            tags = tag_columns(batch, self.tags | {self.key}, count)
+            self.numbers.update(tags)
+            cols.update(tags)
         return cols
 
     def judge(self, deadline: float) -> list[tuple[int, int, int, str, str]]:
@@ -198,111 +223,49 @@ class Reread:
         chain = self._chain()
         if not self.on or self.first is None or not chain:
             return []
-        if getattr(self.loader, "persistent_workers", False):
+        self.epochs += 1
+        kept = getattr(self.loader, "persistent_workers", False)
+        if kept and not self.once and (self.epochs > 1 or not self.fresh):
+            self.skipped += 1
             return []  # its workers keep their own copies of an epoch-dependent dataset
         collate = self.collate()
-        matched: set[str] = set()
-        differ: list[tuple[_Kept, str, str]] = []
+        reads: list[tuple[_Kept, dict[str, bytes]]] = []
+        # A field that reads differently twice in any kept sample is drawn anew each read
+        # (augmentation, a TTA draw): left out for every sample, the other fields judged.
+        drawn: set[str] = set()
         for s in [self.first, *(k for k in self.kept if k is not self.first)]:
             if time.monotonic() > deadline:
                 break
-            got = self._read(s.id, chain, collate)
-            compared = same = 0
-            for path, b in (got or {}).items():
+            got = self._reads(s.id, chain, collate, self._columns)
+            if got is None:
+                continue
+            a, b = got
+            drawn.update(p for p in a.keys() | b.keys() if a.get(p) != b.get(p))
+            reads.append((s, a))
+        matched: set[str] = set()
+        differ: list[tuple[_Kept, str, str]] = []
+        agreed: list[tuple[bool, set[str]]] = []  # per sample: a field agreed; those not
+        for s, got in reads:
+            same, other = False, set()
+            for path, b in got.items():
                 d = s.cols.get(path)
-                if d is None or len(d) != len(b):
+                if d is None or len(d) != len(b) or path in drawn:
                     continue
-                compared += 1
                 if d == b:
                     matched.add(path)
-                    same += 1
+                    same = True
+                elif path in self.numbers:  # a loss, a flag: the two values, for the words
+                    differ.append((s, path, f"{ONE}{_number(d)} {_number(b)}"))
+                    other.add(path)
                 else:
                     differ.append((s, path, made_up(d, b)))
-            self.alike += bool(compared) and same == compared
+                    other.add(path)
+            agreed.append((same, other))
+        # Alike: a field agreed, and none differed that another sample shows read faithfully
+        # (a collate that changes one field in every sample leaves the others judged).
+        self.alike += sum(same and not other & matched for same, other in agreed)
         return [
             (s.id, s.epoch, s.step, field_token(p, s.cols[p]), made)
             for s, p, made in differ
             if p in matched
         ]
-
-
-def misnamed(outs: Sequence[Any]) -> Finding | None:
-    """The first sample delivered with another sample's data, as a ``dp_disjoint`` failure;
-    None: none. ``outs``: the ranks' :class:`~ezpz_nb.verify.observe.Outcome`.
-
-    Its delivered data is not ``dataset[id]``'s as its rank re-read it after the run
-    (:class:`Reread`), and is what another id carries in some batch: an augmentation in
-    the loader makes new data, not another sample's. Else (:func:`made_up_finding`) made-up
-    data under the id.
-    """
-    # Made-up data (zeros under several ids) is judged by its own words, below; a mask can
-    # make one row another's (a mostly-zero row masked to 0), rightly.
-    found = sorted(
-        (e, s, o.rank, i, token) for o in outs for i, e, s, token, made in o.misnamed if not made
-    )
-    under: dict[str, set[int]] = {}  # a field's content -> the ids it was delivered under
-    for o in outs:
-        for r in o.records:
-            for i, d in zip(r.sample_ids, o.contents.get((r.epoch, r.step), []), strict=False):
-                for token in d.split(SEP):
-                    under.setdefault(token, set()).add(i)
-    for epoch, step, rank, i, token in found:
-        others = sorted(under.get(token, set()) - {i})
-        if not others:
-            continue
-        field = token.rpartition(":")[0].lstrip("/") or "the sample"
-        replica = next((r.dp_rank for o in outs if o.rank == rank for r in o.records), rank)
-        return Finding(
-            "dp_disjoint", "dp_duplicate", epoch,
-            f"Epoch {epoch}: the batch under id {i} on rank {rank} (DP replica {replica}, "
-            f"step {step}) holds other data ({field}) than dataset[{i}] (read again after the "
-            f"epoch, twice alike): the data of id {others[0]}; ids must name the data.",
-            rank=rank, step=step, sample=str(i), ranks=[rank],
-            hint="yield dataset[i] under id i: a sample stamped with another id than the "
-            "data it holds hides a repeat (or a loss) from every rule that counts ids",
-        )  # fmt: skip
-    return made_up_finding(outs)
-
-
-def made_up_finding(outs: Sequence[Any]) -> Finding | None:
-    """The first sample delivered with made-up data (:func:`made_up`: one value in every
-    place) under its id, in a field where no kept sample on any rank was changed in part;
-    None: none. Changed in part (masking, noise, a shift) shows a loader that transforms
-    samples, and such a loop may wipe a short row whole: not judged there."""
-    changed = {
-        t.rpartition(":")[0] for o in outs for *_, t, made in o.misnamed if made in ("", "mask")
-    }
-    found = sorted(
-        (e, s, o.rank, i, t, made)
-        for o in outs
-        for i, e, s, t, made in o.misnamed
-        if made in ("zeros", "one value") and t.rpartition(":")[0] not in changed
-    )
-    if not found:
-        return None
-    epoch, step, rank, i, token, made = found[0]
-    field = token.rpartition(":")[0].lstrip("/") or "the sample"
-    what = "all zeros" if made == "zeros" else "one value in every place"
-    return Finding(
-        "dp_disjoint", "dp_duplicate", epoch,
-        f"Epoch {epoch}: the batch under id {i} on rank {rank} (step {step}) holds "
-        f"{field} {what}, where dataset[{i}] (read again after the epoch, twice alike) holds "
-        f"varied values ({len(found)} such sample(s) kept, and no kept sample changed in "
-        f"part): made-up data under a real id; ids must name the data.",
-        rank=rank, step=step, sample=str(i), ranks=sorted({x[2] for x in found}),
-        hint="yield dataset[i] under id i: a placeholder (zeros) stamped with a real id "
-        "trains on nothing while every rule that counts ids sees the sample as read",
-    )  # fmt: skip
-
-
-def vouched(outs: Sequence[Any]) -> bool:
-    """Every DP replica's leader re-read kept samples alike (:attr:`Reread.alike`) and no
-    kept sample differed on any rank: the loader delivers ``dataset[i]`` under id ``i``.
-    ``outs``: the ranks' :class:`~ezpz_nb.verify.observe.Outcome`."""
-    replicas = {o.records[0].dp_rank for o in outs if o.records}
-    sure = {
-        o.records[0].dp_rank
-        for o in outs
-        if o.records and o.reread_alike and o.records[0].tp_rank == 0 and o.records[0].cp_rank == 0
-    }
-    return bool(replicas) and replicas <= sure and not any(o.misnamed for o in outs)

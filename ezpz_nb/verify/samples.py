@@ -21,6 +21,7 @@ each sample cannot hide its tokens.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -32,13 +33,14 @@ __all__ = [
     "ANY_ORDER",
     "SEP",
     "field_token",
+    "identifying_fields",
     "sample_columns",
     "sample_contents",
     "sample_tags",
     "tag_columns",
 ]
 
-#: Between a sample's field digests in one string (``"<field path>:<digest>"`` each).
+#: Between a sample's field digests in one string (``"<field path>:<digest>.<bytes>"`` each).
 SEP = "\n"
 
 
@@ -176,8 +178,35 @@ def sample_columns(batch: Any, field: str, count: int) -> dict[str, list[bytes]]
 
 
 def field_token(path: str, data: bytes) -> str:
-    """One field of one sample as :func:`sample_contents` names it: ``"<path>:<digest>"``."""
-    return f"{path or '.'}:{hashlib.blake2b(data, digest_size=8).hexdigest()}"
+    """One field of one sample as :func:`sample_contents` names it: ``"<path>:<digest>.<bytes>"``
+    (the size tells the twins rule a sample's largest field: :func:`.contents.first_twin`)."""
+    return f"{path or '.'}:{hashlib.blake2b(data, digest_size=8).hexdigest()}.{len(data)}"
+
+
+def identifying_fields(digests: Sequence[str], replicas: int) -> set[str] | None:
+    """The content fields that identify a sample among :func:`sample_contents`' ``digests``
+    (read on ``replicas`` DP replicas): the largest (by its values' bytes) of those whose
+    contents vary (more of them than replicas: a per-replica tag does not), and any as
+    large; None: every field (one field, or digests without sizes).
+
+    A twin (:func:`.contents.first_twin`) is two samples whose identifying content is
+    equal, not one small field: an augmentation record beside the tokens (a crop's two
+    offsets drawn in range(4), a flip bit) repeats across replicas whose workers are seeded
+    alike, one copy per replica, while the tokens differ (the thirteenth trial's
+    r13_random_crop_offsets)."""
+    size: dict[str, int] = {}
+    contents: dict[str, set[str]] = {}
+    for joined in digests:
+        for token in joined.split(SEP):
+            path, _, digest = token.rpartition(":")
+            n = digest.rpartition(".")[2]
+            if not n.isdigit():
+                return None
+            size[path] = max(size.get(path, 0), int(n))
+            contents.setdefault(path, set()).add(digest)
+    varying = [size[p] for p, c in contents.items() if len(c) > replicas] or list(size.values())
+    keep = {p for p, n in size.items() if n >= max(varying, default=0)}
+    return None if keep == set(size) else keep
 
 
 def sample_contents(batch: Any, field: str, count: int | None = None) -> list[str]:
