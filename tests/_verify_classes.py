@@ -834,6 +834,9 @@ CASES: dict[str, Run] = {
     "eval, a worker gives sample 22 sample 0's 0/1 flag": Run(
         "eval", R.eval_worker_flag, _e(F), {"num_samples": R.M},
         words={"counted_once": "delivered with correct 0 where dataset[22]"}),
+    "eval, every sample one place off in a worker": Run(
+        "eval", R.eval_worker_off_by_one, _e(F), {"num_samples": R.M},
+        words={"counted_once": "not its own"}),
     "eval, a worker gives sample 22 sample 0's loss, persistent workers": Run(
         "eval", R.eval_persistent_misreads, _e(F), {"num_samples": R.M},
         words={"counted_once": "the metric counts sample 0's loss twice and sample 22's never"}),

@@ -366,4 +366,5 @@ CASES = {
         R.contract_aug_misreads, "dp=2,tp=2", _v(tp=P, dp=F)
     ),
     "an augmentation field beside honest tokens": Case(R.contract_aug_reads, "dp=2,tp=2", _v(tp=P)),
+    "every sample one place off in a worker": Case(R.contract_off_by_one, "dp=2", _v(dp=F)),
 }

@@ -32,8 +32,11 @@ class Eval(Dataset):
 
     def __getitem__(self, k: int) -> dict[str, Any]:
         i = k % M
-        hit = bool(self.bad) and get_worker_info() is not None and i == M - 1
+        worker = get_worker_info() is not None
+        hit = bool(self.bad) and worker and i == M - 1
         loss = T._loss(0 if hit and self.bad == "other" else i)
+        if self.bad == "next" and worker:  # every sample one place off: none reads its own
+            loss = T._loss(min(i + 1, M - 1))
         x = {"index": i, "weight": float(k < M), "correct": int(i % 3 != 0 and not
              (hit and self.bad == "flag")),
              "loss": torch.tensor(0.0, dtype=torch.float64) if hit and self.bad == "zero" else loss}  # fmt: skip
@@ -67,6 +70,12 @@ def eval_worker_flag(layout: Any) -> DataLoader:
     """Dodge (d16eval_worker_shared_label): sample 22's 0/1 ``correct`` is sample 0's (0, a
     value many samples share) in a worker."""
     return _eval(layout, Eval("flag"))
+
+
+def eval_worker_off_by_one(layout: Any) -> DataLoader:
+    """Dodge (d16eval_worker_off_by_one): in a worker sample i carries sample i + 1's loss
+    (sample 0 never counted): no kept sample matches, yet each is another kept id's."""
+    return _eval(layout, Eval("next"))
 
 
 def eval_persistent_misreads(layout: Any) -> DataLoader:
@@ -158,3 +167,21 @@ def contract_aug_misreads(layout: Any) -> DataLoader:
 def contract_aug_reads(layout: Any) -> DataLoader:
     """Right: the same augmentation field beside honest tokens."""
     return _jittered(layout, False)
+
+
+class Shifted(Dataset):
+    """6 tokens from ``7 i``; in a worker sample i holds sample i + 1's (the last its own)."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        j = min(i + 1, N - 1) if get_worker_info() is not None else i
+        return {"input_ids": torch.arange(6) + 7 * j, "index": i}
+
+
+def contract_off_by_one(layout: Any) -> DataLoader:
+    """Dodge (d13_worker_off_by_one): every sample one place off in a worker: sample 0 never
+    trained, 29 twice an epoch."""
+    deal = DistributedSampler(Shifted(), num_replicas=layout.dp_size, rank=layout.dp_rank)
+    return DataLoader(Shifted(), batch_size=3, sampler=deal, num_workers=1)

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from ezpz_nb.verify.batches import field_values, observe_batch
-from ezpz_nb.verify.reread_judge import made_up_finding, misnamed, vouched
+from ezpz_nb.verify.reread_judge import SHIFT, made_up_finding, misnamed, vouched
 from ezpz_nb.verify.samples import field_token, sample_columns, tag_columns
 
 __all__ = ["KEEP", "ONE", "Reread", "made_up", "made_up_finding", "misnamed", "vouched"]
@@ -242,7 +242,16 @@ class Reread:
             a, b = got
             drawn.update(p for p in a.keys() | b.keys() if a.get(p) != b.get(p))
             reads.append((s, a))
+        # Each field's re-read values -> the kept id they are: delivered bytes that are another
+        # kept id's own show a shift (sample i given i+1's data in a worker: the thirteenth
+        # trial), which leaves no sample matched for the rule below to trust.
+        reread_of: dict[tuple[str, bytes], int] = {}
+        for s, got in reads:
+            for path, b in got.items():
+                if path not in drawn:
+                    reread_of.setdefault((path, b), s.id)
         matched: set[str] = set()
+        shifted: dict[str, set[bytes]] = {}  # one-number fields: values another kept id's
         differ: list[tuple[_Kept, str, str]] = []
         agreed: list[tuple[bool, set[str]]] = []  # per sample: a field agreed; those not
         for s, got in reads:
@@ -257,10 +266,21 @@ class Reread:
                 elif path in self.numbers:  # a loss, a flag: the two values, for the words
                     differ.append((s, path, f"{ONE}{_number(d)} {_number(b)}"))
                     other.add(path)
+                    if reread_of.get((path, d), s.id) != s.id:
+                        shifted.setdefault(path, set()).add(d)
                 else:
-                    differ.append((s, path, made_up(d, b)))
+                    made = made_up(d, b)
+                    # Rows of several values only (one number collides by chance), and not a
+                    # mask (a mostly-zero row masked to 0 may equal another, rightly).
+                    theirs = reread_of.get((path, d), s.id) if made == "" else s.id
+                    differ.append((s, path, f"{SHIFT}{theirs}" if theirs != s.id else made))
                     other.add(path)
+                    if theirs != s.id:
+                        matched.add(path)  # re-reading reproduces what was delivered
             agreed.append((same, other))
+        # One number may equal another's by chance; three distinct ones delivered under ids
+        # whose own they are not, each another kept id's, are a shift (every sample off).
+        matched.update(p for p, got in shifted.items() if len(got) >= 3)
         # Alike: a field agreed, and none differed that another sample shows read faithfully
         # (a collate that changes one field in every sample leaves the others judged).
         self.alike += sum(same and not other & matched for same, other in agreed)

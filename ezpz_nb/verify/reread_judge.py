@@ -13,7 +13,11 @@ from typing import Any
 from ezpz_nb.verify.report import Finding
 from ezpz_nb.verify.samples import SEP
 
-__all__ = ["made_up_finding", "misnamed", "vouched"]
+__all__ = ["SHIFT", "made_up_finding", "misnamed", "vouched"]
+
+#: :meth:`~ezpz_nb.verify.reread.Reread.judge`'s ``made`` for data delivered under an id that
+#: is another kept id's as read again, then that id: ``"read again as: 12"``.
+SHIFT = "read again as: "
 
 
 def misnamed(outs: Sequence[Any]) -> Finding | None:
@@ -28,7 +32,10 @@ def misnamed(outs: Sequence[Any]) -> Finding | None:
     # Made-up data (zeros under several ids) is judged by its own words, below; a mask can
     # make one row another's (a mostly-zero row masked to 0), rightly.
     found = sorted(
-        (e, s, o.rank, i, token) for o in outs for i, e, s, token, made in o.misnamed if not made
+        (e, s, o.rank, i, token, made)
+        for o in outs
+        for i, e, s, token, made in o.misnamed
+        if not made or made.startswith(SHIFT)
     )
     under: dict[str, set[int]] = {}  # a field's content -> the ids it was delivered under
     for o in outs:
@@ -36,8 +43,11 @@ def misnamed(outs: Sequence[Any]) -> Finding | None:
             for i, d in zip(r.sample_ids, o.contents.get((r.epoch, r.step), []), strict=False):
                 for token in d.split(SEP):
                     under.setdefault(token, set()).add(i)
-    for epoch, step, rank, i, token in found:
-        others = sorted(under.get(token, set()) - {i})
+    for epoch, step, rank, i, token, made in found:
+        # Delivered under another id, or (a shift) another kept id's as read again.
+        others = sorted(under.get(token, set()) - {i}) or (
+            [int(made.removeprefix(SHIFT))] if made else []
+        )
         if not others:
             continue
         field = token.rpartition(":")[0].lstrip("/") or "the sample"
