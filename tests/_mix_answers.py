@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -242,6 +243,60 @@ def _last_first(seed, s, p, n):
 #: Dodge (twelfth trial): every pass a fresh permutation, moved so that it starts with the
 #: sample that ended the pass before: that sample drawn twice in a row at every seam.
 starts_with_the_last_sample = _reordered(_last_first)
+
+
+def _moved_to(place):
+    def order(seed, s, p, n):
+        out = [int(x) for x in _fresh(seed, s, p, n)]
+        if p:  # the sample that ended the last pass's fresh draw, moved to ``place``
+            last = int(_fresh(seed, s, p - 1, n)[-1])
+            out.remove(last)
+            out.insert(place, last)
+        return out
+
+    return order
+
+
+#: Dodge (thirteenth trial): the same, the sample moved to the second place: twice in 3 draws.
+last_sample_second = _reordered(_moved_to(1))
+#: Dodge (thirteenth trial): every other pass the pass before with its samples renamed by one
+#: fixed permutation ``tau`` of each source (``tau[pass]``): a map of samples, not of places.
+renamed_every_other_pass = _reordered(
+    lambda seed, s, p, n: (
+        _fresh(seed, s, 10**9, n)[_fresh(seed, s, p // 2, n)]
+        if p % 2
+        else _fresh(seed, s, p // 2, n)
+    )
+)
+#: Dodge (thirteenth trial): every other pass the pass before riffled, then rotated by an
+#: amount drawn per pass: the map of places differs from pair to pair by a rotation.
+riffled_and_rotated = _reordered(
+    lambda seed, s, p, n: (
+        np.roll(
+            np.concatenate([(o := _fresh(seed, s, p // 2, n))[0::2], o[1::2]]),
+            _fresh(seed, s, p, n)[0],
+        )
+        if p % 2
+        else _fresh(seed, s, p // 2, n)
+    )
+)
+
+
+@lru_cache(maxsize=4096)
+def _no_back_to_back(seed, s, p, n):
+    rng = np.random.default_rng([seed, 1 + s, p])
+    out = [int(x) for x in rng.permutation(n)]
+    # Right (thirteenth trial): a pass that would start with the sample that ended the pass
+    # before swaps its first sample with one at a drawn place (every 64th pass left as drawn,
+    # so that a far step looks back 63 passes at most, never to pass 0).
+    if p and out[0] == (_no_back_to_back(seed, s, p - 1, n) if p % 64 else out)[-1]:
+        j = 1 + int(rng.integers(n - 1))
+        out[0], out[j] = out[j], out[0]
+    return tuple(out)
+
+
+#: Right (thirteenth trial): fresh passes, none starting with the sample that ended the last.
+no_back_to_back = _reordered(_no_back_to_back)
 #: Dodge: one permutation per source, shifted by one place each pass (every pass differs).
 one_order_shifted = _reordered(lambda seed, s, p, n: np.roll(_fresh(seed, s, 0, n), p))
 #: Dodge: small sources shuffled per pass, the others in index order rotated per pass.

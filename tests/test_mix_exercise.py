@@ -6,6 +6,7 @@ corpus below is the checker's specification: 0 false passes, 0 false failures.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -21,9 +22,11 @@ from _mix_answers import (
     global_batch_of_twelve,
     grouped_by_source,
     largest_source_hashed_to_50,
+    last_sample_second,
     library_answer,
     low_16_bits,
     neighbours_swapped_every_other_pass,
+    no_back_to_back,
     not_done,
     notebook_solution,
     numpy_array_answer,
@@ -33,11 +36,13 @@ from _mix_answers import (
     per_rank_sampling,
     permuted_every_other_pass,
     quotas_in_order,
+    renamed_every_other_pass,
     replays_24_batches,
     replays_80_batches,
     replays_from,
     returns_an_iterator,
     reversed_every_other_pass,
+    riffled_and_rotated,
     riffled_every_other_pass,
     right_for_eight_steps,
     rotated_by_the_seed,
@@ -66,7 +71,13 @@ from _mix_check import rejected as _rejected
 import ezpz_nb as ez
 from ezpz_nb.data.mixture import Mixture
 from ezpz_nb.verify.mixture import check_mixture
-from ezpz_nb.workshop.mix_maps import log_same_map, map_repeated, seam_tail, seams_repeated
+from ezpz_nb.workshop.mix_maps import (
+    log_same_map,
+    map_repeated,
+    near_chance,
+    seam_tail,
+    seams_repeated,
+)
 from ezpz_nb.workshop.mix_seeds import (
     FEW_MOST,
     MANY,
@@ -182,7 +193,7 @@ def test_the_third_trials_dodges_are_rejected(cluster, fn, says):
 
 
 #: What each rule of mix_maps says: one map from pass to pass, or seams that repeat.
-_SAME_MAP, _SEAM = "by one and the same reordering", "started with the sample that ended"
+_SAME_MAP, _SEAM = "by one and the same reordering", "the same sample drawn twice in a row"
 
 
 @pytest.mark.parametrize(
@@ -205,6 +216,30 @@ def test_the_twelfth_trials_dodges_are_rejected(cluster, fn, says):
     _rejected(cluster, fn, says, max(2, DRAWS // 2))
 
 
+@pytest.mark.parametrize(
+    ("fn", "says"),
+    [
+        (renamed_every_other_pass, _SAME_MAP),
+        (riffled_and_rotated, _SAME_MAP),
+        # Its maps all put the last place second: a small source's repeat on some draws.
+        (last_sample_second, (_SEAM, _SAME_MAP)),
+    ],
+    ids=["renamed", "riffled_rotated", "last_second"],
+)
+def test_the_thirteenth_trials_dodges_are_rejected(cluster, fn, says):
+    """Guards issue 45's thirteenth trial: every other pass the pass before with its samples
+    renamed by one fixed permutation (a map of samples, not of places), or riffled and then
+    rotated by a drawn amount, and each pass with the sample that ended the pass before in
+    its second place, passed (rotated, where no two rotations of a small source met). Two
+    draws each: offline each is turned down on 100 draws of 100."""
+    _rejected(cluster, fn, says, max(2, DRAWS // 2))
+
+
+def _one_source(passes):
+    """A stream of one source, one sample a batch, drawn in ``passes``."""
+    return [[(0, int(i))] for order in passes for i in order]
+
+
 def _in_process(fn, seed):
     """``fn``'s dp=1 streams of both cases of ``seed``'s draw, in process, with their sizes."""
     setup = draw_setup(seed)
@@ -217,18 +252,42 @@ def _in_process(fn, seed):
 @pytest.mark.parametrize("seed", [41, 42])
 def test_the_pass_to_pass_rules_keep_right_answers_and_turn_the_dodges_down(seed):
     """Guards mix_maps' two rules on their own, in process (no ranks): the right answers
-    (numpy, random.Random and torch per pass) keep both on both cases of a draw; each
-    twelfth-trial dodge breaks its rule; and fresh passes of sources as small as the draw
-    holds (4 samples in 200 passes, 9 in 30) never break either (200 runs each)."""
-    for fn in (notebook_solution, library_answer, cached_epoch, torch_randperm_per_pass):
+    (numpy, random.Random and torch per pass, and the thirteenth trial's swap so that no pass
+    starts with the last sample) keep both on both cases of a draw; each twelfth- and
+    thirteenth-trial dodge breaks its rule, the thirteenth's also on one source where only
+    its rule sees it (a map of samples; of places up to a rotation; a sample back within 2
+    draws); and fresh passes of sources as small as the draw holds (4 samples in 200 passes,
+    9 in 30) never break either (200 runs each)."""
+    right = (notebook_solution, library_answer, cached_epoch, torch_randperm_per_pass)
+    for fn in (*right, no_back_to_back):
         for stream, sizes in _in_process(fn, seed):
             assert map_repeated(stream, sizes) == seams_repeated(stream, sizes) == "", fn
     for fn, rule in (
         (riffled_every_other_pass, map_repeated),
         (permuted_every_other_pass, map_repeated),
         (starts_with_the_last_sample, seams_repeated),
+        (renamed_every_other_pass, map_repeated),
+        (riffled_and_rotated, map_repeated),
+        (last_sample_second, seams_repeated),
     ):
         assert any(rule(*run) for run in _in_process(fn, seed)), fn
+    # The thirteenth trial's three on one source each, where only the rule for it can see
+    # them: 12 samples in 6 passes renamed by tau, or riffled and rotated by 1, 2 and 3 (no
+    # two maps of places or samples alike); 16 in 12, the last sample second every time.
+    rng = np.random.default_rng(seed)
+    tau, orders = rng.permutation(12), [rng.permutation(12) for _ in range(3)]
+    renamed = [x for o in orders for x in (o, tau[o])]
+    rotated = [x for r, o in enumerate(orders, 1) for x in (o, np.roll(np.r_[o[0::2], o[1::2]], r))]
+    second = [rng.permutation(16)]
+    for order in (rng.permutation(16) for _ in range(11)):
+        last = second[-1][-1]
+        second.append([order[order != last][0], last, *order[order != last][1:]])
+    for passes, n, rule, says in (
+        (renamed, 12, map_repeated, "fixes the one there next"),
+        (rotated, 12, map_repeated, "up to a rotation"),
+        (second, 16, seams_repeated, "again within 2 draws"),
+    ):
+        assert says in rule(_one_source(passes), (n,)), says
     rng = np.random.default_rng(seed)
     for n, passes in ((4, 200), (9, 30)):
         for _ in range(200):
@@ -247,6 +306,20 @@ def test_the_pass_to_pass_bounds():
     assert seam_tail([0.5, 0.25], 2) == pytest.approx(0.125) and seam_tail([0.1], 0) == 1.0
     # 18 passes of 4 that start with the last one's last sample at every seam: judged.
     assert seam_tail([1 / 4] * 17, 17) < 1e-6
+    # A sample back within k draws across a seam: its chance for a fresh pass, exactly (every
+    # permutation of up to 6 samples after one in order), 3 / n - 1 / (n (n - 1)) at k = 2.
+    for n in range(1, 7):
+        for k in range(1, n + 1):
+            back = [
+                any(n - x + b <= k for b, x in enumerate(o))
+                for o in itertools.permutations(range(n))
+            ]
+            assert near_chance(n, k) == pytest.approx(sum(back) / len(back)), (n, k)
+    assert near_chance(40, 2) == pytest.approx(3 / 40 - 1 / (40 * 39))
+    # Maps counted up to a rotation: one of n a pair, n / n! each (12 samples, 3 of 5 alike).
+    assert log_same_map(5, 3, 12, 12) == pytest.approx(
+        math.log(10 * 12) + 2 * math.log(12 / math.factorial(12))
+    )
 
 
 @pytest.mark.parametrize(

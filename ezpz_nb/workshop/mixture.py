@@ -26,8 +26,9 @@ slot size fits:
    of at most 1e-6 per source): a seed that is the same for every step or worker hands
    out the same samples again, and one order (or two, or one shifted) reused pass after
    pass shows; and each pass drawn afresh, not made from the pass before
-   (:mod:`.mix_maps`: one map from a pass to the next used again and again, or passes
-   that start with the sample that ended the pass before, more often than fresh passes);
+   (:mod:`.mix_maps`: one map from a pass to the next, of places or of samples, rotated or
+   not, used again and again, or samples of the pass before drawn again within a few draws
+   across the seam, more often than fresh passes);
    the draw holds a small source in 6 passes or more and one of 12 samples or more in 2;
 4. the stream changes with the seed: 4 other seeds at dp=1 (spread over the ranks, in
    parallel), and every two of the 5 streams hold other samples in the first half and in

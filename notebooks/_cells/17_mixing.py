@@ -382,8 +382,8 @@ assert after[2] / after.sum() > 1.5 * WEIGHTS[2] and after[0] / after.sum() < 0.
 # global batch and within one sample of its target over all batches so far (more than MosaicML's
 # stratified batching promises: the same rounding in every batch drifts), a source hands out
 # every one of its samples once before any repeats, in a new shuffled order each pass (drawn
-# afresh: not the pass before riffled or permuted by a fixed map, nor starting with the sample
-# that ended it), steps
+# afresh: not the pass before riffled, permuted or its samples renamed by a fixed map, rotated
+# or not, nor drawing a sample of it again within a few draws of the seam), steps
 # past those batches (to 1024, and two windows of 32 consecutive global batches from steps drawn
 # between 2**16 and 2**17, with both cases) are each within one sample of their targets and
 # replay no batches seen before, in each window the running totals and the passes hold for some
