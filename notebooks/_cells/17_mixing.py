@@ -9,7 +9,7 @@
 # %% [markdown]
 # # 17 · Mixing data sources by weight, the same on every rank
 #
-# **Time:** about 57 to 72 minutes with the predictions and the exercise (advanced track), the
+# **Time:** about 58 to 73 minutes with the predictions and the exercise (advanced track), the
 # exercise alone 20 to 30 of them. Running the cells alone takes under a minute.
 #
 # Every pretraining run mixes sources (web, code, books...) by weight, and the mixture is where
