@@ -350,6 +350,7 @@ CASES = {
     # the pad left out (a gap it fills shows); a field still unsure stays not judged.
     "CP, rank 1's half reversed": Case(T.cp_reversed, "dp=2,cp=2", _v(tp=F)),
     "CP, rank 1's half with two tokens swapped": Case(T.cp_swapped_pair, "dp=2,cp=2", _v(tp=F)),
+    "CP, rank 1's half rotated": Case(T.cp_half_rotated, "dp=2,cp=2", _v(tp=F)),
     "CP, token 3's gap padded with -100, labels right": Case(
         T.cp_gap_padded, "dp=2,cp=2", _v(tp=F)
     ),

@@ -189,6 +189,8 @@ cp_next_token_input = _cp(_halves, width=9, cut=1)
 
 #: Dodge (d13_cp_reversed_slice): each rank its half, rank 1's reversed (trained backwards).
 cp_reversed = _cp(lambda r, n: slice(0, 4) if r == 0 else torch.arange(7, 3, -1))
+#: Dodge (d13_cp_half_rotated): rank 1's half rolled by 2: two runs, the second first.
+cp_half_rotated = _cp(lambda r, n: slice(0, 4) if r == 0 else torch.tensor([6, 7, 4, 5]))
 #: Dodge, at the order rule's edge: rank 1's half with its last two tokens swapped (3 runs).
 cp_swapped_pair = _cp(lambda r, n: slice(0, 4) if r == 0 else torch.tensor([4, 5, 7, 6]))
 

@@ -685,3 +685,32 @@ def test_a_copy_that_fails_once_the_tokens_are_replaced_is_not_judged(fault):
         "Not judged here: whether your samples are read from the arrays your dataset holds "
         f"(rank 0: the copy of the rank {how}" in said
     ), said
+
+
+class DecoyInABareFork(_OneArray):
+    """Dodge (the thirteenth trial's d19_mmap_rows_fork_aware): rows kept apart (a list the
+    dataset does not walk to: a closure), a flat decoy read only in a process that is neither
+    its maker nor a loader worker: the checker's copy, if it looked like neither."""
+
+    def __init__(self, rows):
+        super().__init__(rows)
+        hidden = [np.array(r["tokens"], dtype=np.int64) for r in rows]
+        self.maker, self.hidden = os.getpid(), lambda i: hidden[i]
+
+    def row(self, i):
+        from torch.utils.data import get_worker_info
+
+        if os.getpid() != self.maker and get_worker_info() is None:
+            return self.data[i]
+        return self.hidden(i)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mmap in a fork: Linux's")
+def test_the_copy_looks_like_a_loader_worker_to_the_dataset():
+    """Guards the replace-and-read copy being told apart from a worker: it is one, seen from
+    the dataset (get_worker_info() set), so reads that differ only in a bare fork read as in
+    a worker: all right with the decoy zeroed, the rows live elsewhere."""
+    data = tokens(256, 64, 9)
+    ds = DecoyInABareFork([{"index": i, "tokens": row} for i, row in enumerate(data.tolist())])
+    got = protect_and_read(ds, memory(ds.data), [], _right(data))
+    assert got.get("reads") and got["right"] == got["reads"], got

@@ -28,18 +28,20 @@ def flat_values(values: list[Any], parts: list[bytes]) -> tuple[list[Any], list[
     return a.astype(kind).reshape(-1).tolist(), [np.frombuffer(p, kind).tolist() for p in parts]
 
 
-def _runs(part: list[Any], whole: list[Any], most: int = 2) -> bool:
-    """Whether ``part`` is at most ``most`` runs of consecutive values of ``whole``, in order
-    (a contiguous slice, or the two chunks of a load-balanced zigzag)."""
+def _runs(part: list[Any], whole: list[Any], most: int = 2, after: int = 0) -> bool:
+    """Whether ``part`` is at most ``most`` runs of consecutive values of ``whole``, each
+    starting at or past ``after`` and past the one before (a contiguous slice, or the two
+    chunks of a load-balanced zigzag, chunk r then chunk 2 cp - 1 - r): a half rotated,
+    its second run before its first, is not (the thirteenth trial)."""
     if not part:
         return True
     if most == 0:
         return False
-    for k in [j for j, v in enumerate(whole) if v == part[0]][:_STARTS]:
+    for k in [j for j, v in enumerate(whole) if v == part[0] and j >= after][:_STARTS]:
         n = 0
         while n < len(part) and k + n < len(whole) and whole[k + n] == part[n]:
             n += 1
-        if _runs(part[n:], whole, most - 1):
+        if _runs(part[n:], whole, most - 1, k + n):
             return True
     return False
 

@@ -166,6 +166,14 @@ def _child(
         libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: a fault writes no core
         signal.alarm(alarm)
         torch.set_num_threads(1)  # as in a loader worker: no thread pool across the fork
+        # Seen from the dataset, a loader worker (get_worker_info() set, as the DataLoader
+        # sets it): a dataset that reads its decoy only in a bare fork, neither its maker nor
+        # a worker, would else single this copy out (the thirteenth trial).
+        from torch.utils.data._utils import worker
+
+        worker._worker_info = worker.WorkerInfo(
+            id=0, num_workers=1, seed=secrets.randbits(63), dataset=ds
+        )
         first, *rest = picks
         os.write(fd, b"c" if read(first) == "r" else b"C")
         if not _replace(libc, pages):
